@@ -1,0 +1,58 @@
+"""The steps both training scripts share that are not the DDP lesson: data + model, run records, metadata."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+
+import torch
+
+from . import LABEL_NAMES, data
+from .model import build_model
+from .tracking import RunTracker, versions
+
+
+def load_data_and_model(args, log=print):
+    """Texts from --data, the model from --model, tokenized once. Returns (splits, model, tokenizer, info, train_ds, val_ds)."""
+    splits = data.load_agnews(args.data, args.num_samples, args.eval_samples, seed=args.seed)
+    log(splits.describe())
+    if splits.is_synthetic:
+        log("NOTE: " + data.SYNTHETIC_NOTE)
+    model, tokenizer, info = build_model(args.model, seed=args.seed)
+    log(f"model: {info.resolved} ({info.kind}, {info.num_parameters / 1e6:.1f}M parameters"
+        f"{', pretrained' if info.pretrained else ', random init'})")
+    train_ds, val_ds = data.tokenize_splits(splits, tokenizer, args.max_length)
+    return splits, model, tokenizer, info, train_ds, val_ds
+
+
+def loader_options(args, tokenizer, device) -> dict:
+    """DataLoader options from the fast-path flags (pinned memory only helps host-to-GPU copies)."""
+    pin = device.type == "cuda" if args.pin_memory is None else bool(args.pin_memory) and device.type == "cuda"
+    return dict(pad_id=tokenizer.pad_token_id or 0, pad_to_multiple_of=args.pad_multiple or None, pin_memory=pin)
+
+
+def make_tracker(args, splits, info, *, world_size: int, backend: str | None, enabled: bool) -> RunTracker:
+    return RunTracker(
+        args.output, {k: v for k, v in vars(args).items()},
+        data={"source": splits.source, "detail": splits.detail, "is_synthetic": splits.is_synthetic,
+              "train_size": len(splits.train_texts), "test_size": len(splits.test_texts), "full_sizes": splits.full_sizes},
+        ddp={"world_size": world_size, "backend": backend, "global_batch_size": args.batch_size * world_size * args.grad_accum},
+        model=asdict(info), enabled=enabled)
+
+
+def checkpoint_metadata(args, splits, info, *, world_size: int, backend: str | None, final) -> dict:
+    return {"data_source": splits.source, "data_detail": splits.detail, "is_synthetic": splits.is_synthetic,
+            "preset": args.preset, "model": info.resolved, "model_requested": info.name, "world_size": world_size,
+            "backend": backend, "final_accuracy": final.accuracy, "final_val_loss": final.loss, "eval_examples": final.n,
+            "epochs": args.epochs, "seed": args.seed, "max_length": args.max_length, "label_names": LABEL_NAMES,
+            "versions": versions(), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def epoch_line(epoch: int, epochs: int, train, val) -> str:
+    return (f"epoch {epoch}/{epochs} | train loss {train.loss:.4f} | val loss {val.loss:.4f} | "
+            f"val acc {100 * val.accuracy:.2f}% ({val.n} texts) | {train.seconds:.1f}s | "
+            f"{train.samples_per_s:.0f} samples/s")
+
+
+def maybe_compile(model, enabled: bool):
+    return torch.compile(model) if enabled else model
