@@ -8,12 +8,12 @@ LaunchError (naming the script and the exit code) when it exits non-zero or runs
 from __future__ import annotations
 
 import os
+import codecs
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,17 +59,23 @@ def _run(cmd, *, timeout, env, cwd, echo, check, what) -> LaunchResult:
     full_env.update({k: str(v) for k, v in (env or {}).items()})
     start = time.time()
     # A new session, so a timeout can kill torchrun *and* every rank it started.
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            env=full_env, cwd=cwd, start_new_session=True, errors="replace")
-    lines: list[str] = []
-    tail: deque = deque(maxlen=40)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env, cwd=cwd,
+                            start_new_session=True)
+    chunks: list[str] = []
 
     def pump():
-        for line in proc.stdout:
-            lines.append(line)
-            tail.append(line)
+        # Read whatever is there (not line by line), so tqdm's \r redraws reach the cell as they happen.
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        fd = proc.stdout.fileno()
+        while True:
+            data = os.read(fd, 65536)
+            if not data:
+                break
+            text = decoder.decode(data)
+            chunks.append(text)
             if echo:
-                print(line, end="", flush=True)
+                print(text, end="", flush=True)
+        chunks.append(decoder.decode(b"", final=True))
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
@@ -83,11 +89,12 @@ def _run(cmd, *, timeout, env, cwd, echo, check, what) -> LaunchResult:
         _kill_group(proc)
         raise
     reader.join(timeout=5)
-    result = LaunchResult(list(map(str, cmd)), proc.returncode if not timed_out else -9, "".join(lines),
-                          time.time() - start, timed_out, lines)
+    output = "".join(chunks)
+    result = LaunchResult(list(map(str, cmd)), proc.returncode if not timed_out else -9, output,
+                          time.time() - start, timed_out, output.splitlines())
     if check and not result.ok:
         why = f"timed out after {timeout:.0f} s and was stopped" if timed_out else f"exited with code {result.returncode}"
-        last = "".join(tail).rstrip()
+        last = "\n".join(line.rsplit("\r", 1)[-1] for line in result.lines[-40:]).rstrip()
         raise LaunchError(f"{what} {why}.\n--- last lines of its output ---\n{last}", result)
     return result
 
