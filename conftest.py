@@ -1,0 +1,15 @@
+"""Test-wide settings, also inherited by the notebook kernels that nbval starts."""
+
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+SHARED_AG_NEWS = ROOT.parent / "shared" / "data" / "ag_news"
+
+# The course's CPU smoke mode reads the real AG News subset when the machine has it (CI does).
+if SHARED_AG_NEWS.is_dir():
+    os.environ.setdefault("DISTRINEWS_DATA_DIR", str(SHARED_AG_NEWS))
+# Tests must never wait on the Hugging Face hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
