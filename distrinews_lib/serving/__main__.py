@@ -31,6 +31,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"most concurrent requests per forward pass (default {DEFAULT_MAX_BATCH_SIZE}; 1 turns batching off)")
     p.add_argument("--batch-window-ms", type=float, default=None,
                    help=f"how long to wait for more requests to batch (default {DEFAULT_BATCH_WINDOW_MS} ms)")
+    p.add_argument("--torch-threads", type=int, default=None,
+                   help="threads per forward pass (default: all CPU cores but one, leaving one for the web "
+                        "server; 0 keeps torch's own setting)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn log level (default info)")
     return p.parse_args(argv)
@@ -49,7 +52,7 @@ def main(argv=None) -> None:
     size, window = resolve_batching(args.max_batch_size, args.batch_window_ms)
     device = resolve_device(args.device)
     loaded = load_for_serving(args.checkpoint, device)  # CheckpointError -> one message, exit 2
-    app = create_app(loaded=loaded, max_batch_size=size, batch_window_ms=window)
+    app = create_app(loaded=loaded, max_batch_size=size, batch_window_ms=window, torch_threads=args.torch_threads)
     print(f"DistriNews: serving {args.checkpoint} on {device} at http://{args.host}:{args.port} "
           f"(API docs: http://{args.host}:{args.port}/docs)", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

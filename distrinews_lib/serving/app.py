@@ -86,6 +86,31 @@ def resolve_batching(max_batch_size: Optional[int], batch_window_ms: Optional[fl
     return int(max_batch_size), float(batch_window_ms)
 
 
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # the cores this process may use (containers, taskset)
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def resolve_torch_threads(threads: Optional[int], device: str) -> Optional[int]:
+    """How many threads torch may use for one forward pass; None leaves torch's own setting.
+
+    On CPU the default is one core fewer than available: the event loop needs a core to read
+    requests and write responses while the model runs, and a small model gains little from the
+    last core anyway.  OMP_NUM_THREADS, when set, is respected.
+    """
+    if threads is None:
+        threads = _env_number("DISTRINEWS_TORCH_THREADS", int, None)
+    if threads is not None:
+        if threads < 0:
+            raise UserError(f"the number of torch threads must be 0 (leave torch's setting) or more (got {threads}).")
+        return threads or None
+    if device != "cpu" or os.environ.get("OMP_NUM_THREADS"):
+        return None
+    return max(1, usable_cpus() - 1)
+
+
 def load_for_serving(path, device: str) -> LoadedCheckpoint:
     """load_checkpoint, with any failure turned into a CheckpointError that names the path."""
     try:
@@ -307,7 +332,8 @@ ERRORS = {
 
 
 def create_app(checkpoint_path=None, device: Optional[str] = None, max_batch_size: Optional[int] = None,
-               batch_window_ms: Optional[float] = None, loaded: Optional[LoadedCheckpoint] = None) -> FastAPI:
+               batch_window_ms: Optional[float] = None, loaded: Optional[LoadedCheckpoint] = None,
+               torch_threads: Optional[int] = None) -> FastAPI:
     """Build the API.  Nothing is loaded here; the lifespan loads the model when the server starts.
 
     checkpoint_path  None: $DISTRINEWS_CHECKPOINT, else checkpoints/distilbert_agnews.pt (read at startup)
@@ -315,6 +341,8 @@ def create_app(checkpoint_path=None, device: Optional[str] = None, max_batch_siz
     max_batch_size   how many single-text requests may share one forward pass (1 = no batching)
     batch_window_ms  how long to wait for more requests once one has arrived
     loaded           an already loaded checkpoint (the CLI checks and loads it before starting uvicorn)
+    torch_threads    threads per forward pass; None: $DISTRINEWS_TORCH_THREADS, else all cores but one on
+                     CPU; 0: leave torch's setting.  Restored when the server stops.
     """
 
     @asynccontextmanager
@@ -329,19 +357,24 @@ def create_app(checkpoint_path=None, device: Optional[str] = None, max_batch_siz
             dev = resolve_device(device or os.environ.get("DISTRINEWS_DEVICE"))
             log.info("loading checkpoint %s on %s", path, dev)
             ckpt = await asyncio.to_thread(load_for_serving, path, dev)
+        threads = resolve_torch_threads(torch_threads, dev)
+        previous_threads = torch.get_num_threads()
+        if threads is not None:
+            torch.set_num_threads(threads)
         classifier = Classifier(ckpt, dev)
         batcher = MicroBatcher(classifier.predict, max_batch_size=size, window_ms=window)
         await batcher.start()
         # One warm-up pass, so the first client does not pay for lazy initialisation.
         await batcher.run_now(["warm up"])
         state.classifier, state.batcher, state.status = classifier, batcher, "ok"
-        log.info("serving %s (labels %s) on %s, max batch %d, window %.1f ms",
-                 ckpt.path, ", ".join(classifier.labels), dev, size, window)
+        log.info("serving %s (labels %s) on %s (%d torch threads), max batch %d, window %.1f ms",
+                 ckpt.path, ", ".join(classifier.labels), dev, torch.get_num_threads(), size, window)
         try:
             yield
         finally:
             state.status = "stopping"
             await batcher.stop()
+            torch.set_num_threads(previous_threads)
 
     app = FastAPI(
         title="DistriNews classifier",
@@ -392,8 +425,11 @@ def create_app(checkpoint_path=None, device: Optional[str] = None, max_batch_siz
             device=clf.device if clf else None,
             labels=clf.labels if clf else [],
             checkpoint=clf.info() if clf else CheckpointInfo(),
-            batching=BatchingInfo(max_batch_size=batcher.max_batch_size, batch_window_ms=batcher.window_s * 1000)
-            if batcher else None,
+            batching=BatchingInfo(
+                max_batch_size=batcher.max_batch_size, batch_window_ms=batcher.window_s * 1000,
+                torch_threads=torch.get_num_threads(), batches_run=batcher.batches_run,
+                mean_batch_size=round(batcher.texts_run / batcher.batches_run, 2) if batcher.batches_run else None,
+            ) if batcher else None,
         )
         return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
 

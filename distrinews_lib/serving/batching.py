@@ -89,7 +89,11 @@ class MicroBatcher:
         return await asyncio.get_running_loop().run_in_executor(self._executor, self.predict_batch, texts)
 
     async def _collect(self, batch: list) -> None:
-        """Wait for one request, then gather more into `batch` for up to window_s or max_batch_size."""
+        """Wait for one request, then gather more into `batch`, for at most window_s or max_batch_size.
+
+        Collection ends early as soon as one turn of the event loop brings no new request: then no
+        other request is being read right now, and waiting longer would only add latency.
+        """
         queue = self._queue
         batch.append(await queue.get())
         loop = asyncio.get_running_loop()
@@ -98,12 +102,11 @@ class MicroBatcher:
             if not queue.empty():  # already waiting: take it without awaiting
                 batch.append(queue.get_nowait())
                 continue
-            remaining = deadline - loop.time()
-            if remaining <= 0:
+            if loop.time() >= deadline:
                 break
-            try:
-                batch.append(await asyncio.wait_for(queue.get(), remaining))
-            except asyncio.TimeoutError:
+            # One turn of the loop: reads sockets, runs the handlers of requests that just arrived.
+            await asyncio.sleep(0)
+            if queue.empty():
                 break
 
     async def _run(self) -> None:

@@ -118,6 +118,9 @@ class CheckpointInfo(BaseModel):
 class BatchingInfo(BaseModel):
     max_batch_size: int = Field(..., description="Most single-text requests run together in one forward pass.")
     batch_window_ms: float = Field(..., description="How long the batcher waits to collect more requests.")
+    torch_threads: int = Field(..., description="Threads torch uses for one forward pass.")
+    batches_run: int = Field(0, description="Forward passes run for /predict since startup.")
+    mean_batch_size: Optional[float] = Field(None, description="Average /predict requests per forward pass.")
 
 
 class Limits(BaseModel):

@@ -1,0 +1,414 @@
+"""Benchmark the DistriNews server: micro-batching versus a naive one-request-per-forward-pass baseline.
+
+    python scripts/bench_serving.py                    # full run (~2 minutes), writes benchmarks/serving.{json,png}
+    python scripts/bench_serving.py --quick            # a couple of seconds per level (used by CI; no timing checks)
+    python scripts/bench_serving.py --checkpoint checkpoints/distilbert_agnews.pt
+
+For each server configuration (batched: the defaults; baseline: --max-batch-size 1, i.e. every
+request is its own forward pass, same app, same framework) the script starts
+`python -m distrinews_lib.serving` as a separate process on 127.0.0.1, then drives POST /predict from
+this process at concurrency 1, 4, 16 and 64 for a fixed time each (after a short unrecorded warm-up),
+and reports requests/s, p50/p95/p99 latency and errors.
+
+The load generator speaks HTTP/1.1 over plain asyncio streams with one keep-alive connection per
+concurrent client: on a 2-core machine a heavier client (httpx, requests) would eat the CPU the
+server is being measured on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run from a checkout without installing the package
+
+from distrinews_lib.errors import UserError, main_guard  # noqa: E402
+
+# Short news-like texts of varied length, so batches need padding as real traffic does.
+TEXTS = [
+    "Stocks rally as tech shares surge after strong quarterly earnings from chip makers.",
+    "Federer beats Nadal in a five-set Wimbledon final that lasted almost five hours.",
+    "Oil prices climb as OPEC agrees to cut production for the rest of the year.",
+    "NASA's new telescope sends back its first images of distant galaxies.",
+    "UN Security Council meets on the crisis in the region as talks stall.",
+    "Microsoft releases a security update for Windows after a worm spreads across the internet.",
+    "Red Sox win the World Series for the first time since 1918.",
+    "Central bank raises interest rates by a quarter point, citing inflation.",
+    "Scientists sequence the genome of the chimpanzee, our closest living relative.",
+    "Election results delayed as officials recount ballots in three provinces.",
+    "Google shares jump in their first day of trading after the IPO.",
+    "Olympic swimmer sets a new world record in the 200 metres freestyle.",
+]
+
+
+# ----------------------------------------------------------------------------- server process
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_checkpoint(folder: Path) -> Path:
+    """A tiny random DistilBERT checkpoint: the benchmark measures serving, not accuracy."""
+    from distrinews_lib import LABEL_NAMES
+    from distrinews_lib.checkpoint import save_checkpoint
+    from distrinews_lib.model import build_model
+
+    model, tokenizer, _ = build_model("tiny", seed=0)
+    return save_checkpoint(folder / "bench_tiny.pt", model, tokenizer, LABEL_NAMES,
+                           {"data_source": "synthetic", "model": "tiny", "final_accuracy": 0.0, "world_size": 1},
+                           max_length=64)
+
+
+class Server:
+    """`python -m distrinews_lib.serving` in a child process, stopped on exit."""
+
+    def __init__(self, checkpoint: Path, port: int, extra: list[str]):
+        self.cmd = [sys.executable, "-m", "distrinews_lib.serving", "--checkpoint", str(checkpoint),
+                    "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *extra]
+        self.port = port
+        self.proc = None
+        self.log = tempfile.TemporaryFile(mode="w+")
+
+    def __enter__(self):
+        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.proc = subprocess.Popen(self.cmd, cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.log.seek(0)
+                raise UserError(f"the server exited with code {self.proc.returncode} before it was ready: "
+                                f"{self.log.read()[-1500:]}")
+            if asyncio.run(http_health(self.port)):
+                return self
+            time.sleep(0.2)
+        raise UserError("the server did not answer GET /health within 120 s")
+
+    def __exit__(self, *exc):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+# ----------------------------------------------------------------------------- load generator
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection: POST a JSON body, read status and body."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.reader = self.writer = None
+
+    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        self.writer.write(head + body)
+        status_line = await self.reader.readline()
+        if not status_line:
+            raise ConnectionError("server closed the connection")
+        status = int(status_line.split()[1])
+        length, close = 0, False
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            name, _, value = line.decode("latin-1").partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+            elif name.lower() == "connection" and "close" in value.lower():
+                close = True
+        payload = await self.reader.readexactly(length)
+        if close:
+            self.close()
+        return status, payload
+
+    def close(self):
+        if self.writer is not None:
+            self.writer.close()
+            self.reader = self.writer = None
+
+
+async def http_health(port: int) -> bool:
+    conn = Connection(port)
+    try:
+        status, _ = await asyncio.wait_for(conn.request("GET", "/health"), 2)
+        return status == 200
+    except (OSError, asyncio.TimeoutError, ValueError, IndexError, asyncio.IncompleteReadError):
+        return False
+    finally:
+        conn.close()
+
+
+async def drive(port: int, concurrency: int, duration: float, warmup: float, timeout: float = 10.0) -> dict:
+    """`concurrency` clients each send POST /predict back to back; only the last `duration` s count."""
+    bodies = [json.dumps({"text": t}).encode() for t in TEXTS]
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    record_from, stop_at = start + warmup, start + warmup + duration
+
+    async def client(k: int):
+        conn = Connection(port)
+        i = k
+        while True:
+            t0 = loop.time()
+            if t0 >= stop_at:
+                break
+            try:
+                status, payload = await asyncio.wait_for(conn.request("POST", "/predict", bodies[i % len(bodies)]), timeout)
+                ok = status == 200 and b'"label"' in payload
+                kind = None if ok else f"HTTP {status}"
+            except (OSError, asyncio.TimeoutError, ValueError, IndexError, asyncio.IncompleteReadError) as err:
+                kind = type(err).__name__
+                conn.close()
+            t1 = loop.time()
+            i += 1
+            if t0 >= record_from:  # a request counts if it was sent inside the measured window
+                if kind is None:
+                    latencies.append(t1 - t0)
+                else:
+                    errors[kind] = errors.get(kind, 0) + 1
+        conn.close()
+
+    await asyncio.gather(*(client(k) for k in range(concurrency)))
+    elapsed = max(loop.time() - record_from, 1e-9)  # includes the tail of requests sent before stop_at
+    return summarize(latencies, errors, elapsed, concurrency, duration)
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    k = min(len(sorted_values) - 1, max(0, round(q / 100 * (len(sorted_values) - 1))))
+    return sorted_values[k]
+
+
+def summarize(latencies, errors, elapsed, concurrency, duration) -> dict:
+    lat = sorted(latencies)
+    ms = lambda v: round(v * 1000, 3)  # noqa: E731
+    return {
+        "concurrency": concurrency,
+        "duration_s": round(elapsed, 3),
+        "requests": len(lat),
+        "errors": sum(errors.values()),
+        "error_kinds": errors,
+        "requests_per_s": round(len(lat) / elapsed, 1),
+        "latency_ms": {"mean": ms(statistics.fmean(lat)) if lat else None, "p50": ms(percentile(lat, 50)),
+                       "p95": ms(percentile(lat, 95)), "p99": ms(percentile(lat, 99)), "max": ms(lat[-1]) if lat else None},
+    }
+
+
+async def server_batching(port: int) -> dict:
+    conn = Connection(port)
+    try:
+        _, payload = await conn.request("GET", "/health")
+        return json.loads(payload).get("batching") or {}
+    finally:
+        conn.close()
+
+
+def run_config(name: str, checkpoint: Path, extra: list[str], levels: list[int], duration: float, warmup: float) -> dict:
+    port = free_port()
+    with Server(checkpoint, port, extra) as server:
+        print(f"\n[{name}] {shlex.join(server.cmd)}", flush=True)
+        rows = []
+        for c in levels:
+            row = asyncio.run(drive(port, c, duration, warmup))
+            rows.append(row)
+            lat = row["latency_ms"]
+            print(f"  concurrency {c:>3}: {row['requests_per_s']:>8.1f} req/s   p50 {lat['p50']:7.2f} ms   "
+                  f"p95 {lat['p95']:7.2f} ms   p99 {lat['p99']:7.2f} ms   errors {row['errors']}", flush=True)
+        batching = asyncio.run(server_batching(port))
+    return {"name": name, "server_command": server.cmd, "server_batching": batching, "levels": rows}
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def git_commit() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "distrinews_lib", "scripts/bench_serving.py"],
+                               cwd=REPO, capture_output=True, text=True).stdout.strip()
+        return sha + ("+uncommitted-changes" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def model_description(checkpoint: Path) -> dict:
+    from distrinews_lib.checkpoint import load_checkpoint
+
+    loaded = load_checkpoint(checkpoint)
+    return {"checkpoint": str(checkpoint), "type": loaded.model.config.model_type,
+            "parameters": sum(p.numel() for p in loaded.model.parameters()),
+            "max_length": loaded.max_length, "metadata_model": loaded.metadata.get("model")}
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for cfg, style in zip(report["configs"], ("o-", "s--")):
+        xs = [r["concurrency"] for r in cfg["levels"]]
+        ax1.plot(xs, [r["requests_per_s"] for r in cfg["levels"]], style, label=cfg["name"])
+        ax2.plot(xs, [r["latency_ms"]["p99"] for r in cfg["levels"]], style, label=f"{cfg['name']} p99")
+        ax2.plot(xs, [r["latency_ms"]["p50"] for r in cfg["levels"]], style, alpha=0.4, label=f"{cfg['name']} p50")
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(report["settings"]["concurrency_levels"], [str(c) for c in report["settings"]["concurrency_levels"]])
+        ax.set_xlabel("concurrent clients")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    ax1.set_ylabel("requests / s")
+    ax1.set_title("Throughput (POST /predict)")
+    ax2.set_ylabel("latency (ms)")
+    ax2.set_yscale("log")
+    ax2.axhline(100, color="grey", lw=0.8, ls=":")
+    ax2.set_title("Latency")
+    fig.suptitle(f"DistriNews serving, {report['model']['type']} ({report['model']['parameters']:,} params), "
+                 f"{report['machine']['cpu_count']} CPU cores", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", type=Path, default=None,
+                   help="checkpoint to serve (default: a tiny random model made in a temporary folder)")
+    p.add_argument("--quick", action="store_true", help="about 2 s per level: checks the benchmark runs, not how fast")
+    p.add_argument("--duration", type=float, default=None, help="measured seconds per level (default 8, quick 1.5)")
+    p.add_argument("--warmup", type=float, default=None, help="unrecorded seconds before each level (default 1, quick 0.3)")
+    p.add_argument("--levels", default="1,4,16,64", help="concurrency levels, comma separated (default 1,4,16,64)")
+    p.add_argument("--max-batch-size", type=int, default=None, help="batched server's --max-batch-size (default: the server's)")
+    p.add_argument("--batch-window-ms", type=float, default=None, help="batched server's --batch-window-ms (default: the server's)")
+    p.add_argument("--no-baseline", action="store_true", help="measure only the batched server (for tuning runs)")
+    p.add_argument("--output", type=Path, default=REPO / "benchmarks" / "serving.json", help="JSON results file")
+    p.add_argument("--plot", type=Path, default=None, help="PNG figure (default: beside --output, .png)")
+    return p.parse_args(argv)
+
+
+@main_guard
+def main(argv=None):
+    args = parse_args(argv)
+    import torch
+
+    duration = args.duration if args.duration is not None else (1.5 if args.quick else 8.0)
+    warmup = args.warmup if args.warmup is not None else (0.3 if args.quick else 1.0)
+    try:
+        levels = [int(x) for x in args.levels.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--levels {args.levels!r} must be comma-separated integers such as 1,4,16,64") from None
+    if not levels or min(levels) < 1:
+        raise UserError("--levels needs at least one concurrency of 1 or more")
+
+    with tempfile.TemporaryDirectory(prefix="distrinews-bench-") as tmp:
+        checkpoint = args.checkpoint or make_checkpoint(Path(tmp))
+        if args.checkpoint is not None and not args.checkpoint.is_file():
+            raise UserError(f"--checkpoint {args.checkpoint} does not exist")
+        batched_extra = []
+        if args.max_batch_size is not None:
+            batched_extra += ["--max-batch-size", str(args.max_batch_size)]
+        if args.batch_window_ms is not None:
+            batched_extra += ["--batch-window-ms", str(args.batch_window_ms)]
+        started = time.time()
+        configs = [run_config("batched", checkpoint, batched_extra, levels, duration, warmup)]
+        if not args.no_baseline:
+            configs.append(run_config("baseline (no batching)", checkpoint, ["--max-batch-size", "1"], levels,
+                                      duration, warmup))
+        model = model_description(checkpoint)
+        if args.checkpoint is None:
+            model["checkpoint"] = "tiny random DistilBERT made by this script (build_model('tiny', seed=0), max_length 64)"
+
+    batched, baseline = configs[0], configs[-1]
+    ratios = {str(b["concurrency"]): round(b["requests_per_s"] / max(a["requests_per_s"], 1e-9), 2)
+              for b, a in zip(batched["levels"], baseline["levels"])} if len(configs) > 1 else {}
+    report = {
+        "what": "POST /predict throughput and latency, micro-batched server vs the same server with --max-batch-size 1",
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "quick": args.quick,
+        "machine": {"platform": platform.platform(), "machine": platform.machine(), "cpu": cpu_name(),
+                    "cpu_count": os.cpu_count(), "python": platform.python_version()},
+        "versions": {"torch": torch.__version__, **_versions("transformers", "fastapi", "uvicorn", "pydantic")},
+        "torch_threads": torch.get_num_threads(),
+        "git_commit": git_commit(),
+        "model": model,
+        "settings": {"concurrency_levels": levels, "duration_s": duration, "warmup_s": warmup,
+                     "client": "asyncio HTTP/1.1, one keep-alive connection per concurrent client, separate process"},
+        "configs": configs,
+        "throughput_ratio_batched_over_baseline": ratios,
+        "wall_time_s": round(time.time() - started, 1),
+    }
+    c16 = next((r for r in batched["levels"] if r["concurrency"] == 16), None)
+    if c16 is not None and ratios:
+        report["target_at_concurrency_16"] = {
+            "goal": ">= 3x baseline requests/s, p99 < 100 ms, 0 errors",
+            "ratio": ratios["16"], "p99_ms": c16["latency_ms"]["p99"], "errors": c16["errors"],
+            "met": ratios["16"] >= 3 and c16["latency_ms"]["p99"] < 100 and c16["errors"] == 0,
+        }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    png = args.plot or args.output.with_suffix(".png")
+    plot(report, png)
+    print("\nbatched / baseline requests/s: " + ", ".join(f"c={c}: {r}x" for c, r in ratios.items()))
+    if "target_at_concurrency_16" in report:
+        t = report["target_at_concurrency_16"]
+        print(f"target at concurrency 16 ({t['goal']}): ratio {t['ratio']}x, p99 {t['p99_ms']} ms, "
+              f"errors {t['errors']} -> {'met' if t['met'] else 'NOT met'}")
+    print(f"wrote {args.output} and {png}")
+
+
+def _versions(*names):
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in names:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+if __name__ == "__main__":
+    main()

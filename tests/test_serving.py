@@ -1,0 +1,387 @@
+"""The classification API in-process (FastAPI TestClient) and the micro-batcher on its own.
+
+The real-uvicorn and command-line tests are in test_serving_live.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from distrinews_lib import LABEL_NAMES
+from distrinews_lib.checkpoint import CheckpointError, load_checkpoint, predict_proba, save_checkpoint
+from distrinews_lib.model import build_model
+from distrinews_lib.serving.app import create_app
+from distrinews_lib.serving.batching import BatcherStopped, MicroBatcher
+from distrinews_lib.serving.schemas import MAX_BATCH_TEXTS, MAX_BODY_BYTES, MAX_TEXT_CHARS
+
+METADATA = {"data_source": "synthetic", "final_accuracy": 0.5, "world_size": 2, "model": "tiny",
+            "created": "2024-01-01T00:00:00", "versions": {"torch": str(torch.__version__)}}
+# Different lengths and words, so the (random) model gives visibly different probabilities.
+TEXTS = [
+    "Stocks rally on Wall Street.",
+    "Federer wins Wimbledon again after a long five set final against Nadal.",
+    "NASA launches a probe",
+    "Oil prices climb as OPEC agrees to cut production for the rest of the year, traders say.",
+    "UN talks",
+]
+
+
+def make_checkpoint(path):
+    """A tiny random DistilBERT, with weights spread wider than its init so texts get distinct answers."""
+    model, tokenizer, _ = build_model("tiny", seed=0)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    return save_checkpoint(path, model, tokenizer, LABEL_NAMES, METADATA, max_length=64)
+
+
+@pytest.fixture(scope="module")
+def ckpt_path(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("serving") / "m.pt")
+
+
+@pytest.fixture(scope="module")
+def loaded(ckpt_path):
+    return load_checkpoint(ckpt_path)
+
+
+@pytest.fixture(scope="module")
+def client(ckpt_path):
+    # torch_threads=0: leave the test process's torch settings alone.
+    app = create_app(ckpt_path, device="cpu", max_batch_size=8, batch_window_ms=2, torch_threads=0)
+    with TestClient(app) as c:
+        yield c
+
+
+def expected(loaded, texts):
+    return predict_proba(loaded, texts).tolist()
+
+
+def assert_matches(result, probs, tol=1e-5):
+    assert list(result["all_probabilities"]) == LABEL_NAMES
+    got = list(result["all_probabilities"].values())
+    assert got == pytest.approx(probs, abs=tol)
+    assert sum(got) == pytest.approx(1.0, abs=1e-5)
+    best = max(range(len(probs)), key=probs.__getitem__)
+    assert result["label"] == LABEL_NAMES[best]
+    assert result["confidence"] == pytest.approx(probs[best], abs=tol)
+
+
+# ----------------------------------------------------------------------------- endpoints
+
+
+def test_importing_the_module_loads_no_model():
+    from distrinews_lib.serving import app as module
+
+    assert module.app.state.classifier is None and module.app.state.status == "loading"
+
+
+def test_health_reports_model_and_metadata(client, ckpt_path):
+    r = client.get("/health")
+    assert r.status_code == 200
+    body = r.json()
+    assert body["status"] == "ok" and body["model_loaded"] is True
+    assert body["device"] == "cpu"
+    assert body["labels"] == LABEL_NAMES
+    ck = body["checkpoint"]
+    assert ck["path"] == str(ckpt_path)
+    assert (ck["data_source"], ck["final_accuracy"], ck["world_size"], ck["model"]) == ("synthetic", 0.5, 2, "tiny")
+    assert ck["max_length"] == 64 and ck["versions"]["torch"] == torch.__version__
+    assert body["batching"]["max_batch_size"] == 8
+    assert body["limits"] == {"max_text_chars": MAX_TEXT_CHARS, "max_batch_texts": MAX_BATCH_TEXTS,
+                              "max_body_bytes": MAX_BODY_BYTES}
+
+
+def test_not_ready_gives_503(ckpt_path):
+    app = create_app(ckpt_path, torch_threads=0)
+    c = TestClient(app)  # not entered: the lifespan has not run, so no model is loaded
+    r = c.get("/health")
+    assert r.status_code == 503 and r.json()["model_loaded"] is False and r.json()["status"] == "loading"
+    for path, body in (("/predict", {"text": "hi"}), ("/predict/batch", {"texts": ["hi"]})):
+        r = c.post(path, json=body)
+        assert r.status_code == 503 and "not loaded" in r.json()["detail"]
+
+
+def test_predict_matches_predict_proba(client, loaded):
+    probs = expected(loaded, TEXTS)
+    assert len({round(p[0], 6) for p in probs}) > 1, "test model should answer differently per text"
+    for text, p in zip(TEXTS, probs):
+        r = client.post("/predict", json={"text": text})
+        assert r.status_code == 200, r.text
+        assert_matches(r.json(), p)
+
+
+def test_batch_matches_predict_proba_and_single_results(client, loaded):
+    texts = TEXTS + TEXTS[::-1]
+    r = client.post("/predict/batch", json={"texts": texts})
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert len(results) == len(texts)
+    for result, p in zip(results, expected(loaded, texts)):
+        assert_matches(result, p)
+    singles = [client.post("/predict", json={"text": t}).json() for t in texts]
+    for single, batched in zip(singles, results):
+        assert single["label"] == batched["label"]
+        assert list(single["all_probabilities"].values()) == pytest.approx(
+            list(batched["all_probabilities"].values()), abs=1e-5)
+
+
+def test_long_allowed_text_is_truncated_like_predict_proba(client, loaded):
+    text = ("word " * 2000)[:MAX_TEXT_CHARS]  # far more than max_length=64 tokens
+    r = client.post("/predict", json={"text": text})
+    assert r.status_code == 200
+    assert_matches(r.json(), expected(loaded, [text])[0])
+
+
+def test_full_batch_at_the_limit(client):
+    r = client.post("/predict/batch", json={"texts": [f"headline number {i}" for i in range(MAX_BATCH_TEXTS)]})
+    assert r.status_code == 200 and len(r.json()["results"]) == MAX_BATCH_TEXTS
+
+
+def test_concurrent_requests_each_get_their_own_answer(client, loaded):
+    from concurrent.futures import ThreadPoolExecutor
+
+    texts = [TEXTS[i % len(TEXTS)] + " " + "x " * (i % 7) for i in range(40)]
+    with ThreadPoolExecutor(8) as pool:
+        responses = list(pool.map(lambda t: client.post("/predict", json={"text": t}), texts))
+    for r, p in zip(responses, expected(loaded, texts)):
+        assert r.status_code == 200
+        assert_matches(r.json(), p)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+JSON = {"content-type": "application/json"}
+BAD_INPUTS = [
+    # (path, raw body, status, words the message must contain)
+    ("/predict", b'{"text": ""}', 422, ["text", "empty"]),
+    ("/predict", b'{"text": "   \\n\\t  "}', 422, ["text", "whitespace"]),
+    ("/predict", b'{"text": 42}', 422, ["text", "string"]),
+    ("/predict", b'{"text": null}', 422, ["text", "string"]),
+    ("/predict", b'{"text": ["a", "b"]}', 422, ["text", "string"]),
+    ("/predict", b'{}', 422, ["text", "required"]),
+    ("/predict", b'{"txt": "typo"}', 422, ["text", "required"]),
+    ("/predict", b'{"text": "unterminated"', 400, ["not valid JSON"]),
+    ("/predict", b"this is not json", 400, ["not valid JSON"]),
+    ("/predict", b"", 422, ["body", "missing"]),
+    ("/predict", b'["a list"]', 422, ["JSON object"]),
+    ("/predict", b'"just a string"', 422, ["JSON object"]),
+    ("/predict", b'{"text": "\\ud800 lone surrogate"}', 422, ["text", "Unicode"]),
+    ("/predict", json.dumps({"text": "a" * (MAX_TEXT_CHARS + 1)}).encode(), 422, ["text", "10,000"]),
+    ("/predict/batch", b'{"texts": []}', 422, ["texts", "at least one"]),
+    ("/predict/batch", json.dumps({"texts": ["a"] * (MAX_BATCH_TEXTS + 1)}).encode(), 422, ["texts", "64"]),
+    ("/predict/batch", b'{"texts": ["fine", ""]}', 422, ["texts[1]", "empty"]),
+    ("/predict/batch", b'{"texts": ["fine", "  "]}', 422, ["texts[1]", "whitespace"]),
+    ("/predict/batch", b'{"texts": ["fine", 3]}', 422, ["texts[1]", "string"]),
+    ("/predict/batch", b'{"texts": "not a list"}', 422, ["texts", "list"]),
+    ("/predict/batch", json.dumps({"texts": ["ok", "b" * (MAX_TEXT_CHARS + 1)]}).encode(), 422, ["texts[1]", "10,000"]),
+    ("/predict/batch", b'{"text": "singular"}', 422, ["texts", "required"]),
+    ("/predict/batch", b'{"texts": ["a"]', 400, ["not valid JSON"]),
+]
+
+
+@pytest.mark.parametrize("path,body,status,words", BAD_INPUTS, ids=[f"{p}:{b[:30]!r}" for p, b, _, _ in BAD_INPUTS])
+def test_bad_input_gets_4xx_with_a_message(client, path, body, status, words):
+    r = client.post(path, content=body, headers=JSON)
+    assert r.status_code == status, r.text
+    detail = r.json()["detail"]
+    for word in words:
+        assert word in detail, detail
+    assert r.json()["errors"], "each problem is also listed with its field"
+
+
+def test_body_without_json_content_type_is_refused(client):
+    r = client.post("/predict", content=b'{"text": "hello"}', headers={"content-type": "text/plain"})
+    assert 400 <= r.status_code < 500 and r.json()["detail"]
+
+
+def test_absurd_body_is_refused_before_parsing(client):
+    r = client.post("/predict", content=b"x" * (MAX_BODY_BYTES + 1), headers=JSON)
+    assert r.status_code == 413 and "larger than the limit" in r.json()["detail"]
+
+
+def test_absurd_chunked_body_is_refused(client):
+    def chunks():  # no Content-Length: the server must count as it reads
+        for _ in range(MAX_BODY_BYTES // (1 << 20) + 2):
+            yield b"x" * (1 << 20)
+
+    r = client.post("/predict", content=chunks(), headers=JSON)
+    assert r.status_code == 413
+
+
+def test_unknown_route_and_wrong_method_are_4xx(client):
+    assert client.get("/nowhere").status_code == 404
+    assert client.get("/predict").status_code == 405
+
+
+def test_openapi_documents_models_examples_and_limits(client):
+    assert client.get("/docs").status_code == 200
+    spec = client.get("/openapi.json").json()
+    schemas = spec["components"]["schemas"]
+    text = schemas["PredictRequest"]["properties"]["text"]
+    assert text["maxLength"] == MAX_TEXT_CHARS and text["minLength"] == 1 and text["examples"]
+    texts = schemas["BatchPredictRequest"]["properties"]["texts"]
+    assert texts["maxItems"] == MAX_BATCH_TEXTS and texts["minItems"] == 1
+    assert "Prediction" in schemas and "BatchPredictResponse" in schemas and "ErrorResponse" in schemas
+    ok = spec["paths"]["/predict/batch"]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
+    assert ok["$ref"].endswith("/BatchPredictResponse")
+    for code in ("400", "413", "422", "503"):
+        assert code in spec["paths"]["/predict"]["post"]["responses"]
+
+
+# ----------------------------------------------------------------------------- fuzzing
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=12,
+)
+texts_any = st.text(max_size=200) | st.text(alphabet=st.characters(codec="utf-8"), max_size=60)
+
+
+def escaped_body(code_points):
+    chars = "".join(f"\\u{c:04x}" for c in code_points)
+    return ('{"text": "%s", "texts": ["%s"]}' % (chars, chars)).encode()
+
+
+bodies = st.one_of(
+    json_values.map(lambda v: json.dumps(v).encode()),
+    st.fixed_dictionaries({"text": texts_any | json_values}).map(lambda v: json.dumps(v).encode()),
+    st.fixed_dictionaries({"texts": st.lists(texts_any | json_values, max_size=MAX_BATCH_TEXTS + 3)})
+    .map(lambda v: json.dumps(v).encode()),
+    st.binary(max_size=200),
+    # JSON with escapes that decode to odd code points (lone surrogates, controls, NUL).
+    st.lists(st.integers(0, 0xFFFF), min_size=1, max_size=5).map(escaped_body),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(path=st.sampled_from(["/predict", "/predict/batch"]), body=bodies,
+       content_type=st.sampled_from(["application/json", "text/plain", None]))
+def test_fuzzed_bodies_never_give_5xx(client, path, body, content_type):
+    headers = {"content-type": content_type} if content_type else {}
+    r = client.post(path, content=body, headers=headers)
+    assert r.status_code < 500, (r.status_code, r.text)
+    payload = r.json()
+    if r.status_code == 200:
+        results = payload["results"] if path == "/predict/batch" else [payload]
+        for res in results:
+            assert sum(res["all_probabilities"].values()) == pytest.approx(1.0, abs=1e-5)
+    else:
+        assert 400 <= r.status_code < 500 and payload["detail"]
+
+
+# ----------------------------------------------------------------------------- startup failures
+
+
+def test_missing_checkpoint_fails_startup_with_the_path(tmp_path):
+    missing = tmp_path / "nope.pt"
+    with pytest.raises(CheckpointError, match="nope.pt not found"):
+        with TestClient(create_app(missing, torch_threads=0)):
+            pass
+
+
+def test_corrupt_checkpoint_fails_startup_with_the_reason(tmp_path):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"definitely not a checkpoint")
+    with pytest.raises(CheckpointError, match="could not be read"):
+        with TestClient(create_app(bad, torch_threads=0)):
+            pass
+
+
+def test_checkpoint_from_environment(ckpt_path, monkeypatch):
+    monkeypatch.setenv("DISTRINEWS_CHECKPOINT", str(ckpt_path))
+    with TestClient(create_app(torch_threads=0)) as c:
+        assert c.get("/health").json()["checkpoint"]["path"] == str(ckpt_path)
+
+
+# ----------------------------------------------------------------------------- the micro-batcher
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def slow_echo(calls, delay=0.02):
+    def predict(texts):
+        calls.append(list(texts))
+        time.sleep(delay)  # like a forward pass: requests keep arriving meanwhile
+        return [f"result:{t}" for t in texts]
+
+    return predict
+
+
+def test_batcher_groups_concurrent_requests_and_keeps_each_answer():
+    calls = []
+
+    async def main():
+        b = MicroBatcher(slow_echo(calls), max_batch_size=8, window_ms=5)
+        await b.start()
+        try:
+            return await asyncio.gather(*(b.submit(f"t{i}") for i in range(30)))
+        finally:
+            await b.stop()
+
+    results = run(main())
+    assert results == [f"result:t{i}" for i in range(30)]
+    assert len(calls) < 30, "concurrent requests should share forward passes"
+    assert max(len(c) for c in calls) <= 8
+
+
+def test_batcher_with_batch_size_one_runs_each_alone():
+    calls = []
+
+    async def main():
+        b = MicroBatcher(slow_echo(calls, 0.001), max_batch_size=1, window_ms=0)
+        await b.start()
+        try:
+            return await asyncio.gather(*(b.submit(f"t{i}") for i in range(10)))
+        finally:
+            await b.stop()
+
+    assert run(main()) == [f"result:t{i}" for i in range(10)]
+    assert all(len(c) == 1 for c in calls) and len(calls) == 10
+
+
+def test_batcher_isolates_a_failing_text():
+    def predict(texts):
+        if "bad" in texts:
+            raise ValueError("cannot classify 'bad'")
+        return [t.upper() for t in texts]
+
+    async def main():
+        b = MicroBatcher(predict, max_batch_size=16, window_ms=5)
+        await b.start()
+        try:
+            return await asyncio.gather(*(b.submit(t) for t in ["a", "bad", "c"]), return_exceptions=True)
+        finally:
+            await b.stop()
+
+    a, bad, c = run(main())
+    assert (a, c) == ("A", "C")
+    assert isinstance(bad, ValueError)
+
+
+def test_batcher_refuses_when_stopped_and_fails_waiting_requests():
+    async def main():
+        b = MicroBatcher(slow_echo([], 0.2), max_batch_size=1, window_ms=0)
+        with pytest.raises(BatcherStopped):
+            await b.submit("before start")
+        await b.start()
+        tasks = [asyncio.ensure_future(b.submit(f"t{i}")) for i in range(3)]
+        await asyncio.sleep(0.05)  # the first is running, the others wait in the queue
+        await b.stop()
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    results = run(main())
+    assert any(isinstance(r, BatcherStopped) for r in results)
+    assert all(isinstance(r, (str, BatcherStopped)) for r in results)
