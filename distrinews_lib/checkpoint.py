@@ -78,8 +78,11 @@ def _plain(value):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
-    if isinstance(value, (str, int, float, bool)) or value is None:
+    if isinstance(value, bool) or value is None:
         return value
+    for plain in (str, int, float):  # str subclasses such as torch's TorchVersion are not weights_only-safe
+        if isinstance(value, plain):
+            return plain(value)
     if isinstance(value, Path):
         return str(value)
     if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:

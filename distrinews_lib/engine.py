@@ -226,9 +226,9 @@ class EvalResult:
     labels: torch.Tensor
 
 
-def _all_gather_varlen(t: torch.Tensor, device) -> torch.Tensor:
+def _all_gather_varlen(t: torch.Tensor, device, gather: bool = True) -> torch.Tensor:
     """all_gather for 1-D tensors whose length differs per rank."""
-    if not D.is_initialized() or D.get_world_size() == 1:
+    if not gather or not D.is_initialized() or D.get_world_size() == 1:
         return t
     t = t.to(device)
     n = torch.tensor([t.numel()], device=device)
@@ -243,12 +243,13 @@ def _all_gather_varlen(t: torch.Tensor, device) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(model, loader, *, device, amp: AmpSettings | None = None) -> EvalResult:
+def evaluate(model, loader, *, device, amp: AmpSettings | None = None, gather: bool = True) -> EvalResult:
     """Loss and accuracy over the whole evaluation set, identical on every rank.
 
     Each rank predicts its shard; predictions are gathered with their dataset indices and the
     duplicates that DistributedSampler adds to even out the shards are dropped, so the result
-    equals a single-process evaluation of the same weights.
+    equals a single-process evaluation of the same weights. gather=False evaluates this rank's
+    loader alone (no collectives), e.g. a reference evaluation on rank 0 only.
     """
     bare = unwrap(model)  # no DDP forward: evaluation needs no gradient sync (and no buffer broadcast)
     was_training = bare.training
@@ -265,10 +266,10 @@ def evaluate(model, loader, *, device, amp: AmpSettings | None = None) -> EvalRe
     bare.train(was_training)
     cat = lambda xs, dtype: torch.cat(xs) if xs else torch.zeros(0, dtype=dtype)
     comm = _comm_device(device)
-    idx = _all_gather_varlen(cat(idx, torch.long), comm)
-    preds = _all_gather_varlen(cat(preds, torch.long), comm)
-    labels = _all_gather_varlen(cat(labels, torch.long), comm)
-    losses = _all_gather_varlen(cat(losses, torch.float64), comm)
+    idx = _all_gather_varlen(cat(idx, torch.long), comm, gather)
+    preds = _all_gather_varlen(cat(preds, torch.long), comm, gather)
+    labels = _all_gather_varlen(cat(labels, torch.long), comm, gather)
+    losses = _all_gather_varlen(cat(losses, torch.float64), comm, gather)
     order = torch.argsort(idx, stable=True)
     idx, preds, labels, losses = idx[order], preds[order], labels[order], losses[order]
     keep = torch.ones_like(idx, dtype=torch.bool)

@@ -1,16 +1,18 @@
 """Is the Hugging Face hub reachable?  Answered in a few seconds at most, and remembered.
 
 Offline, `datasets.load_dataset("ag_news")` retries for ~25 s before failing, so every hub
-path asks this first.
+path asks this first. The probe is a real HTTPS request: a sandbox or proxy that accepts any
+TCP connection must not pass for the hub.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import threading
+import urllib.error
+import urllib.request
 
-HUB_HOST = "huggingface.co"
+HUB_URL = "https://huggingface.co/api/models/distilbert-base-uncased"
 _cached: bool | None = None
 
 
@@ -28,14 +30,16 @@ def hub_reachable(timeout: float = 3.0) -> bool:
 
     def probe():
         try:
-            with socket.create_connection((os.environ.get("DISTRINEWS_HUB_HOST", HUB_HOST), 443), timeout=timeout):
-                result[0] = True
-        except OSError:
+            with urllib.request.urlopen(os.environ.get("DISTRINEWS_HUB_URL", HUB_URL), timeout=timeout) as r:
+                result[0] = r.status < 500
+        except urllib.error.HTTPError as err:  # the hub answered (e.g. 401/404): it is reachable
+            result[0] = err.code < 500
+        except Exception:  # DNS failure, refused, timeout, TLS error: not reachable
             pass
 
-    # DNS lookups ignore the socket timeout, so the probe runs in a thread we stop waiting for.
+    # DNS lookups ignore socket timeouts, so the probe runs in a thread we stop waiting for.
     t = threading.Thread(target=probe, daemon=True)
     t.start()
-    t.join(timeout)
+    t.join(timeout + 0.5)
     _cached = result[0]
     return _cached

@@ -1,0 +1,132 @@
+"""The AG News loaders: file formats, bad rows, sources, subsets, tokenization cache."""
+
+import gzip
+from collections import Counter
+
+import pytest
+
+from distrinews_lib import data
+from distrinews_lib.errors import UserError
+from distrinews_lib.model import build_model
+
+from .helpers import AG_NEWS
+
+
+def write(path, text, gz=False):
+    if gz:
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+ORIGINAL = '"3","Wall St. Bears Claw Back","Reuters - Short-sellers are seeing green again."\n' \
+           '"4","New chip #39;s speed","Intel\\\\said quot;fast quot; &lt;b&gt;today&lt;/b&gt;"\n'
+KAGGLE = "Class Index,Title,Description\n1,Peace talks,Diplomats met in Geneva\n2,Cup final,The team scored twice\n"
+
+
+def test_reads_original_layout_gzipped_and_cleans_text(tmp_path):
+    texts, labels = data.read_agnews_csv(write(tmp_path / "train.csv.gz", ORIGINAL, gz=True))
+    assert labels == [2, 3]
+    assert texts[0] == "Wall St. Bears Claw Back. Reuters - Short-sellers are seeing green again."
+    assert "chip's" in texts[1] and "\\" not in texts[1] and "#39;" not in texts[1] and "quot;" not in texts[1]
+
+
+def test_reads_kaggle_csv_with_header(tmp_path):
+    texts, labels = data.read_agnews_csv(write(tmp_path / "train.csv", KAGGLE))
+    assert labels == [0, 1]
+    assert texts[0].startswith("Peace talks")
+
+
+def test_folder_finds_split_files(tmp_path):
+    write(tmp_path / "train_subset_9.csv.gz", ORIGINAL, gz=True)
+    write(tmp_path / "test.csv", KAGGLE)
+    splits = data.load_folder(tmp_path)
+    assert (len(splits.train_texts), len(splits.test_texts), splits.source) == (2, 2, "folder")
+
+
+def test_malformed_row_names_file_and_line(tmp_path):
+    bad = write(tmp_path / "train.csv", ORIGINAL + '"1","only two fields"\n')
+    with pytest.raises(UserError, match=r"train\.csv, line 3: expected 3 fields"):
+        data.read_agnews_csv(bad)
+
+
+def test_label_outside_1_to_4_is_refused(tmp_path):
+    bad = write(tmp_path / "test.csv", '"5","Title","Desc"\n')
+    with pytest.raises(UserError, match=r"line 1: class 5 is outside 1..4"):
+        data.read_agnews_csv(bad)
+
+
+def test_missing_folder_says_what_to_do(tmp_path):
+    with pytest.raises(UserError, match="does not exist.*--data synthetic"):
+        data.load_folder(tmp_path / "nope")
+
+
+def test_synthetic_data_is_labelled_as_such():
+    s = data.load_agnews("synthetic", num_samples=40, eval_samples=12)
+    assert s.is_synthetic and s.source == "synthetic" and "SYNTHETIC" in s.describe()
+    assert Counter(s.train_labels) == {0: 10, 1: 10, 2: 10, 3: 10}
+    assert Counter(s.test_labels) == {0: 3, 1: 3, 2: 3, 3: 3}
+
+
+def test_auto_uses_data_dir_offline_then_synthetic(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    write(tmp_path / "train.csv", KAGGLE)
+    write(tmp_path / "test.csv", KAGGLE)
+    monkeypatch.setenv("DISTRINEWS_DATA_DIR", str(tmp_path))
+    assert data.resolve_source("auto") == str(tmp_path)
+    monkeypatch.delenv("DISTRINEWS_DATA_DIR")
+    assert data.resolve_source("auto") == "synthetic"
+
+
+def test_hub_offline_fails_fast_with_advice(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UserError, match="not reachable.*--data synthetic"):
+        data.load_hub()
+
+
+def test_hub_probe_answers_within_seconds(monkeypatch):
+    """A server that accepts the connection but never answers must not hang the run."""
+    import socket
+    import time
+
+    from distrinews_lib import hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setattr(hub, "_cached", None)
+    with socket.socket() as silent:  # loopback only: listens, never replies
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        monkeypatch.setenv("DISTRINEWS_HUB_URL", f"https://127.0.0.1:{silent.getsockname()[1]}/api")
+        t = time.time()
+        assert hub.hub_reachable(timeout=1.0) is False
+        assert time.time() - t < 3
+
+
+def test_balanced_subset_is_balanced_and_deterministic():
+    labels = [i % 4 for i in range(1000)]
+    a = data.balanced_subset(labels, 101, seed=1)
+    assert a == data.balanced_subset(labels, 101, seed=1)
+    assert sorted(Counter(labels[i] for i in a).values()) == [25, 25, 25, 26]
+
+
+def test_tokenize_once_and_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DISTRINEWS_CACHE", str(tmp_path))
+    _, tok, _ = build_model("tiny")
+    texts = ["Stocks fall as oil rises", "Team wins the cup"]
+    ids = data.tokenize_texts(texts, tok, 16)
+    assert len(list((tmp_path / "tokenized").glob("*.pt"))) == 1
+    assert data.tokenize_texts(texts, tok, 16) == ids
+    assert tok.unk_token_id not in ids[0], "the tiny tokenizer must know DistilBERT's vocabulary"
+    assert ids[0][0] == tok.cls_token_id and ids[0][-1] == tok.sep_token_id
+
+
+@pytest.mark.skipif(not AG_NEWS.is_dir(), reason=f"real AG News not present at {AG_NEWS}")
+def test_real_ag_news_files():
+    s = data.load_folder(AG_NEWS)
+    assert len(s.test_texts) == 7600
+    assert Counter(s.test_labels) == {0: 1900, 1: 1900, 2: 1900, 3: 1900}
+    assert len(s.train_texts) == 12000
+    assert Counter(s.train_labels) == {0: 2967, 1: 3044, 2: 3027, 3: 2962}
