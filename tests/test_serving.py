@@ -172,6 +172,8 @@ BAD_INPUTS = [
     ("/predict", b'{"txt": "typo"}', 422, ["text", "required"]),
     ("/predict", b'{"text": "unterminated"', 400, ["not valid JSON"]),
     ("/predict", b"this is not json", 400, ["not valid JSON"]),
+    ("/predict", b'{"text": "caf\xe9 in latin-1"}', 400, ["UTF-8"]),
+    ("/predict", b"[" * 100_000, 400, ["JSON"]),
     ("/predict", b"", 422, ["body", "missing"]),
     ("/predict", b'["a list"]', 422, ["JSON object"]),
     ("/predict", b'"just a string"', 422, ["JSON object"]),
@@ -302,6 +304,22 @@ def test_checkpoint_from_environment(ckpt_path, monkeypatch):
     monkeypatch.setenv("DISTRINEWS_CHECKPOINT", str(ckpt_path))
     with TestClient(create_app(torch_threads=0)) as c:
         assert c.get("/health").json()["checkpoint"]["path"] == str(ckpt_path)
+
+
+def test_batching_can_be_switched_off_from_the_environment(ckpt_path, monkeypatch):
+    monkeypatch.setenv("DISTRINEWS_BATCHING", "off")
+    with TestClient(create_app(ckpt_path, torch_threads=0)) as c:
+        assert c.get("/health").json()["batching"]["max_batch_size"] == 1
+        assert c.post("/predict", json={"text": "still answers"}).status_code == 200
+
+
+def test_bad_setting_in_the_environment_fails_startup(ckpt_path, monkeypatch):
+    from distrinews_lib.errors import UserError
+
+    monkeypatch.setenv("DISTRINEWS_MAX_BATCH_SIZE", "lots")
+    with pytest.raises(UserError, match="DISTRINEWS_MAX_BATCH_SIZE"):
+        with TestClient(create_app(ckpt_path, torch_threads=0)):
+            pass
 
 
 # ----------------------------------------------------------------------------- the micro-batcher
