@@ -1,0 +1,144 @@
+"""The course notebooks follow the shared conventions (fast, static checks; nbval executes them).
+
+- every `%%writefile` cell is byte-identical to the file it writes (scripts/sync_notebooks.py);
+- committed without outputs or execution counts;
+- the first code cell is tagged `parameters` and sets PRESET and NPROC; the next one calls setup();
+- torchrun is only ever launched through distrinews_lib.launch (a bare `!torchrun` cannot fail a notebook).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+SYNC = ROOT / "scripts" / "sync_notebooks.py"
+
+
+def _load_sync():
+    spec = importlib.util.spec_from_file_location("sync_notebooks", SYNC)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+sync = _load_sync()
+ids = [p.stem for p in NOTEBOOKS]
+
+
+def _code_cells(path):
+    return [c for c in nbformat.read(str(path), as_version=4).cells if c.cell_type == "code"]
+
+
+def test_the_course_has_its_chapters():
+    names = {p.stem.split("_", 1)[0] for p in NOTEBOOKS}
+    assert {"01", "02", "04", "05"} <= names, sorted(names)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_valid_notebook(path):
+    nbformat.validate(nbformat.read(str(path), as_version=4))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_writefile_cells_match_their_files(path):
+    problems = sync.check_notebooks([path])
+    assert not problems, "\n\n".join(map(str, problems)) + "\n\nfix: python scripts/sync_notebooks.py --write"
+
+
+def test_training_scripts_are_written_by_their_chapters():
+    targets = {c.target: c.notebook.stem for nb in NOTEBOOKS for c in sync.writefile_cells(nb)}
+    assert targets.get("scripts/train_single.py", "").startswith("01_")
+    assert targets.get("scripts/train_ddp.py", "").startswith("02_")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_committed_without_outputs(path):
+    dirty = [i for i, c in enumerate(_code_cells(path)) if c.outputs or c.execution_count is not None]
+    assert not dirty, f"{path.name}: code cells {dirty} have outputs or execution counts; clear them before committing"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_first_code_cell_is_parameters_then_setup(path):
+    cells = _code_cells(path)
+    first = cells[0]
+    assert "parameters" in first.metadata.get("tags", []), f"{path.name}: the first code cell must be tagged 'parameters'"
+    assert re.search(r"^PRESET\s*=", first.source, re.M) and re.search(r"^NPROC\s*=", first.source, re.M), first.source
+    assert "setup(PRESET, NPROC)" in cells[1].source, f"{path.name}: the second code cell must call setup(PRESET, NPROC)"
+    tagged = [i for i, c in enumerate(cells) if "parameters" in c.metadata.get("tags", [])]
+    assert tagged == [0], f"{path.name}: exactly one parameters cell, the first"
+
+
+BARE_LAUNCH = re.compile(r"(torchrun|torch\.distributed\.run|torch\.distributed\.launch)")
+
+
+def bare_launches(source: str) -> list[str]:
+    """Lines of a code cell that launch torchrun outside distrinews_lib.launch."""
+    if source.startswith("%%writefile"):
+        return []  # a script's text (its docstring may show the torchrun command line)
+    lines = source.splitlines()
+    if lines and re.match(r"%%(bash|sh|script|system)\b", lines[0]):
+        return [l for l in lines if BARE_LAUNCH.search(l)]
+    bad = []
+    for line in lines:
+        stripped = line.strip()
+        if stripped.startswith(("!", "%sx", "%system")) and BARE_LAUNCH.search(stripped):
+            bad.append(line)
+        elif re.search(r"(subprocess\.\w+|os\.system|os\.popen|Popen)\(", stripped) and BARE_LAUNCH.search(stripped):
+            bad.append(line)
+        elif re.search(r"=\s*!", stripped) and BARE_LAUNCH.search(stripped):
+            bad.append(line)
+    return bad
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_torchrun_only_through_the_library(path):
+    bad = [(i, l) for i, c in enumerate(_code_cells(path)) for l in bare_launches(c.source)]
+    assert not bad, (f"{path.name}: launch torchrun with distrinews_lib.launch.torchrun(...), which fails the cell "
+                     f"when the script fails; found {bad}")
+
+
+def test_bare_launch_detector():
+    assert bare_launches("!torchrun --nproc_per_node=2 scripts/train_ddp.py")
+    assert bare_launches("x = 1\n!python -m torch.distributed.run --standalone scripts/train_ddp.py")
+    assert bare_launches("%%bash\ntorchrun --nproc_per_node 2 x.py")
+    assert bare_launches("subprocess.run(['torchrun', 'x.py'])")
+    assert not bare_launches('torchrun("scripts/train_ddp.py", env.nproc, args, timeout=300)')
+    assert not bare_launches('%%writefile scripts/x.py\n"""torchrun --nproc_per_node=2 x.py"""')
+
+
+def test_sync_detects_and_repairs_a_difference(tmp_path):
+    """A %%writefile cell that drifts from its file is reported (exit 1) and --write repairs it."""
+    src = next(p for p in NOTEBOOKS if p.stem.startswith("01_"))
+    copy = tmp_path / src.name
+    nb = nbformat.read(str(src), as_version=4)
+    (cell,) = [c for c in nb.cells if c.cell_type == "code" and c.source.startswith("%%writefile scripts/train_single.py")]
+    cell.source = cell.source.replace("def main():", "def main():  # drifted", 1)
+    nbformat.write(nb, str(copy))
+
+    problems = sync.check_notebooks([copy])
+    assert len(problems) == 1 and problems[0].kind == "differs" and "# drifted" in problems[0].detail
+    run = subprocess.run([sys.executable, str(SYNC), "--check", str(copy)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and "differs from scripts/train_single.py" in run.stderr, run.stderr
+
+    assert sync.write_notebooks([copy], log=lambda *a: None) == 1
+    assert sync.check_notebooks([copy]) == []
+    run = subprocess.run([sys.executable, str(SYNC), "--check", str(copy)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_sync_reports_a_missing_target(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("%%writefile scripts/no_such_script_here.py\nprint('hi')")]
+    path = tmp_path / "99_x.ipynb"
+    nbformat.write(nb, str(path))
+    (problem,) = sync.check_notebooks([path])
+    assert problem.kind == "missing"
