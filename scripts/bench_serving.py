@@ -4,11 +4,12 @@
     python scripts/bench_serving.py --quick            # a couple of seconds per level (used by CI; no timing checks)
     python scripts/bench_serving.py --checkpoint checkpoints/distilbert_agnews.pt
 
-For each server configuration (batched: the defaults; baseline: --max-batch-size 1, i.e. every
-request is its own forward pass, same app, same framework) the script starts
-`python -m distrinews_lib.serving` as a separate process on 127.0.0.1, then drives POST /predict from
-this process at concurrency 1, 4, 16 and 64 for a fixed time each (after a short unrecorded warm-up),
-and reports requests/s, p50/p95/p99 latency and errors.
+Two servers run side by side, each `python -m distrinews_lib.serving` in its own process on
+127.0.0.1: "batched" (the defaults) and the baseline "--max-batch-size 1" (every request is its own
+forward pass; same app, same framework, same model thread).  This process drives POST /predict at
+concurrency 1, 4, 16 and 64 for a fixed time per level, split into slices that alternate between
+the two servers (each after a short unrecorded warm-up), so background load on a shared machine
+hits both alike.  It reports requests/s, p50/p95/p99 latency and errors.
 
 The load generator speaks HTTP/1.1 over plain asyncio streams with one keep-alive connection per
 concurrent client: on a 2-core machine a heavier client (httpx, requests) would eat the CPU the
@@ -84,9 +85,14 @@ class Server:
         self.proc = None
         self.log = tempfile.TemporaryFile(mode="w+")
 
-    def __enter__(self):
+    def launch(self):
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         self.proc = subprocess.Popen(self.cmd, cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        return self
+
+    def __enter__(self):
+        if self.proc is None:
+            self.launch()
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -161,8 +167,10 @@ async def http_health(port: int) -> bool:
         conn.close()
 
 
-async def drive(port: int, concurrency: int, duration: float, warmup: float, timeout: float = 10.0) -> dict:
-    """`concurrency` clients each send POST /predict back to back; only the last `duration` s count."""
+async def drive(port: int, concurrency: int, duration: float, warmup: float, timeout: float = 10.0):
+    """`concurrency` clients each send POST /predict back to back; only the last `duration` s count.
+
+    Returns (latencies in s, {error kind: count}, measured seconds)."""
     bodies = [json.dumps({"text": t}).encode() for t in TEXTS]
     latencies: list[float] = []
     errors: dict[str, int] = {}
@@ -195,7 +203,7 @@ async def drive(port: int, concurrency: int, duration: float, warmup: float, tim
 
     await asyncio.gather(*(client(k) for k in range(concurrency)))
     elapsed = max(loop.time() - record_from, 1e-9)  # includes the tail of requests sent before stop_at
-    return summarize(latencies, errors, elapsed, concurrency, duration)
+    return latencies, errors, elapsed
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -205,7 +213,7 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[k]
 
 
-def summarize(latencies, errors, elapsed, concurrency, duration) -> dict:
+def summarize(latencies, errors, elapsed, concurrency) -> dict:
     lat = sorted(latencies)
     ms = lambda v: round(v * 1000, 3)  # noqa: E731
     return {
@@ -229,19 +237,42 @@ async def server_batching(port: int) -> dict:
         conn.close()
 
 
-def run_config(name: str, checkpoint: Path, extra: list[str], levels: list[int], duration: float, warmup: float) -> dict:
-    port = free_port()
-    with Server(checkpoint, port, extra) as server:
-        print(f"\n[{name}] {shlex.join(server.cmd)}", flush=True)
-        rows = []
+def measure(configs: dict, checkpoint: Path, levels: list[int], duration: float, warmup: float,
+            rounds: int) -> list[dict]:
+    """Start every server configuration at once, then measure them in turns at each level.
+
+    Each level is split into `rounds` slices that alternate between the configurations, so a
+    burst of background load on a shared machine hits both sides alike and the ratio stays fair.
+    """
+    servers = {name: Server(checkpoint, free_port(), extra) for name, extra in configs.items()}
+    started = [server.launch() for server in servers.values()]  # start side by side, then wait for each
+    try:
+        for name, server in servers.items():
+            server.__enter__()
+            print(f"[{name}] {shlex.join(server.cmd)}", flush=True)
+        results = {name: {"name": name, "server_command": server.cmd, "levels": []} for name, server in servers.items()}
         for c in levels:
-            row = asyncio.run(drive(port, c, duration, warmup))
-            rows.append(row)
-            lat = row["latency_ms"]
-            print(f"  concurrency {c:>3}: {row['requests_per_s']:>8.1f} req/s   p50 {lat['p50']:7.2f} ms   "
-                  f"p95 {lat['p95']:7.2f} ms   p99 {lat['p99']:7.2f} ms   errors {row['errors']}", flush=True)
-        batching = asyncio.run(server_batching(port))
-    return {"name": name, "server_command": server.cmd, "server_batching": batching, "levels": rows}
+            acc = {name: ([], {}, 0.0) for name in servers}
+            for _ in range(rounds):
+                for name, server in servers.items():
+                    lat, errs, secs = asyncio.run(drive(server.port, c, duration / rounds, warmup))
+                    all_lat, all_errs, all_secs = acc[name]
+                    all_lat.extend(lat)
+                    for kind, n in errs.items():
+                        all_errs[kind] = all_errs.get(kind, 0) + n
+                    acc[name] = (all_lat, all_errs, all_secs + secs)
+            for name in servers:
+                row = summarize(*acc[name], c)
+                results[name]["levels"].append(row)
+                lat = row["latency_ms"]
+                print(f"  {name:<24} concurrency {c:>3}: {row['requests_per_s']:>8.1f} req/s   p50 {lat['p50']:7.2f} ms   "
+                      f"p95 {lat['p95']:7.2f} ms   p99 {lat['p99']:7.2f} ms   errors {row['errors']}", flush=True)
+        for name, server in servers.items():
+            results[name]["server_batching"] = asyncio.run(server_batching(server.port))
+        return list(results.values())
+    finally:
+        for server in started:
+            server.__exit__(None, None, None)
 
 
 # ----------------------------------------------------------------------------- report
@@ -255,6 +286,13 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def load_average():
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 def git_commit() -> str:
@@ -283,11 +321,18 @@ def plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for cfg, style in zip(report["configs"], ("o-", "s--")):
+    for cfg, style, color in zip(report["configs"], ("o-", "s--"), ("tab:blue", "tab:orange")):
         xs = [r["concurrency"] for r in cfg["levels"]]
-        ax1.plot(xs, [r["requests_per_s"] for r in cfg["levels"]], style, label=cfg["name"])
-        ax2.plot(xs, [r["latency_ms"]["p99"] for r in cfg["levels"]], style, label=f"{cfg['name']} p99")
-        ax2.plot(xs, [r["latency_ms"]["p50"] for r in cfg["levels"]], style, alpha=0.4, label=f"{cfg['name']} p50")
+        ax1.plot(xs, [r["requests_per_s"] for r in cfg["levels"]], style, color=color, label=cfg["name"])
+        ax2.plot(xs, [r["latency_ms"]["p99"] for r in cfg["levels"]], style, color=color, label=f"{cfg['name']} p99")
+        ax2.plot(xs, [r["latency_ms"]["p50"] for r in cfg["levels"]], style, color=color, alpha=0.35,
+                 label=f"{cfg['name']} p50")
+    batched = report["configs"][0]["levels"]
+    for row in batched:  # the speed-up over the baseline, written above each batched point
+        ratio = report["throughput_ratio_batched_over_baseline"].get(str(row["concurrency"]))
+        if ratio is not None:
+            ax1.annotate(f"{ratio:.1f}x", (row["concurrency"], row["requests_per_s"]), textcoords="offset points",
+                         xytext=(0, 7), ha="center", fontsize=9)
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
         ax.set_xticks(report["settings"]["concurrency_levels"], [str(c) for c in report["settings"]["concurrency_levels"]])
@@ -299,9 +344,12 @@ def plot(report: dict, path: Path) -> None:
     ax2.set_ylabel("latency (ms)")
     ax2.set_yscale("log")
     ax2.axhline(100, color="grey", lw=0.8, ls=":")
+    ax2.text(1, 100, " 100 ms", va="bottom", fontsize=8, color="grey")
     ax2.set_title("Latency")
+    machine = report["machine"]
     fig.suptitle(f"DistriNews serving, {report['model']['type']} ({report['model']['parameters']:,} params), "
-                 f"{report['machine']['cpu_count']} CPU cores", fontsize=10)
+                 f"{machine['cpu_count']} CPU cores (load average {machine['load_average_1min_before']} at start)",
+                 fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -318,6 +366,8 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="about 2 s per level: checks the benchmark runs, not how fast")
     p.add_argument("--duration", type=float, default=None, help="measured seconds per level (default 8, quick 1.5)")
     p.add_argument("--warmup", type=float, default=None, help="unrecorded seconds before each level (default 1, quick 0.3)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="alternating slices per level and configuration (default 3, quick 1)")
     p.add_argument("--levels", default="1,4,16,64", help="concurrency levels, comma separated (default 1,4,16,64)")
     p.add_argument("--max-batch-size", type=int, default=None, help="batched server's --max-batch-size (default: the server's)")
     p.add_argument("--batch-window-ms", type=float, default=None, help="batched server's --batch-window-ms (default: the server's)")
@@ -333,7 +383,8 @@ def main(argv=None):
     import torch
 
     duration = args.duration if args.duration is not None else (1.5 if args.quick else 8.0)
-    warmup = args.warmup if args.warmup is not None else (0.3 if args.quick else 1.0)
+    warmup = args.warmup if args.warmup is not None else (0.3 if args.quick else 0.5)
+    rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
     try:
         levels = [int(x) for x in args.levels.split(",") if x.strip()]
     except ValueError:
@@ -351,10 +402,11 @@ def main(argv=None):
         if args.batch_window_ms is not None:
             batched_extra += ["--batch-window-ms", str(args.batch_window_ms)]
         started = time.time()
-        configs = [run_config("batched", checkpoint, batched_extra, levels, duration, warmup)]
+        load_before = load_average()
+        wanted = {"batched": batched_extra}
         if not args.no_baseline:
-            configs.append(run_config("baseline (no batching)", checkpoint, ["--max-batch-size", "1"], levels,
-                                      duration, warmup))
+            wanted["baseline (no batching)"] = ["--max-batch-size", "1"]
+        configs = measure(wanted, checkpoint, levels, duration, warmup, rounds)
         model = model_description(checkpoint)
         if args.checkpoint is None:
             model["checkpoint"] = "tiny random DistilBERT made by this script (build_model('tiny', seed=0), max_length 64)"
@@ -368,12 +420,17 @@ def main(argv=None):
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "quick": args.quick,
         "machine": {"platform": platform.platform(), "machine": platform.machine(), "cpu": cpu_name(),
-                    "cpu_count": os.cpu_count(), "python": platform.python_version()},
+                    "cpu_count": os.cpu_count(), "python": platform.python_version(),
+                    # Other work on the machine changes the figures (a busy CPU hurts the baseline most).
+                    "load_average_1min_before": load_before, "load_average_1min_after": load_average()},
         "versions": {"torch": torch.__version__, **_versions("transformers", "fastapi", "uvicorn", "pydantic")},
         "torch_threads": torch.get_num_threads(),
         "git_commit": git_commit(),
         "model": model,
-        "settings": {"concurrency_levels": levels, "duration_s": duration, "warmup_s": warmup,
+        "settings": {"concurrency_levels": levels, "duration_s": duration, "warmup_s_per_slice": warmup,
+                     "rounds": rounds,
+                     "method": "both servers run at once; each level is measured in `rounds` alternating slices "
+                               "of duration/rounds seconds per server, after an unrecorded warm-up per slice",
                      "client": "asyncio HTTP/1.1, one keep-alive connection per concurrent client, separate process"},
         "configs": configs,
         "throughput_ratio_batched_over_baseline": ratios,

@@ -4,7 +4,9 @@ A transformer classifies 16 texts in one forward pass much faster than in 16 pas
 cost of a pass (Python dispatch, kernel launches, weight reads) is paid once.  So each request
 puts its text on a queue and awaits a future; one worker task takes the first waiting text,
 collects more for at most `window_ms` (or until `max_batch_size`), runs the model once in a
-worker thread, and hands each result back to its own request.
+worker thread, and hands each result back to its own request.  While that forward pass runs,
+new requests queue up, so under load batches grow by themselves; the window only has to catch
+requests that are being read at the same moment, and it ends early when none are.
 
 With max_batch_size=1 the same code serves every request on its own: the unbatched baseline.
 """
