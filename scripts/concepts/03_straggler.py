@@ -1,0 +1,77 @@
+"""Concept 3: a straggler. What happens when one GPU (rank) is slower?
+
+DDP's backward ends only when every bucket is all-reduced, and an all-reduce completes only
+when EVERY rank has contributed. So the fast ranks sit idle inside backward() until the slowest
+rank arrives: each step takes as long as the slowest rank's step. Here the last rank sleeps
+--delay seconds per step (think: a slower GPU, a busy data loader, thermal throttling).
+"""
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from distrinews_lib.distributed import choose_backend
+
+p = argparse.ArgumentParser()
+p.add_argument("--delay", type=float, default=0.4, help="seconds the slow rank sleeps per step")
+p.add_argument("--steps", type=int, default=3)
+p.add_argument("--out", default="outputs/concepts/03_straggler.json")
+args = p.parse_args()
+
+rank, local_rank, world = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+backend, _ = choose_backend("auto")
+device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+if backend == "nccl":
+    torch.cuda.set_device(device)
+dist.init_process_group(backend, timeout=timedelta(seconds=60))
+slow = rank == world - 1
+
+torch.manual_seed(0)
+ddp = DDP(torch.nn.Linear(64, 64).to(device), device_ids=[local_rank] if backend == "nccl" else None)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+
+
+def sync():
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+rows = []
+for step in range(args.steps + 1):  # step 0: warm-up, not timed
+    t0 = time.perf_counter()
+    loss = ddp(torch.randn(16, 64, device=device)).pow(2).mean()
+    if slow and step > 0:
+        time.sleep(args.delay)          # the straggler's extra work
+    sync()
+    t1 = time.perf_counter()
+    loss.backward()                     # gradient all-reduce: waits for every rank
+    sync()
+    t2 = time.perf_counter()
+    opt.step()
+    opt.zero_grad()
+    if step > 0:
+        rows.append({"compute_s": t1 - t0, "backward_s": t2 - t1, "step_s": time.perf_counter() - t0})
+
+summary = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+sys.stdout.write(f"[rank {rank}] {'SLOW' if slow else 'fast'}: forward+own work {summary['compute_s']:.3f} s, "
+                 f"backward (incl. waiting) {summary['backward_s']:.3f} s, step {summary['step_s']:.3f} s\n")
+everyone = [None] * world
+dist.all_gather_object(everyone, {"rank": rank, "slow": slow, **summary})
+if rank == 0:
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"delay": args.delay, "world_size": world, "ranks": everyone}, indent=1))
+del ddp      # free DDP (it holds the group and in-flight work) before the group goes;
+gc.collect() # freeing it during interpreter shutdown can abort the process
+dist.barrier()
+dist.destroy_process_group()
