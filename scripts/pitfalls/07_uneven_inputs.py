@@ -4,7 +4,8 @@ Sharding by hand (data[rank::world]) with N not a multiple of world * batch give
 more batch. DDP all-reduces gradients inside EVERY backward, so rank 0's extra backward waits
 for partners that have left the loop and now wait somewhere else (here: the barrier before
 saving). Nobody can move: a hang. Run it with a short --ddp_timeout (the process group's
-timeout) and it ends as an error after that many seconds instead of the default 10-30 minutes.
+timeout) and it ends as an error after that many seconds, not after the default 30 minutes
+(gloo) or 10 (nccl).
 Fixes: (a) even shards - DistributedSampler pads (or drop_last=True trims) to equal batch
 counts; (b) torch.distributed.algorithms.Join, which lets finished ranks shadow the collectives
 of the ranks still training.

@@ -4,7 +4,8 @@ A collective (all_reduce, barrier, broadcast, all_gather...) completes only when
 it, in the same order. Tucking one inside `if rank == 0:` (say, to log a global metric) leaves
 rank 0 waiting for partners that never come, while the others wait in the next collective.
 With a short --ddp_timeout both fail after that many seconds; with the default timeout they
-would sit for 10-30 minutes. Fix: every rank calls the collective; only the printing is rank-0 only.
+would sit for 30 minutes (gloo) or 10 (nccl). Fix: every rank calls the collective; only the
+printing is rank-0 only.
 (Debugging tip: TORCH_DISTRIBUTED_DEBUG=DETAIL, or dist.monitored_barrier on gloo, names the
 rank that did not arrive.)
 """
