@@ -62,9 +62,9 @@ def full_plan(quick: bool) -> dict:
         }
     return {
         "compare": {"tiny": dict(batch_size=32, warmup=5, steps=30, rounds=5),
-                    "distilbert-base": dict(batch_size=16, warmup=1, steps=4, rounds=3)},
+                    "distilbert-base": dict(batch_size=16, warmup=1, steps=3, rounds=2)},
         "ablations": {"tiny": "all", "distilbert-base": ["--amp bf16"]},
-        "ddp": dict(model="tiny", global_batches=[64, 256], knobs=True, warmup=3, steps=(30, 10), rounds=3, ddp1=True),
+        "ddp": dict(model="tiny", global_batches=[64, 256, 512], knobs=True, warmup=2, steps=(30, 10, 6), rounds=3, ddp1=True),
         "script": dict(model="tiny", batch_per_rank=32, max_steps=30, pairs=1),
         "n_texts": None,
     }
@@ -129,16 +129,22 @@ def make_model(name: str, seed: int):
 # --------------------------------------------------------------------------- measuring our loop
 
 class RecordingLoader:
-    """Passes a DataLoader through unchanged and remembers each batch's real lengths and padded width."""
+    """Passes a DataLoader through unchanged and remembers each batch's real lengths and padded width,
+    and this process's CPU clock each time the loop asks for a batch (= the end of the previous step)."""
 
     def __init__(self, loader):
-        self.loader, self.records = loader, []
+        self.loader, self.records, self.cpu_marks = loader, [], []
 
     def __len__(self):
         return len(self.loader)
 
+    def clear(self):
+        self.records.clear()
+        self.cpu_marks.clear()
+
     def __iter__(self):
         for batch in self.loader:
+            self.cpu_marks.append(time.process_time())
             self.records.append((batch["attention_mask"].sum(1).tolist(), int(batch["attention_mask"].shape[1])))
             yield batch
 
@@ -172,8 +178,10 @@ def parse_flags(flags: list, batch_size: int, max_length: int, ddp: bool = False
 
 def build_optimizer(model, args, proposed_fused_cpu: bool = False):
     if proposed_fused_cpu:  # what the engine would do with fused AdamW allowed on CPU (see the report)
-        opt = engine.make_optimizer(model, args.lr, args.weight_decay, fused=False)
-        return torch.optim.AdamW(opt.param_groups, lr=args.lr, fused=True)
+        groups = engine.make_optimizer(model, args.lr, args.weight_decay, fused=False).param_groups
+        # only params and weight decay: the groups also carry the old optimizer's fused=False/foreach settings
+        return torch.optim.AdamW([{"params": g["params"], "weight_decay": g["weight_decay"]} for g in groups],
+                                 lr=args.lr, fused=True)
     return engine.make_optimizer(model, args.lr, args.weight_decay, "auto" if args.fused_adam is None else args.fused_adam)
 
 
@@ -195,7 +203,7 @@ def run_ours(template, dataset, tokenizer, device, flags, *, batch_size, warmup,
     kw = dict(device=device, amp=amp, grad_accum=1, max_grad_norm=args.max_grad_norm, progress=False,
               non_blocking=opts["pin_memory"])
     engine.train_one_epoch(model, loader, optimizer, scheduler, max_steps=warmup, **kw)
-    loader.records.clear()
+    loader.clear()
     perf.sync(device)
     b0, t0, c0 = perf.cpu_busy_seconds(), time.perf_counter(), time.process_time()
     stats = engine.train_one_epoch(model, loader, optimizer, scheduler, max_steps=steps, **kw)
@@ -423,6 +431,9 @@ def summary_lines(model_name: str, section: dict) -> str:
         r, rc = rr.get("median_of_rounds"), rr.get("per_cpu_second", {}).get("median_of_rounds")
         rows.append(f"     {name:34s} {perf.format_rate(s, t, c['model_tflops']['median'], mfu)}"
                     + (f" | ours is {r:.2f}x (per CPU-s {rc:.2f}x)" if r and rc else ""))
+    for key, rr in section["ratios"].items():
+        if not key.startswith("ours / "):
+            rows.append(f"     {key}: {rr['median_of_rounds']:.2f}x")
     return "\n".join(rows)
 
 
@@ -437,7 +448,7 @@ def ddp_configs(plan: dict, nproc: int, device_type: str) -> list:
         for w in worlds:
             out.append(dict(name=f"G{g} x{w}" + ("" if w > 1 else " (no DDP)"), world=w, ddp=w > 1, global_batch=g,
                             batch_per_rank=g // w, steps=steps, warmup=plan["warmup"], bucket_cap_mb=25.0,
-                            gradient_as_bucket_view=True, fused_cpu=False, comm_hook=None))
+                            gradient_as_bucket_view=True, fused_cpu=False))
         if gi == 0 and plan.get("ddp1"):
             out.append(dict(out[0], name=f"G{g} x1 (DDP wrapper)", ddp=True))
         if plan.get("knobs"):
@@ -445,14 +456,10 @@ def ddp_configs(plan: dict, nproc: int, device_type: str) -> list:
             if gi == 0:
                 out.append(dict(base, name=f"G{g} x{nproc} --bucket_cap_mb 1", bucket_cap_mb=1.0))
                 out.append(dict(base, name=f"G{g} x{nproc} --no-gradient_as_bucket_view", gradient_as_bucket_view=False))
-                out.append(dict(base, name=f"G{g} x{nproc} bf16 gradient all-reduce (proposed)", comm_hook="bf16"))
             if device_type == "cpu":
                 one = next(c for c in out if c["global_batch"] == g and c["world"] == 1 and not c["ddp"])
                 out.append(dict(one, name=f"G{g} x1 (no DDP) fused AdamW (proposed)", fused_cpu=True))
                 out.append(dict(base, name=f"G{g} x{nproc} fused AdamW (proposed)", fused_cpu=True))
-                if gi > 0:
-                    out.append(dict(base, name=f"G{g} x{nproc} fused AdamW + bf16 gradient all-reduce (proposed)",
-                                    fused_cpu=True, comm_hook="bf16"))
     return out
 
 
@@ -504,10 +511,11 @@ def summarize_ddp(raw: dict, nproc: int, log) -> dict:
                 continue
             for n, c in configs.items():
                 if c["global_batch"] != g or c["world"] == 1 or c["fused_cpu"] != fused or c["bucket_cap_mb"] != 25.0 \
-                        or not c["gradient_as_bucket_view"] or c.get("comm_hook"):
+                        or not c["gradient_as_bucket_view"]:
                     continue
                 p = paired(by_name[n], by_name[base])
                 pc = paired(by_name[n], by_name[base], "samples_per_cpu_s")
+                pdc = paired(by_name[n], by_name[base], "samples_per_s_dedicated_estimate")
                 sp, spc = p["median_of_rounds"], p["median_of_clean_rounds"]
                 row = {"global_batch": g, "processes": c["world"], "batch_per_rank": c["batch_per_rank"], "contender": n,
                        "baseline": base, "speedup": sp, "speedup_ratio_of_medians": p["ratio_of_medians"],
@@ -516,22 +524,26 @@ def summarize_ddp(raw: dict, nproc: int, log) -> dict:
                        "efficiency_clean_rounds": spc / c["world"] if spc else None,
                        # samples per CPU-second of the average rank: no waiting, no neighbours; an upper bound
                        "speedup_cpu_time_upper_bound": pc["median_of_rounds"],
+                       # per step, the slowest rank's CPU time: waits for a slower rank count, neighbours do not
+                       "speedup_dedicated_core_estimate": pdc["median_of_rounds"],
                        "fused_adamw_cpu_proposed": fused}
                 out["scaling"].append(row)
                 log(f"     speedup {n!r} vs {base!r}: {sp:.2f}x, efficiency {100 * sp / c['world']:.0f}% | "
                     f"clean rounds ({p['clean_rounds']}): {spc if spc is None else round(spc, 2)} | "
-                    f"CPU-time upper bound {pc['median_of_rounds']:.2f}x")
+                    f"dedicated-core estimate {pdc['median_of_rounds']:.2f}x | CPU-time upper bound {pc['median_of_rounds']:.2f}x")
     for n, c in configs.items():
-        if "--" in n or "DDP wrapper" in n or c.get("comm_hook"):
+        if "--" in n or "DDP wrapper" in n:
             ref = next(m for m, d in configs.items() if d["global_batch"] == c["global_batch"] and d["world"] == c["world"]
-                       and d["fused_cpu"] == (c["fused_cpu"] and bool(c.get("comm_hook"))) and d["bucket_cap_mb"] == 25.0
-                       and d["gradient_as_bucket_view"] and not d.get("comm_hook")
+                       and not d["fused_cpu"] and d["bucket_cap_mb"] == 25.0 and d["gradient_as_bucket_view"]
                        and ("DDP wrapper" not in m) and d["ddp"] == (c["world"] > 1))
             p = paired(by_name[n], by_name[ref])
             out["knobs"][n] = {"vs": ref, "ratio": p["median_of_rounds"], "per_round": p["per_round"],
                                "clean_rounds": p["clean_rounds"], "ratio_clean_rounds": p["median_of_clean_rounds"],
-                               "ratio_cpu_time": paired(by_name[n], by_name[ref], "samples_per_cpu_s")["median_of_rounds"]}
-            log(f"     knob {n!r} / {ref!r}: {p['median_of_rounds']:.3f}x (clean rounds: {p['median_of_clean_rounds']})")
+                               "ratio_cpu_time": paired(by_name[n], by_name[ref], "samples_per_cpu_s")["median_of_rounds"],
+                               "ratio_dedicated_core_estimate": paired(by_name[n], by_name[ref],
+                                                                       "samples_per_s_dedicated_estimate")["median_of_rounds"]}
+            log(f"     knob {n!r} / {ref!r}: {p['median_of_rounds']:.3f}x (clean rounds: {p['median_of_clean_rounds']}; "
+                f"dedicated-core estimate {out['knobs'][n]['ratio_dedicated_core_estimate']:.3f}x)")
     return out
 
 
@@ -582,11 +594,6 @@ def ddp_worker(spec_path: str) -> None:
                         model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,
                                     process_group=groups[cfg["world"]], bucket_cap_mb=cfg["bucket_cap_mb"],
                                     gradient_as_bucket_view=cfg["gradient_as_bucket_view"])
-                        if cfg.get("comm_hook"):
-                            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-                            hook = {"bf16": default_hooks.bf16_compress_hook, "fp16": default_hooks.fp16_compress_hook}[cfg["comm_hook"]]
-                            model.register_comm_hook(groups[cfg["world"]], hook)
                         sampler = DistributedSampler(dataset, num_replicas=cfg["world"], rank=rank, shuffle=True, seed=spec["seed"])
                     else:
                         sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(spec["seed"]))
@@ -600,7 +607,7 @@ def ddp_worker(spec_path: str) -> None:
                 kw = dict(device=device if active else torch.device("cpu"), amp=amp if active else engine.resolve_amp("off", torch.device("cpu")),
                           grad_accum=1, max_grad_norm=args.max_grad_norm, progress=False, non_blocking=nb)
                 engine.train_one_epoch(model, loader, optimizer, None, max_steps=cfg["warmup"], **kw)
-                loader.records.clear()
+                loader.clear()
                 dist.barrier()
                 quiet = gate.wait() if rank == 0 else None
                 dist.barrier()
@@ -615,6 +622,22 @@ def ddp_worker(spec_path: str) -> None:
                                     perf.training_flops(shape, [n for rec, _ in recs for n in rec]) if recs else 0.0,
                                     cpu_s if active else 0.0, 0.0 if active else cpu_s], dtype=torch.float64)
                 tot = D.all_reduce_sum(vec.to(device) if backend == "nccl" else vec).cpu().tolist()
+                # Each step's CPU time on every rank. With a core per rank and nobody else on it, a DDP step
+                # lasts about as long as its slowest rank's step: sum over steps of the max over ranks is a
+                # dedicated-core estimate of the window that the neighbours' load cannot inflate.
+                marks = loader.cpu_marks[:cfg["steps"] + 1] if active else []
+                per_step = torch.zeros(cfg["steps"], dtype=torch.float64)
+                if len(marks) > 1:
+                    d = torch.tensor(marks, dtype=torch.float64).diff()
+                    per_step[:d.numel()] = d
+                gathered = [torch.zeros_like(per_step) for _ in range(world)]
+                if backend == "nccl":
+                    g_dev = [t.to(device) for t in gathered]
+                    dist.all_gather(g_dev, per_step.to(device))
+                    gathered = [t.cpu() for t in g_dev]
+                else:
+                    dist.all_gather(gathered, per_step)
+                dedicated_s = float(torch.stack(gathered[:cfg["world"]]).max(0).values.sum())
                 if rank == 0:
                     peak = perf.peak_tflops(gpu, perf.matmul_dtype(amp.mode, device.type)) if gpu else None
                     res = {"name": cfg["name"], "round": r, "world": cfg["world"], "seconds": seconds,
@@ -626,6 +649,8 @@ def ddp_worker(spec_path: str) -> None:
                            "idle_ranks_cpu_s": round(tot[5], 4),
                            "foreign_cores": perf.foreign_cores(b0, b1, tot[4] + tot[5], seconds),
                            "samples_per_cpu_s": tot[0] / tot[4] * cfg["world"] if tot[4] else None,
+                           "dedicated_core_estimate_s": dedicated_s,
+                           "samples_per_s_dedicated_estimate": tot[0] / dedicated_s if dedicated_s > 0 else None,
                            "waited_for_quiet": quiet, "load_average": perf.load_average()}
                     results.append(res)
                     print(f"  {cfg['name']:48s} {perf.format_rate(res['samples_per_s'], res['tokens_per_s'], res['model_tflops'], res['mfu'])}"
@@ -687,15 +712,22 @@ def plot(result: dict, base: Path) -> list:
     files = []
     comp = result.get("compare") or {}
     if comp:
-        fig, axes = plt.subplots(1, len(comp), figsize=(6.5 * len(comp), 4.2), squeeze=False)
+        fig, axes = plt.subplots(1, len(comp), figsize=(7 * len(comp), 4.8), squeeze=False)
         for ax, (model_name, sec) in zip(axes[0], comp.items()):
-            names = list(sec["contenders"])
+            names = list(sec["contenders"])[::-1]
             vals = [sec["contenders"][n]["samples_per_s"]["median"] for n in names]
+            cpu = [sec["contenders"][n]["samples_per_cpu_s"]["median"] or 0 for n in names]
             colors = ["tab:green" if n == "ours" else "tab:red" if n.startswith("hf_trainer") else "tab:gray" for n in names]
-            ax.barh(names[::-1], vals[::-1], color=colors[::-1])
-            for i, v in enumerate(vals[::-1]):
-                ax.text(v, i, f" {v:.0f}", va="center", fontsize=8)
-            ax.set_xlabel("samples/s (median over rounds)")
+            y = list(range(len(names)))
+            ax.barh([i + 0.2 for i in y], vals, height=0.4, color=colors, label="samples/s (wall clock)")
+            ax.barh([i - 0.2 for i in y], cpu, height=0.4, color=colors, alpha=0.45, hatch="//",
+                    label="samples per CPU-second (neighbours' load removed)")
+            for i, (v, c) in enumerate(zip(vals, cpu)):
+                ax.text(v, i + 0.2, f" {v:.0f}", va="center", fontsize=7)
+                ax.text(c, i - 0.2, f" {c:.0f}", va="center", fontsize=7, alpha=0.7)
+            ax.set_yticks(y, names)
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
+            ax.set_xlabel("median over rounds")
             ax.set_title(f"{model_name}: our loop vs Trainer and fast-path options off", fontsize=10)
         fig.suptitle(f"{result['machine']} | {result['settings']['device']} | {result['settings']['threads']} thread(s)", fontsize=9)
         fig.tight_layout()
@@ -711,8 +743,13 @@ def plot(result: dict, base: Path) -> list:
                 rows = sorted((r for r in ddp["scaling"] if r["global_batch"] == g and r["fused_adamw_cpu_proposed"] == fused),
                               key=lambda r: r["processes"])
                 if rows:
-                    ax.plot([1] + [r["processes"] for r in rows], [1] + [r["speedup"] for r in rows], "o-",
-                            label=f"global batch {g}" + (" + fused AdamW (proposed)" if fused else ""))
+                    lbl = f"global batch {g}" + (" + fused AdamW (proposed)" if fused else "")
+                    line_, = ax.plot([1] + [r["processes"] for r in rows], [1] + [r["speedup"] for r in rows], "o-",
+                                     label=lbl + ": measured")
+                    est = [r.get("speedup_dedicated_core_estimate") for r in rows]
+                    if all(est):
+                        ax.plot([1] + [r["processes"] for r in rows], [1] + est, "s:", color=line_.get_color(),
+                                mfc="none", label=lbl + ": dedicated-core estimate")
         n = max(r["processes"] for r in ddp["scaling"])
         ax.plot([1, n], [1, n], "k--", lw=1, label="ideal")
         ax.set_xlabel("processes")
@@ -769,7 +806,7 @@ def main(argv=None):
     p.add_argument("--quiet_timeout", type=float, default=None,
                    help="before each timed window wait up to this many seconds for other processes to leave the CPU "
                         "(default: 4 on a CPU, 0 on a GPU or with --quick)")
-    p.add_argument("--quiet_budget", type=float, default=120, help="at most this many seconds of such waiting in all")
+    p.add_argument("--quiet_budget", type=float, default=60, help="at most this many seconds of such waiting in all")
     p.add_argument("--quiet_cores", type=float, default=0.3, help="'quiet' = others use at most this many cores")
     p.add_argument("--peak_tflops", type=float, default=None, help="the device's peak for MFU when it is not in perf.PEAK_TFLOPS")
     p.add_argument("--out", default=None, help="JSON path (default: benchmarks/train_<machine>.json; --quick: outputs/bench/...)")
