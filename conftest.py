@@ -13,3 +13,5 @@ if SHARED_AG_NEWS.is_dir():
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Idle OpenMP threads sleep instead of spinning, so parallel test processes don't starve each other.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -81,6 +81,11 @@ def build_parser(description: str, ddp: bool = False) -> argparse.ArgumentParser
     a("--pin_memory", action=B, default=None, help="pinned host memory + non-blocking copies (default: on with CUDA)")
     a("--fused_adam", action=B, default=None, help="fused AdamW kernel (default: on with CUDA)")
     a("--compile", action=B, default=False, help="torch.compile the model")
+    # Fault tolerance: snapshots in <output>/snapshots/, resumed with --resume auto (or a path).
+    a("--resume", default=None, help="auto (newest good snapshot in --output), a snapshot path, or off")
+    a("--snapshot_every", type=int, default=500, help="optimizer steps between snapshots (0: only at epoch ends)")
+    a("--keep_snapshots", type=int, default=2, help="snapshots kept (>= 2, so a damaged one can fall back)")
+    a("--snapshots", action=B, default=True, help="write training snapshots")
     if ddp:
         a("--backend", default="auto", choices=["auto", "nccl", "gloo"], help="process-group backend")
         a("--ddp_timeout", type=float, default=300, help="seconds a collective may wait before failing")
@@ -120,6 +125,7 @@ def validate(args) -> None:
         (args.eval_samples is None or args.eval_samples >= 4, "--eval_samples must be at least 4 (one per class)"),
         (args.threads is None or args.threads >= 1, "--threads must be at least 1"),
         (args.max_steps is None or args.max_steps >= 1, "--max_steps must be at least 1"),
+        (args.snapshot_every >= 0, "--snapshot_every must be 0 or more"),
     ]
     for ok, msg in checks:
         if not ok:

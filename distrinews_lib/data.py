@@ -381,8 +381,10 @@ def make_loader(dataset: TokenizedDataset, batch_size: int, sampler=None, *, shu
         g = torch.Generator().manual_seed(seed)
         sampler = RandomSampler(dataset, generator=g) if shuffle else SequentialSampler(dataset)
     collate = PadCollator(pad_id, pad_to_multiple_of)
+    # Its own generator: creating an iterator then leaves the global torch RNG (dropout) untouched,
+    # which a resumed run needs to replay the same random numbers.
     common = dict(collate_fn=collate, pin_memory=pin_memory, num_workers=num_workers,
-                  persistent_workers=num_workers > 0)
+                  persistent_workers=num_workers > 0, generator=torch.Generator().manual_seed(seed))
     if group_by_length:
         batch_sampler = LengthGroupedBatchSampler(sampler, dataset.lengths, batch_size, seed=seed)
         return DataLoader(dataset, batch_sampler=batch_sampler, **common)

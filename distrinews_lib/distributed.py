@@ -41,6 +41,10 @@ def ensure_torchrun_env() -> DistInfo:
     That way `python scripts/train_ddp.py` still runs (1 process, gloo), which helps debugging.
     """
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    # Gloo connects each pair of ranks on first use instead of all at start-up: its eager full-mesh
+    # connect fails ~half the time right after a torchrun --max-restarts restart ("Connection refused",
+    # cf. pytorch/pytorch#167288); lazily, 12 of 12 restarts here went through.
+    os.environ.setdefault("TORCH_GLOO_LAZY_INIT", "1")
     if not launched:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

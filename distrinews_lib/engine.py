@@ -149,11 +149,14 @@ def _progress(loader, enabled: bool, desc: str):
 
 def train_one_epoch(model, loader, optimizer, scheduler, *, device, amp: AmpSettings, scaler=None, grad_accum: int = 1,
                     max_grad_norm: float | None = 1.0, use_no_sync: bool = True, progress: bool = True,
-                    desc: str = "train", max_steps: int | None = None, non_blocking: bool = False) -> EpochStats:
+                    desc: str = "train", max_steps: int | None = None, non_blocking: bool = False,
+                    skip_batches: int = 0, on_step=None) -> EpochStats:
     """Train for one pass over `loader` (this rank's shard). Works for a bare model and for DDP.
 
     Gradient accumulation: with DDP, the micro-steps before the last one run inside `model.no_sync()`,
     so gradients are all-reduced once per optimizer step instead of once per micro-batch.
+    skip_batches: batches already trained on before a resume (same order, skipped without compute).
+    on_step(batches_done): called after every optimizer step (snapshots hook in here).
     """
     model.train()
     scaler = scaler or make_grad_scaler(amp, device)
@@ -166,6 +169,8 @@ def train_one_epoch(model, loader, optimizer, scheduler, *, device, amp: AmpSett
     for i, batch in enumerate(iterator):
         if i >= n_batches:
             break
+        if i < skip_batches:
+            continue
         group_start = (i // grad_accum) * grad_accum
         group_size = min(grad_accum, n_batches - group_start)  # the last group of an epoch may be short
         last_micro = i == group_start + group_size - 1
@@ -186,6 +191,8 @@ def train_one_epoch(model, loader, optimizer, scheduler, *, device, amp: AmpSett
             if scheduler is not None:
                 scheduler.step()
             steps += 1
+            if on_step is not None:
+                on_step(i + 1)
         bs = batch["labels"].shape[0]
         loss_sum += loss.detach().double().cpu() * bs
         samples += bs

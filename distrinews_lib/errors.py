@@ -9,6 +9,8 @@ import textwrap
 
 # Exit code for a user's mistake (bad flag, missing file...), as argparse uses.
 USER_ERROR_EXIT = 2
+# Exit code when a collective timed out (another rank died, hangs, or skipped a collective).
+COLLECTIVE_TIMEOUT_EXIT = 3
 
 
 class UserError(Exception):
@@ -41,5 +43,21 @@ def main_guard(fn):
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             sys.exit(130)
+        except RuntimeError as err:  # DistBackendError is a RuntimeError too
+            if not is_collective_timeout(err):
+                raise
+            rank = os.environ.get("RANK", "0")
+            print(format_user_error(
+                f"[rank {rank}] a collective operation could not complete: it waited longer than the process "
+                f"group's timeout (--ddp_timeout), or a peer's connection dropped. Likely cause: another rank died, "
+                f"hangs, or skipped a collective "
+                f"(uneven numbers of batches per rank, a collective inside `if rank == 0:`, a rank stuck in I/O). "
+                f"Look above for the first rank that failed. ({str(err).splitlines()[0][:160]})"), file=sys.stderr, flush=True)
+            sys.exit(COLLECTIVE_TIMEOUT_EXIT)
 
     return wrapper
+
+
+def is_collective_timeout(err: BaseException) -> bool:
+    text = str(err).lower()
+    return any(s in text for s in ("timed out", "timeout", "connection closed by peer", "connection reset by peer"))

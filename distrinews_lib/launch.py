@@ -56,6 +56,9 @@ def default_nproc() -> int:
 def _run(cmd, *, timeout, env, cwd, echo, check, what) -> LaunchResult:
     full_env = dict(os.environ)
     full_env["PYTHONUNBUFFERED"] = "1"
+    # Idle OpenMP threads sleep instead of spinning: on a shared CPU, spinning threads of one process
+    # starve the others (a 2-thread run was seen going 7x slower under load).
+    full_env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     full_env.update({k: str(v) for k, v in (env or {}).items()})
     start = time.time()
     # A new session, so a timeout can kill torchrun *and* every rank it started.

@@ -10,11 +10,14 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
-from distrinews_lib import LABEL_NAMES, checkpoint, cli, data, engine, recipe
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from distrinews_lib import LABEL_NAMES, checkpoint, cli, data, engine, recipe, snapshot
 from distrinews_lib import distributed as D
 from distrinews_lib.errors import main_guard
 
 
+@record  # under torchrun, a crashing rank's traceback is reported as the root cause
 @main_guard
 def main():
     args = cli.parse_train_args("Train the AG News classifier with DDP (launch with torchrun).", ddp=True)
@@ -47,16 +50,23 @@ def main():
         total_steps = args.epochs * engine.optimizer_steps_per_epoch(len(train_loader), args.grad_accum)
         scheduler = engine.make_scheduler(optimizer, total_steps, args.warmup_ratio)
         tracker = recipe.make_tracker(args, splits, info, world_size=world_size, backend=backend, enabled=rank == 0)
+        scaler = engine.make_grad_scaler(amp, device)  # one for the whole run: its loss scale adapts over steps
+        snap = snapshot.Snapshotter(args, model, optimizer, scheduler, scaler, train_sampler, tracker, LABEL_NAMES, log=D.print0)
+        start_epoch = snap.resume(args.resume)  # --resume auto: continue from the newest good snapshot
 
-        for epoch in range(1, args.epochs + 1):
+        val = None
+        for epoch in range(start_epoch, args.epochs + 1):
             train_sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
-            train = engine.train_one_epoch(model, train_loader, optimizer, scheduler, device=device, amp=amp,
+            train = engine.train_one_epoch(model, train_loader, optimizer, scheduler, device=device, amp=amp, scaler=scaler,
                                            grad_accum=args.grad_accum, max_grad_norm=args.max_grad_norm,
                                            progress=args.progress, desc=f"epoch {epoch}", max_steps=args.max_steps,
-                                           non_blocking=opts["pin_memory"], use_no_sync=args.no_sync)
+                                           non_blocking=opts["pin_memory"], use_no_sync=args.no_sync,
+                                           skip_batches=snap.skip_batches(epoch), on_step=snap.on_step(epoch))
             val = engine.evaluate(model, val_loader, device=device, amp=amp)
             tracker.log_epoch(epoch, train, val)
             D.print0(recipe.epoch_line(epoch, args.epochs, train, val))
+            snap.save_epoch_end(epoch)
+        val = val or engine.evaluate(model, val_loader, device=device, amp=amp)  # resumed after the last epoch
 
         max_diff = D.max_param_difference(model)  # DDP's promise: every rank holds the same weights
         D.print0(f"parameters identical on all {world_size} ranks: {max_diff == 0.0} (max difference {max_diff:.3g})")

@@ -5,10 +5,13 @@
 import torch
 from torch.utils.data import RandomSampler
 
-from distrinews_lib import LABEL_NAMES, checkpoint, cli, data, engine, recipe
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from distrinews_lib import LABEL_NAMES, checkpoint, cli, data, engine, recipe, snapshot
 from distrinews_lib.errors import main_guard
 
 
+@record  # under torchrun, a crashing rank's traceback is reported as the root cause
 @main_guard
 def main():
     args = cli.parse_train_args("Train the AG News classifier in one process.")
@@ -32,15 +35,22 @@ def main():
     total_steps = args.epochs * engine.optimizer_steps_per_epoch(len(train_loader), args.grad_accum)
     scheduler = engine.make_scheduler(optimizer, total_steps, args.warmup_ratio)
     tracker = recipe.make_tracker(args, splits, info, world_size=1, backend=None, enabled=True)
+    scaler = engine.make_grad_scaler(amp, device)  # one for the whole run: its loss scale adapts over steps
+    snap = snapshot.Snapshotter(args, model, optimizer, scheduler, scaler, train_sampler, tracker, LABEL_NAMES)
+    start_epoch = snap.resume(args.resume)  # --resume auto: continue from the newest good snapshot
 
-    for epoch in range(1, args.epochs + 1):
-        train = engine.train_one_epoch(model, train_loader, optimizer, scheduler, device=device, amp=amp,
+    val = None
+    for epoch in range(start_epoch, args.epochs + 1):
+        train = engine.train_one_epoch(model, train_loader, optimizer, scheduler, device=device, amp=amp, scaler=scaler,
                                        grad_accum=args.grad_accum, max_grad_norm=args.max_grad_norm,
                                        progress=args.progress, desc=f"epoch {epoch}", max_steps=args.max_steps,
-                                       non_blocking=opts["pin_memory"])
+                                       non_blocking=opts["pin_memory"],
+                                       skip_batches=snap.skip_batches(epoch), on_step=snap.on_step(epoch))
         val = engine.evaluate(model, val_loader, device=device, amp=amp)
         tracker.log_epoch(epoch, train, val)
         print(recipe.epoch_line(epoch, args.epochs, train, val))
+        snap.save_epoch_end(epoch)
+    val = val or engine.evaluate(model, val_loader, device=device, amp=amp)  # resumed after the last epoch
 
     meta = recipe.checkpoint_metadata(args, splits, info, world_size=1, backend=None, final=val)
     checkpoint.save_checkpoint(args.checkpoint, model, tokenizer, LABEL_NAMES, meta, args.max_length)

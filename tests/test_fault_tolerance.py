@@ -1,0 +1,135 @@
+"""Snapshots, exact resume, and surviving a killed rank (CPU, 2 gloo processes, tiny model)."""
+
+import time
+
+import pytest
+import torch
+
+from distrinews_lib import LABEL_NAMES, engine, snapshot
+from distrinews_lib.cli import parse_train_args
+from distrinews_lib.launch import torchrun
+from distrinews_lib.model import build_model
+from distrinews_lib.tracking import RunTracker
+
+from .helpers import SCRIPTS, run_script
+
+# 320 samples, batch 16, 2 ranks: 10 optimizer steps per epoch; a snapshot every 3 steps.
+RUN = ["--config", "cpu_smoke", "--data", "synthetic", "--epochs", "2", "--num_samples", "320", "--eval_samples", "64",
+       "--batch_size", "16", "--snapshot_every", "3", "--resume", "auto", "--no-progress"]
+
+
+def _state(path):
+    return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+
+
+@pytest.mark.slow
+def test_sigkill_one_rank_then_restart_ends_bit_identical(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    torchrun(SCRIPTS / "train_ddp.py", 2, [*RUN, "--output", a, "--checkpoint", a / "m.pt"], timeout=180, echo=False)
+    res = torchrun(SCRIPTS / "train_ddp.py", 2, [*RUN, "--output", b, "--checkpoint", b / "m.pt"], timeout=240,
+                   echo=False, torchrun_args=["--max-restarts=1"], env={"DISTRINEWS_FAULT": "kill:rank=1:step=7"})
+    assert "injected fault: kill after step 7" in res.output
+    assert "resumed from" in res.output and "snap_e001_b000006.pt" in res.output
+    sa, sb = _state(a / "m.pt"), _state(b / "m.pt")
+    assert sa.keys() == sb.keys()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa), "resumed weights must equal the uninterrupted run's exactly"
+
+
+def _snapshotter(tmp_path, labels=LABEL_NAMES, model_name="tiny"):
+    args = parse_train_args("t", ["--config", "cpu_smoke", "--output", str(tmp_path), "--snapshot_every", "1"])
+    model, _, _ = build_model(model_name, seed=0)
+    opt = engine.make_optimizer(model, 1e-3)
+    sched = engine.make_scheduler(opt, 10)
+    scaler = engine.make_grad_scaler(engine.resolve_amp("off", torch.device("cpu")), torch.device("cpu"))
+    sampler = torch.utils.data.RandomSampler(range(10), generator=torch.Generator().manual_seed(0))
+    tracker = RunTracker(tmp_path, {}, data={}, ddp={}, model={}, enabled=False)
+    return snapshot.Snapshotter(args, model, opt, sched, scaler, sampler, tracker, labels, log=lambda m: None), model
+
+
+def test_interrupted_save_leaves_the_previous_snapshot_loadable(tmp_path, monkeypatch):
+    snap, _ = _snapshotter(tmp_path)
+    first = snap.save(1, 4)
+    real_save = torch.save
+
+    def crash(obj, f, *a, **k):  # the process dies halfway through writing
+        f.write(b"PK\x03\x04 half a zip")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(KeyboardInterrupt):
+        snap.save(1, 8)
+    monkeypatch.setattr(torch, "save", real_save)
+    assert snapshot.list_snapshots(tmp_path) == [first]
+    assert snapshot.read_snapshot(first)["batches_done"] == 4
+    assert not list((tmp_path / "snapshots").glob("*.tmp"))
+
+
+def test_snapshot_of_another_label_set_is_refused(tmp_path):
+    snap, _ = _snapshotter(tmp_path)
+    snap.save(2, 0)
+    other, _ = _snapshotter(tmp_path, labels=["A", "B", "C", "D"])
+    with pytest.raises(snapshot.SnapshotError, match="does not fit this run.*labels"):
+        other.resume("auto")
+
+
+def test_resume_restores_every_rng_and_the_position(tmp_path):
+    import random
+
+    snap, model = _snapshotter(tmp_path)
+    snap.global_step = 5
+    snap.save(1, 5)
+    expected = (random.random(), torch.rand(1).item())
+    random.random(), torch.rand(3)  # move on
+    fresh, _ = _snapshotter(tmp_path)
+    assert fresh.resume("auto") == 1 and fresh.skip_batches(1) == 5 and fresh.global_step == 5
+    assert (random.random(), torch.rand(1).item()) == expected
+
+
+@pytest.mark.slow
+def test_truncated_newest_snapshot_falls_back_to_the_previous_one(tmp_path):
+    args = ["--config", "cpu_smoke", "--data", "synthetic", "--num_samples", "160", "--eval_samples", "32",
+            "--batch_size", "16", "--snapshot_every", "4", "--no-progress", "--output", tmp_path, "--checkpoint", tmp_path / "m.pt"]
+    r = run_script([SCRIPTS / "train_single.py", *args, "--epochs", "1"])
+    assert r.returncode == 0, r.stderr
+    snaps = snapshot.list_snapshots(tmp_path)
+    assert len(snaps) == 2
+    newest = snaps[-1]
+    newest.write_bytes(newest.read_bytes()[:1000])  # truncated on disk
+    r = run_script([SCRIPTS / "train_single.py", *args, "--epochs", "2", "--resume", "auto"])
+    assert r.returncode == 0, r.stderr
+    out = " ".join(r.stdout.split())
+    assert f"snapshot {newest} is unreadable" in out and "Falling back to the previous snapshot" in out
+    assert f"resumed from {snaps[-2]}" in out
+
+
+@pytest.mark.slow
+def test_resume_from_two_processes_on_one(tmp_path):
+    args = [*RUN, "--output", tmp_path, "--checkpoint", tmp_path / "m.pt"]
+    torchrun(SCRIPTS / "train_ddp.py", 2, [*args[:args.index("--epochs") + 1], "1", *args[args.index("--epochs") + 2:]],
+             timeout=180, echo=False)
+    r = run_script([SCRIPTS / "train_ddp.py", *args])  # plain python: a world of one process
+    assert r.returncode == 0, r.stderr
+    out = " ".join(r.stdout.split())
+    assert "taken with 2 process(es), this run has 1" in out and "data order changes" in out
+    assert "epoch 2/2" in out and (tmp_path / "m.pt").is_file()
+
+
+@pytest.mark.slow
+def test_a_rank_that_skips_collectives_fails_within_the_timeout(tmp_path):
+    t = time.time()
+    res = torchrun(SCRIPTS / "train_ddp.py", 2, [*RUN, "--ddp_timeout", "5", "--output", tmp_path,
+                                                 "--checkpoint", tmp_path / "m.pt"],
+                   timeout=120, echo=False, check=False, env={"DISTRINEWS_FAULT": "hang:rank=1:step=2"})
+    assert res.returncode != 0 and not res.timed_out
+    assert time.time() - t < 90
+    text = " ".join(res.output.split())
+    assert "could not complete" in text and "skipped a collective" in text
+
+
+@pytest.mark.slow
+def test_a_crashing_rank_shows_its_root_cause(tmp_path):
+    res = torchrun(SCRIPTS / "train_ddp.py", 2, [*RUN, "--ddp_timeout", "20", "--output", tmp_path,
+                                                 "--checkpoint", tmp_path / "m.pt"],
+                   timeout=120, echo=False, check=False, env={"DISTRINEWS_FAULT": "raise:rank=1:step=2"})
+    assert res.returncode != 0
+    assert "Root Cause" in res.output and "injected failure on rank 1 after step 2" in res.output
