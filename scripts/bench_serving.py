@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import platform
@@ -423,7 +424,11 @@ def main(argv=None):
                     "cpu_count": os.cpu_count(), "python": platform.python_version(),
                     # Other work on the machine changes the figures (a busy CPU hurts the baseline most).
                     "load_average_1min_before": load_before, "load_average_1min_after": load_average()},
-        "versions": {"torch": torch.__version__, **_versions("transformers", "fastapi", "uvicorn", "pydantic")},
+        "versions": {"torch": torch.__version__,
+                     **_versions("transformers", "fastapi", "uvicorn", "pydantic", "httptools", "uvloop")},
+        # uvicorn picks its HTTP parser and event loop by what is installed: the C ones are much cheaper.
+        "uvicorn_http": "httptools" if importlib.util.find_spec("httptools") else "h11",
+        "uvicorn_loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
         "torch_threads": torch.get_num_threads(),
         "git_commit": git_commit(),
         "model": model,

@@ -43,8 +43,9 @@ from .schemas import (
 
 log = logging.getLogger("distrinews.serving")
 
-# Defaults chosen on the tiny CPU model: 2 ms of waiting costs a lone request little, and 32 texts
-# per pass already gets most of the batching gain (see benchmarks/serving.json).
+# Defaults chosen on the tiny CPU model (see benchmarks/serving.json): collection stops as soon as no
+# other request is being read, so a lone request never waits and 2 ms only caps a busy moment;
+# 32 texts per pass already get most of the batching gain.
 DEFAULT_MAX_BATCH_SIZE = 32
 DEFAULT_BATCH_WINDOW_MS = 2.0
 ENV_CHECKPOINT = "DISTRINEWS_CHECKPOINT"
