@@ -723,8 +723,8 @@ def plot(result: dict, base: Path) -> list:
             ax.barh([i - 0.2 for i in y], cpu, height=0.4, color=colors, alpha=0.45, hatch="//",
                     label="samples per CPU-second (neighbours' load removed)")
             for i, (v, c) in enumerate(zip(vals, cpu)):
-                ax.text(v, i + 0.2, f" {v:.0f}", va="center", fontsize=7)
-                ax.text(c, i - 0.2, f" {c:.0f}", va="center", fontsize=7, alpha=0.7)
+                ax.text(v, i + 0.2, f" {v:.{0 if v >= 10 else 1}f}", va="center", fontsize=7)
+                ax.text(c, i - 0.2, f" {c:.{0 if c >= 10 else 1}f}", va="center", fontsize=7, alpha=0.7)
             ax.set_yticks(y, names)
             ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
             ax.set_xlabel("median over rounds")
@@ -737,25 +737,43 @@ def plot(result: dict, base: Path) -> list:
         files.append(path)
     ddp = result.get("ddp") or {}
     if ddp.get("scaling"):
-        fig, ax = plt.subplots(figsize=(6, 4.2))
-        for g in sorted({r["global_batch"] for r in ddp["scaling"]}):
-            for fused in (False, True):
-                rows = sorted((r for r in ddp["scaling"] if r["global_batch"] == g and r["fused_adamw_cpu_proposed"] == fused),
-                              key=lambda r: r["processes"])
-                if rows:
-                    lbl = f"global batch {g}" + (" + fused AdamW (proposed)" if fused else "")
-                    line_, = ax.plot([1] + [r["processes"] for r in rows], [1] + [r["speedup"] for r in rows], "o-",
-                                     label=lbl + ": measured")
-                    est = [r.get("speedup_dedicated_core_estimate") for r in rows]
-                    if all(est):
-                        ax.plot([1] + [r["processes"] for r in rows], [1] + est, "s:", color=line_.get_color(),
-                                mfc="none", label=lbl + ": dedicated-core estimate")
-        n = max(r["processes"] for r in ddp["scaling"])
-        ax.plot([1, n], [1, n], "k--", lw=1, label="ideal")
-        ax.set_xlabel("processes")
-        ax.set_ylabel("speedup vs 1 process (same global work)")
-        ax.set_title(f"DDP scaling, {ddp['settings'].get('backend')} | {result['machine']}", fontsize=10)
-        ax.legend(fontsize=8)
+        rows = ddp["scaling"]
+        n = max(r["processes"] for r in rows)
+        fig, ax = plt.subplots(figsize=(7.5, 4.6))
+        if n == 2:  # 1 vs 2 processes: bars per global batch
+            groups = sorted({r["global_batch"] for r in rows})
+            kinds = [("measured", False, "speedup"), ("dedicated-core estimate", False, "speedup_dedicated_core_estimate"),
+                     ("measured, fused AdamW (proposed)", True, "speedup"),
+                     ("estimate, fused AdamW (proposed)", True, "speedup_dedicated_core_estimate")]
+            width = 0.8 / len(kinds)
+            for k, (label, fused, key) in enumerate(kinds):
+                xs, ys = [], []
+                for gi, g in enumerate(groups):
+                    r = next((r for r in rows if r["global_batch"] == g and r["fused_adamw_cpu_proposed"] == fused), None)
+                    if r and r.get(key):
+                        xs.append(gi + (k - (len(kinds) - 1) / 2) * width)
+                        ys.append(r[key])
+                bars = ax.bar(xs, ys, width, label=label, color=["tab:blue", "tab:blue", "tab:orange", "tab:orange"][k],
+                              alpha=1.0 if key == "speedup" else 0.45, hatch=None if key == "speedup" else "//")
+                ax.bar_label(bars, fmt="%.2f", fontsize=7)
+            ax.set_xticks(range(len(groups)), [f"global batch {g}\n({g // 2} per process)" for g in groups])
+            ax.axhline(2.0, color="k", ls="--", lw=1, label="ideal (2x)")
+            target = (result.get("targets") or {}).get("cpu_tiny_ddp2_speedup")
+            if target:
+                ax.axhline(1.85, color="tab:red", ls=":", lw=1, label="target 1.85x")
+            ax.set_ylabel("2 processes vs 1 (same global work)")
+            ax.set_ylim(0, 2.3)
+        else:  # 1..N GPUs
+            for g in sorted({r["global_batch"] for r in rows}):
+                rs = sorted((r for r in rows if r["global_batch"] == g and not r["fused_adamw_cpu_proposed"]),
+                            key=lambda r: r["processes"])
+                ax.plot([1] + [r["processes"] for r in rs], [1] + [r["speedup"] for r in rs], "o-", label=f"global batch {g}")
+            ax.plot([1, n], [1, n], "k--", lw=1, label="ideal")
+            ax.set_xlabel("processes")
+            ax.set_ylabel("speedup vs 1 process (same global work)")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
+        ax.set_title(f"DDP scaling, {ddp['settings'].get('backend')}, {result['ddp']['settings'].get('model', '')} model | "
+                     f"{result['machine']}", fontsize=10)
         fig.tight_layout()
         path = base.with_name(base.stem + "_ddp.png")
         fig.savefig(path, dpi=110)
@@ -811,10 +829,16 @@ def main(argv=None):
     p.add_argument("--peak_tflops", type=float, default=None, help="the device's peak for MFU when it is not in perf.PEAK_TFLOPS")
     p.add_argument("--out", default=None, help="JSON path (default: benchmarks/train_<machine>.json; --quick: outputs/bench/...)")
     p.add_argument("--no-plots", dest="plots", action="store_false")
+    p.add_argument("--replot", default=None, metavar="JSON", help="only redraw the plots of an earlier result file")
     p.add_argument("--ddp-worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.ddp_worker:
         return ddp_worker(args.ddp_worker)
+    if args.replot:
+        path = Path(args.replot)
+        for f in plot(json.loads(path.read_text()), path.with_suffix(".png")):
+            print(f"wrote {f}")
+        return None
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
