@@ -37,6 +37,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
+# The in-process contenders get ONE GPU: with several visible, Trainer would wrap the model in
+# nn.DataParallel over all of them. The DDP section's launch gets the original set back.
+ORIGINAL_CUDA_VISIBLE_DEVICES = os.environ.get("CUDA_VISIBLE_DEVICES")
+if "--ddp-worker" not in sys.argv:
+    os.environ["CUDA_VISIBLE_DEVICES"] = (ORIGINAL_CUDA_VISIBLE_DEVICES or "0").split(",")[0]
+
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
@@ -50,8 +56,19 @@ MODELS = ("tiny", "distilbert-base")
 
 # --------------------------------------------------------------------------- settings
 
-def full_plan(quick: bool) -> dict:
-    """Steps, batches and rounds per section. Chosen so the full run takes ~10 min on 2 shared CPU cores."""
+def full_plan(quick: bool, cuda: bool = False) -> dict:
+    """Steps, batches and rounds per section. Chosen so the full run takes ~10 min on 2 shared CPU cores
+    (on a GPU: more steps, larger batches, and DistilBERT-base for the scaling run, where it means something)."""
+    if cuda and not quick:
+        return {
+            "compare": {"tiny": dict(batch_size=32, warmup=20, steps=200, rounds=5),
+                        "distilbert-base": dict(batch_size=32, warmup=10, steps=60, rounds=5)},
+            "ablations": {"tiny": "all", "distilbert-base": "all"},
+            "ddp": dict(model="distilbert-base", global_batches=[64, 256], knobs=True, warmup=10, steps=(40, 20),
+                        rounds=3, ddp1=True),
+            "script": None,
+            "n_texts": None,
+        }
     if quick:
         return {
             "compare": {"tiny": dict(batch_size=16, warmup=1, steps=3, rounds=1)},
@@ -362,6 +379,8 @@ def compare_section(plan, splits, device, args, log) -> dict:
                 results[name].append(res)
                 log(line(name, res))
                 gc.collect()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
 
         section = {"model": model_name, "model_description": desc, "shape": perf.as_jsonable(shape),
                    "settings": {**cfg, "max_length": args.max_length, "threads": torch.get_num_threads(),
@@ -463,10 +482,39 @@ def ddp_configs(plan: dict, nproc: int, device_type: str) -> list:
     return out
 
 
+class original_cuda_devices:
+    """Child processes started inside this block see every GPU this script was given (not just the first)."""
+
+    def __enter__(self):
+        self.saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if ORIGINAL_CUDA_VISIBLE_DEVICES is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ORIGINAL_CUDA_VISIBLE_DEVICES
+
+    def __exit__(self, *exc):
+        if self.saved is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = self.saved
+
+
+def all_gpu_count() -> int:
+    """GPUs this script was given (this process itself sees only the first)."""
+    if not torch.cuda.is_available():
+        return 0
+    import subprocess
+
+    with original_cuda_devices():
+        out = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+                             capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    return int(out.stdout.strip() or 1)
+
+
 def ddp_section(plan, args, data_arg: str, device_type: str, log) -> dict:
     from distrinews_lib import launch
 
-    nproc = args.ddp_nproc or (launch.gpu_count() or 2)
+    nproc = args.ddp_nproc or (all_gpu_count() or 2)
     configs = ddp_configs(plan, nproc, device_type)
     with tempfile.TemporaryDirectory() as tmp:
         spec = dict(model=plan["model"], data=data_arg, max_length=args.max_length, threads=1, seed=args.seed,
@@ -477,8 +525,9 @@ def ddp_section(plan, args, data_arg: str, device_type: str, log) -> dict:
         log(f"\n== ddp: 1 vs {nproc} processes, {'gloo, 1 thread each' if device_type == 'cpu' else 'nccl, 1 GPU each'}; "
             f"{len(configs)} contenders x {plan['rounds']} rounds in one torchrun launch")
         t = time.time()
-        res = launch.torchrun(Path(__file__), nproc, ["--ddp-worker", str(spec_path)], timeout=args.ddp_timeout,
-                              echo=True, cpu_threads=1, env={"OMP_NUM_THREADS": "1"} if device_type == "cpu" else None)
+        with original_cuda_devices():
+            res = launch.torchrun(Path(__file__), nproc, ["--ddp-worker", str(spec_path)], timeout=args.ddp_timeout,
+                                  echo=True, cpu_threads=1, env={"OMP_NUM_THREADS": "1"} if device_type == "cpu" else None)
         raw = json.loads(Path(spec["out"]).read_text())
     raw["launch_seconds"] = round(time.time() - t, 1)
     raw["launch_command"] = " ".join(res.command[:-1] + ["<spec.json>"])
@@ -604,7 +653,7 @@ def ddp_worker(spec_path: str) -> None:
                     nb = opts["pin_memory"]
                 else:  # this rank sits the contender out, but joins the loop's end-of-epoch collectives
                     model, loader, optimizer, nb = idle_model, RecordingLoader([]), idle_opt, False
-                kw = dict(device=device if active else torch.device("cpu"), amp=amp if active else engine.resolve_amp("off", torch.device("cpu")),
+                kw = dict(device=device, amp=amp if active else engine.resolve_amp("off", device),
                           grad_accum=1, max_grad_norm=args.max_grad_norm, progress=False, non_blocking=nb)
                 engine.train_one_epoch(model, loader, optimizer, None, max_steps=cfg["warmup"], **kw)
                 loader.clear()
@@ -845,7 +894,7 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     sections = {s.strip() for s in args.sections.split(",")}
-    plan = full_plan(args.quick)
+    plan = full_plan(args.quick, torch.cuda.is_available())
     if args.quiet_timeout is None:
         args.quiet_timeout = 0.0 if args.quick or torch.cuda.is_available() else 4.0
     args.n_texts_override = plan["n_texts"]
