@@ -195,6 +195,7 @@ class Snapshotter:
         if old_world != self.world_size:
             # The same global position in samples, but cut into different shards: the order changes.
             done = done * old_world // self.world_size
+            self._rescale_schedule(old_world / self.world_size)
             self.log(f"resume: the snapshot was taken with {old_world} process(es), this run has {self.world_size}; "
                      f"the data order changes accordingly (each rank now sees a different shard), so the result "
                      f"will not be bit-identical to an uninterrupted run")
@@ -205,6 +206,17 @@ class Snapshotter:
             self._resume_batches[epoch] = done
         self.log(f"resumed from {path} (epoch {epoch}, {done} batches into it, step {self.global_step})")
         return epoch
+
+    def _rescale_schedule(self, ratio: float) -> None:
+        """Steps count per-rank batches: with a different world size, the same number of samples is
+        ratio times as many steps. Move the LR schedule (and the step counter) to that position."""
+        self.global_step = int(round(self.global_step * ratio))
+        sched = self.scheduler
+        if sched is None or not hasattr(sched, "lr_lambdas"):
+            return
+        sched.last_epoch = int(round(sched.last_epoch * ratio))
+        for group, base, fn in zip(self.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas):
+            group["lr"] = base * fn(sched.last_epoch)
 
     def skip_batches(self, epoch: int) -> int:
         """Batches of this epoch that the snapshot had already trained on (0 except in the resumed epoch)."""

@@ -112,6 +112,11 @@ def test_resume_from_two_processes_on_one(tmp_path):
     out = " ".join(r.stdout.split())
     assert "taken with 2 process(es), this run has 1" in out and "data order changes" in out
     assert "epoch 2/2" in out and (tmp_path / "m.pt").is_file()
+    # the LR schedule continued from the same point in *samples*: it ends at zero, as planned
+    import json
+
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert m["epochs"][-1]["lr"] == pytest.approx(0.0, abs=1e-12)
 
 
 @pytest.mark.slow
