@@ -340,6 +340,7 @@ def plot(report: dict, path: Path) -> None:
         ax.set_xlabel("concurrent clients")
         ax.grid(True, alpha=0.3)
         ax.legend()
+    ax1.margins(y=0.12)  # room for the ratio labels
     ax1.set_ylabel("requests / s")
     ax1.set_title("Throughput (POST /predict)")
     ax2.set_ylabel("latency (ms)")
@@ -429,7 +430,6 @@ def main(argv=None):
         # uvicorn picks its HTTP parser and event loop by what is installed: the C ones are much cheaper.
         "uvicorn_http": "httptools" if importlib.util.find_spec("httptools") else "h11",
         "uvicorn_loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-        "torch_threads": torch.get_num_threads(),
         "git_commit": git_commit(),
         "model": model,
         "settings": {"concurrency_levels": levels, "duration_s": duration, "warmup_s_per_slice": warmup,
