@@ -7,10 +7,9 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
-
-from torch.distributed.elastic.multiprocessing.errors import record
 
 from distrinews_lib import LABEL_NAMES, checkpoint, cli, data, engine, recipe, snapshot
 from distrinews_lib import distributed as D

@@ -3,9 +3,8 @@
     python scripts/train_single.py --epochs 3
 """
 import torch
-from torch.utils.data import RandomSampler
-
 from torch.distributed.elastic.multiprocessing.errors import record
+from torch.utils.data import RandomSampler
 
 from distrinews_lib import LABEL_NAMES, checkpoint, cli, data, engine, recipe, snapshot
 from distrinews_lib.errors import main_guard
