@@ -80,24 +80,38 @@ def full_plan(quick: bool, cuda: bool = False) -> dict:
     return {
         "compare": {"tiny": dict(batch_size=32, warmup=5, steps=30, rounds=5),
                     "distilbert-base": dict(batch_size=16, warmup=1, steps=3, rounds=2)},
-        "ablations": {"tiny": "all", "distilbert-base": ["--amp bf16"]},
+        "ablations": {"tiny": "all", "distilbert-base": ["--amp bf16", "--amp off"]},
         "ddp": dict(model="tiny", global_batches=[64, 256, 512], knobs=True, warmup=2, steps=(30, 10, 6), rounds=3, ddp1=True),
         "script": dict(model="tiny", batch_per_rank=32, max_steps=30, pairs=1),
         "n_texts": None,
     }
 
 
+def engine_fuses_adamw_on_cpu() -> bool:
+    """Whether the shared loop already uses fused AdamW on the CPU (then there is nothing to 'propose')."""
+    opt = engine.make_optimizer(torch.nn.Linear(1, 1), 1e-3)
+    return bool(opt.param_groups[0].get("fused"))
+
+
 def ablation_flags(device: torch.device, wanted) -> list:
-    """(name, CLI flags, description, runnable?) for every fast-path option we can switch off here."""
+    """(name, description, runnable here?) for every fast-path option: the name is the CLI flag that turns it
+    off (or, where the default is off, on). Follows the CLI's current defaults, so it stays right when they change."""
     cuda = device.type == "cuda"
+    defaults = parse_flags([], 32, 128)
+    pad_default = defaults.pad_multiple if defaults.pad_multiple is not None else (8 if cuda else 0)
+    fused_cpu = engine_fuses_adamw_on_cpu()
+    amp_default = engine.resolve_amp(defaults.amp, device).mode
     table = [
         ("--no-group_by_length", "length-grouped batches off: random batches, padded to their longest text", True),
-        ("--pad_multiple 0", "no rounding of the padded width up to a multiple of 8", True),
-        ("--amp bf16" if not cuda else "--amp off",
-         "bf16 autocast on the CPU (AMP is off by default there)" if not cuda else "AMP off (fp32)", True),
+        ("--pad_multiple 0", "no rounding of the padded width up to a multiple of 8", pad_default not in (0, 1)),
+        ("--pad_multiple 8", "padded width rounded up to a multiple of 8 (the CUDA default)", pad_default in (0, 1)),
+        ("--amp off" if amp_default != "off" else ("--amp bf16" if not cuda else "--amp off"),
+         "AMP off (fp32)" if amp_default != "off" else "bf16 autocast (AMP is off by default on the CPU)",
+         amp_default != "off" or not cuda),
         ("--no-pin_memory", "pinned host memory + non-blocking copies off", cuda),
-        ("--no-fused_adam", "fused AdamW kernel off (foreach AdamW)", cuda),
-        ("fused AdamW on CPU (proposed)", "torch's fused AdamW on the CPU; engine.make_optimizer does not allow it yet", not cuda),
+        ("--no-fused_adam", "fused AdamW kernel off (foreach AdamW)", cuda or fused_cpu),
+        ("fused AdamW on CPU (proposed)", "torch's fused AdamW on the CPU; engine.make_optimizer does not allow it yet",
+         not cuda and not fused_cpu),
         ("--compile", "torch.compile the model (compile time excluded: it happens in the warm-up)", True),
     ]
     out = []
@@ -349,7 +363,8 @@ def compare_section(plan, splits, device, args, log) -> dict:
                 skipped[name] = "not run: pass --compile to include it (compiling takes minutes on a CPU)"
                 continue
             if not ok:
-                skipped[name] = "CUDA-only option: it does nothing on a CPU"
+                if name in ("--no-pin_memory", "--no-fused_adam") and device.type != "cuda":
+                    skipped[name] = "CUDA-only option: it does nothing on a CPU"
                 continue
             flags = [] if name.endswith("(proposed)") else name.split()
             contenders[name] = dict(kind="ours", flags=flags, description=desc_, proposed_fused_cpu=name.endswith("(proposed)"))
@@ -475,7 +490,7 @@ def ddp_configs(plan: dict, nproc: int, device_type: str) -> list:
             if gi == 0:
                 out.append(dict(base, name=f"G{g} x{nproc} --bucket_cap_mb 1", bucket_cap_mb=1.0))
                 out.append(dict(base, name=f"G{g} x{nproc} --no-gradient_as_bucket_view", gradient_as_bucket_view=False))
-            if device_type == "cpu":
+            if device_type == "cpu" and not engine_fuses_adamw_on_cpu():
                 one = next(c for c in out if c["global_batch"] == g and c["world"] == 1 and not c["ddp"])
                 out.append(dict(one, name=f"G{g} x1 (no DDP) fused AdamW (proposed)", fused_cpu=True))
                 out.append(dict(base, name=f"G{g} x{nproc} fused AdamW (proposed)", fused_cpu=True))
