@@ -77,9 +77,10 @@ def build_parser(description: str, ddp: bool = False) -> argparse.ArgumentParser
     a("--max_steps", type=int, default=None, help="stop each epoch after this many optimizer steps (benchmarks)")
     # The fast path: each option can be switched off to measure what it buys.
     a("--group_by_length", action=B, default=True, help="batch texts of similar length (less padding)")
-    a("--pad_multiple", type=int, default=8, help="pad each batch to a multiple of this (0: no rounding)")
+    a("--pad_multiple", type=int, default=None,
+      help="pad each batch to a multiple of this (0: no rounding; default: 8 on CUDA for tensor cores, none on CPU)")
     a("--pin_memory", action=B, default=None, help="pinned host memory + non-blocking copies (default: on with CUDA)")
-    a("--fused_adam", action=B, default=None, help="fused AdamW kernel (default: on with CUDA)")
+    a("--fused_adam", action=B, default=None, help="fused AdamW kernel (default: on where torch has it: CUDA, and CPU with torch >= 2.4)")
     a("--compile", action=B, default=False, help="torch.compile the model")
     # Fault tolerance: snapshots in <output>/snapshots/, resumed with --resume auto (or a path).
     a("--resume", default=None, help="auto (newest good snapshot in --output), a snapshot path, or off")

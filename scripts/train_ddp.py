@@ -35,6 +35,7 @@ def main():
 
         splits, model, tokenizer, info, train_ds, val_ds = recipe.load_data_and_model(args, log=D.print0)
         model.to(device)
+        mfu_shape, peak = recipe.mfu_setup(model, device, amp)  # MFU printed next to samples/s on GPUs
         model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,
                     bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=args.gradient_as_bucket_view)
         model = recipe.maybe_compile(model, args.compile)
@@ -63,7 +64,7 @@ def main():
                                            skip_batches=snap.skip_batches(epoch), on_step=snap.on_step(epoch))
             val = engine.evaluate(model, val_loader, device=device, amp=amp)
             tracker.log_epoch(epoch, train, val)
-            D.print0(recipe.epoch_line(epoch, args.epochs, train, val))
+            D.print0(recipe.epoch_line(epoch, args.epochs, train, val, recipe.epoch_mfu(train, mfu_shape, peak, world_size)))
             snap.save_epoch_end(epoch)
         val = val or engine.evaluate(model, val_loader, device=device, amp=amp)  # resumed after the last epoch
 

@@ -22,6 +22,7 @@ def main():
 
     splits, model, tokenizer, info, train_ds, val_ds = recipe.load_data_and_model(args)
     model.to(device)
+    mfu_shape, peak = recipe.mfu_setup(model, device, amp)  # MFU printed next to samples/s on GPUs
     model = recipe.maybe_compile(model, args.compile)
 
     # The sampler decides which examples this process sees, in which order.
@@ -47,7 +48,7 @@ def main():
                                        skip_batches=snap.skip_batches(epoch), on_step=snap.on_step(epoch))
         val = engine.evaluate(model, val_loader, device=device, amp=amp)
         tracker.log_epoch(epoch, train, val)
-        print(recipe.epoch_line(epoch, args.epochs, train, val))
+        print(recipe.epoch_line(epoch, args.epochs, train, val, recipe.epoch_mfu(train, mfu_shape, peak)))
         snap.save_epoch_end(epoch)
     val = val or engine.evaluate(model, val_loader, device=device, amp=amp)  # resumed after the last epoch
 
