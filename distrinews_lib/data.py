@@ -389,11 +389,3 @@ def make_loader(dataset: TokenizedDataset, batch_size: int, sampler=None, *, shu
         batch_sampler = LengthGroupedBatchSampler(sampler, dataset.lengths, batch_size, seed=seed)
         return DataLoader(dataset, batch_sampler=batch_sampler, **common)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, **common)
-
-
-def set_loader_epoch(loader, epoch: int) -> None:
-    """Call set_epoch on whatever sampler the loader uses (plain, distributed, or length-grouped)."""
-    for s in (getattr(loader, "batch_sampler", None), getattr(loader, "sampler", None)):
-        if hasattr(s, "set_epoch"):
-            s.set_epoch(epoch)
-            return

@@ -153,7 +153,3 @@ def max_param_difference(model: torch.nn.Module) -> float:
     diff = (flat.to(device) - ref).abs().max().reshape(1)
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
     return float(diff.item())
-
-
-def params_identical_across_ranks(model: torch.nn.Module) -> bool:
-    return max_param_difference(model) == 0.0

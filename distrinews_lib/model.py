@@ -18,7 +18,6 @@ from .errors import UserError
 from .hub import hub_reachable
 
 DEFAULT_HUB_MODEL = "distilbert-base-uncased"
-PRESETS = ("tiny", "minilm", "auto")
 VOCAB_FILE = Path(__file__).parent / "assets" / "vocab.txt"
 
 # The tiny preset: DistilBERT's architecture, shrunk so a CPU epoch over a few thousand
