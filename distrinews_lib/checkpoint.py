@@ -124,22 +124,80 @@ class LoadedCheckpoint:
 def read_checkpoint(path) -> dict:
     """The raw payload, checked. Raises CheckpointError saying which path and why."""
     path = Path(path)
+    if path.is_dir():
+        found = sorted(p.name for p in path.glob("*.pt"))
+        hint = (f"It holds {', '.join(found[:5])}{' ...' if len(found) > 5 else ''}: pass one of those files."
+                if found else "Pass the .pt file itself, for example checkpoints/distilbert_agnews.pt.")
+        raise CheckpointError(f"checkpoint {path} is a folder, not a checkpoint file. {hint}")
     if not path.is_file():
         raise CheckpointError(
             f"checkpoint {path} not found. Train one first (python scripts/train_single.py, or notebook 01/02), "
             "or point to it with --checkpoint / DISTRINEWS_CHECKPOINT."
         )
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"checkpoint {path} is empty (0 bytes): the copy or the write that made it was cut short. "
+                              "Retrain it or restore a complete copy.")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # truncated zip, random bytes, pickled code...
+        reason = (str(err).splitlines() or [""])[0][:150]
         raise CheckpointError(
-            f"checkpoint {path} could not be read ({type(err).__name__}: {str(err).splitlines()[0][:150]}). "
+            f"checkpoint {path} could not be read ({type(err).__name__}{': ' + reason if reason else ''}). "
             "It may be truncated or not a DistriNews checkpoint; retrain or restore it."
         ) from None
     missing = [k for k in ("model_type", "model_config", "state_dict", "label_names") if not isinstance(payload, dict) or k not in payload]
     if missing:
         raise CheckpointError(f"checkpoint {path} is not a DistriNews checkpoint (missing {', '.join(missing)}).")
     return payload
+
+
+def position_limit(model: torch.nn.Module) -> int | None:
+    """How many token positions the model can embed (None when it has no absolute position table)."""
+    for name, module in model.named_modules():
+        if name.endswith("position_embeddings") and isinstance(module, torch.nn.Embedding):
+            # RoBERTa-style tables start counting after the padding index.
+            pad = module.padding_idx
+            return module.num_embeddings - (pad + 1 if pad is not None else 0)
+    limit = getattr(model.config, "max_position_embeddings", None)
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
+
+
+def check_servable(path, payload: dict, model: torch.nn.Module) -> None:
+    """Refuse a checkpoint that would load but answer wrongly: label names that do not match the model's
+    outputs, a token window longer than its position table, or NaN/infinite weights."""
+    labels = payload["label_names"]
+    if (not isinstance(labels, (list, tuple)) or not labels
+            or not all(isinstance(n, str) and n.strip() for n in labels)):
+        raise CheckpointError(f"checkpoint {path} has label names {str(labels)[:120]}; they must be a non-empty list of "
+                              "non-empty strings, one per model output. Retrain it.")
+    outputs = int(model.config.num_labels)  # strict load_state_dict has checked the head against the config
+    if len(labels) != outputs:
+        raise CheckpointError(
+            f"checkpoint {path} names {len(labels)} labels ({', '.join(map(str, labels))[:200]}) but its model has "
+            f"{outputs} outputs, so its answers would carry the wrong names. Retrain it, or fix its label_names to "
+            f"list exactly {outputs} classes in the order of the model's outputs.")
+    repeated = sorted({n for n in labels if list(labels).count(n) > 1})
+    if repeated:
+        raise CheckpointError(
+            f"checkpoint {path} names the label{'s' if len(repeated) > 1 else ''} {', '.join(map(repr, repeated))} more "
+            "than once; each of the model's outputs needs its own name, or answers would lose classes. Retrain it, "
+            "or fix its label_names.")
+    max_length = payload.get("max_length", 128)
+    if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
+        raise CheckpointError(f"checkpoint {path} has max_length={max_length!r}; it must be a whole number of tokens, "
+                              "at least 2. Retrain it with a valid --max_length.")
+    limit = position_limit(model)
+    if limit is not None and max_length > limit:
+        raise CheckpointError(
+            f"checkpoint {path} cuts texts at max_length={max_length} tokens, but its model has position embeddings "
+            f"for only {limit} tokens, so every longer text would fail. Retrain it with --max_length {limit} or less.")
+    bad = [name for name, t in payload["state_dict"].items()
+           if torch.is_tensor(t) and t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise CheckpointError(
+            f"checkpoint {path} has NaN or infinite weights in {len(bad)} tensor{'s' if len(bad) > 1 else ''} "
+            f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): the training run that wrote it diverged. "
+            "Retrain it with a lower --lr, or with --amp off.")
 
 
 def load_checkpoint(path=DEFAULT_CHECKPOINT, device: str | torch.device = "cpu") -> LoadedCheckpoint:
@@ -162,6 +220,7 @@ def load_checkpoint(path=DEFAULT_CHECKPOINT, device: str | torch.device = "cpu")
         model.load_state_dict(state, strict=True)
     except RuntimeError as err:
         raise CheckpointError(f"checkpoint {path} does not match its own model config: {str(err).splitlines()[0][:200]}") from None
+    check_servable(path, payload, model)
     model.to(device).eval()
     tok_path = tokenizer_dir(path)
     if not tok_path.is_dir():
@@ -187,3 +246,27 @@ def predict_proba(loaded: LoadedCheckpoint, texts: list[str], batch_size: int = 
         logits = loaded.model(**{k: v.to(device) for k, v in enc.items()}).logits
         out.append(torch.softmax(logits.float(), dim=-1).cpu())
     return torch.cat(out) if out else torch.empty(0, len(loaded.label_names))
+
+
+def check_predictions(loaded: LoadedCheckpoint) -> torch.Tensor:
+    """Classify a short text and one that fills the whole token window; CheckpointError unless every
+    answer is a finite probability distribution over the checkpoint's labels. Returns the probabilities."""
+    texts = ["Stocks rally as tech shares surge.", " ".join(["news"] * (2 * loaded.max_length))]
+    try:
+        probs = predict_proba(loaded, texts)
+    except Exception as err:
+        reason = (str(err).splitlines() or [""])[0][:200]
+        raise CheckpointError(
+            f"checkpoint {loaded.path} loaded but could not classify a text ({type(err).__name__}"
+            f"{': ' + reason if reason else ''}). Its model and tokenizer may not belong together; retrain it.") from None
+    expected = (len(texts), len(loaded.label_names))
+    if tuple(probs.shape) != expected:
+        raise CheckpointError(f"checkpoint {loaded.path} answered with shape {tuple(probs.shape)} instead of {expected} "
+                              "(texts x labels); retrain it.")
+    if not bool(torch.isfinite(probs).all()):
+        raise CheckpointError(f"checkpoint {loaded.path} loaded but answers NaN or infinite probabilities; the model is "
+                              "broken (a diverged training run). Retrain it with a lower --lr, or with --amp off.")
+    if bool((probs < 0).any()) or bool(((probs.sum(-1) - 1).abs() > 1e-3).any()):
+        raise CheckpointError(f"checkpoint {loaded.path} answers values that are not probabilities "
+                              f"(row sums {probs.sum(-1).tolist()}); retrain it.")
+    return probs
