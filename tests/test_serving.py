@@ -19,7 +19,7 @@ from distrinews_lib import LABEL_NAMES
 from distrinews_lib.checkpoint import CheckpointError, load_checkpoint, predict_proba, save_checkpoint
 from distrinews_lib.model import build_model
 from distrinews_lib.serving.app import create_app
-from distrinews_lib.serving.batching import BatcherStopped, MicroBatcher
+from distrinews_lib.serving.batching import BatcherStopped, DeadlineExceeded, MicroBatcher, Overloaded
 from distrinews_lib.serving.schemas import MAX_BATCH_TEXTS, MAX_BODY_BYTES, MAX_TEXT_CHARS
 
 METADATA = {"data_source": "synthetic", "final_accuracy": 0.5, "world_size": 2, "model": "tiny",
@@ -403,3 +403,112 @@ def test_batcher_refuses_when_stopped_and_fails_waiting_requests():
     results = run(main())
     assert any(isinstance(r, BatcherStopped) for r in results)
     assert all(isinstance(r, (str, BatcherStopped)) for r in results)
+
+
+# ----------------------------------------------------------------------------- the bounded queue
+
+
+def test_batcher_queue_is_bounded_in_requests():
+    calls = []
+
+    async def main():
+        b = MicroBatcher(slow_echo(calls, 0.2), max_batch_size=1, window_ms=0, max_queue=2)
+        await b.start()
+        try:
+            first = asyncio.ensure_future(b.submit("running"))
+            await asyncio.sleep(0.05)  # the worker has taken it: it is in the model, not in the queue
+            waiting = [asyncio.ensure_future(b.submit(f"w{i}")) for i in range(2)]
+            await asyncio.sleep(0)
+            with pytest.raises(Overloaded) as refused:
+                await b.submit("one too many")
+            assert refused.value.retry_after >= 1 and "overloaded" in str(refused.value)
+            assert (b.waiting_jobs, b.shed) == (2, 1)
+            return await asyncio.gather(first, *waiting)
+        finally:
+            await b.stop()
+
+    assert run(main()) == ["result:running", "result:w0", "result:w1"]
+    assert "one too many" not in sum(calls, [])
+
+
+def test_batcher_queue_is_bounded_in_texts():
+    calls = []
+
+    async def main():
+        b = MicroBatcher(slow_echo(calls, 0.2), max_batch_size=8, window_ms=0, max_queue=100, max_queue_texts=64)
+        await b.start()
+        try:
+            first = asyncio.ensure_future(b.run_now([f"a{i}" for i in range(64)]))
+            await asyncio.sleep(0.05)  # in the model
+            second = asyncio.ensure_future(b.run_now([f"b{i}" for i in range(64)]))  # fills the queue's 64 texts
+            await asyncio.sleep(0)
+            for texts in ([f"c{i}" for i in range(64)], ["one more text"]):
+                with pytest.raises(Overloaded):
+                    b.enqueue(texts, single=len(texts) == 1)
+            assert (b.waiting_jobs, b.waiting_texts, b.shed) == (1, 64, 2)
+            return await asyncio.gather(first, second)
+        finally:
+            await b.stop()
+
+    first, second = run(main())
+    assert first == [f"result:a{i}" for i in range(64)] and second == [f"result:b{i}" for i in range(64)]
+    assert [len(c) for c in calls] == [64, 64], "a /predict/batch call is one forward pass of its own"
+
+
+def test_batcher_drops_a_job_past_its_deadline_before_the_model():
+    calls = []
+
+    async def main():
+        b = MicroBatcher(slow_echo(calls, 0.3), max_batch_size=1, window_ms=0, deadline_s=0.1)
+        await b.start()
+        try:
+            return await asyncio.gather(b.submit("in time"), b.submit("too late"), return_exceptions=True), b
+        finally:
+            await b.stop()
+
+    (first, second), b = run(main())
+    assert first == "result:in time"  # it reached the model in time; the batcher itself does not cut it
+    assert isinstance(second, DeadlineExceeded)
+    assert calls == [["in time"]], "the expired request must never reach the model"
+    assert (b.expired, b.texts_dropped, b.waiting_jobs) == (1, 1, 0)
+
+
+def test_batcher_drops_a_cancelled_job_before_the_model_and_frees_its_place():
+    calls = []
+
+    async def main():
+        b = MicroBatcher(slow_echo(calls, 0.2), max_batch_size=4, window_ms=0, max_queue=2)
+        await b.start()
+        try:
+            first = b.enqueue(["running"], single=True)
+            await asyncio.sleep(0.05)
+            gone = b.enqueue(["client left"], single=True)
+            kept = b.enqueue(["client stays"], single=True)
+            b.cancel(gone, "abandoned")  # what the app does when the client disconnects
+            assert (b.waiting_jobs, b.waiting_texts) == (1, 1), "the place is free at once"
+            b.enqueue(["fits again"], single=True)
+            return [await first.future, await kept.future], b
+        finally:
+            await b.stop()
+
+    (first, kept), b = run(main())
+    assert first == ["result:running"] and kept == ["result:client stays"]
+    assert "client left" not in sum(calls, []), "abandoned work must not reach the model"
+    assert b.abandoned == 1 and b.texts_dropped == 1
+
+
+def test_batch_calls_never_share_a_forward_pass_with_single_texts():
+    calls = []
+
+    async def main():
+        b = MicroBatcher(slow_echo(calls, 0.05), max_batch_size=32, window_ms=5)
+        await b.start()
+        try:
+            jobs = [b.submit("s1"), b.run_now(["b1", "b2"]), b.submit("s2"), b.submit("s3"), b.run_now(["b3"])]
+            return await asyncio.gather(*jobs)
+        finally:
+            await b.stop()
+
+    assert run(main()) == ["result:s1", ["result:b1", "result:b2"], "result:s2", "result:s3", ["result:b3"]]
+    assert ["b1", "b2"] in calls and ["b3"] in calls
+    assert all(c in (["b1", "b2"], ["b3"]) or all(t.startswith("s") for t in c) for c in calls)
