@@ -1,15 +1,15 @@
 """Save and load the inference checkpoint: the *unwrapped* model, its tokenizer, labels and run metadata.
 
-Layout:   checkpoints/distilbert_agnews.pt            state_dict + config + labels + metadata
-          checkpoints/distilbert_agnews_tokenizer/    the tokenizer (save_pretrained)
-Written by rank 0 only, atomically: a crash mid-write leaves the previous file intact.
+One file, checkpoints/distilbert_agnews.pt: state_dict + config + labels + metadata + the tokenizer's
+files (as text). Weights and tokenizer travel together, so a crash can never pair a new tokenizer
+with old weights. Written by rank 0 only, atomically (a crash mid-write leaves the previous file
+intact), with the usual umask-respecting permissions so a server running as another user can read it.
 Loaded with torch.load(weights_only=True): the file holds tensors and plain Python values only.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +20,7 @@ import torch
 from .errors import UserError
 
 DEFAULT_CHECKPOINT = Path("checkpoints") / "distilbert_agnews.pt"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the tokenizer travels inside the file (1 kept it in a folder beside it)
 
 
 class CheckpointError(UserError):
@@ -38,9 +38,11 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
             return model
 
 
-def tokenizer_dir(path: str | os.PathLike) -> Path:
-    path = Path(path)
-    return path.with_name(path.stem + "_tokenizer")
+def umask_mode(mode: int = 0o666) -> int:
+    """The permissions a plain open() would give: mkstemp/mkdtemp use 0600/0700, which another user can't read."""
+    current = os.umask(0)
+    os.umask(current)
+    return mode & ~current
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
@@ -53,6 +55,7 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, umask_mode())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -60,16 +63,20 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
         raise
 
 
-def _atomic_save_tokenizer(tokenizer, target: Path) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent))
-    tokenizer.save_pretrained(tmp)
-    old = target.with_name(target.name + ".old")
-    if target.exists():
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(target, old)
-    os.replace(tmp, target)
-    shutil.rmtree(old, ignore_errors=True)
+def tokenizer_files(tokenizer) -> dict:
+    """The tokenizer as {file name: text}, from save_pretrained (every file it writes is text)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        return {p.name: p.read_text(encoding="utf-8") for p in sorted(Path(tmp).iterdir()) if p.is_file()}
+
+
+def tokenizer_from_files(files: dict):
+    from transformers import AutoTokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, text in files.items():
+            (Path(tmp) / Path(name).name).write_text(text, encoding="utf-8")
+        return AutoTokenizer.from_pretrained(tmp)
 
 
 def _plain(value):
@@ -103,10 +110,8 @@ def save_checkpoint(path, model, tokenizer, label_names, metadata: dict | None =
         "label_names": list(label_names),
         "max_length": int(max_length or 128),
         "metadata": _plain(metadata or {}),
+        "tokenizer_files": tokenizer_files(tokenizer),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if tokenizer is not None:
-        _atomic_save_tokenizer(tokenizer, tokenizer_dir(path))
     atomic_torch_save(payload, path)
     return path
 
@@ -148,6 +153,9 @@ def read_checkpoint(path) -> dict:
     missing = [k for k in ("model_type", "model_config", "state_dict", "label_names") if not isinstance(payload, dict) or k not in payload]
     if missing:
         raise CheckpointError(f"checkpoint {path} is not a DistriNews checkpoint (missing {', '.join(missing)}).")
+    if payload.get("format_version", 1) < FORMAT_VERSION or not isinstance(payload.get("tokenizer_files"), dict):
+        raise CheckpointError(f"checkpoint {path} was written by an older DistriNews (format {payload.get('format_version', 1)}, "
+                              f"tokenizer in a separate folder); retrain it to get format {FORMAT_VERSION}.")
     return payload
 
 
@@ -202,7 +210,7 @@ def check_servable(path, payload: dict, model: torch.nn.Module) -> None:
 
 def load_checkpoint(path=DEFAULT_CHECKPOINT, device: str | torch.device = "cpu") -> LoadedCheckpoint:
     """A ready eval-mode model and its tokenizer from a checkpoint written by save_checkpoint."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForSequenceClassification
 
     from .model import _quiet_transformers
 
@@ -222,10 +230,7 @@ def load_checkpoint(path=DEFAULT_CHECKPOINT, device: str | torch.device = "cpu")
         raise CheckpointError(f"checkpoint {path} does not match its own model config: {str(err).splitlines()[0][:200]}") from None
     check_servable(path, payload, model)
     model.to(device).eval()
-    tok_path = tokenizer_dir(path)
-    if not tok_path.is_dir():
-        raise CheckpointError(f"the tokenizer folder {tok_path} that belongs to {path} is missing; retrain or copy it beside the checkpoint.")
-    tokenizer = AutoTokenizer.from_pretrained(str(tok_path))
+    tokenizer = tokenizer_from_files(payload["tokenizer_files"])
     return LoadedCheckpoint(model, tokenizer, list(payload["label_names"]), dict(payload.get("metadata", {})),
                             int(payload.get("max_length", 128)), path)
 

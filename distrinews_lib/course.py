@@ -13,7 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cli import auto_preset
+from .config import auto_preset
+from .distributed import nccl_fits
 from .hub import hub_reachable
 
 
@@ -36,7 +37,7 @@ class CourseEnv:
 
     @property
     def backend(self) -> str:
-        return "nccl" if self.n_gpus >= self.nproc and self.n_gpus > 0 else "gloo"
+        return "nccl" if nccl_fits(self.n_gpus, self.nproc) else "gloo"
 
 
 def find_root(start: Path | None = None) -> Path:
@@ -72,7 +73,7 @@ def setup(preset: str = "auto", nproc="auto", quiet: bool = False) -> CourseEnv:
     )
     if not quiet:
         gpus = ", ".join(env.gpu_names) if env.gpu_names else "none (CPU only)"
-        data = "Hugging Face hub" if env.hub else (env.data_dir or "synthetic (offline, generated)")
+        data = "Hugging Face hub" if env.hub else (env.data_dir or "the real AG News sample inside distrinews_lib (offline)")
         print(f"project root : {env.root}\npreset       : {env.preset}\nGPUs         : {gpus}\n"
               f"DDP          : {env.nproc} processes, {env.backend}\nhub reachable: {env.hub}\ndata (auto)  : {data}\n"
               f"torch        : {torch.__version__}")
@@ -81,6 +82,34 @@ def setup(preset: str = "auto", nproc="auto", quiet: bool = False) -> CourseEnv:
         if env.on_kaggle and env.n_gpus < 2:
             print("Kaggle: pick the 'GPU T4 x2' accelerator (Settings > Accelerator) to run DDP on two GPUs.")
     return env
+
+
+@dataclass
+class ScriptDiff:
+    text: str       # a unified diff that ignores indentation (the DDP body sits inside try/finally)
+    added: int      # lines of the second file that are new or changed
+    removed: int    # lines of the first file that are gone or changed
+
+
+def script_diff(a, b, context: int = 1) -> ScriptDiff:
+    """How `b` differs from `a`, line by line, ignoring indentation; lines shown as written in the files."""
+    import difflib
+
+    la, lb = Path(a).read_text().splitlines(), Path(b).read_text().splitlines()
+    matcher = difflib.SequenceMatcher(None, [x.strip() for x in la], [x.strip() for x in lb], autojunk=False)
+    out, added, removed = [f"--- {a}", f"+++ {b}"], 0, 0
+    for group in matcher.get_grouped_opcodes(context):
+        i1, i2, j1, j2 = group[0][1], group[-1][2], group[0][3], group[-1][4]
+        out.append(f"@@ -{i1 + 1},{i2 - i1} +{j1 + 1},{j2 - j1} @@")
+        for tag, a1, a2, b1, b2 in group:
+            if tag == "equal":
+                out += [" " + x for x in lb[b1:b2]]
+                continue
+            out += ["-" + x for x in la[a1:a2]]
+            out += ["+" + x for x in lb[b1:b2]]
+            removed += a2 - a1
+            added += b2 - b1
+    return ScriptDiff("\n".join(out), added, removed)
 
 
 def check(condition, claim: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +42,8 @@ def ensure_torchrun_env() -> DistInfo:
     That way `python scripts/train_ddp.py` still runs (1 process, gloo), which helps debugging.
     """
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if launched:
+        die_with_parent()
     # Gloo connects each pair of ranks on first use instead of all at start-up: its eager full-mesh
     # connect fails ~half the time right after a torchrun --max-restarts restart ("Connection refused",
     # cf. pytorch/pytorch#167288); lazily, 12 of 12 restarts here went through.
@@ -58,18 +61,27 @@ def ensure_torchrun_env() -> DistInfo:
     )
 
 
+def nccl_fits(n_gpus: int, local_world_size: int) -> bool:
+    """THE rule for nccl: every rank on this node gets a GPU of its own (ranks sharing a GPU fail or hang)."""
+    return n_gpus > 0 and local_world_size <= n_gpus
+
+
+def gpu_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def choose_backend(requested: str = "auto", local_world_size: int | None = None) -> tuple[str, str]:
     """(backend, one-line reason). nccl only when every rank on this node gets its own GPU."""
     if local_world_size is None:
         local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
-    n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    n_gpu = gpu_count()
     if requested == "nccl":
         if n_gpu == 0:
             raise UserError(
                 "--backend nccl needs NVIDIA GPUs, and this machine has none (torch.cuda.is_available() is False). "
                 "Use --backend gloo (or auto), which runs DDP on CPU processes."
             )
-        if local_world_size > n_gpu:
+        if not nccl_fits(n_gpu, local_world_size):
             raise UserError(
                 f"--backend nccl with {local_world_size} processes on this node but only {n_gpu} GPU(s): NCCL needs one "
                 f"GPU per rank, and ranks sharing a GPU fail or hang. Launch with --nproc_per_node={n_gpu}, or use --backend gloo."
@@ -79,7 +91,7 @@ def choose_backend(requested: str = "auto", local_world_size: int | None = None)
         return "gloo", "gloo (asked for): collectives over TCP between CPU processes"
     if requested != "auto":
         raise UserError(f"unknown --backend '{requested}'. Choices: auto, nccl, gloo.")
-    if n_gpu >= local_world_size and n_gpu > 0:
+    if nccl_fits(n_gpu, local_world_size):
         return "nccl", f"nccl: each of the {local_world_size} rank(s) on this node has its own GPU ({n_gpu} found)"
     if n_gpu > 0:
         return "gloo", (f"gloo: {local_world_size} ranks but only {n_gpu} GPU(s), so ranks cannot each own a GPU; "
@@ -88,10 +100,15 @@ def choose_backend(requested: str = "auto", local_world_size: int | None = None)
 
 
 def device_for(backend: str, local_rank: int) -> torch.device:
-    """nccl ranks use cuda:LOCAL_RANK; gloo ranks use the CPU."""
+    """nccl ranks use cuda:LOCAL_RANK (and make it the current device); gloo ranks use the CPU."""
     if backend == "nccl":
+        torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
+
+
+def node_name() -> str:
+    return f"{socket.gethostname()}, local rank {os.environ.get('LOCAL_RANK', 0)}"
 
 
 def is_initialized() -> bool:
@@ -122,15 +139,6 @@ def barrier() -> None:
         dist.barrier()
 
 
-def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
-    """Average a tensor over ranks (returns a new tensor; identity on one process)."""
-    t = tensor.detach().clone()
-    if is_initialized() and get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        t /= get_world_size()
-    return t
-
-
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     t = tensor.detach().clone()
     if is_initialized() and get_world_size() > 1:
@@ -138,13 +146,9 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def flat_params(model: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1).double().cpu() for p in model.parameters()])
-
-
 def max_param_difference(model: torch.nn.Module) -> float:
     """Largest |difference| between this rank's parameters and rank 0's, maxed over ranks (0.0: identical)."""
-    flat = flat_params(model)
+    flat = torch.cat([p.detach().reshape(-1).double().cpu() for p in model.parameters()])
     if not is_initialized() or get_world_size() == 1:
         return 0.0
     device = next(model.parameters()).device
@@ -153,3 +157,72 @@ def max_param_difference(model: torch.nn.Module) -> float:
     diff = (flat.to(device) - ref).abs().max().reshape(1)
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
     return float(diff.item())
+
+
+def agree(fn, *args, **kwargs):
+    """Run fn on every rank; if it raised a UserError on ANY rank, raise one on every rank.
+
+    Without this, the rank that failed exits while the others wait in their next collective until
+    the timeout. Collective: every rank must call it.
+    """
+    result, error = None, None
+    try:
+        result = fn(*args, **kwargs)
+    except UserError as err:
+        error = " ".join(str(err).split())
+    if not is_initialized() or get_world_size() == 1:
+        if error is not None:
+            raise UserError(error)
+        return result
+    errors = [None] * get_world_size()
+    dist.all_gather_object(errors, error)
+    failed = [(r, e) for r, e in enumerate(errors) if e is not None]
+    if failed:
+        rank, first = failed[0]
+        others = f" ({len(failed) - 1} other rank(s) failed too)" if len(failed) > 1 else ""
+        raise UserError(f"rank {rank}: {first}{others}")
+    return result
+
+
+def same_on_all_ranks(value, what: str, hint: str = "") -> None:
+    """Raise on every rank unless every rank holds the same `value` (e.g. a fingerprint of its data). Collective."""
+    if not is_initialized() or get_world_size() == 1:
+        return
+    values = [None] * get_world_size()
+    dist.all_gather_object(values, value)
+    odd = [r for r, v in enumerate(values) if v != values[0]]
+    if odd:
+        raise UserError(f"rank(s) {', '.join(map(str, odd))} do not hold the same {what} as rank 0 "
+                        f"({values[odd[0]]!r} vs {values[0]!r}). {hint}".rstrip() + ".")
+
+
+def local_main_first(fn, *args, **kwargs):
+    """Run fn on this node's local rank 0 first, then on the other local ranks (which then find its cache).
+
+    The barrier is reached even when fn fails, so a failure cannot turn into a hang."""
+    first = int(os.environ.get("LOCAL_RANK", 0)) == 0
+    if not first:
+        barrier()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        if first:
+            barrier()
+
+
+def die_with_parent() -> None:
+    """Linux: SIGKILL this process when its parent (the torchrun agent) dies, so a killed launcher
+    never leaves ranks behind holding GPUs and ports. A no-op elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        parent = os.getppid()
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass

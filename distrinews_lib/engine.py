@@ -1,7 +1,8 @@
-"""The one training loop shared by the single-process and the DDP script, and exact evaluation.
+"""What the training scripts' loop leans on but is not the lesson: devices and precision, the optimizer
+and schedule, accumulation groups, the epoch's counters, and evaluation that is exact under DDP.
 
-What the loop knows about DDP is deliberately small: it calls `model.no_sync()` on the micro-steps
-that should not all-reduce, and it sums its counters over ranks once per epoch.
+The loop itself (forward, backward, clipping, the optimizer step) is written out in scripts/train_single.py
+and scripts/train_ddp.py, where a learner can read it.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import contextlib
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -51,8 +52,14 @@ class AmpSettings:
         return torch.autocast(device_type=device.type, dtype=self.dtype)
 
 
+def native_bf16(device: torch.device) -> bool:
+    """bf16 in hardware: compute capability 8.0+ (A100, L4, H100). is_bf16_supported() also says yes on a
+    T4 (7.5), where bf16 is emulated and slow (pytorch PR #148322), so the capability decides."""
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
 def resolve_amp(mode: str, device: torch.device) -> AmpSettings:
-    """auto: fp16 on GPUs without bf16 (T4, V100), bf16 where supported (A100, H100), off on CPU."""
+    """auto: bf16 on GPUs with native bf16 (A100, H100), fp16 + GradScaler below (T4, V100), off on CPU."""
     if mode not in AMP_MODES:
         raise UserError(f"unknown --amp '{mode}'. Choices: {', '.join(AMP_MODES)}.")
     on_cuda = device.type == "cuda"
@@ -64,15 +71,18 @@ def resolve_amp(mode: str, device: torch.device) -> AmpSettings:
                             "Use --amp off (or bf16, which CPUs can autocast), or run on a GPU.")
         return AmpSettings("fp16", torch.float16, True, "fp16 autocast with GradScaler (asked for)")
     if mode == "bf16":
-        if on_cuda and not torch.cuda.is_bf16_supported():
-            raise UserError(f"--amp bf16: {torch.cuda.get_device_name(device)} has no bf16 support. Use --amp fp16 or auto.")
+        if on_cuda and not native_bf16(device):
+            name, cap = torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device)
+            raise UserError(f"--amp bf16: {name} (compute capability {cap[0]}.{cap[1]}) has no bf16 in hardware; torch "
+                            "would emulate it, slower than fp32. Use --amp fp16 (or auto, which picks fp16 with a "
+                            "GradScaler here).")
         return AmpSettings("bf16", torch.bfloat16, False, f"bf16 autocast on {device.type} (asked for)")
-    # auto
     if not on_cuda:
         return AmpSettings("off", None, False, "AMP off: on a CPU fp32 is the safe default")
-    if torch.cuda.is_bf16_supported():
-        return AmpSettings("bf16", torch.bfloat16, False, f"bf16: {torch.cuda.get_device_name(device)} supports it, no GradScaler needed")
-    return AmpSettings("fp16", torch.float16, True, f"fp16 + GradScaler: {torch.cuda.get_device_name(device)} has no bf16 (e.g. T4)")
+    name = torch.cuda.get_device_name(device)
+    if native_bf16(device):
+        return AmpSettings("bf16", torch.bfloat16, False, f"bf16: {name} has it in hardware, no GradScaler needed")
+    return AmpSettings("fp16", torch.float16, True, f"fp16 + GradScaler: {name} has no native bf16 (e.g. T4)")
 
 
 def make_grad_scaler(amp: AmpSettings, device: torch.device):
@@ -89,15 +99,16 @@ def fused_adamw_available(device_type: str) -> bool:
     return device_type == "cpu" and (major, minor) >= (2, 4)
 
 
-def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float = 0.01, fused: str | bool = "auto"):
-    """AdamW without weight decay on biases and LayerNorm weights; the fused kernel where torch has one."""
+def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float = 0.01, fused: bool | None = None):
+    """AdamW without weight decay on biases and LayerNorm weights; the fused kernel where torch has one
+    (fused=None), or as asked."""
     decay, no_decay = [], []
-    for name, p in model.named_parameters():
+    for p in model.parameters():
         if p.requires_grad:
             (no_decay if p.ndim < 2 else decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     available = fused_adamw_available(next(model.parameters()).device.type)
-    use_fused = available if fused == "auto" else bool(fused) and available
+    use_fused = available if fused is None else bool(fused) and available
     return torch.optim.AdamW(groups, lr=lr, fused=use_fused) if use_fused else torch.optim.AdamW(groups, lr=lr)
 
 
@@ -113,11 +124,60 @@ def make_scheduler(optimizer, total_steps: int, warmup_ratio: float = 0.06):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def optimizer_steps_per_epoch(batches_per_epoch: int, grad_accum: int) -> int:
-    return math.ceil(batches_per_epoch / grad_accum)
+def steps_per_epoch(batches_per_epoch: int, grad_accum: int, limit: int | None = None) -> int:
+    """Optimizer steps in one epoch: one per group of grad_accum micro-batches (the last group may be short)."""
+    steps = math.ceil(batches_per_epoch / grad_accum)
+    return min(steps, limit) if limit else steps
 
 
-# --------------------------------------------------------------------------- one epoch
+# --------------------------------------------------------------------------- the epoch's batches
+
+def to_device(batch: dict, device: torch.device, non_blocking: bool = False) -> dict:
+    return {k: v.to(device, non_blocking=non_blocking) for k, v in batch.items()}
+
+
+def _progress(iterable, total: int, enabled: bool, desc: str):
+    if not enabled:
+        return iterable
+    from tqdm.auto import tqdm
+
+    tty = sys.stdout.isatty()
+    # Piped into a notebook cell by the launcher, redraw less often so the cell stays readable.
+    return tqdm(iterable, total=total, desc=desc, leave=True, dynamic_ncols=tty, ncols=None if tty else 90,
+                mininterval=0.5 if tty else 2.0, file=sys.stdout)
+
+
+def accumulate(loader, grad_accum: int, *, skip: int = 0, limit: int | None = None, progress: bool = False,
+               desc: str = "train"):
+    """Yield the micro-batches of each optimizer step: lists of `grad_accum` batches (the last may be shorter).
+
+    skip: batches already trained on before a resume (a multiple of grad_accum: snapshots are taken
+    between optimizer steps). limit: stop after this many optimizer steps (benchmarks).
+    The progress bar (rank 0 only) counts optimizer steps.
+    """
+    if skip % grad_accum:
+        raise UserError(f"cannot resume {skip} batches into an epoch with --grad_accum {grad_accum}: that is inside "
+                        "an accumulation group. Resume with the --grad_accum the snapshot was taken with.")
+    total = steps_per_epoch(len(loader), grad_accum, limit)
+
+    def groups():
+        group, done = [], 0
+        for i, batch in enumerate(loader):
+            if i < skip:
+                continue  # the same order as before the resume: these were trained on already
+            group.append(batch)
+            if len(group) == grad_accum:
+                yield group
+                group, done = [], done + 1
+                if limit and done >= limit:
+                    return
+        if group:
+            yield group
+
+    yield from _progress(groups(), total - skip // grad_accum, progress and D.is_main(), desc)
+
+
+# --------------------------------------------------------------------------- the epoch's counters
 
 @dataclass
 class EpochStats:
@@ -125,101 +185,106 @@ class EpochStats:
     samples: int            # over all ranks
     tokens: int             # real (non-pad) tokens, over all ranks
     padded_tokens: int      # tokens including padding, over all ranks
+    sum_sq_len: int         # Σ (text length)², over all ranks: attention's FLOPs grow with it
     optimizer_steps: int
     seconds: float
     samples_per_s: float
     tokens_per_s: float
     lr: float
-
-    def as_dict(self):
-        return asdict(self)
+    resumed: bool = False   # part of this epoch ran before a restart (its counters were restored)
 
 
-def _to_device(batch, device, non_blocking):
-    return {k: v.to(device, non_blocking=non_blocking) for k, v in batch.items()}
+class NonFiniteLoss(UserError):
+    """The training loss or gradient norm became NaN or infinite."""
 
 
-def forward_logits(model, batch):
-    return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+class EpochMeter:
+    """The epoch's counters, kept so that the loop never waits for the GPU.
 
-
-def _progress(loader, enabled: bool, desc: str):
-    if not enabled:
-        return loader, None
-    from tqdm.auto import tqdm
-
-    tty = sys.stdout.isatty()
-    # Piped into a notebook cell by the launcher, redraw less often so the cell stays readable.
-    bar = tqdm(loader, desc=desc, leave=True, dynamic_ncols=tty, ncols=None if tty else 90,
-               mininterval=0.5 if tty else 2.0, file=sys.stdout)
-    return bar, bar
-
-
-def train_one_epoch(model, loader, optimizer, scheduler, *, device, amp: AmpSettings, scaler=None, grad_accum: int = 1,
-                    max_grad_norm: float | None = 1.0, use_no_sync: bool = True, progress: bool = True,
-                    desc: str = "train", max_steps: int | None = None, non_blocking: bool = False,
-                    skip_batches: int = 0, on_step=None) -> EpochStats:
-    """Train for one pass over `loader` (this rank's shard). Works for a bare model and for DDP.
-
-    Gradient accumulation: with DDP, the micro-steps before the last one run inside `model.no_sync()`,
-    so gradients are all-reduced once per optimizer step instead of once per micro-batch.
-    skip_batches: batches already trained on before a resume (same order, skipped without compute).
-    on_step(batches_done): called after every optimizer step (snapshots hook in here).
+    add(loss, cpu_batch) after each micro-batch: the loss is summed on the device (no sync) and samples
+    and tokens are counted on the batch's CPU copy. step(grad_norm) after each optimizer step. finish()
+    reads everything back once and sums it over ranks. A NaN/inf loss (or, without a GradScaler, a
+    non-finite gradient norm) is remembered with its step and raised by check_finite() or finish().
     """
-    model.train()
-    scaler = scaler or make_grad_scaler(amp, device)
-    n_batches = len(loader) if max_steps is None else min(len(loader), max_steps * grad_accum)
-    loss_sum = torch.zeros((), dtype=torch.float64)
-    samples = tokens = padded = steps = 0
-    iterator, bar = _progress(loader, progress and D.is_main(), desc)
-    optimizer.zero_grad(set_to_none=True)
-    start = time.perf_counter()
-    for i, batch in enumerate(iterator):
-        if i >= n_batches:
-            break
-        if i < skip_batches:
-            continue
-        group_start = (i // grad_accum) * grad_accum
-        group_size = min(grad_accum, n_batches - group_start)  # the last group of an epoch may be short
-        last_micro = i == group_start + group_size - 1
-        batch = _to_device(batch, device, non_blocking)
-        sync_ctx = model.no_sync() if (use_no_sync and not last_micro and hasattr(model, "no_sync")) else contextlib.nullcontext()
-        with sync_ctx:
-            with amp.autocast(device):
-                logits = forward_logits(model, batch)
-            loss = F.cross_entropy(logits.float(), batch["labels"])
-            scaler.scale(loss / group_size).backward()
-        if last_micro:
-            if max_grad_norm:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            if scheduler is not None:
-                scheduler.step()
-            steps += 1
-            if on_step is not None:
-                on_step(i + 1)
-        bs = batch["labels"].shape[0]
-        loss_sum += loss.detach().double().cpu() * bs
-        samples += bs
-        tokens += int(batch["attention_mask"].sum())
-        padded += batch["attention_mask"].numel()
-        if bar is not None and i % 10 == 0:
-            bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    seconds = time.perf_counter() - start
-    if bar is not None:
-        bar.close()
-    # One small all-reduce per epoch: counters and the loss over every rank.
-    totals = D.all_reduce_sum(torch.tensor([float(loss_sum), samples, tokens, padded], dtype=torch.float64, device=_comm_device(device)))
-    seconds = float(D.all_reduce_sum(torch.tensor([seconds], dtype=torch.float64, device=_comm_device(device)))[0]) / D.get_world_size()
-    loss_total, samples, tokens, padded = totals.tolist()
-    lr = optimizer.param_groups[0]["lr"]
-    return EpochStats(loss_total / max(samples, 1), int(samples), int(tokens), int(padded), steps, seconds,
-                      samples / seconds if seconds else 0.0, tokens / seconds if seconds else 0.0, lr)
+
+    def __init__(self, device: torch.device, amp: AmpSettings, epoch: int, state: dict | None = None):
+        self.device, self.epoch = device, epoch
+        self.grad_overflow_is_normal = amp.use_scaler  # fp16: GradScaler skips such steps by design
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        self.first_bad_step = torch.full((), -1, dtype=torch.long, device=device)
+        self.samples = self.tokens = self.padded = self.sum_sq = self.steps = self.batches = 0
+        self.seconds_before = 0.0  # time spent on this epoch before a resume
+        self.resumed = state is not None
+        if state:
+            self.loss_sum += state["loss_sum"]
+            for k in ("samples", "tokens", "padded", "sum_sq", "steps", "batches"):
+                setattr(self, k, int(state[k]))
+            self.seconds_before = float(state["seconds"])
+        self.start = time.perf_counter()
+
+    def add(self, loss: torch.Tensor, cpu_batch: dict) -> None:
+        mask = cpu_batch["attention_mask"]
+        lengths = mask.sum(1)
+        n = int(mask.shape[0])
+        loss = loss.detach()
+        self.loss_sum += loss.double() * n
+        self._flag(~torch.isfinite(loss))
+        self.samples += n
+        self.tokens += int(lengths.sum())
+        self.padded += mask.numel()
+        self.sum_sq += int((lengths * lengths).sum())
+        self.batches += 1
+
+    def step(self, grad_norm: torch.Tensor | None = None) -> None:
+        self.steps += 1
+        if grad_norm is not None and not self.grad_overflow_is_normal:
+            self._flag(~torch.isfinite(grad_norm.detach()))
+
+    def _flag(self, bad: torch.Tensor) -> None:
+        # Remember the first optimizer step (1-based) whose loss or gradient was not finite, on the device.
+        self.first_bad_step = torch.where(bad & (self.first_bad_step < 0), self.steps + 1, self.first_bad_step)
+
+    @property
+    def seconds(self) -> float:
+        return self.seconds_before + time.perf_counter() - self.start
+
+    def check_finite(self) -> None:
+        """Raise NonFiniteLoss on every rank if any rank saw a NaN/inf (one small all-reduce, one sync)."""
+        bad = self.first_bad_step.clone().to(_comm_device(self.device))
+        bad = torch.where(bad < 0, torch.iinfo(torch.long).max, bad)
+        if D.is_initialized() and D.get_world_size() > 1:
+            dist.all_reduce(bad, op=dist.ReduceOp.MIN)
+        if int(bad) != torch.iinfo(torch.long).max:
+            raise NonFiniteLoss(
+                f"the training loss (or gradient) became NaN or infinite at optimizer step {int(bad)} of epoch "
+                f"{self.epoch}; training stopped and nothing was saved. Lower the learning rate (--lr), or turn mixed "
+                "precision off (--amp off) if it is on.")
+
+    def state_dict(self) -> dict:
+        """This rank's partial counters, for a snapshot taken mid-epoch."""
+        return {"loss_sum": float(self.loss_sum), "samples": self.samples, "tokens": self.tokens, "padded": self.padded,
+                "sum_sq": self.sum_sq, "steps": self.steps, "batches": self.batches, "seconds": self.seconds}
+
+    def finish(self, lr: float) -> EpochStats:
+        """The epoch's totals over every rank (one small all-reduce)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.check_finite()
+        seconds = self.seconds
+        comm = _comm_device(self.device)
+        totals = D.all_reduce_sum(torch.tensor([float(self.loss_sum), self.samples, self.tokens, self.padded, self.sum_sq,
+                                                seconds / D.get_world_size()], dtype=torch.float64, device=comm))
+        loss_sum, samples, tokens, padded, sum_sq, seconds = totals.tolist()
+        return EpochStats(loss_sum / max(samples, 1), int(samples), int(tokens), int(padded), int(sum_sq), self.steps,
+                          seconds, samples / seconds if seconds else 0.0, tokens / seconds if seconds else 0.0, lr,
+                          self.resumed)
+
+
+def epoch_line(epoch: int, epochs: int, train: EpochStats, val, mfu: float | None = None) -> str:
+    return (f"epoch {epoch}/{epochs} | train loss {train.loss:.4f} | val loss {val.loss:.4f} | "
+            f"val acc {100 * val.accuracy:.2f}% ({val.n} texts) | {train.seconds:.1f}s | "
+            f"{train.samples_per_s:.0f} samples/s" + (f" | MFU {100 * mfu:.1f}%" if mfu is not None else "")
+            + (" | resumed mid-epoch" if train.resumed else ""))
 
 
 def _comm_device(device: torch.device) -> torch.device:
@@ -230,6 +295,10 @@ def _comm_device(device: torch.device) -> torch.device:
 
 
 # --------------------------------------------------------------------------- exact evaluation
+
+def forward_logits(model, batch):
+    return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+
 
 @dataclass
 class EvalResult:
@@ -271,15 +340,15 @@ def evaluate(model, loader, *, device, amp: AmpSettings | None = None, gather: b
     bare.eval()
     idx, preds, labels, losses = [], [], [], []
     for batch in loader:
-        batch = _to_device(batch, device, False)
+        batch = to_device(batch, device)
         with (amp.autocast(device) if amp else contextlib.nullcontext()):
             logits = forward_logits(bare, batch)
-        losses.append(F.cross_entropy(logits.float(), batch["labels"], reduction="none").double().cpu())
-        preds.append(logits.argmax(-1).cpu())
-        labels.append(batch["labels"].cpu())
-        idx.append(batch["index"].cpu())
+        losses.append(F.cross_entropy(logits.float(), batch["labels"], reduction="none").double())
+        preds.append(logits.argmax(-1))
+        labels.append(batch["labels"])
+        idx.append(batch["index"])
     bare.train(was_training)
-    cat = lambda xs, dtype: torch.cat(xs) if xs else torch.zeros(0, dtype=dtype)
+    cat = lambda xs, dtype: torch.cat(xs).cpu() if xs else torch.zeros(0, dtype=dtype)  # noqa: E731
     comm = _comm_device(device)
     idx = _all_gather_varlen(cat(idx, torch.long), comm, gather)
     preds = _all_gather_varlen(cat(preds, torch.long), comm, gather)

@@ -1,8 +1,16 @@
-"""Launch a training script from a notebook cell or a test, and fail loudly when it fails.
+"""Launch a training script from a notebook cell or a test, fail loudly when it fails, leave nothing behind.
 
 `!torchrun ...` in a notebook does not fail the cell when torchrun fails; these helpers run
 `python -m torch.distributed.run` as a subprocess, stream its output into the cell, and raise
 LaunchError (naming the script and the exit code) when it exits non-zero or runs past its timeout.
+
+No rank outlives its launch. torchrun puts every rank in a session of its own, so killing torchrun's
+process group does not reach them. Therefore:
+- normal exit, timeout and interrupt: every process the launch started (tracked through /proc while it
+  runs) that is still alive at the end is killed;
+- the launcher itself dies (a kernel restart, a killed test): torchrun is started with a parent-death
+  signal (SIGTERM), on which it stops its ranks; and each rank that uses distrinews_lib asks for SIGKILL
+  when torchrun dies (distributed.die_with_parent), in case torchrun itself was killed.
 """
 
 from __future__ import annotations
@@ -17,9 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
-from .errors import UserError
+from . import distributed as D
 
 
 class LaunchError(RuntimeError):
@@ -44,13 +50,17 @@ class LaunchResult:
         return self.returncode == 0 and not self.timed_out
 
 
-def gpu_count() -> int:
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+# Started instead of the command itself: ask the kernel for SIGTERM when our parent (the launcher) dies,
+# check that it has not died already, then become the command (the signal request survives exec).
+_PARENT_DEATH_SHIM = ("import ctypes,os,signal,sys\n"
+                      "ctypes.CDLL(None).prctl(1, signal.SIGTERM)\n"
+                      "os.getppid() == int(sys.argv[1]) or sys.exit(143)\n"
+                      "os.execv(sys.argv[2], sys.argv[2:])")
 
 
 def default_nproc() -> int:
     """Every GPU when there are any; else 2 CPU processes (enough to show real DDP)."""
-    return gpu_count() or 2
+    return D.gpu_count() or 2
 
 
 def _run(cmd, *, timeout, env, cwd, echo, check, what) -> LaunchResult:
@@ -61,9 +71,12 @@ def _run(cmd, *, timeout, env, cwd, echo, check, what) -> LaunchResult:
     full_env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     full_env.update({k: str(v) for k, v in (env or {}).items()})
     start = time.time()
-    # A new session, so a timeout can kill torchrun *and* every rank it started.
+    if sys.platform.startswith("linux"):
+        cmd = [sys.executable, "-c", _PARENT_DEATH_SHIM, str(os.getpid()), *map(str, cmd)]
+    # A new session, so a timeout can signal torchrun and its helpers together.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env, cwd=cwd,
                             start_new_session=True)
+    family = _Descendants(proc.pid)
     chunks: list[str] = []
 
     def pump():
@@ -84,13 +97,20 @@ def _run(cmd, *, timeout, env, cwd, echo, check, what) -> LaunchResult:
     reader.start()
     timed_out = False
     try:
-        proc.wait(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None:  # poll, so the family of processes is known when it has to be stopped
+            family.refresh()
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(cmd, timeout)
+            time.sleep(0.2)
     except subprocess.TimeoutExpired:
         timed_out = True
         _kill_group(proc)
-    except KeyboardInterrupt:
+    except BaseException:  # KeyboardInterrupt (the notebook's stop button), SystemExit...
         _kill_group(proc)
+        family.kill()
         raise
+    family.kill()  # torchrun has exited; any rank it left behind goes too
     reader.join(timeout=5)
     output = "".join(chunks)
     result = LaunchResult(list(map(str, cmd)), proc.returncode if not timed_out else -9, output,
@@ -103,6 +123,7 @@ def _run(cmd, *, timeout, env, cwd, echo, check, what) -> LaunchResult:
 
 
 def _kill_group(proc) -> None:
+    """SIGTERM torchrun's group (torchrun then stops its ranks), SIGKILL after 5 s."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
@@ -115,14 +136,57 @@ def _kill_group(proc) -> None:
             continue
 
 
+class _Descendants:
+    """Every process started under `root`, found through /proc (Linux), with its start time so that a
+    recycled PID is never killed by mistake."""
+
+    def __init__(self, root: int):
+        self.root, self.known = root, {}
+
+    @staticmethod
+    def _stat(pid: int):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return int(fields[1]), fields[19], fields[0]  # ppid, start time, state
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def refresh(self) -> None:
+        if not sys.platform.startswith("linux"):
+            return
+        parents = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and (st := self._stat(int(entry))):
+                parents[int(entry)] = st
+        family, frontier = set(), {self.root}
+        while frontier:
+            children = {pid for pid, st in parents.items() if st[0] in frontier and pid not in family}
+            family |= children
+            frontier = children
+        for pid in family:
+            self.known.setdefault(pid, parents[pid][1])
+
+    def alive(self) -> list:
+        out = []
+        for pid, started in self.known.items():
+            st = self._stat(pid)
+            if st and st[1] == started and st[2] != "Z":
+                out.append(pid)
+        return out
+
+    def kill(self) -> None:
+        self.refresh()
+        for pid in self.alive():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def _check_nccl_fits(nproc: int, args) -> None:
     args = [str(a) for a in args]
     if "--backend" in args and args[args.index("--backend") + 1:][:1] == ["nccl"]:
-        if gpu_count() == 0:
-            raise UserError("--backend nccl needs NVIDIA GPUs and this machine has none. Use --backend gloo (or auto).")
-        if nproc > gpu_count():
-            raise UserError(f"--backend nccl with {nproc} processes but only {gpu_count()} GPU(s): NCCL needs one GPU "
-                            f"per rank. Use nproc={gpu_count()} or --backend gloo.")
+        D.choose_backend("nccl", local_world_size=nproc)  # the one rule, with its message
 
 
 def torchrun(script, nproc: int | str = "auto", args=(), *, timeout: float = 900, env: dict | None = None,

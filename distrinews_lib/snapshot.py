@@ -1,9 +1,13 @@
 """Training snapshots: everything needed to continue a run exactly where it stopped.
 
 A snapshot holds the model (unwrapped), optimizer, scheduler, GradScaler, the position in the data
-(epoch and batches done, the sampler's state) and every rank's RNG states (python, numpy, torch,
-CUDA). Rank 0 writes it atomically to <run folder>/snapshots/; the last `keep` are kept so that a
+(epoch and batches done), the run's metrics so far, and every rank's RNG states and partial epoch
+counters. Rank 0 writes it atomically to <run folder>/snapshots/; the last `keep` are kept so that a
 damaged newest one can fall back to the one before. The inference checkpoint is separate.
+
+Who resumes from what: rank 0 chooses the snapshot (choose(), in the run plan) and every rank loads that
+one, before DDP wraps the model. With several nodes the run folder (--output) must be on storage every
+node can read; a rank that cannot read rank 0's choice stops the run with a message saying so.
 
 Exactness: with the same world size, deterministic kernels and num_workers=0, a run resumed from a
 snapshot ends with the same weights, bit for bit, as one that never stopped.
@@ -11,9 +15,9 @@ snapshot ends with the same weights, bit for bit, as one that never stopped.
 
 from __future__ import annotations
 
-import os
 import random
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -21,11 +25,10 @@ import torch
 import torch.distributed as dist
 
 from . import distributed as D
-from . import faults
-from .checkpoint import atomic_torch_save, unwrap
+from .checkpoint import atomic_torch_save
 from .errors import UserError
 
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
 _NAME = re.compile(r"snap_e(\d+)_b(\d+)\.pt$")
 # Config keys that must match for a snapshot to fit the model being trained.
 _FINGERPRINT_KEYS = ("model_type", "vocab_size", "dim", "n_layers", "n_heads", "hidden_dim", "hidden_size",
@@ -62,20 +65,8 @@ def set_rng_state(state: dict) -> None:
 
 
 def fingerprint(model, label_names) -> dict:
-    cfg = unwrap(model).config.to_dict()
+    cfg = model.config.to_dict()
     return {"config": {k: cfg[k] for k in _FINGERPRINT_KEYS if k in cfg}, "label_names": list(label_names)}
-
-
-def sampler_state(sampler):
-    """What decides this epoch's order: DistributedSampler's (seed, epoch) or a generator's state."""
-    if getattr(sampler, "generator", None) is not None:
-        return {"generator": sampler.generator.get_state()}
-    return {"seed": getattr(sampler, "seed", None), "epoch": getattr(sampler, "epoch", None)}
-
-
-def restore_sampler(sampler, state) -> None:
-    if state and "generator" in state and getattr(sampler, "generator", None) is not None:
-        sampler.generator.set_state(state["generator"])
 
 
 # ------------------------------------------------------------------ files
@@ -87,82 +78,138 @@ def list_snapshots(run_dir) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def read_snapshot(path) -> dict:
+def read_snapshot(path, mmap: bool = False) -> dict:
+    """The payload of a snapshot file; mmap=True only maps it (cheap: enough to tell a damaged file)."""
     path = Path(path)
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as err:
         raise SnapshotError(f"snapshot {path} is unreadable ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
                             "it is probably truncated (the run died while copying it?)") from None
     if not isinstance(payload, dict) or payload.get("snapshot_version") != SNAPSHOT_VERSION:
-        raise SnapshotError(f"{path} is not a DistriNews training snapshot.")
+        raise SnapshotError(f"{path} is not a DistriNews training snapshot (version {SNAPSHOT_VERSION}).")
     return payload
+
+
+@dataclass(frozen=True)
+class ResumeChoice:
+    """Rank 0's choice of snapshot, shared with every rank in the run plan."""
+
+    path: str           # as every rank should open it: relative to the run folder when found there
+    run_dir: str        # the run folder that `path` is relative to
+    epoch: int
+    batches_done: int
+    global_step: int
+
+    def file(self, run_dir) -> Path:
+        p = Path(self.path)
+        return p if p.is_absolute() else Path(run_dir) / p
+
+
+def choose(run_dir, how: str | None, log=print) -> ResumeChoice | None:
+    """--resume auto: the newest readable snapshot in <run_dir>/snapshots (a damaged one is skipped with a
+    warning); --resume PATH: that file (or the newest in that folder); off/None: none. Rank 0 calls this."""
+    if not how or how == "off":
+        return None
+    run_dir = Path(run_dir)
+    if how == "auto":
+        candidates = list(reversed(list_snapshots(run_dir)))
+        if not candidates:
+            log(f"resume auto: no snapshot in {run_dir / 'snapshots'}; starting from the beginning")
+            return None
+    else:
+        path = Path(how).expanduser()
+        if path.is_dir():
+            path = next(reversed(list_snapshots(path)), None) or path / "snapshots"
+        if not path.is_file():
+            raise SnapshotError(f"--resume {how}: no snapshot there. Use --resume auto (the newest in "
+                                f"{run_dir / 'snapshots'}) or the path of a snap_e*_b*.pt file.")
+        candidates = [path]
+    for path in candidates:
+        try:
+            head = read_snapshot(path, mmap=True)
+        except SnapshotError as err:
+            if how != "auto":
+                raise
+            log(f"warning: {err} Falling back to the previous snapshot.")
+            continue
+        try:
+            shown = str(path.relative_to(run_dir))
+        except ValueError:
+            shown = str(path.resolve())
+        return ResumeChoice(shown, str(run_dir), head["epoch"], head["batches_done"], head["global_step"])
+    log(f"resume auto: no readable snapshot in {run_dir / 'snapshots'}; starting from the beginning")
+    return None
+
+
+@dataclass
+class ResumePoint:
+    """Where training continues: the first epoch to run and, in it, the batches already done."""
+
+    epoch: int = 1
+    batches_done: int = 0
+    meter_states: dict = field(default_factory=dict)   # {epoch: this rank's partial EpochMeter counters}
+
+    def skip(self, epoch: int) -> int:
+        return self.batches_done if epoch == self.epoch else 0
+
+    def meter_state(self, epoch: int) -> dict | None:
+        return self.meter_states.get(epoch)
 
 
 class Snapshotter:
     """Saves snapshots during training and restores one at start. Every rank makes one; rank 0 writes.
 
     In the scripts:
-        snap = Snapshotter(args, model, optimizer, scheduler, scaler, train_sampler, tracker, LABEL_NAMES)
-        start_epoch = snap.resume(args.resume)
-        for epoch in range(start_epoch, args.epochs + 1):
-            train = engine.train_one_epoch(..., skip_batches=snap.skip_batches(epoch), on_step=snap.on_step(epoch))
-            ...
-            snap.save_epoch_end(epoch)
+        snap = Snapshotter(cfg, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, tracker=tracker)
+        start = snap.resume(plan.resume)           # before DDP wraps the model
+        ... after each optimizer step:  snap.step(epoch, meter)
+        ... after each epoch:           snap.epoch_end(epoch)
     """
 
-    def __init__(self, args, model, optimizer, scheduler, scaler, sampler, tracker, label_names, log=print):
-        self.run_dir = Path(args.output)
-        self.every = int(getattr(args, "snapshot_every", 0) or 0)
-        self.keep = max(2, int(getattr(args, "keep_snapshots", 2) or 2))
-        self.enabled = getattr(args, "snapshots", True)
+    def __init__(self, cfg, *, model, optimizer, scheduler, scaler, tracker, label_names, log=D.print0):
+        self.run_dir = Path(cfg.output)
+        self.every, self.keep, self.enabled = cfg.snapshot_every, cfg.keep_snapshots, cfg.snapshots
+        self.grad_accum = cfg.grad_accum
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
-        self.sampler, self.tracker, self.label_names, self.log = sampler, tracker, list(label_names), log
-        self.grad_accum = args.grad_accum
-        self.world_size = D.get_world_size()
-        self.rank = D.get_rank()
+        self.tracker, self.label_names, self.log = tracker, list(label_names), log
+        self.world_size, self.rank = D.get_world_size(), D.get_rank()
         self.global_step = 0
-        self._resume_batches: dict[int, int] = {}
-        self._epoch_sampler_state = None
 
     # -------------------------------------------------------------- saving
-    def on_step(self, epoch: int):
-        """A callback for train_one_epoch: saves every `every` optimizer steps. Call before the epoch starts."""
-        self._epoch_sampler_state = sampler_state(self.sampler)  # captured before the loader draws the order
+    def step(self, epoch: int, meter) -> Path | None:
+        """After every optimizer step: count it, and snapshot every `every` steps (collective)."""
+        self.global_step += 1
+        if self.enabled and self.every and self.global_step % self.every == 0:
+            meter.check_finite()  # never snapshot a model that has gone NaN
+            return self.save(epoch, meter.batches, meter.state_dict())
+        return None
 
-        def callback(batches_done: int):
-            self.global_step += 1
-            if self.enabled and self.every and self.global_step % self.every == 0:
-                self.save(epoch, batches_done)
-            faults.maybe_inject(self.global_step)  # no-op unless DISTRINEWS_FAULT asks (tests, the course demo)
+    def epoch_end(self, epoch: int) -> Path | None:
+        return self.save(epoch + 1, 0, None) if self.enabled else None
 
-        return callback
-
-    def save_epoch_end(self, epoch: int) -> None:
-        if self.enabled:
-            self.save(epoch + 1, 0)
-
-    def save(self, epoch: int, batches_done: int) -> Path | None:
+    def save(self, epoch: int, batches_done: int, meter_state: dict | None) -> Path | None:
         """Snapshot at (epoch, batches_done of that epoch). Collective: every rank must call it."""
-        states = [None] * self.world_size
+        mine = {"rng": rng_state(), "meter": meter_state}
+        ranks = [None] * self.world_size
         if self.world_size > 1:
-            dist.all_gather_object(states, rng_state())
+            dist.all_gather_object(ranks, mine)
         else:
-            states = [rng_state()]
+            ranks = [mine]
         path = None
         if self.rank == 0:
             payload = {
                 "snapshot_version": SNAPSHOT_VERSION,
                 "epoch": epoch, "batches_done": batches_done, "global_step": self.global_step,
                 "world_size": self.world_size, "grad_accum": self.grad_accum,
-                "model": {k: v.detach().cpu() for k, v in unwrap(self.model).state_dict().items()},
+                "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-                "sampler": self._epoch_sampler_state if batches_done else sampler_state(self.sampler),
-                "rng": states,
+                "rng": [r["rng"] for r in ranks],
+                "meters": [r["meter"] for r in ranks] if meter_state is not None else None,
                 "fingerprint": fingerprint(self.model, self.label_names),
-                "tracker": {"rows": self.tracker.rows, "epochs": self.tracker.record["epochs"]},
+                "tracker": self.tracker.state_dict(),
             }
             path = self.run_dir / "snapshots" / f"snap_e{epoch:03d}_b{batches_done:06d}.pt"
             atomic_torch_save(payload, path)
@@ -172,40 +219,54 @@ class Snapshotter:
         return path
 
     # -------------------------------------------------------------- resuming
-    def resume(self, how: str | None) -> int:
-        """Load a snapshot ('auto': the newest readable one in the run folder, or a path). Returns the start epoch."""
-        if not how or how == "off":
-            return 1
-        payload, path = self._pick(how)
-        if payload is None:
-            self.log(f"resume {how}: no snapshot in {self.run_dir / 'snapshots'}; starting from the beginning")
-            return 1
-        self._check_fits(payload, path)
-        unwrap(self.model).load_state_dict(payload["model"])
+    def resume(self, choice: ResumeChoice | None) -> ResumePoint:
+        """Load rank 0's choice on every rank (call it BEFORE wrapping the model in DDP). Collective."""
+        if choice is None:
+            return ResumePoint()
+        path = choice.file(self.run_dir)
+
+        def load():
+            payload = read_snapshot(path) if path.is_file() else None
+            where = f"rank {self.rank} ({D.node_name()})"
+            if payload is None:
+                raise SnapshotError(
+                    f"{where} cannot find the snapshot {path} that rank 0 chose to resume from. With several nodes, "
+                    "--output must be on storage that every node can read (a shared filesystem), not a node-local disk.")
+            if (payload["epoch"], payload["batches_done"], payload["global_step"]) != (choice.epoch, choice.batches_done, choice.global_step):
+                raise SnapshotError(
+                    f"{where} reads a different file at {path} than rank 0 did (epoch {payload['epoch']}, batch "
+                    f"{payload['batches_done']} instead of epoch {choice.epoch}, batch {choice.batches_done}): the run "
+                    "folder is not the same storage on every node. Put --output on a shared filesystem.")
+            self._check_fits(payload, path)
+            return payload
+
+        payload = D.agree(load)
+        self.model.load_state_dict(payload["model"])
         self.optimizer.load_state_dict(payload["optimizer"])
         if self.scheduler is not None and payload["scheduler"] is not None:
             self.scheduler.load_state_dict(payload["scheduler"])
         if self.scaler is not None and payload["scaler"] is not None:
             self.scaler.load_state_dict(payload["scaler"])
+        self.tracker.load_state_dict(payload["tracker"])
         self.global_step = payload["global_step"]
-        self.tracker.rows = list(payload["tracker"]["rows"])
-        self.tracker.record["epochs"] = list(payload["tracker"]["epochs"])
         epoch, done = payload["epoch"], payload["batches_done"]
+        meters = payload.get("meters")
         old_world = payload["world_size"]
-        if old_world != self.world_size:
-            # The same global position in samples, but cut into different shards: the order changes.
+        rngs = payload["rng"]
+        if old_world == self.world_size:
+            set_rng_state(rngs[self.rank])
+            meter = meters[self.rank] if meters else None
+        else:
+            # The same global position in samples, cut into different shards: the order changes.
             done = done * old_world // self.world_size
             self._rescale_schedule(old_world / self.world_size)
+            set_rng_state(rngs[self.rank % old_world])
+            meter = _merged_meter(meters, self.rank == 0, done, old_world / self.world_size) if meters else None
             self.log(f"resume: the snapshot was taken with {old_world} process(es), this run has {self.world_size}; "
                      f"the data order changes accordingly (each rank now sees a different shard), so the result "
                      f"will not be bit-identical to an uninterrupted run")
-        restore_sampler(self.sampler, payload["sampler"])
-        rngs = payload["rng"]
-        set_rng_state(rngs[self.rank] if self.rank < len(rngs) else rngs[0])
-        if done:
-            self._resume_batches[epoch] = done
         self.log(f"resumed from {path} (epoch {epoch}, {done} batches into it, step {self.global_step})")
-        return epoch
+        return ResumePoint(epoch, done, {epoch: meter} if meter else {})
 
     def _rescale_schedule(self, ratio: float) -> None:
         """Steps count per-rank batches: with a different world size, the same number of samples is
@@ -218,26 +279,6 @@ class Snapshotter:
         for group, base, fn in zip(self.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas):
             group["lr"] = base * fn(sched.last_epoch)
 
-    def skip_batches(self, epoch: int) -> int:
-        """Batches of this epoch that the snapshot had already trained on (0 except in the resumed epoch)."""
-        return self._resume_batches.pop(epoch, 0)
-
-    def _pick(self, how: str):
-        if how != "auto":
-            path = Path(how)
-            if path.is_dir():
-                path = next(reversed(list_snapshots(path)), None) or path / "snapshots"
-            if not Path(path).is_file():
-                raise SnapshotError(f"--resume {how}: no snapshot there. Use --resume auto (the newest in "
-                                    f"{self.run_dir / 'snapshots'}) or the path of a snap_e*_b*.pt file.")
-            return read_snapshot(path), Path(path)
-        for path in reversed(list_snapshots(self.run_dir)):
-            try:
-                return read_snapshot(path), path
-            except SnapshotError as err:
-                self.log(f"warning: {err} Falling back to the previous snapshot.")
-        return None, None
-
     def _check_fits(self, payload, path) -> None:
         want = fingerprint(self.model, self.label_names)
         have = payload["fingerprint"]
@@ -245,6 +286,20 @@ class Snapshotter:
                  if have["config"].get(k) != v]
         if have["label_names"] != want["label_names"]:
             diffs.append(f"labels: snapshot {have['label_names']}, run {want['label_names']}")
+        if payload["grad_accum"] != self.grad_accum:
+            diffs.append(f"--grad_accum: snapshot {payload['grad_accum']}, run {self.grad_accum} (a step would be "
+                         "resumed inside an accumulation group, and the schedule counts steps)")
         if diffs:
             raise SnapshotError(f"snapshot {path} does not fit this run ({'; '.join(diffs)}). Resume with the same "
-                                "--model and labels, or start a new run folder with --output.")
+                                "--model, labels and --grad_accum, or start a new run folder with --output.")
+
+
+def _merged_meter(meters: list, first: bool, batches_done: int, ratio: float) -> dict:
+    """Resuming on another world size: rank 0 carries the sum of the old ranks' sample counters and the
+    others start at zero, so the epoch's totals (summed over ranks) stay right. Steps and batches are
+    per rank (every rank takes every step); the time is the old ranks' mean."""
+    summed = ("loss_sum", "samples", "tokens", "padded", "sum_sq")
+    merged = {k: (sum(m[k] for m in meters) if first else 0) for k in summed}
+    merged.update(steps=int(round(meters[0]["steps"] * ratio)), batches=batches_done,
+                  seconds=sum(m["seconds"] for m in meters) / len(meters))
+    return merged

@@ -1,6 +1,7 @@
-"""Per-run metrics: metrics.csv (one row per epoch) and metrics.json (config, sizes, DDP, series, aggregates).
+"""Per-run metrics: metrics.csv (one row per epoch) and metrics.json (config, data, DDP, series, aggregates).
 
 Only rank 0 writes; the files are rewritten after every epoch, so a crashed run still leaves its history.
+Every record names the data it was trained on (`data.source`, `data.title`), and so does every plot.
 """
 
 from __future__ import annotations
@@ -8,58 +9,14 @@ from __future__ import annotations
 import csv
 import json
 import os
-import platform
-import socket
-import subprocess
 import time
+from dataclasses import asdict
 from pathlib import Path
 
-CSV_FIELDS = ["epoch", "train_loss", "val_loss", "val_accuracy", "epoch_time_s", "samples_per_s", "tokens_per_s", "lr"]
+from .provenance import git_commit, machine_info, versions
 
-
-def versions() -> dict:
-    import torch
-    import transformers
-
-    from . import __version__
-
-    out = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-           "distrinews_lib": __version__}
-    try:
-        import datasets
-
-        out["datasets"] = datasets.__version__
-    except ImportError:
-        pass
-    return out
-
-
-def git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                              cwd=Path(__file__).resolve().parent).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def machine_info() -> dict:
-    import torch
-
-    info = {"hostname": socket.gethostname(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "processor": _cpu_name()}
-    if torch.cuda.is_available():
-        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return info
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+CSV_FIELDS = ["epoch", "train_loss", "val_loss", "val_accuracy", "epoch_time_s", "samples_per_s", "tokens_per_s", "lr",
+              "resumed"]
 
 
 class RunTracker:
@@ -76,6 +33,18 @@ class RunTracker:
         if enabled:
             self.out_dir.mkdir(parents=True, exist_ok=True)
 
+    @classmethod
+    def for_run(cls, cfg, plan, run, *, world_size: int, backend: str | None, enabled: bool) -> "RunTracker":
+        """The tracker of a training run: its config, its data (source and sizes), DDP layout and model."""
+        s = run.splits
+        return cls(cfg.output, {**cfg.to_dict(), "data_resolved": plan.data_source, "model_resolved": plan.model_name},
+                   data={"source": s.source, "title": s.title, "detail": s.detail, "is_synthetic": s.is_synthetic,
+                         "fingerprint": s.fingerprint(), "train_size": len(s.train_texts), "test_size": len(s.test_texts),
+                         "full_sizes": s.full_sizes},
+                   ddp={"world_size": world_size, "backend": backend,
+                        "global_batch_size": cfg.batch_size * world_size * cfg.grad_accum},
+                   model=asdict(run.info), enabled=enabled)
+
     @property
     def csv_path(self) -> Path:
         return self.out_dir / "metrics.csv"
@@ -84,17 +53,34 @@ class RunTracker:
     def json_path(self) -> Path:
         return self.out_dir / "metrics.json"
 
-    def log_epoch(self, epoch: int, train, val, lr: float | None = None) -> dict:
+    def log_epoch(self, epoch: int, train, val) -> dict:
         row = {"epoch": epoch, "train_loss": round(train.loss, 6), "val_loss": round(val.loss, 6),
                "val_accuracy": round(val.accuracy, 6), "epoch_time_s": round(train.seconds, 4),
                "samples_per_s": round(train.samples_per_s, 3), "tokens_per_s": round(train.tokens_per_s, 1),
-               "lr": lr if lr is not None else train.lr}
+               "lr": train.lr, "resumed": bool(train.resumed)}
         self.rows.append(row)
         self.record["epochs"].append({**row, "train_samples": train.samples, "train_tokens": train.tokens,
-                                      "padded_tokens": train.padded_tokens, "optimizer_steps": train.optimizer_steps,
-                                      "val_examples": val.n})
+                                      "padded_tokens": train.padded_tokens, "sum_sq_len": train.sum_sq_len,
+                                      "optimizer_steps": train.optimizer_steps, "val_examples": val.n})
         self._write()
         return row
+
+    def checkpoint_metadata(self, final) -> dict:
+        """What the inference checkpoint records about the run that made it."""
+        cfg, d = self.record["config"], self.record["data"]
+        return {"data_source": d["source"], "data_title": d["title"], "data_detail": d["detail"],
+                "is_synthetic": d["is_synthetic"], "preset": cfg["preset"], "model": self.record["model"]["resolved"],
+                "model_requested": self.record["model"]["name"], "world_size": self.record["ddp"]["world_size"],
+                "backend": self.record["ddp"]["backend"], "final_accuracy": final.accuracy, "final_val_loss": final.loss,
+                "eval_examples": final.n, "epochs": cfg["epochs"], "seed": cfg["seed"], "max_length": cfg["max_length"],
+                "versions": self.record["versions"], "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+    def state_dict(self) -> dict:
+        return {"rows": list(self.rows), "epochs": list(self.record["epochs"])}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rows = list(state["rows"])
+        self.record["epochs"] = list(state["epochs"])
 
     def finish(self, **extra) -> dict:
         eps = self.record["epochs"]
@@ -135,26 +121,47 @@ def load_metrics(run_dir) -> dict:
     return json.loads(path.read_text())
 
 
-def plot_metrics(runs: dict, save_to=None):
-    """Loss and accuracy per epoch for one or more runs ({label: metrics.json path or dict}); returns the figure."""
+def _pyplot():
     import matplotlib
 
     if not os.environ.get("MPLBACKEND") and "ipykernel" not in __import__("sys").modules:
         matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def integer_epochs(ax) -> None:
+    """Epochs are whole numbers: no 1.5 on the axis."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def plot_metrics(runs: dict, save_to=None, chance: float | None = 0.25):
+    """Loss and accuracy per epoch for one or more runs ({label: metrics.json path or dict}); returns the figure.
+
+    The accuracy axis starts at chance (25% for AG News' four classes), not at whatever the runs reached,
+    so a 0.5-point wiggle does not look like a cliff; the title names the data."""
+    plt = _pyplot()
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.6))
+    titles = set()
     for label, m in runs.items():
         m = m if isinstance(m, dict) else load_metrics(m)
+        titles.add(m["data"].get("title", m["data"]["source"]))
         ep = [e["epoch"] for e in m["epochs"]]
         ax_loss.plot(ep, [e["train_loss"] for e in m["epochs"]], "o-", label=f"{label} train")
         ax_loss.plot(ep, [e["val_loss"] for e in m["epochs"]], "s--", label=f"{label} val")
         ax_acc.plot(ep, [100 * e["val_accuracy"] for e in m["epochs"]], "o-", label=label)
     ax_loss.set(xlabel="epoch", ylabel="cross-entropy", title="loss")
-    ax_acc.set(xlabel="epoch", ylabel="accuracy (%)", title="validation accuracy")
+    ax_acc.set(xlabel="epoch", ylabel="accuracy (%)", title="validation accuracy", ylim=(100 * (chance or 0), 100))
+    if chance:
+        ax_acc.axhline(100 * chance, color="grey", lw=0.8, ls=":", label="chance")
     for ax in (ax_loss, ax_acc):
+        integer_epochs(ax)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    fig.suptitle(f"data: {', '.join(sorted(titles))}", fontsize=10)
     fig.tight_layout()
     if save_to:
         Path(save_to).parent.mkdir(parents=True, exist_ok=True)

@@ -59,7 +59,7 @@ def test_label_outside_1_to_4_is_refused(tmp_path):
 
 
 def test_missing_folder_says_what_to_do(tmp_path):
-    with pytest.raises(UserError, match="does not exist.*--data synthetic"):
+    with pytest.raises(UserError, match="does not exist.*--data"):
         data.load_folder(tmp_path / "nope")
 
 
@@ -70,19 +70,72 @@ def test_synthetic_data_is_labelled_as_such():
     assert Counter(s.test_labels) == {0: 3, 1: 3, 2: 3, 3: 3}
 
 
-def test_auto_uses_data_dir_offline_then_synthetic(tmp_path, monkeypatch):
+def test_auto_uses_data_dir_offline_then_the_embedded_real_sample(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     write(tmp_path / "train.csv", KAGGLE)
     write(tmp_path / "test.csv", KAGGLE)
     monkeypatch.setenv("DISTRINEWS_DATA_DIR", str(tmp_path))
     assert data.resolve_source("auto") == str(tmp_path)
     monkeypatch.delenv("DISTRINEWS_DATA_DIR")
-    assert data.resolve_source("auto") == "synthetic"
+    assert data.resolve_source("auto") == "embedded"  # real news offline; synthetic only when asked for
+    s = data.load_agnews("auto", num_samples=40, eval_samples=12)
+    assert s.source == "embedded" and not s.is_synthetic and s.title == "AG News (embedded real sample)"
+
+
+def test_the_embedded_sample_is_real_balanced_small_and_documented():
+    import hashlib
+
+    s = data.load_embedded()
+    assert (len(s.train_texts), len(s.test_texts)) == (8000, 7600)
+    assert Counter(s.train_labels) == {0: 2000, 1: 2000, 2: 2000, 3: 2000}
+    assert Counter(s.test_labels) == {0: 1900, 1: 1900, 2: 1900, 3: 1900}
+    assert not set(s.train_texts) & set(s.test_texts), "no test row may be in the training sample"
+    files = [data.EMBEDDED_DIR / n for n in ("train.csv.gz", "test.csv.gz")]
+    assert sum(f.stat().st_size for f in files) <= 2 * 2**20
+    readme = (data.EMBEDDED_DIR / "README.md").read_text()
+    for f in files:  # the README's checksums are the files' own
+        assert hashlib.sha256(f.read_bytes()).hexdigest() in readme
+    assert "non-commercial" in readme and "train_subset_12000" in readme
+    with gzip.open(files[1], "rb") as f:  # the canonical test set, byte for byte (torchtext's MD5)
+        assert hashlib.md5(f.read()).hexdigest() == "d52ea96a97a2d943681189a97654912d"
+
+
+@pytest.mark.skipif(not AG_NEWS.is_dir(), reason=f"real AG News not present at {AG_NEWS}")
+def test_the_embedded_training_rows_come_from_the_train_subset():
+    train = set(data.load_folder(AG_NEWS).train_texts)
+    assert set(data.load_embedded().train_texts) <= train
+
+
+def test_corrupt_or_odd_files_get_a_clear_message(tmp_path):
+    good = gzip.compress(("\n".join(f'"1","Title {i}","Some description number {i} here"' for i in range(3000))).encode())
+    for where in range(20, len(good) - 20, len(good) // 25):  # a flipped byte mid-stream, not just a bad CRC
+        flipped = bytearray(good)
+        flipped[where] ^= 0xFF
+        (tmp_path / "bad.csv.gz").write_bytes(bytes(flipped))
+        with pytest.raises(UserError, match="bad.csv.gz"):  # a message naming the file, never a traceback
+            data.read_agnews_csv(tmp_path / "bad.csv.gz")
+    folder = tmp_path / "f"
+    folder.mkdir()
+    write(folder / "train.csv", KAGGLE)
+    (folder / "test.csv").mkdir()
+    with pytest.raises(UserError, match="test.csv is a folder"):
+        data.load_folder(folder)
+    (folder / "test.csv").rmdir()
+    (folder / "test.csv").symlink_to(tmp_path / "gone.csv")
+    with pytest.raises(UserError, match="broken symbolic link"):
+        data.load_folder(folder)
+
+
+def test_a_csv_with_a_byte_order_mark_is_read(tmp_path):
+    bom = tmp_path / "train.csv"
+    bom.write_bytes("\ufeff".encode() + KAGGLE.encode())  # as Excel saves "CSV UTF-8"
+    texts, labels = data.read_agnews_csv(bom)
+    assert labels == [0, 1] and texts[0].startswith("Peace talks")
 
 
 def test_hub_offline_fails_fast_with_advice(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(UserError, match="not reachable.*--data synthetic"):
+    with pytest.raises(UserError, match="not reachable.*--data embedded"):
         data.load_hub()
 
 

@@ -1,12 +1,13 @@
 """Snapshots, exact resume, and surviving a killed rank (CPU, 2 gloo processes, tiny model)."""
 
+import json
 import time
 
 import pytest
 import torch
 
-from distrinews_lib import LABEL_NAMES, engine, snapshot
-from distrinews_lib.cli import parse_train_args
+from distrinews_lib import LABEL_NAMES, config, engine, faults, snapshot
+from distrinews_lib.errors import UserError
 from distrinews_lib.launch import torchrun
 from distrinews_lib.model import build_model
 from distrinews_lib.tracking import RunTracker
@@ -26,29 +27,40 @@ def _state(path):
 def test_sigkill_one_rank_then_restart_ends_bit_identical(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     torchrun(SCRIPTS / "train_ddp.py", 2, [*RUN, "--output", a, "--checkpoint", a / "m.pt"], timeout=180, echo=False)
-    res = torchrun(SCRIPTS / "train_ddp.py", 2, [*RUN, "--output", b, "--checkpoint", b / "m.pt"], timeout=240,
-                   echo=False, torchrun_args=["--max-restarts=1"], env={"DISTRINEWS_FAULT": "kill:rank=1:step=7"})
+    res = torchrun(faults.WRAPPER, 2, ["kill:rank=1:step=7", SCRIPTS / "train_ddp.py", *RUN, "--output", b,
+                                       "--checkpoint", b / "m.pt"], timeout=240, echo=False, torchrun_args=["--max-restarts=1"])
     assert "injected fault: kill after step 7" in res.output
     assert "resumed from" in res.output and "snap_e001_b000006.pt" in res.output
     sa, sb = _state(a / "m.pt"), _state(b / "m.pt")
     assert sa.keys() == sb.keys()
     assert all(torch.equal(sa[k], sb[k]) for k in sa), "resumed weights must equal the uninterrupted run's exactly"
+    # The resumed epoch's metrics cover the whole epoch (its counters travel in the snapshot), marked as resumed.
+    ma, mb = (json.loads((d / "metrics.json").read_text())["epochs"] for d in (a, b))
+    untimed = lambda e: {k: v for k, v in e.items() if k not in ("epoch_time_s", "samples_per_s", "tokens_per_s", "resumed")}
+    assert [untimed(e) for e in ma] == [untimed(e) for e in mb]
+    assert [e["resumed"] for e in mb] == [True, False] and not any(e["resumed"] for e in ma)
 
 
-def _snapshotter(tmp_path, labels=LABEL_NAMES, model_name="tiny"):
-    args = parse_train_args("t", ["--config", "cpu_smoke", "--output", str(tmp_path), "--snapshot_every", "1"])
+def _snapshotter(tmp_path, labels=LABEL_NAMES, model_name="tiny", grad_accum=1):
+    cfg = config.parse("t", ["--config", "cpu_smoke", "--output", str(tmp_path), "--snapshot_every", "1",
+                             "--grad_accum", str(grad_accum)])
     model, _, _ = build_model(model_name, seed=0)
     opt = engine.make_optimizer(model, 1e-3)
     sched = engine.make_scheduler(opt, 10)
     scaler = engine.make_grad_scaler(engine.resolve_amp("off", torch.device("cpu")), torch.device("cpu"))
-    sampler = torch.utils.data.RandomSampler(range(10), generator=torch.Generator().manual_seed(0))
     tracker = RunTracker(tmp_path, {}, data={}, ddp={}, model={}, enabled=False)
-    return snapshot.Snapshotter(args, model, opt, sched, scaler, sampler, tracker, labels, log=lambda m: None), model
+    snap = snapshot.Snapshotter(cfg, model=model, optimizer=opt, scheduler=sched, scaler=scaler, tracker=tracker,
+                                label_names=labels, log=lambda m: None)
+    return snap, model
+
+
+def _resume(snap, tmp_path):
+    return snap.resume(snapshot.choose(tmp_path, "auto", log=lambda m: None))
 
 
 def test_interrupted_save_leaves_the_previous_snapshot_loadable(tmp_path, monkeypatch):
     snap, _ = _snapshotter(tmp_path)
-    first = snap.save(1, 4)
+    first = snap.save(1, 4, None)
     real_save = torch.save
 
     def crash(obj, f, *a, **k):  # the process dies halfway through writing
@@ -57,7 +69,7 @@ def test_interrupted_save_leaves_the_previous_snapshot_loadable(tmp_path, monkey
 
     monkeypatch.setattr(torch, "save", crash)
     with pytest.raises(KeyboardInterrupt):
-        snap.save(1, 8)
+        snap.save(1, 8, None)
     monkeypatch.setattr(torch, "save", real_save)
     assert snapshot.list_snapshots(tmp_path) == [first]
     assert snapshot.read_snapshot(first)["batches_done"] == 4
@@ -66,10 +78,13 @@ def test_interrupted_save_leaves_the_previous_snapshot_loadable(tmp_path, monkey
 
 def test_snapshot_of_another_label_set_is_refused(tmp_path):
     snap, _ = _snapshotter(tmp_path)
-    snap.save(2, 0)
+    snap.save(2, 0, None)
     other, _ = _snapshotter(tmp_path, labels=["A", "B", "C", "D"])
-    with pytest.raises(snapshot.SnapshotError, match="does not fit this run.*labels"):
-        other.resume("auto")
+    with pytest.raises(UserError, match="does not fit this run.*labels"):
+        _resume(other, tmp_path)
+    accum, _ = _snapshotter(tmp_path, grad_accum=4)
+    with pytest.raises(UserError, match="does not fit this run.*--grad_accum: snapshot 1, run 4"):
+        _resume(accum, tmp_path)
 
 
 def test_resume_restores_every_rng_and_the_position(tmp_path):
@@ -77,12 +92,24 @@ def test_resume_restores_every_rng_and_the_position(tmp_path):
 
     snap, model = _snapshotter(tmp_path)
     snap.global_step = 5
-    snap.save(1, 5)
+    meter = {"loss_sum": 3.5, "samples": 80, "tokens": 900, "padded": 1000, "sum_sq": 12000, "steps": 5, "batches": 5,
+             "seconds": 1.25}
+    snap.save(1, 5, meter)
     expected = (random.random(), torch.rand(1).item())
     random.random(), torch.rand(3)  # move on
     fresh, _ = _snapshotter(tmp_path)
-    assert fresh.resume("auto") == 1 and fresh.skip_batches(1) == 5 and fresh.global_step == 5
+    start = _resume(fresh, tmp_path)
+    assert (start.epoch, start.skip(1), start.skip(2), fresh.global_step) == (1, 5, 0, 5)
+    assert start.meter_state(1) == meter and start.meter_state(2) is None  # and asking twice changes nothing
+    assert start.skip(1) == 5
     assert (random.random(), torch.rand(1).item()) == expected
+
+
+def test_fault_specs_are_checked():
+    assert faults.parse("kill:rank=1:step=7") == {"kind": "kill", "rank": 1, "step": 7}
+    for bad, words in (("kill:rank=x", "rank=R or step=N"), ("explode", "unknown kind"), ("hang:step=0", "from 1")):
+        with pytest.raises(UserError, match=words):
+            faults.parse(bad)
 
 
 @pytest.mark.slow
@@ -113,8 +140,6 @@ def test_resume_from_two_processes_on_one(tmp_path):
     assert "taken with 2 process(es), this run has 1" in out and "data order changes" in out
     assert "epoch 2/2" in out and (tmp_path / "m.pt").is_file()
     # the LR schedule continued from the same point in *samples*: it ends at zero, as planned
-    import json
-
     m = json.loads((tmp_path / "metrics.json").read_text())
     assert m["epochs"][-1]["lr"] == pytest.approx(0.0, abs=1e-12)
 
@@ -122,9 +147,9 @@ def test_resume_from_two_processes_on_one(tmp_path):
 @pytest.mark.slow
 def test_a_rank_that_skips_collectives_fails_within_the_timeout(tmp_path):
     t = time.time()
-    res = torchrun(SCRIPTS / "train_ddp.py", 2, [*RUN, "--ddp_timeout", "5", "--output", tmp_path,
+    res = torchrun(faults.WRAPPER, 2, ["hang:rank=1:step=2", SCRIPTS / "train_ddp.py", *RUN, "--ddp_timeout", "5", "--output", tmp_path,
                                                  "--checkpoint", tmp_path / "m.pt"],
-                   timeout=120, echo=False, check=False, env={"DISTRINEWS_FAULT": "hang:rank=1:step=2"})
+                   timeout=120, echo=False, check=False)
     assert res.returncode != 0 and not res.timed_out
     assert time.time() - t < 90
     text = " ".join(res.output.split())
@@ -133,8 +158,8 @@ def test_a_rank_that_skips_collectives_fails_within_the_timeout(tmp_path):
 
 @pytest.mark.slow
 def test_a_crashing_rank_shows_its_root_cause(tmp_path):
-    res = torchrun(SCRIPTS / "train_ddp.py", 2, [*RUN, "--ddp_timeout", "20", "--output", tmp_path,
-                                                 "--checkpoint", tmp_path / "m.pt"],
-                   timeout=120, echo=False, check=False, env={"DISTRINEWS_FAULT": "raise:rank=1:step=2"})
+    res = torchrun(faults.WRAPPER, 2, ["raise:rank=1:step=2", SCRIPTS / "train_ddp.py", *RUN, "--ddp_timeout", "20",
+                                       "--output", tmp_path, "--checkpoint", tmp_path / "m.pt"],
+                   timeout=120, echo=False, check=False)
     assert res.returncode != 0
     assert "Root Cause" in res.output and "injected failure on rank 1 after step 2" in res.output

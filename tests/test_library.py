@@ -6,31 +6,81 @@ import sys
 import pytest
 import torch
 
-from distrinews_lib import LABEL_NAMES, checkpoint, cli, distributed, engine
+from distrinews_lib import LABEL_NAMES, checkpoint, config, distributed, engine
 from distrinews_lib.errors import UserError
 from distrinews_lib.launch import LaunchError, run_python, torchrun
 from distrinews_lib.model import build_model
 
 
 def test_preset_then_flags_override():
-    args = cli.parse_train_args("t", ["--config", "cpu_smoke", "--epochs", "5"])
-    assert args.preset == "cpu_smoke" and args.model == "tiny" and args.epochs == 5 and args.max_length == 64
+    cfg = config.parse("t", ["--config", "cpu_smoke", "--epochs", "5"])
+    assert cfg.preset == "cpu_smoke" and cfg.model == "tiny" and cfg.epochs == 5 and cfg.max_length == 64
 
 
 def test_auto_preset_on_cpu_is_cpu_smoke():
-    assert cli.parse_train_args("t", []).preset == ("cpu_smoke" if not torch.cuda.is_available() else cli.auto_preset())
+    assert config.parse("t", []).preset == ("cpu_smoke" if not torch.cuda.is_available() else config.auto_preset())
 
 
 def test_unknown_preset_lists_choices():
     with pytest.raises(UserError, match="Choices: auto, cpu_smoke, single_gpu, kaggle_t4x2"):
-        cli.parse_train_args("t", ["--config", "nope"])
+        config.parse("t", ["--config", "nope"])
 
 
 def test_preset_with_unknown_key_is_refused(tmp_path):
     p = tmp_path / "mine.yaml"
     p.write_text("epochs: 2\nepohcs: 3\n")
     with pytest.raises(UserError, match="unknown option.*epohcs"):
-        cli.parse_train_args("t", ["--config", str(p)])
+        config.parse("t", ["--config", str(p)])
+
+
+def _preset(tmp_path, text):
+    p = tmp_path / "p.yaml"
+    p.write_text(text)
+    return config.parse("t", ["--config", str(p)], ddp=True)
+
+
+def test_yaml_words_reach_the_option_as_written(tmp_path):
+    # YAML 1.1 would read `off` as False and `yes` as True; presets are read as text, like flags.
+    cfg = _preset(tmp_path, "amp: off\nprogress: no\nno_sync: yes\nlr: 1e-3\nnum_samples: null\n")
+    assert (cfg.amp, cfg.progress, cfg.no_sync, cfg.lr, cfg.num_samples) == ("off", False, True, 1e-3, None)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("amp: offf", "preset p .*amp: 'offf' is not one of auto, fp16, bf16, off"),
+    ("batch_size: true", "batch_size expects a whole number, got 'true'"),
+    ("epochs: 2.5", "epochs expects a whole number, got '2.5'"),
+    ("epochs: [1, 2]", "epochs must be a single value, not a list"),
+    ("epochs: {a: 1}", "epochs must be a single value, not a mapping"),
+    ("epochs: null", "epochs needs a value here"),
+    ("warmup_ratio: 5", "warmup_ratio must be in \\[0, 1\\)"),
+    ("weight_decay: -3", "weight_decay must be 0 or a positive finite number"),
+    ("keep_snapshots: 0", "keep_snapshots must be at least 1"),
+    ("lr: .inf", "lr must be a positive finite number"),
+    ("- just\n- a list", "must hold a mapping of option: value"),
+    ("epochs: [unclosed", "is not valid YAML"),
+])
+def test_a_preset_value_of_the_wrong_shape_gets_one_clear_message(tmp_path, text, words):
+    with pytest.raises(UserError, match=words):
+        _preset(tmp_path, text)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--lr", "inf"], "--lr must be a positive finite number"),
+    (["--lr", "0"], "--lr must be a positive finite number"),
+    (["--amp", "False"], "--amp: 'False' is not one of"),
+    (["--epochs", "two"], "--epochs expects a whole number, got 'two'"),
+    (["--bogus", "1"], "unrecognized arguments: --bogus"),
+])
+def test_flags_take_the_same_checks(argv, words):
+    with pytest.raises(UserError, match=words):
+        config.parse("t", argv, ddp=True)
+
+
+def test_the_config_is_typed_and_frozen():
+    cfg = config.parse("t", ["--config", "cpu_smoke", "--pad_multiple", "8", "--no-fused_adam"], ddp=True)
+    assert isinstance(cfg.pad_multiple, int) and cfg.fused_adam is False and cfg.ddp_timeout == 300.0
+    with pytest.raises(Exception):
+        cfg.epochs = 9  # a run-wide decision is made once
 
 
 def test_amp_choices_on_cpu():
@@ -45,6 +95,23 @@ def test_amp_choices_on_cpu():
 def test_amp_auto_on_gpu_picks_bf16_or_fp16_with_scaler():
     amp = engine.resolve_amp("auto", torch.device("cuda", 0))
     assert (amp.mode, amp.use_scaler) in (("bf16", False), ("fp16", True))
+
+
+@pytest.mark.parametrize("capability, name, mode, scaler", [
+    ((7, 5), "Tesla T4", "fp16", True),      # is_bf16_supported() says True here (emulation): not a reason for bf16
+    ((7, 0), "Tesla V100-SXM2-16GB", "fp16", True),
+    ((8, 0), "NVIDIA A100-SXM4-40GB", "bf16", False),
+    ((9, 0), "NVIDIA H100 80GB HBM3", "bf16", False),
+])
+def test_amp_auto_gates_bf16_on_compute_capability(monkeypatch, capability, name, mode, scaler):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    amp = engine.resolve_amp("auto", torch.device("cuda", 0))
+    assert (amp.mode, amp.use_scaler) == (mode, scaler) and name in amp.reason
+    if mode == "fp16":
+        with pytest.raises(UserError, match="no bf16 in hardware.*--amp fp16"):
+            engine.resolve_amp("bf16", torch.device("cuda", 0))
 
 
 def test_backend_choice(monkeypatch):

@@ -1,0 +1,246 @@
+"""One typed run configuration for the training scripts: presets (YAML) and flags take the same path.
+
+    cfg = config.parse("Train the AG News classifier.", ddp=True)   # in a script
+    cfg.batch_size, cfg.lr, cfg.preset ...
+
+Precedence: the defaults below < the preset (--config) < flags given on the command line.
+--config auto picks kaggle_t4x2 with 2+ GPUs, single_gpu with one, cpu_smoke without.
+
+A preset's values are read as text (YAML's own types are not used: `amp: off` would be False and
+`batch_size: true` would be 1), then converted and checked exactly like the same flag, so every
+message speaks of what the user wrote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import typing
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+import yaml
+
+from .errors import UserError
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+PRESETS = ("cpu_smoke", "single_gpu", "kaggle_t4x2")
+AMP_MODES = ("auto", "fp16", "bf16", "off")
+BACKENDS = ("auto", "nccl", "gloo")
+_NONE = ("null", "none", "~", "")
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+# ----------------------------------------------------------------------------- checks on one value
+
+def at_least(low):
+    return lambda v: None if v >= low else f"must be at least {low}"
+
+
+def positive(v):
+    return None if math.isfinite(v) and v > 0 else "must be a positive finite number"
+
+
+def non_negative(v):
+    return None if math.isfinite(v) and v >= 0 else "must be 0 or a positive finite number"
+
+
+def fraction(v):
+    return None if 0 <= v < 1 else "must be in [0, 1): the share of the optimizer steps spent warming up"
+
+
+def between(low, high, why=""):
+    return lambda v: None if low <= v <= high else f"must be between {low} and {high}{why}"
+
+
+def opt(default, help: str, *, check=None, choices=None, ddp: bool = False):
+    """A field of RunConfig: its default, its --help text, a check and (for some) the allowed choices."""
+    return field(default=default, metadata={"help": help, "check": check, "choices": choices, "ddp": ddp})
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a training run is told. Frozen: a run-wide decision is made once, here or in the plan."""
+
+    epochs: int = opt(3, "passes over the training data", check=at_least(1))
+    num_samples: typing.Optional[int] = opt(None, "class-balanced subset of the training split (default: all)", check=at_least(4))
+    eval_samples: typing.Optional[int] = opt(None, "class-balanced subset of the test split (default: all)", check=at_least(4))
+    batch_size: int = opt(32, "examples per step and process (the global batch is this x processes x grad_accum)", check=at_least(1))
+    eval_batch_size: int = opt(128, "examples per evaluation batch", check=at_least(1))
+    lr: float = opt(5e-5, "peak learning rate of AdamW", check=positive)
+    weight_decay: float = opt(0.01, "AdamW weight decay (not on biases and LayerNorm)", check=non_negative)
+    warmup_ratio: float = opt(0.06, "share of the optimizer steps with a linear warm-up", check=fraction)
+    max_length: int = opt(128, "tokens per text (longer texts are truncated)", check=between(8, 512, " (DistilBERT's limit)"))
+    max_grad_norm: float = opt(1.0, "gradient clipping (0 turns it off)", check=non_negative)
+    model: str = opt("auto", "tiny, minilm, auto, a hub id (distilbert-base-uncased) or a local folder")
+    data: str = opt("auto", "auto, hub, embedded, synthetic, or a folder with train.csv/test.csv (.gz ok)")
+    amp: str = opt("auto", "mixed precision", choices=AMP_MODES)
+    grad_accum: int = opt(1, "micro-batches per optimizer step", check=at_least(1))
+    seed: int = opt(42, "seed for the model's initialisation and the data order")
+    output: typing.Optional[str] = opt(None, "run folder for metrics and snapshots (default outputs/single or outputs/ddp)")
+    checkpoint: str = opt("checkpoints/distilbert_agnews.pt", "where the trained model is saved")
+    threads: typing.Optional[int] = opt(None, "torch CPU threads per process (default: torch's choice)", check=at_least(1))
+    progress: bool = opt(True, "tqdm bar on rank 0")
+    max_steps_per_epoch: typing.Optional[int] = opt(None, "stop each epoch after this many optimizer steps (benchmarks)", check=at_least(1))
+    # The fast path: each option can be switched off to measure what it buys.
+    group_by_length: bool = opt(True, "batch texts of similar length (less padding)")
+    pad_multiple: typing.Optional[int] = opt(None, "pad each batch to a multiple of this (0: no rounding; default: 8 on CUDA for tensor cores, none on CPU)", check=at_least(0))
+    pin_memory: typing.Optional[bool] = opt(None, "pinned host memory + non-blocking copies (default: on with CUDA)")
+    fused_adam: typing.Optional[bool] = opt(None, "fused AdamW kernel (default: on where torch has it)")
+    compile: bool = opt(False, "torch.compile the model")
+    # Fault tolerance: snapshots in <output>/snapshots/, resumed with --resume auto (or a path).
+    resume: typing.Optional[str] = opt(None, "auto (newest good snapshot in --output), a snapshot path, or off")
+    snapshot_every: int = opt(500, "optimizer steps between snapshots (0: only at epoch ends)", check=at_least(0))
+    keep_snapshots: int = opt(2, "snapshots kept (2 or more, so a damaged one can fall back)", check=at_least(1))
+    snapshots: bool = opt(True, "write training snapshots")
+    # DDP only
+    backend: str = opt("auto", "process-group backend", choices=BACKENDS, ddp=True)
+    ddp_timeout: float = opt(300.0, "seconds a collective may wait before failing", check=positive, ddp=True)
+    no_sync: bool = opt(True, "skip the all-reduce on non-final accumulation micro-steps", ddp=True)
+    bucket_cap_mb: float = opt(25.0, "DDP gradient bucket size (MB)", check=positive, ddp=True)
+    gradient_as_bucket_view: bool = opt(True, "gradients live in DDP's buckets (saves a copy)", ddp=True)
+    # Set by parse(), not options.
+    preset: str = field(default="none", metadata={"internal": True})
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output)
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def options(ddp: bool = True) -> list:
+    """The user-settable fields (DDP-only ones only when ddp=True)."""
+    return [f for f in fields(RunConfig) if not f.metadata.get("internal") and (ddp or not f.metadata.get("ddp"))]
+
+
+_HINTS = typing.get_type_hints(RunConfig)
+
+
+def _kind(f) -> tuple[type, bool]:
+    """(base type, whether None is allowed) of a field."""
+    hint = _HINTS[f.name]
+    args = typing.get_args(hint)
+    if args and type(None) in args:
+        return next(a for a in args if a is not type(None)), True
+    return hint, False
+
+
+def convert(f, raw, where: str):
+    """Text (from a flag or a preset) -> the field's type, checked. Raises UserError naming `where`."""
+    base, optional = _kind(f)
+    if not isinstance(raw, str):
+        shape = {list: "a list", dict: "a mapping"}.get(type(raw), type(raw).__name__)
+        raise UserError(f"{where} must be a single value, not {shape} ({raw!r}).")
+    text = raw.strip()
+    if text.lower() in _NONE:
+        if optional:
+            return None
+        raise UserError(f"{where} needs a value here (it cannot be empty or null); the default is {f.default!r}.")
+    try:
+        if base is bool:
+            if text.lower() not in _TRUE + _FALSE:
+                raise ValueError
+            value = text.lower() in _TRUE
+        elif base is int:
+            value = int(text)
+        elif base is float:  # YAML spells infinity and NaN .inf and .nan
+            value = float({".inf": "inf", "+.inf": "inf", "-.inf": "-inf", ".nan": "nan"}.get(text.lower(), text))
+        else:
+            value = text
+    except ValueError:
+        what = {bool: "true or false", int: "a whole number", float: "a number"}[base]
+        raise UserError(f"{where} expects {what}, got {raw!r}.") from None
+    choices = f.metadata.get("choices")
+    if choices and value not in choices:
+        raise UserError(f"{where}: {raw!r} is not one of {', '.join(choices)}.")
+    check = f.metadata.get("check")
+    problem = check(value) if check and value is not None else None
+    if problem:
+        raise UserError(f"{where} {problem} (got {raw!r}).")
+    return value
+
+
+# ----------------------------------------------------------------------------- presets
+
+def auto_preset() -> str:
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return "kaggle_t4x2" if n >= 2 else "single_gpu" if n == 1 else "cpu_smoke"
+
+
+def preset_path(name: str) -> Path:
+    """A preset name (configs/<name>.yaml) or a path to a YAML file."""
+    if name.endswith((".yaml", ".yml")) or os.sep in name:
+        path = Path(name).expanduser()
+    else:
+        path = CONFIG_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise UserError(f"--config {name}: no such preset. Choices: auto, {', '.join(PRESETS)}, or a path to a YAML file "
+                        f"(presets live in {CONFIG_DIR}).")
+    return path
+
+
+def read_preset(name: str, ddp: bool = True) -> tuple[str, dict]:
+    """(preset name, {field: typed value}) from configs/<name>.yaml or a YAML path; 'auto' picks by GPUs."""
+    if name == "auto":
+        name = auto_preset()
+    path = preset_path(name)
+    try:
+        # BaseLoader: every scalar stays text, so `off`, `yes` and `1e-3` reach convert() as written.
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=yaml.BaseLoader)
+    except (yaml.YAMLError, UnicodeDecodeError, OSError) as err:
+        raise UserError(f"{path} is not valid YAML: {' '.join(str(err).split())[:300]}") from None
+    if raw in (None, ""):
+        raw = {}
+    if not isinstance(raw, dict):
+        raise UserError(f"{path} must hold a mapping of option: value (e.g. 'epochs: 3').")
+    known = {f.name: f for f in options(ddp=True)}
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise UserError(f"preset {path.stem} sets unknown option(s): {', '.join(map(str, unknown))}. "
+                        f"Known: {', '.join(sorted(known))}.")
+    stem = Path(name).stem
+    values = {k: convert(known[k], v, f"preset {stem} ({path}): {k}") for k, v in raw.items()}
+    if not ddp:  # DDP-only options in a shared preset are fine; the single-process script ignores them
+        values = {k: v for k, v in values.items() if not known[k].metadata.get("ddp")}
+    return stem, values
+
+
+# ----------------------------------------------------------------------------- flags
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one paragraph and exit code 2 (errors.main_guard), like every user mistake
+        raise UserError(f"{message}. See {self.prog} --help.")
+
+
+def build_parser(description: str, ddp: bool = False) -> argparse.ArgumentParser:
+    p = _Parser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                argument_default=argparse.SUPPRESS)  # only what was given: the preset fills the rest
+    p.add_argument("--config", default="auto", help="preset: auto, cpu_smoke, single_gpu, kaggle_t4x2, or a YAML path")
+    for f in options(ddp):
+        base, _ = _kind(f)
+        help_text = f.metadata["help"] + f" (default: {f.default})"
+        if base is bool:
+            p.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, help=help_text)
+        else:
+            p.add_argument(f"--{f.name}", type=lambda raw, f=f: convert(f, raw, f"--{f.name}"),
+                           metavar=f.name.upper(), help=help_text)
+    return p
+
+
+def parse(description: str, argv=None, ddp: bool = False) -> RunConfig:
+    """The run's configuration: defaults < preset < flags, every value converted and checked once."""
+    parser = build_parser(description, ddp)
+    try:
+        flags = vars(parser.parse_args(argv))
+    except argparse.ArgumentTypeError as err:  # pragma: no cover - argparse reports these via error()
+        raise UserError(str(err)) from None
+    preset, values = read_preset(flags.pop("config", "auto"), ddp)
+    cfg = replace(RunConfig(), **{**values, **flags}, preset=preset)
+    if cfg.output is None:
+        cfg = replace(cfg, output=str(Path("outputs") / ("ddp" if ddp else "single")))
+    return cfg

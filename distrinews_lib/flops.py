@@ -1,0 +1,133 @@
+"""FLOPs and MFU: what a training step costs, and how much of the device's peak a run achieved.
+
+FLOPs per token (training: forward + backward)
+------------------------------------------------
+For a transformer encoder with N non-embedding parameters, L layers, hidden size d, and a sequence of
+T tokens, one training step costs per token (the formula of Kaplan et al. 2020 / PaLM appendix B, as
+nanoGPT's `estimate_mfu` uses it):
+
+    flops_per_token = 6 * N  +  12 * L * d * T
+
+* 6N: every weight does one multiply-add (2 FLOPs) per token in the forward pass, and the backward pass
+  costs twice the forward (gradients w.r.t. activations and w.r.t. weights): 2N + 4N.
+* 12·L·d·T: attention's two matmuls (Q·Kᵀ and softmax·V) are T·d multiply-adds each per token and layer,
+  i.e. 4·d·T FLOPs forward, times 3 for forward + backward.
+* N excludes the embedding tables (a lookup costs no matmul FLOPs). The classification head is counted
+  as if it ran on every token although it runs on one token per text: an over-count of ~1% for
+  DistilBERT-base (0.6M of 43M), stated rather than hidden.
+* Only *model* FLOPs of real tokens count: padding is wasted work, so a run that pads more gets a lower
+  MFU. For a batch, T is each text's own length: 12·L·d·Σᵢ Tᵢ² over the texts i.
+* Elementwise work (LayerNorm, GELU, softmax, dropout, the optimizer) is not counted, as usual.
+
+MFU = achieved model FLOP/s / the device's dense peak FLOP/s for the dtype the matmuls run in
+(bf16/fp16 under AMP, fp32 or tf32 without). Peaks are NVIDIA datasheet dense (no 2:4 sparsity) figures.
+CPUs have no entry: there the benchmarks report achieved TFLOP/s and no MFU.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# Dense peak TFLOP/s per dtype, from NVIDIA's datasheets (sparsity figures halved away). Order matters:
+# the first key whose every word occurs in torch.cuda.get_device_name() wins, so specific names go first.
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H200": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.5, "fp32": 66.9},
+    "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.2},
+    "H100 NVL": {"bf16": 835.0, "fp16": 835.0, "tf32": 417.5, "fp32": 60.0},
+    "H100": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.5, "fp32": 66.9},        # SXM5 / HBM3
+    "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
+    "L40S": {"bf16": 362.0, "fp16": 362.0, "tf32": 183.0, "fp32": 91.6},
+    "L4": {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3},
+    "A10": {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2},          # the A10, not AWS's A10G
+    "T4": {"fp16": 65.0, "fp32": 8.1},                                         # Kaggle's GPU; no bf16
+    "V100 PCIE": {"fp16": 112.0, "fp32": 14.0},
+    "V100": {"fp16": 125.0, "fp32": 15.7},                                     # SXM2
+    "P100": {"fp16": 18.7, "fp32": 9.3},                                       # PCIe, no tensor cores
+}
+NOT_IN_TABLE = ("A10G",)  # names that would match an entry above but are different chips
+
+
+def peak_tflops(device_name: str, dtype: str) -> float | None:
+    """Dense peak TFLOP/s of `device_name` for `dtype` ('bf16', 'fp16', 'tf32', 'fp32'), or None if unknown."""
+    name = device_name.upper()
+    if any(x.upper() in name for x in NOT_IN_TABLE):
+        return None
+    for key, peaks in PEAK_TFLOPS.items():
+        if all(re.search(rf"(?<![A-Z0-9]){re.escape(w.upper())}(?![0-9])", name) for w in key.split()):
+            return peaks.get(dtype)
+    return None
+
+
+def matmul_dtype(amp_mode: str, device_type: str) -> str:
+    """The dtype the matmuls run in: the AMP dtype, else tf32 where torch allows it on CUDA, else fp32."""
+    if amp_mode in ("bf16", "fp16"):
+        return amp_mode
+    if device_type == "cuda":
+        import torch
+
+        if torch.backends.cuda.matmul.allow_tf32:
+            return "tf32"
+    return "fp32"
+
+
+@dataclass
+class ModelShape:
+    n_params: int            # all parameters
+    n_embedding: int         # embedding tables (lookups: no matmul FLOPs)
+    n_layers: int
+    dim: int
+
+    @property
+    def n_nonembedding(self) -> int:
+        return self.n_params - self.n_embedding
+
+
+def model_shape(model) -> ModelShape:
+    """Parameter counts and (layers, hidden size) of a Hugging Face encoder (DistilBERT, BERT, MiniLM...)."""
+    import torch
+
+    bare = getattr(model, "module", model)
+    bare = getattr(bare, "_orig_mod", bare)  # torch.compile wrapper
+    n_params = sum(p.numel() for p in bare.parameters())
+    n_emb = sum(m.weight.numel() for m in bare.modules() if isinstance(m, torch.nn.Embedding))
+    cfg = bare.config
+    layers = getattr(cfg, "n_layers", None) or getattr(cfg, "num_hidden_layers")
+    dim = getattr(cfg, "dim", None) or getattr(cfg, "hidden_size")
+    return ModelShape(n_params, n_emb, int(layers), int(dim))
+
+
+def training_flops_from_sums(shape: ModelShape, tokens: int, sum_sq_len: int) -> float:
+    """Model FLOPs of one training pass over texts with Σ Tᵢ = tokens and Σ Tᵢ² = sum_sq_len (THE formula)."""
+    return 6.0 * shape.n_nonembedding * tokens + 12.0 * shape.n_layers * shape.dim * sum_sq_len
+
+
+def training_flops(shape: ModelShape, lengths) -> float:
+    """Model FLOPs of one training pass over texts of these real lengths: Σᵢ Tᵢ·(6N + 12·L·d·Tᵢ)."""
+    lengths = [int(x) for x in lengths]
+    return training_flops_from_sums(shape, sum(lengths), sum(t * t for t in lengths))
+
+
+def mfu(flops_per_s: float, peak_tflops_value: float | None, n_devices: int = 1) -> float | None:
+    """Model FLOPs utilisation in [0, 1], or None when the peak is unknown (e.g. a CPU)."""
+    if not peak_tflops_value or flops_per_s <= 0:
+        return None
+    return flops_per_s / (peak_tflops_value * 1e12 * n_devices)
+
+
+
+
+def device_peak(device, amp_mode: str) -> float | None:
+    """The device's dense peak TFLOP/s for the dtype its matmuls run in; None on a CPU or an unknown GPU."""
+    if device.type != "cuda":
+        return None
+    import torch
+
+    return peak_tflops(torch.cuda.get_device_name(device), matmul_dtype(amp_mode, device.type))
+
+
+def epoch_mfu(stats, shape: ModelShape, peak: float | None, n_devices: int = 1) -> float | None:
+    """MFU of a training epoch from its counters (engine.EpochStats: tokens and Σ T²)."""
+    if not peak or not stats.seconds:
+        return None
+    return mfu(training_flops_from_sums(shape, stats.tokens, stats.sum_sq_len) / stats.seconds, peak, n_devices)

@@ -1,0 +1,111 @@
+"""No rank outlives its launch: not when the launcher is killed (a kernel restart), not when torchrun
+itself is killed, not on an interrupt, a timeout or a normal exit."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from distrinews_lib.launch import LaunchError, torchrun
+
+from .helpers import ROOT
+
+SLEEPER = ROOT / "tests" / "workers" / "sleeper.py"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _children(pid: int) -> list:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == pid:
+                out.append(int(entry))
+    return out
+
+
+def _start_launcher(pid_dir: Path, *extra):
+    """A parent process (standing in for a notebook kernel) that launches 2 sleeping ranks through the library."""
+    code = ("import sys; from distrinews_lib.launch import torchrun; "
+            f"torchrun({str(SLEEPER)!r}, 2, [{str(pid_dir)!r}, *sys.argv[1:]], timeout=300, echo=False)")
+    parent = subprocess.Popen([sys.executable, "-c", code, *extra], cwd=ROOT)
+    deadline = time.time() + 60
+    while len(list(pid_dir.glob("rank*.pid"))) < 2:
+        assert time.time() < deadline and parent.poll() is None, "the ranks never started"
+        time.sleep(0.2)
+    time.sleep(0.5)
+    ranks = [int(p.read_text()) for p in pid_dir.glob("rank*.pid")]
+    return parent, ranks
+
+
+def _wait_all_gone(pids, seconds=20) -> list:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        left = [p for p in pids if _alive(p)]
+        if not left:
+            return []
+        time.sleep(0.2)
+    return [p for p in pids if _alive(p)]
+
+
+def _reap(proc):
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc and prctl (Linux)")
+def test_killing_the_launcher_leaves_no_rank_behind(tmp_path):
+    parent, ranks = _start_launcher(tmp_path)
+    agents = [p for p in _children(parent.pid)]  # torchrun (the launcher's only child)
+    parent.send_signal(signal.SIGKILL)  # like a kernel that dies: no cleanup code of ours runs in it
+    _reap(parent)
+    left = _wait_all_gone(ranks + agents)
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"processes still running after their launcher was killed: {left}"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc and prctl (Linux)")
+def test_killing_torchrun_itself_takes_its_library_ranks_along(tmp_path):
+    parent, ranks = _start_launcher(tmp_path, "--library")
+    agents = _children(parent.pid)
+    assert agents, "torchrun should be running under the launcher"
+    for a in agents:
+        os.kill(a, signal.SIGKILL)  # no chance for torchrun to stop its workers
+    left = _wait_all_gone(ranks)
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    _reap(parent)
+    assert not left, f"ranks survived their torchrun agent: {left}"
+
+
+@pytest.mark.slow
+def test_an_interrupt_or_a_timeout_leaves_no_rank_behind(tmp_path):
+    parent, ranks = _start_launcher(tmp_path / "interrupt")
+    parent.send_signal(signal.SIGINT)  # the notebook's stop button
+    _reap(parent)
+    assert not _wait_all_gone(ranks), "ranks survived an interrupted launch"
+
+    pid_dir = tmp_path / "timeout"
+    with pytest.raises(LaunchError, match="timed out"):
+        torchrun(SLEEPER, 2, [pid_dir], timeout=20, echo=False)
+    ranks = [int(p.read_text()) for p in pid_dir.glob("rank*.pid")]
+    assert len(ranks) == 2 and not _wait_all_gone(ranks, 5), "ranks survived a launch that timed out"

@@ -1,0 +1,82 @@
+"""Run-wide decisions are made once, on rank 0: ranks that see different environments still train on
+the same data; resuming uses rank 0's choice of snapshot and refuses, quickly and clearly, what cannot work.
+
+These imitate several nodes on one machine with tests/workers/per_rank_env.py: rank 1 gets another
+environment variable or another working directory (a node-local disk)."""
+
+import csv
+import gzip
+import json
+import time
+
+import pytest
+import torch
+
+from distrinews_lib import data
+from distrinews_lib.launch import torchrun
+
+from .helpers import SCRIPTS, run_script, ROOT
+
+PER_RANK = ROOT / "tests" / "workers" / "per_rank_env.py"
+SMALL = ["--config", "cpu_smoke", "--data", "auto", "--epochs", "1", "--num_samples", "160", "--eval_samples", "40",
+         "--batch_size", "16", "--no-progress"]
+
+
+def _state(path):
+    return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+
+
+def _other_agnews_folder(folder):
+    """A small AG-News-shaped folder whose texts differ from every real source."""
+    folder.mkdir(parents=True, exist_ok=True)
+    splits = data.synthetic_agnews(n_train=160, n_test=40, seed=99)
+    for name, texts, labels in (("train.csv.gz", splits.train_texts, splits.train_labels),
+                                ("test.csv.gz", splits.test_texts, splits.test_labels)):
+        with gzip.open(folder / name, "wt", encoding="utf-8", newline="") as f:
+            csv.writer(f, quoting=csv.QUOTE_ALL).writerows([[y + 1, "", t] for t, y in zip(texts, labels)])
+    return folder
+
+
+@pytest.mark.slow
+def test_a_rank_with_another_environment_still_trains_on_rank_0s_data(tmp_path):
+    same, odd = tmp_path / "same", tmp_path / "odd"
+    torchrun(SCRIPTS / "train_ddp.py", 2, [*SMALL, "--output", same, "--checkpoint", same / "m.pt"],
+             timeout=240, echo=False)
+    elsewhere = _other_agnews_folder(tmp_path / "rank1_data")
+    res = torchrun(PER_RANK, 2, [SCRIPTS / "train_ddp.py", *SMALL, "--output", odd, "--checkpoint", odd / "m.pt"],
+                   timeout=240, echo=False, env={"PER_RANK_ENV": json.dumps({"1": {"DISTRINEWS_DATA_DIR": str(elsewhere)}})})
+    assert res.ok
+    a, b = _state(same / "m.pt"), _state(odd / "m.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a), \
+        "rank 1 saw another DISTRINEWS_DATA_DIR and must still have trained on rank 0's data"
+    assert json.loads((odd / "metrics.json").read_text())["data"]["fingerprint"] == \
+        json.loads((same / "metrics.json").read_text())["data"]["fingerprint"]
+
+
+@pytest.mark.slow
+def test_resume_from_a_node_local_disk_is_refused_on_every_rank_quickly(tmp_path):
+    node0, node1 = tmp_path / "node0", tmp_path / "node1"
+    node0.mkdir()
+    run = [*SMALL, "--output", "run", "--checkpoint", "run/m.pt", "--snapshot_every", "3", "--ddp_timeout", "30"]
+    torchrun(SCRIPTS / "train_ddp.py", 2, run, timeout=240, echo=False, cwd=node0)
+    assert list((node0 / "run" / "snapshots").glob("snap_*.pt"))
+    start = time.time()
+    # Resume for a second epoch; rank 1 runs in node1/, which has no snapshots (its own local disk).
+    res = torchrun(PER_RANK, 2, [SCRIPTS / "train_ddp.py", *run, "--epochs", "2", "--resume", "auto"],
+                   timeout=240, echo=False, check=False, cwd=node0,
+                   env={"PER_RANK_ENV": json.dumps({"1": {"cwd": str(node1)}})})
+    took = time.time() - start
+    assert res.returncode != 0 and not res.timed_out
+    text = " ".join(res.output.split())
+    assert "cannot find the snapshot" in text and "shared" in text, text[-2000:]
+    assert took < 25, f"the refusal took {took:.0f} s: it must not wait for a collective timeout"
+
+
+def test_a_snapshot_taken_with_another_grad_accum_is_refused(tmp_path):
+    args = [*SMALL, "--output", tmp_path, "--checkpoint", tmp_path / "m.pt"]
+    first = run_script([SCRIPTS / "train_single.py", *args, "--grad_accum", "1"], timeout=240)
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = run_script([SCRIPTS / "train_single.py", *args, "--grad_accum", "2", "--epochs", "2", "--resume", "auto"],
+                       timeout=240)
+    assert again.returncode == 2, again.stdout[-2000:] + again.stderr[-2000:]
+    assert "--grad_accum" in again.stderr and "Traceback" not in again.stderr
