@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from distrinews_lib import LABEL_NAMES
 from distrinews_lib.checkpoint import CheckpointError, load_checkpoint, predict_proba, save_checkpoint
 from distrinews_lib.model import build_model
-from distrinews_lib.serving.app import create_app
+from distrinews_lib.serving.app import Classifier, create_app
 from distrinews_lib.serving.batching import BatcherStopped, DeadlineExceeded, MicroBatcher, Overloaded
 from distrinews_lib.serving.schemas import MAX_BATCH_TEXTS, MAX_BODY_BYTES, MAX_TEXT_CHARS
 
@@ -93,7 +93,9 @@ def test_health_reports_model_and_metadata(client, ckpt_path):
     assert body["device"] == "cpu"
     assert body["labels"] == LABEL_NAMES
     ck = body["checkpoint"]
-    assert ck["path"] == str(ckpt_path)
+    # The file name only: where the server keeps its files is none of its clients' business.
+    assert ck["file"] == ckpt_path.name and "path" not in ck
+    assert str(ckpt_path.parent) not in r.text
     assert (ck["data_source"], ck["final_accuracy"], ck["world_size"], ck["model"]) == ("synthetic", 0.5, 2, "tiny")
     assert ck["max_length"] == 64 and ck["versions"]["torch"] == torch.__version__
     assert body["batching"]["max_batch_size"] == 8
@@ -156,6 +158,45 @@ def test_concurrent_requests_each_get_their_own_answer(client, loaded):
     for r, p in zip(responses, expected(loaded, texts)):
         assert r.status_code == 200
         assert_matches(r.json(), p)
+
+
+def test_head_health_answers_like_get_without_a_body(client):
+    r = client.head("/health")
+    assert r.status_code == 200 and r.content == b""
+    assert r.headers["content-type"] == "application/json"
+
+
+def test_docs_page_works_offline(client):
+    import re
+
+    page = client.get("/docs")
+    assert page.status_code == 200 and "SwaggerUIBundle" in page.text
+    # Everything the page loads comes from this server: nothing from a CDN.
+    urls = re.findall(r'(?:src|href)="([^"]+)"', page.text) + re.findall(r"url: '([^']+)'", page.text)
+    assert urls and not [u for u in urls if "://" in u or u.startswith("//")], urls
+    assert '"validatorUrl": null' in page.text  # no badge that would send the schema to validator.swagger.io
+    for url in urls:
+        r = client.get(url)
+        assert r.status_code == 200, url
+    assert "SwaggerUIBundle" in client.get("/docs/assets/swagger-ui-bundle.js").text
+    assert ".swagger-ui" in client.get("/docs/assets/swagger-ui.css").text
+    # The licence travels with the vendored files.
+    assert "Apache License" in client.get("/docs/assets/LICENSE").text
+
+
+def test_schema_pattern_and_server_agree_on_blank_texts(client):
+    """The OpenAPI `pattern` of a text and the server's own check must refuse exactly the same texts."""
+    import re
+
+    pattern = client.get("/openapi.json").json()["components"]["schemas"]["PredictRequest"]["properties"]["text"]["pattern"]
+    candidates = [chr(c) for c in range(0x3001) if chr(c).isspace()] + ["\u200b", "\ufeff", "\x00", "\x1b", "a", "é", "\U0001F600"]
+    texts = [c * 3 for c in candidates]
+    r = client.post("/predict/batch", json={"texts": texts[:MAX_BATCH_TEXTS]})
+    refused = {e["field"] for e in r.json().get("errors", [])} if r.status_code == 422 else set()
+    for i, text in enumerate(texts[:MAX_BATCH_TEXTS]):
+        schema_valid = re.search(pattern, text) is not None
+        assert schema_valid == (f"texts[{i}]" not in refused), (repr(text), schema_valid)
+    assert refused and len(refused) < len(texts), "both kinds must be present"
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -233,6 +274,8 @@ def test_openapi_documents_models_examples_and_limits(client):
     assert text["maxLength"] == MAX_TEXT_CHARS and text["minLength"] == 1 and text["examples"]
     texts = schemas["BatchPredictRequest"]["properties"]["texts"]
     assert texts["maxItems"] == MAX_BATCH_TEXTS and texts["minItems"] == 1
+    # Each item states the same limits as a single text, so a schema-valid request is never refused.
+    assert texts["items"] == {"type": "string", "minLength": 1, "maxLength": MAX_TEXT_CHARS, "pattern": text["pattern"]}
     assert "Prediction" in schemas and "BatchPredictResponse" in schemas and "ErrorResponse" in schemas
     ok = spec["paths"]["/predict/batch"]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
     assert ok["$ref"].endswith("/BatchPredictResponse")
@@ -303,7 +346,7 @@ def test_corrupt_checkpoint_fails_startup_with_the_reason(tmp_path):
 def test_checkpoint_from_environment(ckpt_path, monkeypatch):
     monkeypatch.setenv("DISTRINEWS_CHECKPOINT", str(ckpt_path))
     with TestClient(create_app(torch_threads=0)) as c:
-        assert c.get("/health").json()["checkpoint"]["path"] == str(ckpt_path)
+        assert c.get("/health").json()["checkpoint"]["file"] == ckpt_path.name
 
 
 def test_batching_can_be_switched_off_from_the_environment(ckpt_path, monkeypatch):
@@ -512,3 +555,61 @@ def test_batch_calls_never_share_a_forward_pass_with_single_texts():
     assert run(main()) == ["result:s1", ["result:b1", "result:b2"], "result:s2", "result:s3", ["result:b3"]]
     assert ["b1", "b2"] in calls and ["b3"] in calls
     assert all(c in (["b1", "b2"], ["b3"]) or all(t.startswith("s") for t in c) for c in calls)
+
+
+# ----------------------------------------------------------------------------- overload, through the app
+
+
+@pytest.fixture()
+def slow_model(monkeypatch):
+    """The real model, made slower (as a big model on a CPU would be); returns the list of texts it ran."""
+    seen = []
+    original = Classifier.predict
+
+    def predict(self, texts):
+        seen.append(list(texts))
+        time.sleep(0.4)
+        return original(self, texts)
+
+    monkeypatch.setattr(Classifier, "predict", predict)
+    return seen
+
+
+def concurrently(client, requests):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(requests)) as pool:
+        return list(pool.map(lambda r: client.post(r[0], json=r[1]), requests))
+
+
+def test_full_queue_answers_503_with_retry_after(ckpt_path, loaded, slow_model):
+    app = create_app(ckpt_path, device="cpu", max_batch_size=1, torch_threads=0, max_queue=2, max_queue_texts=64)
+    requests = [("/predict", {"text": t}) for t in TEXTS] + [("/predict/batch", {"texts": TEXTS})]
+    with TestClient(app) as c:
+        responses = concurrently(c, requests)
+        codes = sorted(r.status_code for r in responses)
+        assert set(codes) == {200, 503} and codes.count(503) >= 2, codes
+        for (path, body), r in zip(requests, responses):
+            if r.status_code == 503:
+                assert "overloaded" in r.json()["detail"] and int(r.headers["Retry-After"]) >= 1
+            elif path == "/predict":
+                assert_matches(r.json(), expected(loaded, [body["text"]])[0])
+            else:
+                for result, p in zip(r.json()["results"], expected(loaded, TEXTS)):
+                    assert_matches(result, p)
+        queue = c.get("/health").json()["queue"]
+        assert queue["shed"] == codes.count(503) and queue["max_requests"] == 2 and queue["waiting_requests"] == 0
+
+
+def test_request_past_its_deadline_gets_503_and_waiting_ones_never_reach_the_model(ckpt_path, slow_model):
+    app = create_app(ckpt_path, device="cpu", max_batch_size=1, torch_threads=0, deadline_s=0.15)
+    with TestClient(app) as c:
+        slow_model.clear()
+        responses = concurrently(c, [("/predict", {"text": t}) for t in TEXTS[:3]])
+        for r in responses:
+            assert r.status_code == 503, r.text
+            assert "deadline of 0.15 s" in r.json()["detail"] and int(r.headers["Retry-After"]) >= 1
+        time.sleep(0.5)  # let the one forward pass that had started finish
+        assert len(slow_model) == 1, f"only the request already in the model may run, not {slow_model}"
+        queue = c.get("/health").json()["queue"]
+        assert queue["expired"] == 2 and queue["texts_unused"] == 1 and queue["deadline_s"] == 0.15

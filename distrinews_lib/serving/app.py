@@ -1,28 +1,65 @@
 """The classification API: FastAPI app that serves one DistriNews checkpoint.
 
-    uvicorn distrinews_lib.serving.app:app --port 8000        # checkpoints/distilbert_agnews.pt
+    python -m distrinews_lib.serving --checkpoint path/to/model.pt      # the recommended way (all limits)
+    uvicorn distrinews_lib.serving.app:app --port 8000                   # checkpoints/distilbert_agnews.pt
     DISTRINEWS_CHECKPOINT=path/to/model.pt uvicorn distrinews_lib.serving.app:app
-    python -m distrinews_lib.serving --checkpoint path/to/model.pt
 
-Endpoints: GET /health, POST /predict, POST /predict/batch, and the OpenAPI page at /docs.
+Endpoints: GET (and HEAD) /health, POST /predict, POST /predict/batch, and the OpenAPI page at /docs,
+which works offline (Swagger UI is served from this package, see static/README.md).
 The model is loaded once, when the server starts (FastAPI lifespan), not when this module is
-imported: importing it needs no checkpoint.
+imported: importing it needs no checkpoint.  A checkpoint that cannot serve correctly (missing, empty,
+corrupt, label names that do not match the model, a token window beyond its position table, NaN
+weights, answers that are not finite probabilities) stops the startup with one paragraph:
+`python -m distrinews_lib.serving` exits with code 2, plain uvicorn with its own code for a failed
+startup, 3.
 
-Settings for plain `uvicorn ...:app`, read at startup (create_app's arguments and the CLI's flags win):
-  DISTRINEWS_CHECKPOINT        checkpoint file (default checkpoints/distilbert_agnews.pt)
-  DISTRINEWS_DEVICE            cpu, cuda, cuda:N (default: cuda if available)
-  DISTRINEWS_MAX_BATCH_SIZE    most requests per forward pass (default 32)
-  DISTRINEWS_BATCH_WINDOW_MS   longest wait for more requests (default 2)
-  DISTRINEWS_BATCHING=off      one forward pass per request (the benchmark's baseline)
-  DISTRINEWS_TORCH_THREADS     torch threads (default: all CPU cores but one)
+Overload is refused, not queued without end: requests wait for the model in a queue bounded in requests
+and in texts; a request that does not fit gets 503 with Retry-After at once, one still unanswered at its
+deadline gets 503, and work for a client that went away (or whose deadline passed) is dropped before it
+reaches the model.  /health shows the queue and its counters.
+
+Settings, read when the server starts (create_app's arguments and the CLI's flags win over the environment):
+
+  environment variable          CLI flag               default  meaning
+  DISTRINEWS_CHECKPOINT         --checkpoint           checkpoints/distilbert_agnews.pt
+  DISTRINEWS_DEVICE             --device               cuda if available, else cpu
+  DISTRINEWS_MAX_BATCH_SIZE     --max-batch-size       32       most /predict requests per forward pass
+  DISTRINEWS_BATCH_WINDOW_MS    --batch-window-ms      2        longest wait for more requests to batch
+  DISTRINEWS_BATCHING=off                                       one forward pass per request (the benchmark's baseline)
+  DISTRINEWS_TORCH_THREADS      --torch-threads        all CPU cores but one
+  DISTRINEWS_MAX_QUEUE          --max-queue            128      most requests waiting for the model
+  DISTRINEWS_MAX_QUEUE_TEXTS    --max-queue-texts      512      most texts waiting for the model (>= 64)
+  DISTRINEWS_DEADLINE_S         --deadline             10       seconds a request may wait for its answer
+
+Connection limits (the HTTP server's; see protocol.py):
+
+  DISTRINEWS_LIMIT_CONCURRENCY  --limit-concurrency    512      most open connections / requests in progress
+  DISTRINEWS_TIMEOUT_KEEP_ALIVE --timeout-keep-alive   5        seconds an idle keep-alive connection stays open
+  DISTRINEWS_HEADER_TIMEOUT     --header-timeout       10       seconds to send a request's line and headers (408)
+  DISTRINEWS_BODY_TIMEOUT       --body-timeout         30       seconds to send a request's body (408)
+  DISTRINEWS_MAX_HEADER_BYTES   --max-header-bytes     32768    largest request line + headers (431)
+  DISTRINEWS_MAX_HEADERS        --max-headers          100      most header lines (431)
+
+`python -m distrinews_lib.serving` applies all of them.  Plain uvicorn needs its own flags for the
+connection limits:
+
+    uvicorn distrinews_lib.serving.app:app --http distrinews_lib.serving.protocol:HttpProtocol \\
+        --limit-concurrency 512 --timeout-keep-alive 5
+
+(--http ...:HttpProtocol brings the header/body timeouts, the header limits, JSON 503s with Retry-After at
+the connection limit, and reads the DISTRINEWS_* connection variables above.)  Without it, uvicorn has no
+header or body timeout; this app still answers 431 to requests over the header limits, but only after
+uvicorn has read them whole.  With `--http h11`, add `--h11-max-incomplete-event-size 32768`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
+import warnings
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Optional
@@ -30,24 +67,31 @@ from typing import Optional
 import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, RedirectResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..checkpoint import DEFAULT_CHECKPOINT, CheckpointError, LoadedCheckpoint, load_checkpoint, predict_proba
+from ..checkpoint import (
+    DEFAULT_CHECKPOINT, CheckpointError, LoadedCheckpoint, check_predictions, load_checkpoint, predict_proba,
+)
 from ..errors import UserError
-from .batching import BatcherStopped, MicroBatcher
+from . import settings as serving_settings
+from .batching import BatcherStopped, DeadlineExceeded, MicroBatcher, Overloaded, ThrottledLog
 from .schemas import (
     MAX_BATCH_TEXTS, MAX_BODY_BYTES, MAX_TEXT_CHARS, BatchingInfo, BatchPredictRequest, BatchPredictResponse,
-    CheckpointInfo, ErrorResponse, HealthResponse, Prediction, PredictRequest,
+    CheckpointInfo, ErrorResponse, HealthResponse, Prediction, PredictRequest, QueueInfo,
 )
 
 log = logging.getLogger("distrinews.serving")
+throttled = ThrottledLog(log)
+STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 # Defaults chosen on the tiny CPU model (see benchmarks/serving.json): collection stops as soon as no
 # other request is being read, so a lone request never waits and 2 ms only caps a busy moment;
 # 32 texts per pass already get most of the batching gain.
-DEFAULT_MAX_BATCH_SIZE = 32
-DEFAULT_BATCH_WINDOW_MS = 2.0
+DEFAULT_MAX_BATCH_SIZE = serving_settings.BY_NAME["max_batch_size"].default
+DEFAULT_BATCH_WINDOW_MS = serving_settings.BY_NAME["batch_window_ms"].default
 ENV_CHECKPOINT = "DISTRINEWS_CHECKPOINT"
 
 
@@ -80,20 +124,13 @@ def _env_number(name: str, kind, default):
 def resolve_batching(max_batch_size: Optional[int], batch_window_ms: Optional[float]) -> tuple[int, float]:
     """Explicit arguments win; else DISTRINEWS_MAX_BATCH_SIZE / DISTRINEWS_BATCH_WINDOW_MS;
     DISTRINEWS_BATCHING=off serves each request alone (the unbatched baseline)."""
-    if max_batch_size is None:
-        if os.environ.get("DISTRINEWS_BATCHING", "").strip().lower() in ("off", "0", "false", "no"):
-            max_batch_size = 1
-        else:
-            max_batch_size = _env_number("DISTRINEWS_MAX_BATCH_SIZE", int, DEFAULT_MAX_BATCH_SIZE)
-    if batch_window_ms is None:
-        batch_window_ms = _env_number("DISTRINEWS_BATCH_WINDOW_MS", float, DEFAULT_BATCH_WINDOW_MS)
-    if max_batch_size < 1:
-        raise UserError(f"the maximum batch size must be at least 1 (got {max_batch_size}).")
-    if not 0 <= batch_window_ms <= 1000:
-        raise UserError(f"the batch window must be between 0 and 1000 ms (got {batch_window_ms}).")
-    if max_batch_size == 1:
-        batch_window_ms = 0.0  # nothing to wait for: every request runs alone
-    return int(max_batch_size), float(batch_window_ms)
+    if max_batch_size is None and os.environ.get("DISTRINEWS_BATCHING", "").strip().lower() in ("off", "0", "false", "no"):
+        max_batch_size = 1
+    size = serving_settings.resolve("max_batch_size", max_batch_size, source="the maximum batch size")
+    window = serving_settings.resolve("batch_window_ms", batch_window_ms, source="the batch window (ms)")
+    if size == 1:
+        window = 0.0  # nothing to wait for: every request runs alone
+    return int(size), float(window)
 
 
 def usable_cpus() -> int:
@@ -132,9 +169,16 @@ def load_for_serving(path, device: str) -> LoadedCheckpoint:
         raise CheckpointError(f"{err} (Relative paths are read from the working directory {Path.cwd()}.)") from None
     except UserError:
         raise
-    except Exception as err:  # e.g. a damaged tokenizer folder: transformers raises its own errors
+    except Exception as err:  # e.g. a damaged tokenizer: transformers raises its own errors
         first = (str(err).splitlines() or [""])[0][:200]
         raise CheckpointError(f"checkpoint {path} could not be loaded ({type(err).__name__}: {first}).") from None
+
+
+def check_for_serving(path, device: str) -> LoadedCheckpoint:
+    """Load the checkpoint and make sure it answers finite probabilities; CheckpointError otherwise."""
+    loaded = load_for_serving(path, device)
+    check_predictions(loaded)
+    return loaded
 
 
 class Classifier:
@@ -168,9 +212,10 @@ class Classifier:
                 return None
 
         return CheckpointInfo(
-            path=str(self.loaded.path), data_source=pick("data_source", str), final_accuracy=pick("final_accuracy", float),
-            world_size=pick("world_size", int), preset=pick("preset", str), model=pick("model", str),
-            created=pick("created", str), max_length=self.loaded.max_length,
+            # The file name only: the folder it lives in is the server's business, not its clients'.
+            file=Path(self.loaded.path).name, data_source=pick("data_source", str),
+            final_accuracy=pick("final_accuracy", float), world_size=pick("world_size", int), preset=pick("preset", str),
+            model=pick("model", str), created=pick("created", str), max_length=self.loaded.max_length,
             versions=meta.get("versions") if isinstance(meta.get("versions"), dict) else None,
         )
 
@@ -254,44 +299,80 @@ async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(500, f"internal server error ({type(exc).__name__}); see the server log")
 
 
+class _ClientGone(Exception):
+    """Writing the response failed: the client's connection is already closed."""
+
+
 class GuardMiddleware:
-    """Plain ASGI middleware for two things FastAPI's handlers come too late for.
+    """Plain ASGI middleware for what FastAPI's handlers come too late for.
 
     * Bodies over MAX_BODY_BYTES get a 413 before anything parses them.
+    * Requests over the header limits get a 431 (a backstop for plain uvicorn: protocol.HttpProtocol
+      refuses them earlier, while they are still being received).
+    * A response that cannot be written because the client has gone is one log line, not two
+      tracebacks (uvicorn with uvloop raises when writing to a socket it has just closed).
     * If the model cannot be loaded at startup, uvicorn would log the whole traceback; a UserError
-      (missing/corrupt checkpoint, bad device) is reported as its one-paragraph message instead.
+      (missing/corrupt checkpoint, bad device or setting) is reported as its one-paragraph message instead.
     """
 
     def __init__(self, app, max_body_bytes: int = MAX_BODY_BYTES):
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.max_header_bytes: Optional[int] = None
+        self.max_headers: Optional[int] = None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
             return await self._lifespan(scope, receive, send)
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        length = dict(scope.get("headers") or []).get(b"content-length")
+        headers = scope.get("headers") or []
+        if self.max_headers is not None and (
+                len(headers) > self.max_headers
+                or sum(len(k) + len(v) + 4 for k, v in headers) + len(scope.get("raw_path") or b"") > self.max_header_bytes):
+            throttled("431", logging.WARNING, "refused a request over the header limits (431)")
+            response = error_response(431, f"the request has more than {self.max_headers} header lines or "
+                                           f"{self.max_header_bytes:,} bytes of request line and headers")
+            return await response(scope, receive, send)
+        try:
+            return await self._guarded(scope, receive, send, headers)
+        except _ClientGone as gone:
+            throttled("gone", logging.INFO, "client %s went away before its response to %s %s was sent (%s)",
+                      "%s:%s" % tuple(scope.get("client") or ("?", "?")), scope.get("method"), scope.get("path"),
+                      gone)
+            # Let the server see the closed connection before this request ends, so it does not also
+            # report a response that was never completed.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(receive(), 1.0)
+
+    async def _guarded(self, scope, receive, send, headers):
+        async def guarded_send(message):
+            try:
+                await send(message)
+            except Exception as err:
+                raise _ClientGone(f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:100]}") from None
+
+        length = dict(headers).get(b"content-length")
         if length is not None:
             try:
                 too_big = int(length) > self.max_body_bytes
             except ValueError:
                 too_big = False  # the HTTP server itself rejects a malformed Content-Length
             if too_big:
-                return await self._too_large(scope, receive, send)
-            return await self.app(scope, receive, send)
+                return await self._too_large(scope, receive, guarded_send)
+            return await self.app(scope, receive, guarded_send)
         # No Content-Length (chunked upload): read it here, up to the limit, then replay it.
         chunks, size, more = [], 0, True
         while more:
             message = await receive()
             if message["type"] != "http.request":
-                return await self.app(scope, _replay([message]), send)
+                return await self.app(scope, _replay([message]), guarded_send)
             chunks.append(message)
             size += len(message.get("body", b""))
             more = message.get("more_body", False)
             if size > self.max_body_bytes:
-                return await self._too_large(scope, receive, send)
-        return await self.app(scope, _replay(chunks, receive), send)
+                return await self._too_large(scope, receive, guarded_send)
+        return await self.app(scope, _replay(chunks, receive), guarded_send)
 
     async def _too_large(self, scope, receive, send):
         response = error_response(413, f"the request body is larger than the limit of {self.max_body_bytes:,} bytes "
@@ -307,6 +388,9 @@ class GuardMiddleware:
             if message["type"] == "lifespan.startup.failed":
                 held.append(message)
                 return
+            if message["type"] == "lifespan.startup.complete":
+                limits = serving_settings.resolve_all("connection")
+                self.max_header_bytes, self.max_headers = limits["max_header_bytes"], limits["max_headers"]
             await send(message)
 
         try:
@@ -336,19 +420,33 @@ def _replay(messages, receive=None):
     return replay
 
 
+async def _wait_for_disconnect(receive) -> None:
+    """Return when the client has gone. The body has been read, so the server's next message is the
+    disconnect (uvicorn answers it as soon as the connection is lost)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
 # ----------------------------------------------------------------------------- the app
 
+RETRY_AFTER_HEADER = {"Retry-After": {"description": "Whole seconds worth waiting before trying again.",
+                                      "schema": {"type": "integer"}}}
 ERRORS = {
     400: {"model": ErrorResponse, "description": "The body is not valid JSON."},
     413: {"model": ErrorResponse, "description": f"The body is larger than {MAX_BODY_BYTES:,} bytes."},
     422: {"model": ErrorResponse, "description": "A field is missing, of the wrong type, empty, or over its limit."},
-    503: {"model": ErrorResponse, "description": "The model is not loaded yet (starting) or any more (stopping)."},
+    503: {"model": ErrorResponse, "headers": RETRY_AFTER_HEADER,
+          "description": "The model is not loaded yet (starting) or any more (stopping), or the server is "
+                         "overloaded: its queue is full, or the request was not answered within its deadline."},
 }
 
 
 def create_app(checkpoint_path=None, device: Optional[str] = None, max_batch_size: Optional[int] = None,
                batch_window_ms: Optional[float] = None, loaded: Optional[LoadedCheckpoint] = None,
-               torch_threads: Optional[int] = None) -> FastAPI:
+               torch_threads: Optional[int] = None, max_queue: Optional[int] = None,
+               max_queue_texts: Optional[int] = None, deadline_s: Optional[float] = None) -> FastAPI:
     """Build the API.  Nothing is loaded here; the lifespan loads the model when the server starts.
 
     checkpoint_path  None: $DISTRINEWS_CHECKPOINT, else checkpoints/distilbert_agnews.pt (read at startup)
@@ -358,12 +456,17 @@ def create_app(checkpoint_path=None, device: Optional[str] = None, max_batch_siz
     loaded           an already loaded checkpoint (the CLI checks and loads it before starting uvicorn)
     torch_threads    threads per forward pass; None: $DISTRINEWS_TORCH_THREADS, else all cores but one on
                      CPU; 0: leave torch's setting.  Restored when the server stops.
+    max_queue, max_queue_texts, deadline_s
+                     the queue's bounds and the per-request deadline (None: the environment, else the
+                     defaults in settings.py)
     """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state = app.state
         size, window = resolve_batching(max_batch_size, batch_window_ms)
+        queue = serving_settings.resolve_all("app", max_queue=max_queue, max_queue_texts=max_queue_texts,
+                                             deadline_s=deadline_s)
         if loaded is not None:
             dev = str(next(loaded.model.parameters()).device)
             ckpt = loaded
@@ -376,24 +479,28 @@ def create_app(checkpoint_path=None, device: Optional[str] = None, max_batch_siz
         previous_threads = torch.get_num_threads()
         if threads is not None:
             torch.set_num_threads(threads)
-        classifier = Classifier(ckpt, dev)
-        batcher = MicroBatcher(classifier.predict, max_batch_size=size, window_ms=window)
-        await batcher.start()
         try:
-            try:
-                # One warm-up pass: the first client does not pay for lazy initialisation, and a
-                # checkpoint that loads but cannot run is refused now rather than on every request.
-                await batcher.run_now(["warm up"])
-            except Exception as err:
-                raise CheckpointError(f"checkpoint {ckpt.path} loaded but could not classify a text "
-                                      f"({type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}).") from None
+            # Warm-up: the first client does not pay for lazy initialisation, and a checkpoint that loads
+            # but cannot classify, or answers NaN, is refused now rather than on every request.
+            await asyncio.to_thread(check_predictions, ckpt)
+            classifier = Classifier(ckpt, dev)
+            batcher = MicroBatcher(classifier.predict, max_batch_size=size, window_ms=window,
+                                   max_queue=queue["max_queue"], max_queue_texts=queue["max_queue_texts"],
+                                   deadline_s=queue["deadline_s"])
+            await batcher.start()
+        except BaseException:
+            torch.set_num_threads(previous_threads)
+            raise
+        try:
             # torch and transformers leave millions of long-lived objects; freezing them keeps each full
             # garbage collection from walking them all (pauses of several hundred ms under load otherwise).
             gc.collect()
             gc.freeze()
             state.classifier, state.batcher, state.status = classifier, batcher, "ok"
-            log.info("serving %s (labels %s) on %s (%d torch threads), max batch %d, window %.1f ms",
-                     ckpt.path, ", ".join(classifier.labels), dev, torch.get_num_threads(), size, window)
+            log.info("serving %s (labels %s) on %s (%d torch threads), max batch %d, window %.1f ms, queue %d requests / "
+                     "%d texts, deadline %g s", Path(ckpt.path).name, ", ".join(classifier.labels), dev,
+                     torch.get_num_threads(), size, window, batcher.max_queue, batcher.max_queue_texts,
+                     batcher.deadline_s)
             yield
         finally:
             state.status = "stopping"
@@ -410,11 +517,15 @@ def create_app(checkpoint_path=None, device: Optional[str] = None, max_batch_siz
             f"texts are truncated to the model's token window); at most {MAX_BATCH_TEXTS} texts per "
             f"/predict/batch call; bodies up to {MAX_BODY_BYTES:,} bytes. Errors are JSON "
             "`{\"detail\": ..., \"errors\": [{\"field\", \"message\"}]}` with status 400 (bad JSON), "
-            "413 (too large), 422 (invalid field) or 503 (model not ready).\n\n"
+            "413 (too large), 422 (invalid field), 431 (headers too large) or 503 (model not ready, or "
+            "overloaded: retry after the `Retry-After` header's seconds).\n\n"
             "Concurrent /predict calls are grouped into one forward pass (micro-batching); every "
-            "response still belongs to its own request."
+            "response still belongs to its own request. Requests wait in a bounded queue with a deadline; "
+            "see `queue` in /health."
         ),
         lifespan=lifespan,
+        docs_url=None,   # served below from local files: the default page loads Swagger UI from a CDN
+        redoc_url=None,  # ReDoc would need a CDN too
     )
     app.state.classifier = None
     app.state.batcher = None
@@ -423,6 +534,7 @@ def create_app(checkpoint_path=None, device: Optional[str] = None, max_batch_siz
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected_error)
+    app.mount("/docs/assets", StaticFiles(directory=STATIC_DIR), name="docs-assets")
 
     def serving_batcher(request: Request) -> Optional[MicroBatcher]:
         """The running batcher, or None while the model is not loaded (starting) or any more (stopping)."""
@@ -432,12 +544,72 @@ def create_app(checkpoint_path=None, device: Optional[str] = None, max_batch_siz
     def not_ready(why: str = "the model is not loaded yet (or the server is stopping)") -> JSONResponse:
         return error_response(503, f"{why}; retry shortly", headers={"Retry-After": "1"})
 
+    def too_late(batcher: MicroBatcher) -> JSONResponse:
+        wait = batcher.retry_after()
+        throttled("deadline", logging.WARNING, "answered 503: a request was not answered within its deadline of %g s",
+                  batcher.deadline_s)
+        return error_response(503, f"the server is overloaded: the request was not answered within its deadline of "
+                                   f"{batcher.deadline_s:g} s; retry after {wait} s", headers={"Retry-After": str(wait)})
+
+    async def classify(request: Request, texts: list[str], single: bool):
+        """Queue the texts for the model and wait for their results, the deadline, or the client leaving."""
+        batcher = serving_batcher(request)
+        if batcher is None:
+            return not_ready()
+        if await request.is_disconnected():
+            return Response(status_code=499)  # nobody to answer (nginx's "client closed request")
+        try:
+            job = batcher.enqueue(texts, single=single)
+        except Overloaded as err:
+            throttled("shed", logging.WARNING, "answered 503 with Retry-After %d: %s", err.retry_after, err)
+            return error_response(503, f"{err}; retry after {err.retry_after} s",
+                                  headers={"Retry-After": str(err.retry_after)})
+        except BatcherStopped as err:
+            return not_ready(str(err))
+        loop = asyncio.get_running_loop()
+        gone = loop.create_task(_wait_for_disconnect(request.receive))
+        try:
+            done, _ = await asyncio.wait((job.future, gone), timeout=max(0.0, job.deadline - loop.time()),
+                                         return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # the handler itself was cancelled: the answer is not wanted
+            batcher.cancel(job, "abandoned")
+            raise
+        finally:
+            gone.cancel()
+        if job.future.done() and not job.future.cancelled():
+            err = job.future.exception()
+            if err is None:
+                return job.future.result()
+            if isinstance(err, DeadlineExceeded):
+                return too_late(batcher)
+            if isinstance(err, BatcherStopped):
+                return not_ready(str(err))
+            raise err
+        if gone in done:
+            batcher.cancel(job, "abandoned")
+            return Response(status_code=499)
+        batcher.cancel(job, "expired")
+        return too_late(batcher)
+
     @app.get("/", include_in_schema=False)
     async def root():
         return RedirectResponse("/docs")
 
-    @app.get("/health", response_model=HealthResponse, responses={503: {"model": HealthResponse}},
-             summary="Is the model loaded? Which checkpoint, device and labels?")
+    @app.get("/docs", include_in_schema=False)
+    async def docs(request: Request):
+        root_path = request.scope.get("root_path", "").rstrip("/")
+        return get_swagger_ui_html(
+            openapi_url=root_path + app.openapi_url, title=app.title + " - API docs",
+            swagger_js_url=root_path + "/docs/assets/swagger-ui-bundle.js",
+            swagger_css_url=root_path + "/docs/assets/swagger-ui.css",
+            swagger_favicon_url=root_path + "/docs/assets/favicon-32x32.png",
+            # No validator badge: it would send the schema to validator.swagger.io.
+            swagger_ui_parameters={"validatorUrl": None},
+        )
+
+    @app.api_route("/health", methods=["GET", "HEAD"], response_model=HealthResponse,
+                   responses={503: {"model": HealthResponse}},
+                   summary="Is the model loaded? Which checkpoint, device and labels? How full is the queue?")
     async def health(request: Request):
         st = request.app.state
         clf: Optional[Classifier] = st.classifier
@@ -453,31 +625,40 @@ def create_app(checkpoint_path=None, device: Optional[str] = None, max_batch_siz
                 max_batch_size=batcher.max_batch_size, batch_window_ms=batcher.window_s * 1000,
                 torch_threads=torch.get_num_threads(), batches_run=batcher.batches_run,
                 mean_batch_size=round(batcher.texts_run / batcher.batches_run, 2) if batcher.batches_run else None,
+                texts_run=batcher.texts_run, batch_calls_run=batcher.batch_calls_run,
+            ) if batcher else None,
+            queue=QueueInfo(
+                max_requests=batcher.max_queue, max_texts=batcher.max_queue_texts, deadline_s=batcher.deadline_s,
+                waiting_requests=batcher.waiting_jobs, waiting_texts=batcher.waiting_texts, shed=batcher.shed,
+                expired=batcher.expired, abandoned=batcher.abandoned, texts_dropped=batcher.texts_dropped,
+                texts_unused=batcher.texts_unused,
             ) if batcher else None,
         )
         return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
 
     @app.post("/predict", response_model=Prediction, responses=ERRORS, summary="Classify one text")
     async def predict(body: PredictRequest, request: Request):
-        batcher = serving_batcher(request)
-        if batcher is None:
-            return not_ready()
-        try:
-            return await batcher.submit(body.text)  # waits for the batch this request joins
-        except BatcherStopped as err:
-            return not_ready(str(err))
+        result = await classify(request, [body.text], single=True)
+        return result[0] if isinstance(result, list) else result
 
     @app.post("/predict/batch", response_model=BatchPredictResponse, responses=ERRORS,
               summary=f"Classify 1 to {MAX_BATCH_TEXTS} texts; results[i] belongs to texts[i]")
     async def predict_batch(body: BatchPredictRequest, request: Request):
-        batcher = serving_batcher(request)
-        if batcher is None:
-            return not_ready()
-        try:
-            return {"results": await batcher.run_now(body.texts)}  # already a batch: one forward pass
-        except BatcherStopped as err:
-            return not_ready(str(err))
+        result = await classify(request, body.texts, single=False)  # already a batch: one forward pass
+        return {"results": result} if isinstance(result, list) else result
 
+    def openapi() -> dict:
+        # One route answers GET and HEAD /health (so a 405 lists both in Allow); FastAPI would give both
+        # operations the same operationId, which OpenAPI forbids.
+        if app.openapi_schema is None:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Duplicate Operation ID")
+                spec = FastAPI.openapi(app)
+            for method, operation in spec["paths"].get("/health", {}).items():
+                operation["operationId"] = f"health_{method}"
+        return app.openapi_schema
+
+    app.openapi = openapi
     return app
 
 

@@ -6,9 +6,10 @@ the server enforces.
 
 from __future__ import annotations
 
-from typing import Optional
+import re
+from typing import Annotated, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr
 
 # A news item is a headline plus a short description; 10,000 characters is far beyond that but
 # still cheap to tokenize.  Longer texts are refused rather than silently cut.  Allowed texts longer
@@ -28,9 +29,18 @@ EXAMPLE_TEXTS = [
 ]
 
 
+# Python's whitespace (str.isspace, what str.strip removes), spelled out so that the OpenAPI schema's
+# `pattern` (an ECMA-262 regular expression) and the server's check agree character for character:
+# a text is refused as blank exactly when the schema says it does not match.
+WHITESPACE_CLASS = ("\\u0009-\\u000d\\u001c-\\u0020\\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029"
+                    "\\u202f\\u205f\\u3000")
+NOT_BLANK_PATTERN = f"[^{WHITESPACE_CLASS}]"  # at least one character that is not whitespace
+_NOT_BLANK = re.compile(NOT_BLANK_PATTERN)
+
+
 def check_text(value: str) -> str:
     """Refuse texts the model cannot use: blank ones, and ones that are not valid Unicode."""
-    if not value.strip():
+    if not _NOT_BLANK.search(value):
         raise ValueError("must not be empty or only whitespace")
     try:
         # JSON may carry lone surrogates ("\ud800"); they are not text and the tokenizer rejects them.
@@ -40,48 +50,38 @@ def check_text(value: str) -> str:
     return value
 
 
+TEXT_DESCRIPTION = (f"1 to {MAX_TEXT_CHARS:,} characters, at least one of them not whitespace. Texts longer than "
+                    "the model's token window are truncated.")
+# One text, with every limit in the schema (so /docs and schema-driven clients know them) and checked in order:
+# type, length, then blankness and Unicode (check_text).
+Text = Annotated[
+    StrictStr,
+    Field(min_length=1, max_length=MAX_TEXT_CHARS, json_schema_extra={"pattern": NOT_BLANK_PATTERN}),
+    AfterValidator(check_text),
+]
+
+
 class PredictRequest(BaseModel):
     """One text to classify."""
 
-    text: StrictStr = Field(
-        ...,
-        min_length=1,
-        max_length=MAX_TEXT_CHARS,
-        description=f"The news text (headline and/or description), 1 to {MAX_TEXT_CHARS:,} characters, "
-                    "not only whitespace. Texts longer than the model's token window are truncated.",
-        examples=[EXAMPLE_TEXT],
-    )
+    text: Text = Field(..., description="The news text (headline and/or description): " + TEXT_DESCRIPTION,
+                       examples=[EXAMPLE_TEXT])
 
     model_config = ConfigDict(json_schema_extra={"examples": [{"text": EXAMPLE_TEXT}]})
-
-    _check = field_validator("text")(check_text)
 
 
 class BatchPredictRequest(BaseModel):
     """Several texts classified in one call; the results come back in the same order."""
 
-    texts: list[StrictStr] = Field(
+    texts: list[Text] = Field(
         ...,
         min_length=1,
         max_length=MAX_BATCH_TEXTS,
-        description=f"1 to {MAX_BATCH_TEXTS} texts, each 1 to {MAX_TEXT_CHARS:,} characters and not only whitespace.",
+        description=f"1 to {MAX_BATCH_TEXTS} texts, each " + TEXT_DESCRIPTION,
         examples=[EXAMPLE_TEXTS],
     )
 
     model_config = ConfigDict(json_schema_extra={"examples": [{"texts": EXAMPLE_TEXTS}]})
-
-    @field_validator("texts")
-    @classmethod
-    def _check_each(cls, texts: list[str]) -> list[str]:
-        # Checked here rather than with Annotated constraints so the message names the position.
-        for i, text in enumerate(texts):
-            if len(text) > MAX_TEXT_CHARS:
-                raise ValueError(f"texts[{i}] has {len(text):,} characters; the limit is {MAX_TEXT_CHARS:,}")
-            try:
-                check_text(text)
-            except ValueError as err:
-                raise ValueError(f"texts[{i}] {err}") from None
-        return texts
 
 
 class Prediction(BaseModel):
@@ -104,7 +104,8 @@ class BatchPredictResponse(BaseModel):
 class CheckpointInfo(BaseModel):
     """What the checkpoint says about how it was trained (fields absent from it are null)."""
 
-    path: Optional[str] = Field(None, description="The checkpoint file being served.")
+    file: Optional[str] = Field(None, description="The name of the checkpoint file being served (not its folder).",
+                                examples=["distilbert_agnews.pt"])
     data_source: Optional[str] = Field(None, description="Where the training data came from.", examples=["ag_news"])
     final_accuracy: Optional[float] = Field(None, description="Test accuracy at the end of training (0..1).", examples=[0.91])
     world_size: Optional[int] = Field(None, description="How many processes (DDP ranks) trained it.", examples=[2])
@@ -121,6 +122,23 @@ class BatchingInfo(BaseModel):
     torch_threads: int = Field(..., description="Threads torch uses for one forward pass.")
     batches_run: int = Field(0, description="Forward passes run for /predict since startup.")
     mean_batch_size: Optional[float] = Field(None, description="Average /predict requests per forward pass.")
+    texts_run: int = Field(0, description="/predict texts classified since startup.")
+    batch_calls_run: int = Field(0, description="/predict/batch calls classified since startup.")
+
+
+class QueueInfo(BaseModel):
+    """The bounded queue in front of the model, and what it refused or dropped since startup."""
+
+    max_requests: int = Field(..., description="Most requests waiting for the model; more get 503 with Retry-After.")
+    max_texts: int = Field(..., description="Most texts waiting for the model; more get 503 with Retry-After.")
+    deadline_s: float = Field(..., description="Seconds a request may wait for its answer; later it gets 503.")
+    waiting_requests: int = Field(0, description="Requests waiting for the model now.")
+    waiting_texts: int = Field(0, description="Texts waiting for the model now.")
+    shed: int = Field(0, description="Requests refused because the queue was full.")
+    expired: int = Field(0, description="Requests dropped at their deadline before the model saw them.")
+    abandoned: int = Field(0, description="Requests dropped because their client went away before the model saw them.")
+    texts_dropped: int = Field(0, description="Texts of the expired and abandoned requests: model work not done.")
+    texts_unused: int = Field(0, description="Texts classified although nobody waited for the answer any more.")
 
 
 class Limits(BaseModel):
@@ -139,6 +157,7 @@ class HealthResponse(BaseModel):
     labels: list[str] = Field(default_factory=list, examples=[["World", "Sports", "Business", "Sci/Tech"]])
     checkpoint: CheckpointInfo = Field(default_factory=CheckpointInfo)
     batching: Optional[BatchingInfo] = None
+    queue: Optional[QueueInfo] = None
     limits: Limits = Field(default_factory=Limits)
 
 
@@ -148,7 +167,7 @@ class FieldError(BaseModel):
 
 
 class ErrorResponse(BaseModel):
-    """Every error (4xx, and 503 while loading) has this shape."""
+    """Every error (4xx; 503 while loading or overloaded) has this shape."""
 
     detail: str = Field(..., description="One readable sentence saying what is wrong.",
                         examples=["text: must not be empty or only whitespace"])
