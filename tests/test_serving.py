@@ -613,3 +613,24 @@ def test_request_past_its_deadline_gets_503_and_waiting_ones_never_reach_the_mod
         assert len(slow_model) == 1, f"only the request already in the model may run, not {slow_model}"
         queue = c.get("/health").json()["queue"]
         assert queue["expired"] == 2 and queue["texts_unused"] == 1 and queue["deadline_s"] == 0.15
+
+
+def test_every_setting_is_documented(capsys):
+    """Each limit's flag and environment variable appear in the app's docstring, the command line's help and
+    the README's Serving section, with its default."""
+    from pathlib import Path
+
+    from distrinews_lib.serving import app as app_module
+    from distrinews_lib.serving.__main__ import parse_args
+    from distrinews_lib.serving.settings import SETTINGS
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    serving = readme[readme.index("## Serving"):readme.index("## Benchmarks")]
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    help_text = capsys.readouterr().out
+    for s in SETTINGS:
+        for where, text in (("app.py's docstring", app_module.__doc__), ("README", serving), ("--help", help_text)):
+            assert s.flag in text and s.env in text, f"{s.flag} / {s.env} missing from {where}"
+        row = next(line for line in app_module.__doc__.splitlines() if s.env in line)
+        assert f" {s.default:g} " in row or f" {s.default} " in row, row
