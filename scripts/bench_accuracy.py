@@ -8,8 +8,9 @@ distrinews_lib.launch), reads the metrics.json each writes, and records the two 
 gap (target: within 0.5 points) and the pretrained model's accuracy (target: >= 90%) in
 benchmarks/accuracy.json together with the exact commands that produced them.
 
-It needs the real AG News folder (--data, $DISTRINEWS_DATA_DIR or ../shared/data/ag_news): without it
-it prints SKIP and exits 0, because an accuracy on synthetic texts says nothing about AG News.
+Data (--data): auto = $DISTRINEWS_DATA_DIR, else the real AG News sample embedded in distrinews_lib
+(8,000 train rows, the full 7,600-row test set); or a folder, or `embedded`. Synthetic texts are refused:
+an accuracy on them says nothing about AG News.
 
 The two runs may go side by side (--parallel, the default for the full run) to save wall time on a
 small machine; that changes how long they take, never what they compute.
@@ -28,9 +29,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from distrinews_lib import launch, perf  # noqa: E402
-
-SHARED_AG_NEWS = REPO.parent / "shared" / "data" / "ag_news"
+from distrinews_lib import data, launch, provenance  # noqa: E402
+from distrinews_lib.errors import UserError, main_guard  # noqa: E402
+from distrinews_lib.timing import load_average  # noqa: E402
 
 FULL = dict(model="minilm", num_samples=12000, eval_samples=7600, epochs=2, global_batch=32, lr=1e-4, max_length=64,
             amp="bf16", warmup_ratio=0.06)
@@ -38,24 +39,30 @@ QUICK = dict(model="tiny", num_samples=400, eval_samples=200, epochs=1, global_b
              amp="off", warmup_ratio=0.06)
 
 
-def find_data(choice: str | None) -> Path | None:
-    for cand in (choice, os.environ.get("DISTRINEWS_DATA_DIR"), str(SHARED_AG_NEWS)):
-        if cand:
-            path = Path(cand).expanduser()
-            if path.is_dir():
-                return path
-            if cand == choice:
-                return None  # asked for a folder that is not there: do not fall back silently
-    return None
+def find_data(choice: str) -> str:
+    """What the scripts get as --data: auto = $DISTRINEWS_DATA_DIR, else the embedded real sample (never the hub:
+    the two runs must read the same texts, offline). A folder that is not there is an error, never a fallback."""
+    if choice == "synthetic":
+        raise UserError("--data synthetic: an accuracy on synthetic texts says nothing about AG News. Use auto, embedded "
+                        "(the real AG News sample inside distrinews_lib) or a folder with train.csv and test.csv.")
+    if choice == "auto":
+        choice = os.environ.get("DISTRINEWS_DATA_DIR") or "embedded"
+    if choice == "embedded":
+        return choice
+    path = Path(choice).expanduser()
+    if not path.is_dir():
+        raise UserError(f"--data {choice}: no such folder (from --data or $DISTRINEWS_DATA_DIR). Pass a folder with "
+                        "train.csv and test.csv (.gz ok), or --data embedded for the real AG News sample in distrinews_lib.")
+    return str(path.resolve())
 
 
-def train_args(s: dict, data_dir: Path, batch: int, out: Path, threads: int, seed: int, ddp: bool) -> list:
+def train_args(s: dict, data_dir: str, batch: int, out: Path, threads: int, seed: int, ddp: bool) -> list:
     args = ["--config", "cpu_smoke",  # every value below overrides the preset; the preset only fills the rest
             "--model", s["model"], "--data", str(data_dir), "--num_samples", str(s["num_samples"]),
             "--eval_samples", str(s["eval_samples"]), "--epochs", str(s["epochs"]), "--batch_size", str(batch),
             "--lr", str(s["lr"]), "--max_length", str(s["max_length"]), "--amp", s["amp"],
             "--warmup_ratio", str(s["warmup_ratio"]), "--seed", str(seed), "--threads", str(threads), "--no-progress",
-            "--output", str(out), "--checkpoint", str(out / "model.pt")]
+            "--no-snapshots", "--output", str(out), "--checkpoint", str(out / "model.pt")]
     if ddp:
         args += ["--backend", "auto"]
     return args
@@ -73,8 +80,13 @@ def read_run(out: Path, result) -> dict:
         "model": m["model"], "train_seconds": sum(e["epoch_time_s"] for e in eps),
         "samples_per_s_per_epoch": [e["samples_per_s"] for e in eps], "wall_s": round(result.seconds, 1),
         "params_max_difference": m["aggregates"].get("params_max_difference"),
-        "command": " ".join(result.command), "metrics_json": str(out / "metrics.json"),
+        "command": " ".join(user_command(result.command)), "metrics_json": str(out / "metrics.json"),
     }
+
+
+def user_command(cmd: list) -> list:
+    """The command as a user would type it: without launch's parent-death shim (python -c SHIM PID ...)."""
+    return cmd[4:] if len(cmd) > 4 and cmd[1] == "-c" else cmd
 
 
 def headline(result: dict) -> dict:
@@ -91,10 +103,12 @@ def ordered(result: dict) -> dict:
     return {**{k: result[k] for k in first if k in result}, **{k: v for k, v in result.items() if k not in first}}
 
 
+@main_guard
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny model, a few hundred texts (CI)")
-    p.add_argument("--data", default=None, help="AG News folder (default: $DISTRINEWS_DATA_DIR, else ../shared/data/ag_news)")
+    p.add_argument("--data", default="auto", help="auto ($DISTRINEWS_DATA_DIR, else the AG News sample embedded in "
+                                                  "distrinews_lib), embedded, or an AG News folder")
     p.add_argument("--nproc", type=int, default=None, help="DDP processes (default: GPUs, else 2)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--seed", type=int, default=42)
@@ -116,18 +130,16 @@ def main(argv=None) -> int:
         result["headline"] = headline(result)
         result["refreshed"] = {"command": " ".join(["python", *sys.argv]), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                "what": "headline recomputed from this file's measured figures"}
-        path.write_text(json.dumps(perf.as_jsonable(ordered(result)), indent=1))
+        path.write_text(json.dumps(provenance.as_jsonable(ordered(result)), indent=1))
         print(json.dumps(result["headline"], indent=1))
         return 0
 
     data_dir = find_data(args.data)
-    if data_dir is None:
-        where = args.data or f"$DISTRINEWS_DATA_DIR or {SHARED_AG_NEWS}"
-        print(f"SKIP: no AG News folder at {where}. This benchmark needs the real AG News CSVs (train*.csv[.gz] and "
-              "test.csv[.gz]); an accuracy on synthetic texts would say nothing. Pass --data FOLDER.", flush=True)
-        return 0
-
     s = dict(QUICK if args.quick else FULL)
+    available = len(data.load_agnews(data_dir).train_texts)
+    if s["num_samples"] > available:  # the embedded sample has 8,000 train rows
+        print(f"note: {data_dir} has {available} training texts; training on all of them instead of {s['num_samples']}")
+        s["num_samples"] = available
     for k in ("epochs", "max_length", "amp"):
         if getattr(args, k) is not None:
             s[k] = getattr(args, k)
@@ -137,14 +149,14 @@ def main(argv=None) -> int:
         s["amp"] = "auto"
     nproc = args.nproc or launch.default_nproc()
     if s["global_batch"] % nproc:
-        raise SystemExit(f"global batch {s['global_batch']} is not divisible by {nproc} processes")
+        raise UserError(f"global batch {s['global_batch']} is not divisible by {nproc} processes; pick --nproc that divides it.")
     runs = Path(args.runs_dir) if args.runs_dir else REPO / "outputs" / "bench" / ("accuracy_quick" if args.quick else "accuracy")
     out_path = Path(args.out) if args.out else (REPO / "outputs" / "bench" / "accuracy_quick.json" if args.quick
                                                 else REPO / "benchmarks" / "accuracy.json")
     parallel = True if args.parallel is None else args.parallel
     env = {"OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
 
-    result = {"benchmark": "accuracy", **perf.provenance(), "quick": args.quick,
+    result = {"benchmark": "accuracy", **provenance.provenance(), "quick": args.quick,
               "settings": {**s, "data": str(data_dir), "nproc": nproc, "threads_per_process": args.threads,
                            "seed": args.seed, "parallel": parallel, "tolerance_points": args.tolerance,
                            "target_percent": None if args.quick else args.target,
@@ -170,13 +182,17 @@ def main(argv=None) -> int:
         return read_run(out, res)
 
     t = time.time()
-    if parallel:
-        with ThreadPoolExecutor(2) as pool:
-            f_single, f_ddp = pool.submit(single), pool.submit(ddp)
-            result["single"], result["ddp"] = f_single.result(), f_ddp.result()
-    else:
-        result["single"] = single()
-        result["ddp"] = ddp()
+    try:
+        if parallel:
+            with ThreadPoolExecutor(2) as pool:
+                f_single, f_ddp = pool.submit(single), pool.submit(ddp)
+                result["single"], result["ddp"] = f_single.result(), f_ddp.result()
+        else:
+            result["single"] = single()
+            result["ddp"] = ddp()
+    except launch.LaunchError as err:  # the run's own message (and its last lines) say what went wrong
+        print(f"bench_accuracy: a training run failed, nothing was written.\n{err}", file=sys.stderr, flush=True)
+        return 1
     result["seconds_total"] = round(time.time() - t, 1)
 
     a1, a2 = 100 * result["single"]["accuracy"], 100 * result["ddp"]["accuracy"]
@@ -190,10 +206,10 @@ def main(argv=None) -> int:
         result["targets"]["accuracy"] = {"target": f">= {args.target}% ({s['model']})", "single": round(a1, 3),
                                          "ddp": round(a2, 3), "met": min(a1, a2) >= args.target}
     result["same_eval_set"] = result["single"]["eval_examples"] == result["ddp"]["eval_examples"]
-    result["load_average_at_end"] = perf.load_average()
+    result["load_average_at_end"] = load_average()
     result["headline"] = headline(result)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(perf.as_jsonable(ordered(result)), indent=1))
+    out_path.write_text(json.dumps(provenance.as_jsonable(ordered(result)), indent=1))
     print(f"single process : {a1:.2f}% (per epoch {', '.join(f'{100 * x:.2f}' for x in result['single']['accuracy_per_epoch'])})")
     print(f"{nproc}-process DDP : {a2:.2f}% (per epoch {', '.join(f'{100 * x:.2f}' for x in result['ddp']['accuracy_per_epoch'])})")
     print(f"gap {gap:.2f} points (target <= {args.tolerance}) | {result['single']['eval_examples']} test texts | "
