@@ -3,6 +3,7 @@
     python scripts/bench_serving.py                    # full run (~2 minutes), writes benchmarks/serving.{json,png}
     python scripts/bench_serving.py --quick            # a couple of seconds per level (used by CI; no timing checks)
     python scripts/bench_serving.py --checkpoint checkpoints/distilbert_agnews.pt
+    python scripts/bench_serving.py --overload --before 5aee7ee   # past capacity, before/after load shedding
 
 Two servers run side by side, each `python -m distrinews_lib.serving` in its own process on
 127.0.0.1: "batched" (the defaults) and the baseline "--max-batch-size 1" (every request is its own
@@ -79,16 +80,17 @@ def make_checkpoint(folder: Path) -> Path:
 class Server:
     """`python -m distrinews_lib.serving` in a child process, stopped on exit."""
 
-    def __init__(self, checkpoint: Path, port: int, extra: list[str]):
+    def __init__(self, checkpoint: Path, port: int, extra: list[str], tree: Path = REPO):
         self.cmd = [sys.executable, "-m", "distrinews_lib.serving", "--checkpoint", str(checkpoint),
                     "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *extra]
         self.port = port
+        self.tree = tree  # the checkout whose distrinews_lib serves (--overload --before: an older commit's)
         self.proc = None
         self.log = tempfile.TemporaryFile(mode="w+")
 
     def launch(self):
-        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        self.proc = subprocess.Popen(self.cmd, cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        env = dict(os.environ, PYTHONPATH=str(self.tree) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.proc = subprocess.Popen(self.cmd, cwd=self.tree, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         return self
 
     def __enter__(self):
@@ -125,6 +127,7 @@ class Connection:
     def __init__(self, port: int):
         self.port = port
         self.reader = self.writer = None
+        self.retry_after = None  # the last response's Retry-After, in seconds
 
     async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
         if self.writer is None:
@@ -136,7 +139,7 @@ class Connection:
         if not status_line:
             raise ConnectionError("server closed the connection")
         status = int(status_line.split()[1])
-        length, close = 0, False
+        length, close, self.retry_after = 0, False, None
         while True:
             line = await self.reader.readline()
             if line in (b"\r\n", b""):
@@ -146,6 +149,8 @@ class Connection:
                 length = int(value)
             elif name.lower() == "connection" and "close" in value.lower():
                 close = True
+            elif name.lower() == "retry-after":
+                self.retry_after = float(value)
         payload = await self.reader.readexactly(length)
         if close:
             self.close()
@@ -358,6 +363,356 @@ def plot(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
+# ----------------------------------------------------------------------------- overload mode (--overload)
+
+OVERLOAD_DOC = """\
+--overload: the server past its capacity, before and after load shedding (issue 12), side by side.
+
+Both servers run at once, each `python -m distrinews_lib.serving` with its defaults: "after" from this
+checkout, "before" from a temporary git worktree of --before REF (each serves a tiny random model saved
+by its own code: the checkpoint format changed in between). At each concurrency (256 and 1024) each
+server in turn gets that many clients, each with a keep-alive connection, sending POST /predict back to
+back; a client answered 503/429 waits the Retry-After it was given (a well-behaved client) and goes on.
+Reported per level: requests sent, answered (200), shed (503/429), other errors, p50/p95/p99 of the
+answered ones, and how many were answered within the deadline (10 s).
+
+Then the abandoned work: 2,000 /predict requests, each sent and its connection closed at once, then 100
+maximal /predict/batch calls (64 texts of 10,000 characters) likewise; after each burst one real request
+is timed (it waits behind whatever work the server still does), and the server process's CPU seconds
+until it is idle again are read from /proc, with its own counters where it has them.
+"""
+
+MAXIMAL_TEXT = ("Stocks rally on Wall Street as tech shares surge after strong quarterly earnings. " * 130)[:10_000]
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """user + system CPU time of a process (Linux /proc), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_idle(pid: int, settle_s: float = 1.0, limit_s: float = 900.0) -> float:
+    """Wait until the process uses (almost) no CPU for `settle_s`; return its CPU seconds then."""
+    deadline = time.monotonic() + limit_s
+    last = proc_cpu_seconds(pid)
+    while time.monotonic() < deadline:
+        time.sleep(settle_s)
+        now = proc_cpu_seconds(pid)
+        if now - last < 0.03 * settle_s:
+            return now
+        last = now
+    return proc_cpu_seconds(pid)
+
+
+async def drive_overload(port: int, concurrency: int, duration: float, warmup: float, timeout: float = 60.0):
+    """`concurrency` clients POST /predict back to back; shed ones honour Retry-After. Records every request
+    sent inside the measured window: (kind, latency s), kind one of ok, shed, an HTTP status, an error name."""
+    bodies = [json.dumps({"text": t}).encode() for t in TEXTS]
+    records: list[tuple[str, float]] = []
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    record_from, stop_at = start + warmup, start + warmup + duration
+
+    async def client(k: int):
+        conn, i = Connection(port), k
+        while True:
+            t0 = loop.time()
+            if t0 >= stop_at:
+                break
+            wait = 0.0
+            try:
+                status, payload = await asyncio.wait_for(conn.request("POST", "/predict", bodies[i % len(bodies)]), timeout)
+                if status == 200 and b'"label"' in payload:
+                    kind = "ok"
+                elif status in (429, 503):
+                    kind, wait = "shed", conn.retry_after or 1.0
+                else:
+                    kind = f"HTTP {status}"
+            except (OSError, asyncio.TimeoutError, ValueError, IndexError, asyncio.IncompleteReadError) as err:
+                kind = type(err).__name__
+                conn.close()
+                wait = 0.05
+            t1 = loop.time()
+            i += 1
+            if t0 >= record_from:
+                records.append((kind, t1 - t0))
+            if wait:
+                await asyncio.sleep(min(wait, max(0.0, stop_at - loop.time())))
+        conn.close()
+
+    await asyncio.gather(*(client(k) for k in range(concurrency)))
+    return records, loop.time() - record_from
+
+
+def summarize_overload(records, elapsed: float, deadline_s: float) -> dict:
+    ok = sorted(lat for kind, lat in records if kind == "ok")
+    shed = sorted(lat for kind, lat in records if kind == "shed")
+    errors: dict[str, int] = {}
+    for kind, _ in records:
+        if kind not in ("ok", "shed"):
+            errors[kind] = errors.get(kind, 0) + 1
+    ms = lambda v: round(v * 1000, 1)  # noqa: E731
+    sent = len(records)
+    return {
+        "sent": sent, "answered": len(ok), "shed": len(shed), "errors": sum(errors.values()), "error_kinds": errors,
+        "shed_fraction": round(len(shed) / sent, 4) if sent else None,
+        "answered_per_s": round(len(ok) / elapsed, 1),
+        "answered_within_deadline": sum(1 for v in ok if v <= deadline_s),
+        "latency_answered_ms": {"p50": ms(percentile(ok, 50)), "p95": ms(percentile(ok, 95)),
+                                "p99": ms(percentile(ok, 99)), "max": ms(ok[-1]) if ok else None},
+        "latency_shed_ms": {"p50": ms(percentile(shed, 50)), "p99": ms(percentile(shed, 99))} if shed else None,
+        "measured_s": round(elapsed, 2),
+    }
+
+
+async def send_and_close(port: int, requests: list[bytes], parallel: int = 100) -> float:
+    """Send each request on its own connection and close it at once, `parallel` at a time; seconds taken."""
+    sem = asyncio.Semaphore(parallel)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+
+    async def one(raw: bytes):
+        async with sem:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(raw)
+                await writer.drain()
+                writer.close()
+            except OSError:
+                pass
+
+    await asyncio.gather(*(one(r) for r in requests))
+    return loop.time() - start
+
+
+def raw_post(path: str, payload: dict) -> bytes:
+    body = json.dumps(payload).encode()
+    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+async def health_json(port: int) -> dict:
+    conn = Connection(port)
+    try:
+        _, payload = await asyncio.wait_for(conn.request("GET", "/health"), 60)
+        return json.loads(payload)
+    finally:
+        conn.close()
+
+
+def work_counters(health: dict) -> dict:
+    """What the server says it computed; the old server counts /predict texts only as batches x mean size."""
+    b = health.get("batching") or {}
+    texts, estimated = b.get("texts_run"), False
+    if texts is None:  # the old server: batches x their mean size (rounded to 2 decimals), so approximate
+        texts, estimated = b.get("batches_run", 0) * (b.get("mean_batch_size") or 0), True
+    return {"predict_texts_run": texts, "estimated": estimated, "batch_calls_run": b.get("batch_calls_run"),
+            "queue": health.get("queue")}
+
+
+def abandoned_burst(server: "Server", requests: list[bytes]) -> dict:
+    """Send-and-close every request, time one real request right after, then the CPU the server spent."""
+    port, pid = server.port, server.proc.pid
+    cpu0 = wait_idle(pid)
+    before = work_counters(asyncio.run(health_json(port)))
+    sent_s = asyncio.run(send_and_close(port, requests))
+
+    async def probe():
+        conn = Connection(port)
+        t = time.perf_counter()
+        try:
+            status, _ = await asyncio.wait_for(conn.request("POST", "/predict", json.dumps({"text": TEXTS[0]}).encode()), 900)
+        finally:
+            conn.close()
+        return status, time.perf_counter() - t
+
+    status, probe_s = asyncio.run(probe())
+    cpu1 = wait_idle(pid)
+    after = work_counters(asyncio.run(health_json(port)))
+    texts = max(0, round(after["predict_texts_run"] - before["predict_texts_run"]) - 1)  # not the probe
+    calls = (after["batch_calls_run"] - before["batch_calls_run"]) if after["batch_calls_run"] is not None else None
+    delta = {"predict_texts_run": texts, "batch_calls_run": calls}
+    if after["estimated"]:
+        delta["note"] = "server reports /predict texts only approximately and /predict/batch calls not at all"
+    queue = {k: v - (before["queue"] or {}).get(k, 0) for k, v in (after["queue"] or {}).items()
+             if isinstance(v, int) and k not in ("max_requests", "max_texts", "waiting_requests", "waiting_texts")}
+    return {"requests": len(requests), "burst_sent_s": round(sent_s, 2), "probe_status": status,
+            "probe_wait_s": round(probe_s, 3), "server_cpu_s": round(cpu1 - cpu0, 2),
+            "computed": delta, "server_queue_counters": queue or None}
+
+
+def make_checkpoint_with(tree: Path, folder: Path) -> Path:
+    """A tiny random model (seed 0) saved by `tree`'s own distrinews_lib, in `tree`'s checkpoint format."""
+    folder.mkdir(parents=True, exist_ok=True)
+    code = ("import sys; from distrinews_lib import LABEL_NAMES; from distrinews_lib.checkpoint import save_checkpoint; "
+            "from distrinews_lib.model import build_model; m, t, _ = build_model('tiny', seed=0); "
+            "save_checkpoint(sys.argv[1], m, t, LABEL_NAMES, {'data_source': 'synthetic', 'model': 'tiny', "
+            "'final_accuracy': 0.0, 'world_size': 1}, max_length=64)")
+    path = folder / "bench_tiny.pt"
+    env = dict(os.environ, PYTHONPATH=str(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", code, str(path)], cwd=tree, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise UserError(f"could not make a checkpoint with the code in {tree}: {r.stderr[-800:]}")
+    return path
+
+
+def commit_of(tree: Path) -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=tree, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def plot_overload(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in ("before", "after") if n in report["servers"]]
+    colors = {"before": "tab:orange", "after": "tab:blue"}
+    levels = report["settings"]["concurrency_levels"]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    width = 0.8 / len(names)
+    for j, name in enumerate(names):
+        xs = [i + (j - (len(names) - 1) / 2) * width for i in range(len(levels))]
+        rows = [next(r for r in report["levels"] if r["concurrency"] == c)[name] for c in levels]
+        axes[0].bar(xs, [r["latency_answered_ms"]["p99"] for r in rows], width, color=colors[name], label=name)
+        axes[1].bar(xs, [100 * (r["shed_fraction"] or 0) for r in rows], width, color=colors[name], label=name)
+    for ax, title, unit in ((axes[0], "p99 latency of answered requests", "ms"),
+                            (axes[1], "requests shed (503 + Retry-After)", "% of sent")):
+        ax.set_xticks(range(len(levels)), [f"{c} clients" for c in levels])
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel(unit)
+        ax.legend()
+        ax.grid(True, axis="y", alpha=0.3)
+    bursts = list(report["abandoned"][names[0]])
+    for j, name in enumerate(names):
+        xs = [i + (j - (len(names) - 1) / 2) * width for i in range(len(bursts))]
+        axes[2].bar(xs, [report["abandoned"][name][b]["probe_wait_s"] for b in bursts], width, color=colors[name],
+                    label=name)
+    axes[2].set_xticks(range(len(bursts)), [report["abandoned"][names[0]][b]["label"] for b in bursts], fontsize=8)
+    axes[2].set_yscale("log")
+    axes[2].set_ylabel("s (log)")
+    axes[2].set_title("wait of a real request sent after\nrequests whose clients left", fontsize=10)
+    axes[2].legend()
+    axes[2].grid(True, axis="y", alpha=0.3)
+    fig.suptitle(f"DistriNews server past its capacity, tiny model, {report['provenance']['machine']} "
+                 f"(load average {report['provenance']['load_average_at_start']} at start)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def overload_main(args) -> None:
+    try:
+        from distrinews_lib.provenance import provenance
+    except ImportError:  # older layout
+        from distrinews_lib.perf import provenance
+
+    levels = [int(x) for x in args.levels.split(",")] if args.levels_given else ([8] if args.quick else [256, 1024])
+    duration = args.duration if args.duration is not None else (1.0 if args.quick else 20.0)
+    warmup = args.warmup if args.warmup is not None else (0.3 if args.quick else 2.0)
+    n_single, n_batch = (20, 2) if args.quick else (2000, 100)
+    deadline_s = 10.0
+    info = provenance()
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="distrinews-overload-") as tmp:
+        tmp = Path(tmp)
+        trees = {"after": REPO}
+        if args.before:
+            before_tree = tmp / "before"
+            r = subprocess.run(["git", "worktree", "add", "--detach", str(before_tree), args.before], cwd=REPO,
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                raise UserError(f"--before {args.before}: git worktree add failed: {r.stderr.strip()[:300]}")
+            trees = {"before": before_tree, "after": REPO}
+        try:
+            servers = {name: Server(make_checkpoint_with(tree, tmp / f"ckpt_{name}"), free_port(), [], tree=tree)
+                       for name, tree in trees.items()}
+            for server in servers.values():
+                server.launch()
+            try:
+                for name, server in servers.items():
+                    server.__enter__()
+                    print(f"[{name}] {commit_of(server.tree)[:12]}: {shlex.join(server.cmd)}", flush=True)
+                results = []
+                for c in levels:
+                    row = {"concurrency": c}
+                    for name, server in servers.items():
+                        wait_idle(server.proc.pid)
+                        records, elapsed = asyncio.run(drive_overload(server.port, c, duration, warmup))
+                        row[name] = summarize_overload(records, elapsed, deadline_s)
+                        r = row[name]
+                        print(f"  {name:<6} c={c:>5}: sent {r['sent']:>6}  answered {r['answered']:>6}  shed {r['shed']:>6}  "
+                              f"errors {r['errors']:>4}  p99 answered {r['latency_answered_ms']['p99']} ms", flush=True)
+                    results.append(row)
+                bursts = {
+                    "predict": (f"{n_single} /predict", [raw_post("/predict", {"text": TEXTS[i % len(TEXTS)]})
+                                                         for i in range(n_single)]),
+                    "batch": (f"{n_batch} maximal /predict/batch", [raw_post("/predict/batch", {"texts": [MAXIMAL_TEXT] * 64})
+                                                                  for _ in range(n_batch)]),
+                }
+                abandoned = {}
+                for name, server in servers.items():
+                    abandoned[name] = {}
+                    for key, (label, requests) in bursts.items():
+                        res = abandoned_burst(server, requests)
+                        res["label"] = label
+                        abandoned[name][key] = res
+                        print(f"  {name:<6} {label} sent and closed: a real request then waited {res['probe_wait_s']} s; "
+                              f"server CPU {res['server_cpu_s']} s; computed {res['computed']}", flush=True)
+            finally:
+                for server in servers.values():
+                    server.__exit__(None, None, None)
+        finally:
+            if args.before:
+                subprocess.run(["git", "worktree", "remove", "--force", str(tmp / "before")], cwd=REPO,
+                               capture_output=True)
+    report = {
+        "what": "the server past its capacity (POST /predict at high concurrency) and work for clients that left: "
+                "before and after load shedding (issue 12), measured side by side in one run",
+        "quick": args.quick,
+        "provenance": info,
+        "servers": {name: {"git_commit": commit_of(s.tree) if name == "before" else info.get("git_commit"),
+                           "command": s.cmd, "settings": "defaults"} for name, s in servers.items()},
+        "settings": {"concurrency_levels": levels, "duration_s": duration, "warmup_s": warmup,
+                     "deadline_s_of_after": deadline_s,
+                     "client": "asyncio HTTP/1.1 in this process, one keep-alive connection per client, back to back; "
+                               "a shed client (503/429) waits its Retry-After, then goes on; 60 s client timeout",
+                     "method": OVERLOAD_DOC},
+        "levels": results,
+        "abandoned": abandoned,
+        "wall_time_s": round(time.time() - started, 1),
+    }
+    report["headline"] = overload_headline(report)
+    out = args.output if args.output_given else REPO / "benchmarks" / "serving_overload.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    png = args.plot or out.with_suffix(".png")
+    plot_overload(report, png)
+    print("\n" + "\n".join(report["headline"]["lines"]))
+    print(f"wrote {out} and {png}")
+
+
+def overload_headline(report: dict) -> dict:
+    lines = []
+    for row in report["levels"]:
+        for name in ("before", "after"):
+            if name in row:
+                r = row[name]
+                lines.append(f"c={row['concurrency']} {name}: shed {r['shed']} of {r['sent']} "
+                             f"({100 * (r['shed_fraction'] or 0):.1f}%), p99 of answered "
+                             f"{r['latency_answered_ms']['p99']} ms, answered within {report['settings']['deadline_s_of_after']:g} s: "
+                             f"{r['answered_within_deadline']} of {r['answered']}, errors {r['errors']}")
+    for name, bursts in report["abandoned"].items():
+        for b in bursts.values():
+            lines.append(f"{name}: {b['label']} sent and closed -> a real request waited {b['probe_wait_s']} s, "
+                         f"server CPU {b['server_cpu_s']} s, computed {b['computed']}")
+    return {"lines": lines}
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -370,18 +725,35 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=float, default=None, help="unrecorded seconds before each level (default 1, quick 0.3)")
     p.add_argument("--rounds", type=int, default=None,
                    help="alternating slices per level and configuration (default 3, quick 1)")
-    p.add_argument("--levels", default="1,4,16,64", help="concurrency levels, comma separated (default 1,4,16,64)")
+    p.add_argument("--levels", default=None, help="concurrency levels, comma separated (default 1,4,16,64; "
+                                                  "with --overload 256,1024)")
     p.add_argument("--max-batch-size", type=int, default=None, help="batched server's --max-batch-size (default: the server's)")
     p.add_argument("--batch-window-ms", type=float, default=None, help="batched server's --batch-window-ms (default: the server's)")
     p.add_argument("--no-baseline", action="store_true", help="measure only the batched server (for tuning runs)")
-    p.add_argument("--output", type=Path, default=REPO / "benchmarks" / "serving.json", help="JSON results file")
+    p.add_argument("--overload", action="store_true",
+                   help="measure overload and abandoned work instead: concurrency 256 and 1024 (see OVERLOAD_DOC); "
+                        "writes benchmarks/serving_overload.{json,png}")
+    p.add_argument("--before", default=None, metavar="REF",
+                   help="with --overload: also measure the server of this git commit, side by side (a temporary worktree)")
+    p.add_argument("--output", type=Path, default=None, help="JSON results file (default benchmarks/serving.json, "
+                                                             "or serving_overload.json with --overload)")
     p.add_argument("--plot", type=Path, default=None, help="PNG figure (default: beside --output, .png)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.levels_given, args.output_given = args.levels is not None, args.output is not None
+    if args.levels is None:
+        args.levels = "1,4,16,64"
+    if args.output is None:
+        args.output = REPO / "benchmarks" / "serving.json"
+    if args.before and not args.overload:
+        p.error("--before goes with --overload")
+    return args
 
 
 @main_guard
 def main(argv=None):
     args = parse_args(argv)
+    if args.overload:
+        return overload_main(args)
     import torch
 
     duration = args.duration if args.duration is not None else (1.5 if args.quick else 8.0)

@@ -461,3 +461,19 @@ def test_benchmark_quick_mode_runs(tmp_path):
             assert {"p50", "p95", "p99"} <= set(row["latency_ms"])
     assert set(report["throughput_ratio_batched_over_baseline"]) == {"1", "4"}
     assert out.with_suffix(".png").stat().st_size > 1000
+
+
+def test_benchmark_overload_quick_mode_runs(tmp_path):
+    out = tmp_path / "serving_overload.json"
+    r = subprocess.run([sys.executable, "scripts/bench_serving.py", "--overload", "--quick", "--output", str(out)],
+                       cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(out.read_text())
+    assert report["quick"] is True and report["provenance"]["git_commit"] and report["provenance"]["command"]
+    (row,) = report["levels"]
+    after = row["after"]
+    assert after["sent"] > 0 and after["answered"] + after["shed"] + after["errors"] == after["sent"]
+    assert {"p50", "p95", "p99"} <= set(after["latency_answered_ms"])
+    for burst in report["abandoned"]["after"].values():
+        assert burst["probe_status"] == 200 and burst["computed"]["batch_calls_run"] == 0
+    assert out.with_suffix(".png").stat().st_size > 1000
