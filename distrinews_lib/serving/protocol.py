@@ -128,11 +128,14 @@ class HttpProtocol(HttpToolsProtocol):
         throttled("body-timeout", logging.INFO, "closed a connection whose request body was not received within "
                   "%g s (408)", self.body_timeout)
         if cycle is not None and not cycle.response_started:
-            self._write_error(408, f"the request body was not received within {self.body_timeout:g} s")
+            self._write_error(408, f"the request body was not received within {self.body_timeout:g} s",
+                              for_current_cycle=True)
         self._mark_disconnected()
         self.transport.close()
 
-    def _write_error(self, status: int, detail: str) -> None:
+    def _write_error(self, status: int, detail: str, for_current_cycle: bool = False) -> None:
+        if not for_current_cycle and self.cycle is not None and not self.cycle.response_complete:
+            return  # an earlier request's answer is still to come: an error now would pass for it; just close
         body = _error_body(status, detail)
         head = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
