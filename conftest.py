@@ -9,6 +9,8 @@ SHARED_AG_NEWS = ROOT.parent / "shared" / "data" / "ag_news"
 # The course's CPU smoke mode reads the real AG News subset when the machine has it (CI does).
 if SHARED_AG_NEWS.is_dir():
     os.environ.setdefault("DISTRINEWS_DATA_DIR", str(SHARED_AG_NEWS))
+# nbval runs every exercise's solution cell too (a learner's course run skips them unless asked).
+os.environ.setdefault("DISTRINEWS_SOLUTIONS", "1")
 # Tests must never wait on the Hugging Face hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

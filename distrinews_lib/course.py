@@ -4,6 +4,12 @@ check claims out loud.
     from distrinews_lib.course import setup, check
     env = setup(PRESET, NPROC)          # chdir to the project root, print what this machine is
     check(acc > 0.5, "the model beats chance")   # prints 'checked: ...' or fails the notebook
+    solution(exercise_1, SOLUTIONS)     # an exercise's solution: runs when SOLUTIONS (or CI) asks
+
+Exercises: every chapter ends with a few. Each has a solution cell that defines a function (which runs
+something and asserts what it found) and hands it to solution(): skipped by default so the learner can
+try first, run when the notebook's SOLUTIONS parameter is True (scripts/run_course.py --solutions) or
+when DISTRINEWS_SOLUTIONS=1 is set (CI, through conftest.py).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import gpu_env
 from .config import auto_preset
 from .distributed import nccl_fits
 from .hub import hub_reachable
@@ -81,6 +88,7 @@ def setup(preset: str = "auto", nproc="auto", quiet: bool = False) -> CourseEnv:
             print("Kaggle: switch Internet on (Settings > Internet) to train distilbert-base-uncased on the real AG News.")
         if env.on_kaggle and env.n_gpus < 2:
             print("Kaggle: pick the 'GPU T4 x2' accelerator (Settings > Accelerator) to run DDP on two GPUs.")
+    gpu_env.first_cell(quiet=quiet)  # versions, GPUs, /dev/shm, P2P (-> NCCL_P2P_DISABLE); stops leftover ranks
     return env
 
 
@@ -117,3 +125,17 @@ def check(condition, claim: str) -> None:
     if not condition:
         raise AssertionError(f"claim failed: {claim}")
     print(f"checked: {claim}")
+
+
+def solutions_enabled(flag=False) -> bool:
+    return bool(flag) or os.environ.get("DISTRINEWS_SOLUTIONS", "").lower() in ("1", "true", "yes")
+
+
+def solution(fn, flag=False):
+    """Run an exercise's solution (a function that runs something and checks what it found), or say how to."""
+    if not solutions_enabled(flag):
+        print(f"solution '{fn.__name__}' not run: try the exercise first; set SOLUTIONS = True in the parameters cell "
+              "(or run_course.py --solutions) to run it")
+        return None
+    print(f"--- solution '{fn.__name__}' ---")
+    return fn()

@@ -55,7 +55,7 @@ class LaunchResult:
 _PARENT_DEATH_SHIM = ("import ctypes,os,signal,sys\n"
                       "ctypes.CDLL(None).prctl(1, signal.SIGTERM)\n"
                       "os.getppid() == int(sys.argv[1]) or sys.exit(143)\n"
-                      "os.execv(sys.argv[2], sys.argv[2:])")
+                      "os.execvp(sys.argv[2], sys.argv[2:])")
 
 
 def default_nproc() -> int:
@@ -209,6 +209,13 @@ def torchrun(script, nproc: int | str = "auto", args=(), *, timeout: float = 900
         env["OMP_NUM_THREADS"] = str(cpu_threads)
     return _run(cmd, timeout=timeout, env=env, cwd=cwd, echo=echo, check=check,
                 what=f"torchrun of {Path(str(script)).name} with {nproc} process(es)")
+
+
+def run(cmd, *, timeout: float = 900, env: dict | None = None, cwd=None, echo: bool = True, check: bool = True,
+        what: str | None = None) -> LaunchResult:
+    """Run any command (e.g. `bash scripts/run_ddp.sh 2 ...`), streaming, raising and cleaning up like torchrun()."""
+    return _run([str(c) for c in cmd], timeout=timeout, env=env, cwd=cwd, echo=echo, check=check,
+                what=what or " ".join(map(str, cmd[:3])))
 
 
 def run_python(script, args=(), *, timeout: float = 900, env: dict | None = None, cwd=None, echo: bool = True,

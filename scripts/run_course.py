@@ -143,6 +143,7 @@ def parse_args(argv=None):
     p.add_argument("--kernel", default="python3", help="Jupyter kernel name (default python3)")
     p.add_argument("--cell-timeout", type=float, default=None,
                    help="seconds one cell may run (default: none; the chapters time their own launches)")
+    p.add_argument("--solutions", action="store_true", help="also run the exercises' solution cells (SOLUTIONS=True)")
     p.add_argument("--log-output", action="store_true", help="also stream every cell's output to this terminal")
     p.add_argument("--no-progress", action="store_true", help="no papermill progress bar")
     return p.parse_args(argv)
@@ -182,7 +183,7 @@ def _has_cuda() -> bool:
 def run_one(nb: Path, out: Path, args) -> None:
     import papermill as pm
 
-    pm.execute_notebook(str(nb), str(out), parameters={"PRESET": args.preset, "NPROC": args.nproc},
+    pm.execute_notebook(str(nb), str(out), parameters={"PRESET": args.preset, "NPROC": args.nproc, "SOLUTIONS": args.solutions},
                         kernel_name=args.kernel, cwd=str(nb.parent), progress_bar=not args.no_progress,
                         log_output=args.log_output, execution_timeout=args.cell_timeout,
                         request_save_on_cell_execute=True)

@@ -14,8 +14,11 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
 if [ -n "${NNODES:-}" ] && [ "${NNODES}" != "1" ]; then
-  exec "$PY" -m torch.distributed.run --nnodes="$NNODES" --node_rank="${NODE_RANK:?set NODE_RANK}" \
-    --rdzv_backend=c10d --rdzv_endpoint="${MASTER_ADDR:?set MASTER_ADDR}:${MASTER_PORT:-29500}" \
-    --nproc_per_node="$N" scripts/train_ddp.py "$@"
+  cmd=("$PY" -m torch.distributed.run --nnodes="$NNODES" --node_rank="${NODE_RANK:?set NODE_RANK}"
+       --rdzv_backend=c10d --rdzv_endpoint="${MASTER_ADDR:?set MASTER_ADDR}:${MASTER_PORT:-29500}"
+       --nproc_per_node="$N" scripts/train_ddp.py "$@")
+else
+  cmd=("$PY" -m torch.distributed.run --standalone --nproc_per_node="$N" scripts/train_ddp.py "$@")
 fi
-exec "$PY" -m torch.distributed.run --standalone --nproc_per_node="$N" scripts/train_ddp.py "$@"
+echo "+ ${cmd[*]}"   # the plain torchrun command line (python -m torch.distributed.run IS torchrun)
+exec "${cmd[@]}"

@@ -32,7 +32,7 @@ def main():
     dist.init_process_group(backend=backend, timeout=timedelta(seconds=cfg.ddp_timeout))
     try:
         amp = engine.resolve_amp(cfg.amp, device)
-        D.print0(f"preset {cfg.preset} | {world_size} processes | {why} | device {device} | {amp.reason}")
+        D.print0(f"preset {cfg.preset} | world size {world_size} | {why} | device {device} | {amp.reason}")
 
         run_plan = [plan.decide(cfg) if rank == 0 else None]  # data source, model and the snapshot to resume from, decided once
         dist.broadcast_object_list(run_plan, src=0)  # ...by rank 0, for every rank

@@ -36,7 +36,7 @@ def test_ddp_run_two_gloo_processes(tmp_path):
     ck = tmp_path / "m.pt"
     res = torchrun(SCRIPTS / "train_ddp.py", 2, [*SMALL, "--data", "synthetic", "--output", tmp_path / "run",
                                                   "--checkpoint", ck, "--grad_accum", "2"], timeout=240, echo=False)
-    assert "2 processes | gloo" in res.output
+    assert "world size 2 | gloo" in res.output
     assert "parameters identical on all 2 ranks: True" in res.output
     assert res.output.count("saved ") == 1  # rank 0 alone writes
     m = json.loads((tmp_path / "run" / "metrics.json").read_text())
