@@ -634,3 +634,13 @@ def test_every_setting_is_documented(capsys):
             assert s.flag in text and s.env in text, f"{s.flag} / {s.env} missing from {where}"
         row = next(line for line in app_module.__doc__.splitlines() if s.env in line)
         assert f" {s.default:g} " in row or f" {s.default} " in row, row
+
+
+def test_header_limits_of_the_app(ckpt_path):
+    """The app's own 431 (for servers whose protocol does not limit headers), with the limits it was given."""
+    with TestClient(create_app(ckpt_path, torch_threads=0, max_headers=20, max_header_bytes=4096)) as c:
+        many = {f"x-h{i}": "y" for i in range(25)}
+        r = c.get("/health", headers=many)
+        assert r.status_code == 431 and "20 header lines" in r.json()["detail"]
+        assert c.get("/health", headers={"x-big": "a" * 5000}).status_code == 431
+        assert c.get("/health", headers={f"x-h{i}": "y" for i in range(10)}).status_code == 200

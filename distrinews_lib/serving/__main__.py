@@ -84,7 +84,8 @@ def main(argv=None) -> None:
     loaded = check_for_serving(args.checkpoint, device)
     app = create_app(loaded=loaded, max_batch_size=size, batch_window_ms=window, torch_threads=args.torch_threads,
                      max_queue=values["max_queue"], max_queue_texts=values["max_queue_texts"],
-                     deadline_s=values["deadline_s"])
+                     deadline_s=values["deadline_s"], max_header_bytes=values["max_header_bytes"],
+                     max_headers=values["max_headers"])
     connection = {s.name: values[s.name] for s in serving_settings.SETTINGS if s.group == "connection"}
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level=args.log_level, log_config=log_config(args.log_level),

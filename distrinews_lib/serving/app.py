@@ -315,10 +315,12 @@ class GuardMiddleware:
       (missing/corrupt checkpoint, bad device or setting) is reported as its one-paragraph message instead.
     """
 
-    def __init__(self, app, max_body_bytes: int = MAX_BODY_BYTES):
+    def __init__(self, app, max_body_bytes: int = MAX_BODY_BYTES, max_header_bytes: Optional[int] = None,
+                 max_headers: Optional[int] = None):
         self.app = app
         self.max_body_bytes = max_body_bytes
-        self.max_header_bytes: Optional[int] = None
+        self._explicit = {"max_header_bytes": max_header_bytes, "max_headers": max_headers}
+        self.max_header_bytes: Optional[int] = None  # resolved at startup (explicit, else the environment)
         self.max_headers: Optional[int] = None
 
     async def __call__(self, scope, receive, send):
@@ -389,8 +391,8 @@ class GuardMiddleware:
                 held.append(message)
                 return
             if message["type"] == "lifespan.startup.complete":
-                limits = serving_settings.resolve_all("connection")
-                self.max_header_bytes, self.max_headers = limits["max_header_bytes"], limits["max_headers"]
+                self.max_header_bytes = serving_settings.resolve("max_header_bytes", self._explicit["max_header_bytes"])
+                self.max_headers = serving_settings.resolve("max_headers", self._explicit["max_headers"])
             await send(message)
 
         try:
@@ -446,7 +448,8 @@ ERRORS = {
 def create_app(checkpoint_path=None, device: Optional[str] = None, max_batch_size: Optional[int] = None,
                batch_window_ms: Optional[float] = None, loaded: Optional[LoadedCheckpoint] = None,
                torch_threads: Optional[int] = None, max_queue: Optional[int] = None,
-               max_queue_texts: Optional[int] = None, deadline_s: Optional[float] = None) -> FastAPI:
+               max_queue_texts: Optional[int] = None, deadline_s: Optional[float] = None,
+               max_header_bytes: Optional[int] = None, max_headers: Optional[int] = None) -> FastAPI:
     """Build the API.  Nothing is loaded here; the lifespan loads the model when the server starts.
 
     checkpoint_path  None: $DISTRINEWS_CHECKPOINT, else checkpoints/distilbert_agnews.pt (read at startup)
@@ -459,6 +462,9 @@ def create_app(checkpoint_path=None, device: Optional[str] = None, max_batch_siz
     max_queue, max_queue_texts, deadline_s
                      the queue's bounds and the per-request deadline (None: the environment, else the
                      defaults in settings.py)
+    max_header_bytes, max_headers
+                     the header limits this app itself enforces (431), for servers whose protocol does not
+                     (None: the environment, else the defaults)
     """
 
     @asynccontextmanager
@@ -530,7 +536,7 @@ def create_app(checkpoint_path=None, device: Optional[str] = None, max_batch_siz
     app.state.classifier = None
     app.state.batcher = None
     app.state.status = "loading"
-    app.add_middleware(GuardMiddleware)
+    app.add_middleware(GuardMiddleware, max_header_bytes=max_header_bytes, max_headers=max_headers)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected_error)
