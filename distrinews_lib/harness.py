@@ -46,7 +46,7 @@ class Window:
     seen: int = 0
     marks: dict = field(default_factory=dict)     # step -> (wall, cpu, machine busy seconds)
     batches: list = field(default_factory=list)   # (step being built, real lengths, padded width)
-    comm: list = field(default_factory=list)      # (launched, completed, bytes) per bucket all-reduce
+    comm: list = field(default_factory=list)      # (launched, completed, bytes, bucket index) per bucket all-reduce
 
     def after_step(self, *_):
         self.seen += 1
@@ -78,10 +78,11 @@ class Window:
             flops = training_flops(shape, lengths)
             out["model_tflops"] = flops / seconds / 1e12
             out["mfu"] = mfu(flops / seconds, peak, n_devices)
-        comm = [(a, b, n) for a, b, n in self.comm if t0 <= a <= t1]
+        comm = [c for c in self.comm if t0 <= c[0] <= t1]
         if comm:
             out["allreduces"] = len(comm)
-            out["allreduce_bytes"] = sum(n for _, _, n in comm)
+            out["synced_backwards"] = sum(1 for c in comm if c[3] == 0)  # bucket 0 is all-reduced once per synced backward
+            out["allreduce_bytes"] = sum(c[2] for c in comm)
             out["comm_seconds"] = _union(comm)  # time during which at least one all-reduce was in flight
             out["comm_fraction"] = out["comm_seconds"] / seconds
         return out
@@ -89,7 +90,7 @@ class Window:
 
 def _union(intervals) -> float:
     total, end = 0.0, float("-inf")
-    for a, b, _ in sorted(intervals):
+    for a, b, *_ in sorted(intervals):
         if b > end:
             total += b - max(a, end)
             end = b
@@ -117,7 +118,7 @@ def _timed_allreduce(window: Window):
         fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
 
         def done(f):
-            window.comm.append((launched, time.perf_counter(), tensor.numel() * tensor.element_size()))
+            window.comm.append((launched, time.perf_counter(), tensor.numel() * tensor.element_size(), bucket.index()))
             return f.value()[0]
 
         return fut.then(done)
