@@ -77,7 +77,7 @@ from ..checkpoint import (
 )
 from ..errors import UserError
 from . import settings as serving_settings
-from .batching import BatcherStopped, DeadlineExceeded, MicroBatcher, Overloaded, ThrottledLog
+from .batching import BatcherStopped, ClientGone, DeadlineExceeded, MicroBatcher, Overloaded, ThrottledLog
 from .schemas import (
     MAX_BATCH_TEXTS, MAX_BODY_BYTES, MAX_TEXT_CHARS, BatchingInfo, BatchPredictRequest, BatchPredictResponse,
     CheckpointInfo, ErrorResponse, HealthResponse, Prediction, PredictRequest, QueueInfo,
@@ -422,12 +422,14 @@ def _replay(messages, receive=None):
     return replay
 
 
-async def _wait_for_disconnect(receive) -> None:
-    """Return when the client has gone. The body has been read, so the server's next message is the
-    disconnect (uvicorn answers it as soon as the connection is lost)."""
+async def _cancel_when_gone(receive, batcher: MicroBatcher, job) -> None:
+    """Drop the job when its client goes. The body has been read, so the server's next message is the
+    disconnect (uvicorn sends it as soon as the connection is lost; the command line's protocol as soon as
+    the client closes its side)."""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
+            batcher.cancel(job, "abandoned")
             return
 
 
@@ -562,8 +564,6 @@ def create_app(checkpoint_path=None, device: Optional[str] = None, max_batch_siz
         batcher = serving_batcher(request)
         if batcher is None:
             return not_ready()
-        if await request.is_disconnected():
-            return Response(status_code=499)  # nobody to answer (nginx's "client closed request")
         try:
             job = batcher.enqueue(texts, single=single)
         except Overloaded as err:
@@ -573,29 +573,23 @@ def create_app(checkpoint_path=None, device: Optional[str] = None, max_batch_siz
         except BatcherStopped as err:
             return not_ready(str(err))
         loop = asyncio.get_running_loop()
-        gone = loop.create_task(_wait_for_disconnect(request.receive))
+        # The client may leave while it waits: then the job is dropped (if it has not reached the model yet).
+        watcher = loop.create_task(_cancel_when_gone(request.receive, batcher, job))
+        timer = loop.call_later(max(0.0, job.deadline - loop.time()), batcher.cancel, job, "expired")
         try:
-            done, _ = await asyncio.wait((job.future, gone), timeout=max(0.0, job.deadline - loop.time()),
-                                         return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:  # the handler itself was cancelled: the answer is not wanted
+            return await job.future
+        except DeadlineExceeded:
+            return too_late(batcher)
+        except ClientGone:
+            return Response(status_code=499)  # nobody to answer (nginx's "client closed request")
+        except BatcherStopped as err:
+            return not_ready(str(err))
+        except asyncio.CancelledError:  # the handler itself was cancelled: the answer is not wanted
             batcher.cancel(job, "abandoned")
             raise
         finally:
-            gone.cancel()
-        if job.future.done() and not job.future.cancelled():
-            err = job.future.exception()
-            if err is None:
-                return job.future.result()
-            if isinstance(err, DeadlineExceeded):
-                return too_late(batcher)
-            if isinstance(err, BatcherStopped):
-                return not_ready(str(err))
-            raise err
-        if gone in done:
-            batcher.cancel(job, "abandoned")
-            return Response(status_code=499)
-        batcher.cancel(job, "expired")
-        return too_late(batcher)
+            timer.cancel()
+            watcher.cancel()
 
     @app.get("/", include_in_schema=False)
     async def root():

@@ -46,7 +46,11 @@ class Overloaded(RuntimeError):
 
 
 class DeadlineExceeded(RuntimeError):
-    """The job waited past its deadline and was dropped before it reached the model."""
+    """The job's deadline passed before its answer was ready."""
+
+
+class ClientGone(RuntimeError):
+    """The job's client went away; nobody waits for the answer any more."""
 
 
 class Job:
@@ -162,11 +166,15 @@ class MicroBatcher:
 
     def cancel(self, job: Job, reason: str = "abandoned") -> None:
         """The job's answer is no longer wanted ('abandoned': the client went away; 'expired': its deadline
-        passed). If it has not reached the model it never will, and its place in the queue is freed now."""
+        passed). If it has not reached the model it never will, and its place in the queue is freed now.
+        Its future gets ClientGone or DeadlineExceeded."""
         if job.state == "queued":
             self._drop(job, reason)
+        elif job.drop_reason is None:
+            job.drop_reason = reason
         if not job.future.done():
-            job.future.cancel()
+            _fail(job.future, DeadlineExceeded("the request's deadline passed") if reason == "expired"
+                  else ClientGone("the client went away"))
 
     def _drop(self, job: Job, reason: str) -> None:
         job.state, job.drop_reason = "dropped", reason
@@ -199,7 +207,7 @@ class MicroBatcher:
                 self._drop(job, "abandoned")
             elif job.state == "queued" and now >= job.deadline:
                 self._drop(job, "expired")
-                job.future.set_exception(DeadlineExceeded("the request waited past its deadline"))
+                _fail(job.future, DeadlineExceeded("the request waited past its deadline"))
             if job.state == "dropped":
                 self._jobs.popleft()
                 continue
@@ -270,7 +278,10 @@ class MicroBatcher:
         live = []
         for job in batch:
             if job.future.done():
-                self.abandoned += 1
+                if job.drop_reason == "expired":
+                    self.expired += 1
+                else:
+                    self.abandoned += 1
                 self.texts_dropped += len(job.texts)
             else:
                 live.append(job)
@@ -320,6 +331,11 @@ class MicroBatcher:
             self.texts_unused += len(job.texts)
         else:
             job.future.set_result(list(results))
+
+
+def _fail(future: asyncio.Future, error: BaseException) -> None:
+    future.set_exception(error)
+    future.exception()  # marks it retrieved: whoever waited for it may be gone, and asyncio would log it
 
 
 class ThrottledLog:
