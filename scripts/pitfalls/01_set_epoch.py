@@ -9,12 +9,12 @@ import argparse
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from common import finish, gather, result, start, write_json
+from distrinews_lib.demo import finish, gather, result, start, write_json
 
 p = argparse.ArgumentParser()
 p.add_argument("--mode", choices=["broken", "fixed", "both"], default="both")
 p.add_argument("--epochs", type=int, default=3)
-p.add_argument("--n", type=int, default=16)
+p.add_argument("--n", type=int, default=16, help="samples; each one is its own index, so the order shows")
 p.add_argument("--out", default="outputs/pitfalls/01_set_epoch.json")
 args = p.parse_args()
 

@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import finish, result, start, write_json
 from distrinews_lib.checkpoint import unwrap
+from distrinews_lib.demo import finish, result, start, write_json
 
 p = argparse.ArgumentParser()
 p.add_argument("--mode", choices=["broken", "fixed", "both"], default="both")
@@ -31,7 +31,7 @@ def make_model():
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
 
 
-ddp = DDP(make_model().to(ctx.device), device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+ddp = DDP(make_model().to(ctx.device), device_ids=ctx.device_ids)
 ddp(torch.randn(4, 8, device=ctx.device)).sum().backward()
 with torch.no_grad():
     for p_ in ddp.parameters():
@@ -64,5 +64,5 @@ for mode in (["broken", "fixed"] if args.mode == "both" else [args.mode]):
         report[mode]["loads_after_stripping_prefix"] = True
     dist.barrier()
 write_json(args.out, {"world_size": ctx.world, **report}, ctx.rank)
-del ddp  # free the DDP model before the process group goes (see common.finish)
+del ddp  # free the DDP model before the process group goes (see distrinews_lib.demo.finish)
 finish()

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from common import finish, gather, result, start, write_json
+from distrinews_lib.demo import finish, gather, result, start, write_json
 from distrinews_lib.engine import evaluate
 
 p = argparse.ArgumentParser()

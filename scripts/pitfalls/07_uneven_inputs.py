@@ -22,7 +22,7 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 
-from common import finish, result, start, write_json
+from distrinews_lib.demo import finish, result, start, write_json
 from distrinews_lib.distributed import max_param_difference
 
 p = argparse.ArgumentParser()
@@ -41,7 +41,7 @@ data = TensorDataset(torch.randn(N, 8), torch.randn(N, 1))
 def make_ddp():
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1).to(ctx.device)
-    return DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+    return DDP(model, device_ids=ctx.device_ids)
 
 
 def train(ddp, loader) -> int:
@@ -89,5 +89,5 @@ else:
     report["join"] = {"steps_per_rank": steps, "max_param_diff": max_param_difference(ddp)}
     result(ctx, mode="fixed", even_steps=steps_even, join_steps=steps_join)
     write_json(args.out.format(mode="fixed"), report, ctx.rank)
-    del ddp  # free the DDP model before the process group goes (see common.finish)
+    del ddp  # free the DDP model before the process group goes (see distrinews_lib.demo.finish)
 finish()

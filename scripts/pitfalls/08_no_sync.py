@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import finish, result, start, write_json
+from distrinews_lib.demo import finish, result, start, write_json
 
 p = argparse.ArgumentParser()
 p.add_argument("--mode", choices=["broken", "fixed", "both"], default="both")
@@ -46,7 +46,7 @@ def run(use_no_sync: bool):
     model = torch.nn.Sequential(torch.nn.Linear(64, args.width), torch.nn.ReLU(),
                                 torch.nn.Linear(args.width, args.width), torch.nn.ReLU(),
                                 torch.nn.Linear(args.width, 4)).to(ctx.device)
-    ddp = DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+    ddp = DDP(model, device_ids=ctx.device_ids)
     state = CountingState()
     ddp.register_comm_hook(state, counting_allreduce)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)

@@ -1,0 +1,185 @@
+"""Plumbing shared by the small demo scripts of chapters 00 (scripts/concepts) and 03 (scripts/pitfalls),
+so that each script shows only its concept or its pitfall.
+
+In a script (started by torchrun):
+    ctx = start(timeout_s=30)   read torchrun's env, pick the backend (nccl when every rank has its own GPU,
+                                else gloo), start the process group with a SHORT timeout: a hang becomes an
+                                error in seconds. ctx.rank, ctx.world, ctx.device, ctx.device_ids (for DDP)
+    result(ctx, key=value)      print one `RESULT rank=R key=value ...` line (one write: ranks never interleave)
+    gather(obj)                 a Python object from every rank (a list, one entry per rank)
+    write_json(path, data, ctx.rank)   rank 0 writes the numbers the notebook checks, atomically
+    finish()                    free dead DDP models, barrier, destroy the process group
+
+In a notebook:
+    torchrun("-m distrinews_lib.demo", ...)   see run_together(): several demo scripts in ONE launch
+    sections(res.output)        that launch's output, split per script
+    failure_story(res)          the few lines of a failed launch that say what happened
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import re
+import runpy
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .distributed import choose_backend, device_for, ensure_torchrun_env
+
+_shared = False         # True while run_together() owns the process group: start()/finish() reuse it
+MARKER = "=== demo: "   # run_together's line before each script's output
+
+
+@dataclass
+class Ctx:
+    rank: int
+    local_rank: int
+    world: int
+    backend: str
+    device: torch.device
+
+    @property
+    def device_ids(self):
+        """DDP's device_ids: this rank's GPU, or None on the CPU."""
+        return [self.device.index] if self.device.type == "cuda" else None
+
+
+def start(timeout_s: float = 30, backend: str = "auto") -> Ctx:
+    info = ensure_torchrun_env()  # plain `python script.py` works too: a world of one
+    backend, _why = choose_backend(backend)
+    device = device_for(backend, info.local_rank)  # nccl: torch.cuda.set_device(LOCAL_RANK)
+    if not (_shared and dist.is_initialized()):
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    elif dist.get_backend() != backend:
+        raise RuntimeError(f"run_together's process group uses {dist.get_backend()}, this script asks for {backend}")
+    return Ctx(info.rank, info.local_rank, info.world_size, backend, device)
+
+
+def result(ctx_or_rank, **values) -> None:
+    rank = ctx_or_rank.rank if isinstance(ctx_or_rank, Ctx) else ctx_or_rank
+    fmt = lambda v: json.dumps(v, separators=(",", ":")) if isinstance(v, (list, dict)) else str(v)
+    line = " ".join([f"RESULT rank={rank}"] + [f"{k}={fmt(v)}" for k, v in values.items()])
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def gather(obj) -> list:
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def write_json(path, data, rank: int) -> None:
+    if rank != 0:
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def finish() -> None:
+    if dist.is_initialized():
+        gc.collect()    # free dead DDP models now: one collected after the group is gone can abort the exit
+        sys.stdout.flush()
+        dist.barrier()  # nobody tears down while a partner is still talking to it
+        if not _shared:
+            dist.destroy_process_group()
+
+
+def run_together(argv: list[str]) -> None:
+    """Run demo scripts one after the other in ONE process group: `SCRIPT ARGS... -- SCRIPT ARGS... -- ...`.
+
+    Each launch costs seconds (torchrun, then every rank imports torch and connects); the demos that
+    are expected to succeed share one. Each script runs as if started alone (runpy, its own sys.argv);
+    its start() and finish() reuse this group. Rank 0 prints a marker line before each script.
+    """
+    global _shared
+    specs, current = [], []
+    for arg in [*argv, "--"]:
+        if arg == "--":
+            if current:
+                specs.append(current)
+            current = []
+        else:
+            current.append(arg)
+    ctx = start(timeout_s=60)
+    _shared = True
+    try:
+        for script, *args in specs:
+            dist.barrier()
+            if ctx.rank == 0:
+                sys.stdout.write(" ".join([f"{MARKER}{Path(script).name}", *args]) + "\n")
+                sys.stdout.flush()
+            dist.barrier()  # no rank's output comes before the marker
+            t0 = time.perf_counter()
+            sys.argv = [script, *args]
+            runpy.run_path(script, run_name="__main__")
+            finish()
+            if ctx.rank == 0:
+                sys.stdout.write(f"{MARKER}done in {time.perf_counter() - t0:.2f} s\n")
+    finally:
+        _shared = False
+    finish()
+
+
+def sections(output: str) -> dict[str, str]:
+    """run_together's output per script: {'01_set_epoch.py': 'its lines', ...} (the last run of a name wins)."""
+    out, name = {}, None
+    for line in output.splitlines():
+        line = line.rsplit("\r", 1)[-1]
+        if line.startswith(MARKER):
+            head = line[len(MARKER):]
+            name = None if head.startswith("done in ") else head.split()[0]
+            if name:
+                out[name] = ""
+        elif name:
+            out[name] += line + "\n"
+    return out
+
+
+def failure_story(res, width: int = 200) -> str:
+    """The few lines of a failed launch that tell its story - each rank's error (what it measured, e.g. how
+    long it waited), torchrun's verdict per rank (exit code, which failed first) and how the launch ended -
+    instead of every rank's traceback and torchrun's own."""
+    errors, measured, verdicts, root = {}, {}, [], False
+    for line in (raw.rsplit("\r", 1)[-1].rstrip() for raw in res.output.splitlines()):
+        if m := re.match(r"^\[rank ?(\d+)\]:? (\w+(?:Error|Exception)\b.*)", line):  # a rank's report, or the
+            errors[int(m[1])] = re.sub(r"\[/\S+:\d+\] ", "", m[2])              # last line of its traceback
+        elif line.startswith("RESULT rank=") and " error=" in line:
+            fields = dict(re.findall(r"(\w+)=(\S+)", line))
+            measured[int(fields["rank"])] = " ".join(f"{k}={v}" for k, v in fields.items() if k not in ("rank", "mode", "error"))
+        elif line.startswith(("Root Cause", "Failures:")):
+            root = line.startswith("Root Cause")
+        elif m := re.match(r"^\s*rank\s*: (\d+)", line):
+            verdicts.append([int(m[1]), None, root])
+        elif (m := re.match(r"^\s*exitcode\s*: (-?\d+)[^(]*\(pid: \d+\)\s*(\(\w+\))?", line)) and verdicts:
+            verdicts[-1][1] = m[1] + (f" {m[2]}" if m[2] else "")
+    story = []
+    for rank in sorted(errors.keys() | measured.keys()):
+        text = f"rank {rank}: {errors.get(rank, 'failed')}"
+        text = text if len(text) <= width else text[:width - 3] + "..."
+        story.append(text + (f"  [{measured[rank]}]" if rank in measured else ""))
+    if verdicts:
+        story.append("torchrun: " + ", ".join(f"rank {r} exit code {code}" + (" (first failure)" if first else "")
+                                               for r, code, first in sorted(verdicts)))
+    if not story:  # not a shape we know: the last lines, as they are
+        story = [line[:width] for line in res.output.strip().splitlines()[-5:]]
+    story.append(f"launch ended by itself after {res.seconds:.1f} s with exit code {res.returncode}" if not res.timed_out
+                 else f"launch stopped at its time limit after {res.seconds:.1f} s")
+    return "\n".join(story)
+
+
+if __name__ == "__main__":  # python -m distrinews_lib.demo: the scripts must see THIS module's state, not a copy
+    from distrinews_lib import demo
+
+    demo.run_together(sys.argv[1:])
