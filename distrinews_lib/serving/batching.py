@@ -274,7 +274,9 @@ class MicroBatcher:
 
     async def _serve(self, batch: list[Job]) -> None:
         """One forward pass for the whole batch; each result goes to its own request's future."""
-        # A client that went away while the batch was being collected: don't spend model time on it.
+        # One turn of the loop first: the watchers of requests queued a moment ago run, so a client that has
+        # already left is noticed now; don't spend model time on it.
+        await asyncio.sleep(0)
         live = []
         for job in batch:
             if job.future.done():
