@@ -1,5 +1,6 @@
-"""The concept and pitfall scripts that notebooks 00 and 03 write: static checks, and the key
-symptoms (broken vs fixed) measured with real 2-rank gloo launches."""
+"""The concept and pitfall scripts that notebooks 00 and 03 write, and the plumbing they share
+(distrinews_lib.demo): static checks, and the key symptoms (broken vs fixed) measured with real
+2-rank gloo launches."""
 
 import ast
 import json
@@ -7,20 +8,31 @@ import re
 
 import pytest
 
+from distrinews_lib.demo import failure_story, sections
 from distrinews_lib.distributed import choose_backend
 from distrinews_lib.errors import UserError
-from distrinews_lib.launch import torchrun
+from distrinews_lib.launch import LaunchResult, torchrun
 
 from .helpers import ROOT
 
 PITFALLS = ROOT / "scripts" / "pitfalls"
 CONCEPTS = ROOT / "scripts" / "concepts"
 SCRIPTS = sorted(PITFALLS.glob("*.py")) + sorted(CONCEPTS.glob("*.py"))
+DEMO = ROOT / "distrinews_lib" / "demo.py"
 
 
-def test_there_are_ten_pitfalls_and_four_concepts():
-    assert len([p for p in PITFALLS.glob("[0-9][0-9]_*.py")]) >= 10
-    assert len(list(CONCEPTS.glob("[0-9][0-9]_*.py"))) >= 4
+def test_there_are_thirteen_pitfalls_and_four_concepts():
+    assert len([p for p in PITFALLS.glob("[0-9][0-9]_*.py")]) == 13
+    assert len(list(CONCEPTS.glob("[0-9][0-9]_*.py"))) == 4
+
+
+@pytest.mark.parametrize("path", [*sorted(CONCEPTS.glob("0[2-9]_*.py")), *sorted(PITFALLS.glob("[0-9][0-9]_*.py"))],
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_demo_scripts_share_the_plumbing(path):
+    """Concepts 02+ and every pitfall start their group through distrinews_lib.demo (concept 01 shows it by hand)."""
+    text = path.read_text()
+    assert "from distrinews_lib.demo import" in text
+    assert "init_process_group" not in text or path.name == "10_nccl_backend.py"  # 10's bug IS a hard-coded init
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -33,7 +45,7 @@ def test_script_is_small_plain_torch_with_a_docstring(path):
     assert not any(m.split(".")[0] == "transformers" for m in imported), "keep them fast: no transformers"
 
 
-@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", [*SCRIPTS, DEMO], ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_process_group_has_a_timeout(path):
     """So a deliberate (or accidental) hang ends as an error instead of blocking the notebook."""
     tree = ast.parse(path.read_text(), filename=str(path))
@@ -92,3 +104,96 @@ def test_collective_on_one_rank_times_out_instead_of_hanging(tmp_path):
     assert not res.ok and not res.timed_out
     waited = [float(w) for w in re.findall(r"waited_s=([\d.]+)", res.output)]
     assert len(waited) == 2 and all(w >= 1.5 for w in waited)
+
+
+def _result(output, seconds=4.0, returncode=1):
+    return LaunchResult([], returncode, output, seconds, False, output.splitlines())
+
+
+def test_failure_story_tells_rank_error_wait_and_exit_code_in_a_few_lines():
+    tb = "\n".join(f"[rank{r}]:   File \"x.py\", line {i}, in <module>" for r in (0, 1) for i in range(15))
+    output = "\n".join([
+        "RESULT rank=0 mode=broken error=RuntimeError waited_s=3.1",
+        "[rank 0] RuntimeError: [/__w/pytorch/third_party/gloo/unbound_buffer.cc:78] Timed out waiting 3000ms for recv",
+        tb,
+        "[rank1]: ValueError: SyncBatchNorm layers only work with GPU modules",
+        "Failures:", "[1]:", "  rank      : 0 (local_rank: 0)", "  exitcode  : -15 (pid: 124)  (SIGTERM)",
+        "Root Cause (first observed failure):", "[0]:", "  rank      : 1 (local_rank: 1)",
+        "  exitcode  : 1 (pid: 123) ", "  traceback : To enable traceback see: https://pytorch.org",
+    ])
+    story = failure_story(_result(output)).splitlines()
+    assert story == [
+        "rank 0: RuntimeError: Timed out waiting 3000ms for recv  [waited_s=3.1]",
+        "rank 1: ValueError: SyncBatchNorm layers only work with GPU modules",
+        "torchrun: rank 0 exit code -15 (SIGTERM), rank 1 exit code 1 (first failure)",
+        "launch ended by itself after 4.0 s with exit code 1",
+    ]
+    assert failure_story(_result("something else\nentirely")).splitlines()[0] == "something else"
+
+
+def test_sections_split_a_shared_launch_per_script():
+    out = "noise\n=== demo: a.py --mode x\nA1\nA2\n=== demo: done in 0.1 s\n=== demo: b.py\r\nB1\n=== demo: done in 0.2 s\n"
+    assert sections(out) == {"a.py": "A1\nA2\n", "b.py": "B1\n"}
+
+
+@pytest.fixture(scope="module")
+def shared_launch(tmp_path_factory):
+    """ONE launch (python -m distrinews_lib.demo) running the new pitfalls' fixed runs and concept 02."""
+    tmp = tmp_path_factory.mktemp("shared")
+    runs = [(PITFALLS / "11_unused_parameters.py", "--mode", "fixed", "--out", tmp / "unused_{mode}.json"),
+            (PITFALLS / "12_batchnorm.py", "--out", tmp / "bn.json"),
+            (PITFALLS / "13_lr_scaling.py", "--out", tmp / "lr.json"),
+            (CONCEPTS / "02_ddp_backward.py", "--bucket_cap_mb", 1, "--out", tmp / "backward.json")]
+    argv = [str(a) for run in runs for a in ("--", *run)][1:]
+    res = torchrun("distrinews_lib.demo", 2, argv, timeout=180, echo=False, torchrun_args=["-m"], cwd=ROOT)
+    load = lambda name: json.loads((tmp / name).read_text())
+    return res, {"unused": load("unused_fixed.json"), "bn": load("bn.json"), "lr": load("lr.json"),
+                 "backward": load("backward.json")}
+
+
+@pytest.mark.slow
+def test_one_launch_runs_several_scripts_in_one_process_group(shared_launch):
+    res, _ = shared_launch
+    assert list(sections(res.output)) == ["11_unused_parameters.py", "12_batchnorm.py", "13_lr_scaling.py",
+                                          "02_ddp_backward.py"]
+
+
+@pytest.mark.slow
+def test_unused_parameter_breaks_plain_ddp_and_both_fixes_train(shared_launch, tmp_path):
+    res = _run(PITFALLS / "11_unused_parameters.py", "--mode", "broken", tmp_path=tmp_path, timeout=60, check=False)
+    assert not res.ok and not res.timed_out
+    assert "Expected to have finished reduction in the prior iteration" in res.output
+    assert re.findall(r"failed_at_step=(\d+)", res.output) == ["1", "1"]
+    assert len(failure_story(res).splitlines()) <= 4
+    r = shared_launch[1]["unused"]
+    skipped = [s for s, used in enumerate(r["aux_used"]) if not used]
+    assert r["find_unused"]["max_param_diff"] == 0.0 and r["static_graph"]["max_param_diff"] == 0.0
+    assert all(r["find_unused"]["no_grad"][s] == ["aux.weight", "aux.bias"] for s in skipped)
+    assert set(r["find_unused"]["numbers_per_step"]) == {r["n_params"]}  # the unused head's zeros travel too
+
+
+@pytest.mark.slow
+def test_batchnorm_per_rank_statistics_differ_and_sync_matches_the_global_batch(shared_launch):
+    r = shared_launch[1]["bn"]
+    assert r["broken"]["mean_diff_between_ranks"] > 1e-3 and r["broken"]["mean_diff_to_global"] > 1e-3
+    assert r["fixed"]["mean_diff_between_ranks"] == 0.0
+    assert max(r["fixed"]["mean_diff_to_global"], r["fixed"]["var_diff_to_global"], r["fixed"]["weight_diff_to_global"]) < 1e-5
+
+
+@pytest.mark.slow
+def test_linear_lr_scaling_recovers_what_the_same_lr_loses(shared_launch):
+    r = shared_launch[1]["lr"]
+    one, broken, fixed = (c[-1] for c in (r["one_process"], r["broken"]["curve"], r["fixed"]["curve"]))
+    assert one[0] == broken[0] == fixed[0] == r["n_train"]
+    assert broken[1] - one[1] > 0.1 and one[2] - broken[2] > 0.05
+    assert abs(fixed[1] - one[1]) < 0.02 and abs(fixed[2] - one[2]) < 0.02
+
+
+@pytest.mark.slow
+def test_bucket_timeline_records_launch_and_completion(shared_launch):
+    for rank in shared_launch[1]["backward"]["ranks"]:
+        step = rank["steps"][-1]
+        assert len(step["buckets"]) == 2  # 6 layers of 256x256 (+bias) at 1 MiB: 4 layers fill the first bucket
+        assert all(b["launched"] <= b["done"] <= step["backward_s"] for b in step["buckets"])
+        assert step["buckets"][0]["launched"] < step["grad_ready"][-1][0]  # communication overlapped backward
+        assert [i for _, i in step["grad_ready"]] == list(range(rank["n_tensors"]))[::-1]

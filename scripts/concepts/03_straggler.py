@@ -7,20 +7,14 @@ rank arrives: each step takes as long as the slowest rank's step. Here the last 
 """
 
 import argparse
-import gc
-import json
-import os
 import statistics
 import sys
 import time
-from datetime import timedelta
-from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from distrinews_lib.distributed import choose_backend
+from distrinews_lib.demo import finish, gather, start, write_json
 
 p = argparse.ArgumentParser()
 p.add_argument("--delay", type=float, default=0.4, help="seconds the slow rank sleeps per step")
@@ -28,16 +22,12 @@ p.add_argument("--steps", type=int, default=3)
 p.add_argument("--out", default="outputs/concepts/03_straggler.json")
 args = p.parse_args()
 
-rank, local_rank, world = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
-backend, _ = choose_backend("auto")
-device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
-if backend == "nccl":
-    torch.cuda.set_device(device)
-dist.init_process_group(backend, timeout=timedelta(seconds=60))
-slow = rank == world - 1
+ctx = start(timeout_s=60)
+device = ctx.device
+slow = ctx.rank == ctx.world - 1
 
 torch.manual_seed(0)
-ddp = DDP(torch.nn.Linear(64, 64).to(device), device_ids=[local_rank] if backend == "nccl" else None)
+ddp = DDP(torch.nn.Linear(64, 64).to(device), device_ids=ctx.device_ids)
 opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
 
 
@@ -63,15 +53,9 @@ for step in range(args.steps + 1):  # step 0: warm-up, not timed
         rows.append({"compute_s": t1 - t0, "backward_s": t2 - t1, "step_s": time.perf_counter() - t0})
 
 summary = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-sys.stdout.write(f"[rank {rank}] {'SLOW' if slow else 'fast'}: forward+own work {summary['compute_s']:.3f} s, "
+sys.stdout.write(f"[rank {ctx.rank}] {'SLOW' if slow else 'fast'}: forward+own work {summary['compute_s']:.3f} s, "
                  f"backward (incl. waiting) {summary['backward_s']:.3f} s, step {summary['step_s']:.3f} s\n")
-everyone = [None] * world
-dist.all_gather_object(everyone, {"rank": rank, "slow": slow, **summary})
-if rank == 0:
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"delay": args.delay, "world_size": world, "ranks": everyone}, indent=1))
-del ddp      # free DDP (it holds the group and in-flight work) before the group goes;
-gc.collect() # freeing it during interpreter shutdown can abort the process
-dist.barrier()
-dist.destroy_process_group()
+everyone = gather({"rank": ctx.rank, "slow": slow, **summary})
+write_json(args.out, {"delay": args.delay, "world_size": ctx.world, "ranks": everyone}, ctx.rank)
+del ddp  # free DDP (it holds the group and in-flight work) before the group goes
+finish()

@@ -9,11 +9,8 @@ back onto cuda:0 by every rank (or fail on a machine without that GPU).
 """
 
 import argparse
-import gc
-import json
 import os
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -21,19 +18,16 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from distrinews_lib.checkpoint import unwrap
-from distrinews_lib.distributed import choose_backend, max_param_difference
+from distrinews_lib.demo import finish, gather, start, write_json
+from distrinews_lib.distributed import max_param_difference
 
 p = argparse.ArgumentParser()
 p.add_argument("--path", default="outputs/concepts/04_checkpoint.pt")
 p.add_argument("--out", default="outputs/concepts/04_checkpoint.json")
 args = p.parse_args()
 
-rank, local_rank, world = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
-backend, _ = choose_backend("auto")
-device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
-if backend == "nccl":
-    torch.cuda.set_device(device)
-dist.init_process_group(backend, timeout=timedelta(seconds=60))
+ctx = start(timeout_s=60)
+rank, device = ctx.rank, ctx.device
 
 
 def make_model():
@@ -41,7 +35,8 @@ def make_model():
 
 
 torch.manual_seed(rank)  # deliberately different starting weights: DDP broadcasts rank 0's at wrap time
-ddp = DDP(make_model().to(device), device_ids=[local_rank] if backend == "nccl" else None)
+ddp = DDP(make_model().to(device), device_ids=ctx.device_ids)
+at_wrap = max_param_difference(ddp)                  # 0.0: the wrap made every rank's copy equal to rank 0's
 opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
 for step in range(3):  # a little training, different data per rank
     x, y = torch.randn(8, 16, device=device), torch.randint(0, 4, (8,), device=device)
@@ -63,20 +58,15 @@ dist.barrier()                                       # everyone else waits here 
 ckpt = torch.load(path, map_location=device, weights_only=True)
 fresh = make_model().to(device)
 fresh.load_state_dict(ckpt["model"])                 # strict: every key must match
-resumed = DDP(fresh, device_ids=[local_rank] if backend == "nccl" else None)
+resumed = DDP(fresh, device_ids=ctx.device_ids)
 opt2 = torch.optim.AdamW(resumed.parameters(), lr=1e-2)
 opt2.load_state_dict(ckpt["optimizer"])
 same = all(torch.equal(a, b) for a, b in zip(unwrap(resumed).parameters(), unwrap(ddp).parameters()))
 diff = max_param_difference(resumed)
 sys.stdout.write(f"[rank {rank}] loaded on {device}: identical to the trained model: {same}; resume at epoch {ckpt['epoch']}\n")
-everyone = [None] * world
-dist.all_gather_object(everyone, {"rank": rank, "device": str(device), "identical": same,
-                                  "loaded_tensor_device": str(next(iter(ckpt["model"].values())).device),
-                                  "max_param_difference_across_ranks": diff})
-if rank == 0:
-    Path(args.out).write_text(json.dumps({"world_size": world, "keys": list(ckpt["model"]),
-                                          "epoch": ckpt["epoch"], "ranks": everyone}, indent=1))
-del ddp, resumed  # free the DDP models (they hold the group and in-flight work) before the group goes;
-gc.collect()      # freeing them during interpreter shutdown can abort the process
-dist.barrier()
-dist.destroy_process_group()
+everyone = gather({"rank": rank, "device": str(device), "identical": same,
+                   "loaded_tensor_device": str(next(iter(ckpt["model"].values())).device),
+                   "max_param_difference_across_ranks": diff, "max_param_difference_after_wrap": at_wrap})
+write_json(args.out, {"world_size": ctx.world, "keys": list(ckpt["model"]), "epoch": ckpt["epoch"], "ranks": everyone}, rank)
+del ddp, resumed  # free the DDP models (they hold the group and in-flight work) before the group goes
+finish()
