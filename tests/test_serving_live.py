@@ -475,5 +475,5 @@ def test_benchmark_overload_quick_mode_runs(tmp_path):
     assert after["sent"] > 0 and after["answered"] + after["shed"] + after["errors"] == after["sent"]
     assert {"p50", "p95", "p99"} <= set(after["latency_answered_ms"])
     for burst in report["abandoned"]["after"].values():
-        assert burst["probe_status"] == 200 and burst["computed"]["batch_calls_run"] == 0
+        assert burst["probe_status"] == 200 and burst["computed"]["batch_calls_run"] <= 1  # at most one in the model
     assert out.with_suffix(".png").stat().st_size > 1000
