@@ -44,6 +44,7 @@ def ensure_torchrun_env() -> DistInfo:
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     if launched:
         die_with_parent()
+        _fresh_store_after_a_restart()
     # Gloo connects each pair of ranks on first use instead of all at start-up: its eager full-mesh
     # connect fails ~half the time right after a torchrun --max-restarts restart ("Connection refused",
     # cf. pytorch/pytorch#167288); lazily, 12 of 12 restarts here went through.
@@ -59,6 +60,35 @@ def ensure_torchrun_env() -> DistInfo:
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])),
         launched_by_torchrun=launched,
     )
+
+
+_ATTEMPT_STORE = None  # rank 0 hosts it for the whole life of the process
+
+
+def _fresh_store_after_a_restart() -> None:
+    """Give every attempt after a torchrun restart a rendezvous store of its own.
+
+    The restarted ranks meet in the torchrun agent's store again, where the dead attempt's keys are
+    still there, and gloo can read a dead rank's address from them and fail with "Connection refused"
+    (pytorch/pytorch#167288; seen here on 3 of 3 restarts with some timings). Rank 0 starts a fresh
+    store and publishes its address under a key of this attempt; every rank then rendezvous there."""
+    global _ATTEMPT_STORE
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in os.environ:
+        return
+    from datetime import timedelta
+
+    agent_addr, agent_port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    agent = dist.TCPStore(agent_addr, agent_port, is_master=False, timeout=timedelta(seconds=300))
+    key = f"distrinews/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/attempt{attempt}/store"
+    if int(os.environ.get("RANK", 0)) == 0:
+        _ATTEMPT_STORE = dist.TCPStore("0.0.0.0", 0, is_master=True, timeout=timedelta(seconds=300), wait_for_workers=False)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # the address the others reach us at
+            probe.connect((agent_addr, agent_port))
+            host = probe.getsockname()[0]
+        agent.set(key, f"{host}:{_ATTEMPT_STORE.port}")
+    host, port = agent.get(key).decode().rsplit(":", 1)  # waits until rank 0 has published it
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = host, port
 
 
 def nccl_fits(n_gpus: int, local_world_size: int) -> bool:
