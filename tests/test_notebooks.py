@@ -142,3 +142,15 @@ def test_sync_reports_a_missing_target(tmp_path):
     nbformat.write(nb, str(path))
     (problem,) = sync.check_notebooks([path])
     assert problem.kind == "missing"
+
+
+def test_plain_pytest_without_nbval_says_what_to_install(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "nbval.py").write_text('raise ImportError("simulated: nbval is not installed")')
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:nbval", "tests/test_library.py", "-q"],
+                       env=dict(os.environ, PYTHONPATH=str(tmp_path)), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "nbval is not installed" in r.stdout + r.stderr and "requirements-dev.txt" in r.stdout + r.stderr
