@@ -97,7 +97,7 @@ def servers(ckpt_path, server_logs):
     """The ways of starting the server, side by side: plain uvicorn (checkpoint from the environment),
     `python -m distrinews_lib.serving --checkpoint` with its defaults, and the same with small limits."""
     logs = server_logs
-    p1, p2, p3 = free_port(), free_port(), free_port()
+    p1, p2, p3, p4 = free_port(), free_port(), free_port(), free_port()
     procs = {
         "uvicorn": (start(["-m", "uvicorn", "distrinews_lib.serving.app:app", "--host", "127.0.0.1", "--port", str(p1)],
                           logs / "uvicorn.log", DISTRINEWS_CHECKPOINT=str(ckpt_path)), f"http://127.0.0.1:{p1}",
@@ -106,6 +106,12 @@ def servers(ckpt_path, server_logs):
                       logs / "cli.log"), f"http://127.0.0.1:{p2}", logs / "cli.log"),
         "strict": (start(["-m", "distrinews_lib.serving", "--checkpoint", str(ckpt_path), "--port", str(p3), *STRICT],
                          logs / "strict.log"), f"http://127.0.0.1:{p3}", logs / "strict.log"),
+        # Plain uvicorn with the flags the README gives it, the same small limits from the environment.
+        "uvicorn-http": (start(["-m", "uvicorn", "distrinews_lib.serving.app:app", "--host", "127.0.0.1", "--port", str(p4),
+                                "--http", "distrinews_lib.serving.protocol:HttpProtocol", "--limit-concurrency", "6",
+                                "--timeout-keep-alive", "1"], logs / "uvicorn-http.log",
+                               DISTRINEWS_CHECKPOINT=str(ckpt_path), DISTRINEWS_HEADER_TIMEOUT="1.5",
+                               DISTRINEWS_BODY_TIMEOUT="1.5"), f"http://127.0.0.1:{p4}", logs / "uvicorn-http.log"),
     }
     try:
         for proc, url, log in procs.values():
@@ -261,8 +267,9 @@ def test_overload_is_shed_with_503_and_retry_after(servers, loaded):
     assert health_of(base)["queue"]["shed"] - shed_before == codes.count(503)
 
 
-def test_connection_limit_answers_503_with_retry_after(servers):
-    base = servers["strict"]  # --limit-concurrency 6
+@pytest.mark.parametrize("how", ["strict", "uvicorn-http"])
+def test_connection_limit_answers_503_with_retry_after(servers, how):
+    base = servers[how]  # --limit-concurrency 6
     idle = [socket.create_connection(("127.0.0.1", port_of(base))) for _ in range(6)]
     try:
         with socket.create_connection(("127.0.0.1", port_of(base))) as sock:
@@ -277,11 +284,12 @@ def test_connection_limit_answers_503_with_retry_after(servers):
     assert "limit of 6 connections" in json.loads(body)["detail"]
 
 
+@pytest.mark.parametrize("how", ["strict", "uvicorn-http"])
 @pytest.mark.parametrize("what", ["headers", "body", "nothing"])
-def test_slow_client_is_cut_off(servers, what):
-    """--header-timeout / --body-timeout 1.5 s: a client that trickles (or sends nothing) is answered 408 and
+def test_slow_client_is_cut_off(servers, how, what):
+    """Header and body timeouts of 1.5 s: a client that trickles (or sends nothing) is answered 408 and
     closed instead of holding a connection for ever."""
-    base = servers["strict"]
+    base = servers[how]
     with socket.create_connection(("127.0.0.1", port_of(base))) as sock:
         if what == "headers":
             sock.sendall(b"POST /predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty")
@@ -305,11 +313,11 @@ def test_idle_keep_alive_connection_is_closed(servers):
     assert data.startswith(b"HTTP/1.1 200") and data.endswith(b"}") and waited < 5, (data[-100:], waited)
 
 
-@pytest.mark.parametrize("how", ["cli", "uvicorn"])
+@pytest.mark.parametrize("how", ["cli", "uvicorn", "uvicorn-http"])
 @pytest.mark.parametrize("what", ["a 16 MB header", "100,000 headers"])
 def test_oversized_headers_get_431(servers, how, what):
-    """The command line refuses them while they arrive; plain uvicorn (no --http flag) reads them, then the app
-    refuses them."""
+    """The command line (and uvicorn with --http ...HttpProtocol) refuses them while they arrive; plain uvicorn
+    reads them, then the app refuses them."""
     base = servers[how]
     if what == "a 16 MB header":
         extra = b"X-Big: " + b"a" * (16 * 1024 * 1024) + b"\r\n"
@@ -325,7 +333,7 @@ def test_oversized_headers_get_431(servers, how, what):
             pass  # the server answered and closed before the client finished sending
         data, _ = read_until_closed(sock, 30)
     assert data.startswith(b"HTTP/1.1 431"), data[:200]
-    if how == "cli" and what == "a 16 MB header":
+    if how != "uvicorn" and what == "a 16 MB header":
         assert sent < len(request) // 2, "the server should refuse long before the whole header is in"
 
 
