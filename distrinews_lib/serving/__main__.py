@@ -76,7 +76,11 @@ def main(argv=None) -> None:
     import uvicorn
 
     from .app import check_for_serving, create_app, resolve_batching, resolve_device
-    from .protocol import HttpProtocol
+
+    try:
+        from .protocol import HttpProtocol
+    except ImportError:  # uvicorn without httptools (not uvicorn[standard]): h11 with its header limit only
+        HttpProtocol = None
 
     size, window = resolve_batching(values["max_batch_size"], values["batch_window_ms"])
     device = resolve_device(args.device or os.environ.get("DISTRINEWS_DEVICE"))
@@ -89,12 +93,15 @@ def main(argv=None) -> None:
     connection = {s.name: values[s.name] for s in serving_settings.SETTINGS if s.group == "connection"}
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level=args.log_level, log_config=log_config(args.log_level),
-        http=HttpProtocol.configured(**connection),
+        http=HttpProtocol.configured(**connection) if HttpProtocol else "h11",
         limit_concurrency=connection["limit_concurrency"], timeout_keep_alive=connection["timeout_keep_alive"],
         h11_max_incomplete_event_size=connection["max_header_bytes"],
     )
     print(f"DistriNews: serving {args.checkpoint} on {device} at http://{args.host}:{args.port} "
           f"(API docs: http://{args.host}:{args.port}/docs)", file=sys.stderr, flush=True)
+    if HttpProtocol is None:
+        print("DistriNews: httptools is not installed (pip install 'uvicorn[standard]'), so the header and body "
+              "timeouts are off; h11 still limits the header size.", file=sys.stderr, flush=True)
     server = uvicorn.Server(config)
     try:
         server.run()
