@@ -11,8 +11,10 @@ In a script (started by torchrun):
     finish()                    free dead DDP models, barrier, destroy the process group
 
 In a notebook:
-    torchrun("-m distrinews_lib.demo", ...)   see run_together(): several demo scripts in ONE launch
-    sections(res.output)        that launch's output, split per script
+    run = SharedLaunch([(script, [args], json_path), ...], nproc, timeout)
+    output, data = run("02_ddp_backward.py")   the first call runs EVERY listed script in one launch
+                                (python -m distrinews_lib.demo A.py ARGS -- B.py ARGS ..., see run_together)
+    sections(res.output)        such a launch's output, split per script
     failure_story(res)          the few lines of a failed launch that say what happened
 """
 
@@ -130,6 +132,46 @@ def run_together(argv: list[str]) -> None:
     finally:
         _shared = False
     finish()
+
+
+class SharedLaunch:
+    """Demo scripts that are expected to finish, run in ONE torchrun launch (for the notebooks).
+
+    runs: (script path, [arguments], the JSON it writes or None). The first call runs every script
+    through `python -m distrinews_lib.demo` (rank 0's JSON files deleted first: no stale result is ever
+    read) and keeps each script's output; later calls return what was kept, except for a script whose
+    text changed since it ran (its %%writefile cell edited and rerun): that one runs again, alone.
+    Returns (its output, its JSON or None) and prints the output.
+    """
+
+    def __init__(self, runs, nproc: int, timeout: float):
+        self.runs = {Path(script).name: (Path(script), [str(a) for a in args], Path(out) if out else None)
+                     for script, args, out in runs}
+        self.nproc, self.timeout, self.done = nproc, timeout, {}
+
+    def _launch(self, names) -> None:
+        from .launch import torchrun
+
+        argv, texts = [], {}
+        for name in names:
+            script, args, out = self.runs[name]
+            if out:
+                out.unlink(missing_ok=True)
+            argv += ["--", str(script), *args]
+            texts[name] = script.read_text()
+        res = torchrun("distrinews_lib.demo", self.nproc, argv[1:], timeout=self.timeout, torchrun_args=["-m"], echo=False)
+        print(f"[one launch ran {len(names)} script(s) on {self.nproc} ranks in {res.seconds:.1f} s]")
+        outputs = sections(res.output)
+        self.done.update({name: (texts[name], outputs.get(name, "")) for name in names})
+
+    def __call__(self, name: str, echo: bool = True):
+        stale = [n for n, (script, _, _) in self.runs.items() if self.done.get(n, ("",))[0] != script.read_text()]
+        if name in stale:
+            self._launch(stale if not self.done else [name])
+        output, out = self.done[name][1], self.runs[name][2]
+        if echo:
+            print(output, end="")
+        return output, (json.loads(out.read_text()) if out else None)
 
 
 def sections(output: str) -> dict[str, str]:

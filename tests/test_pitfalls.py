@@ -5,10 +5,12 @@
 import ast
 import json
 import re
+from pathlib import Path
 
 import pytest
 
-from distrinews_lib.demo import failure_story, sections
+from distrinews_lib import launch as launch_module
+from distrinews_lib.demo import SharedLaunch, failure_story, sections
 from distrinews_lib.distributed import choose_backend
 from distrinews_lib.errors import UserError
 from distrinews_lib.launch import LaunchResult, torchrun
@@ -103,7 +105,8 @@ def test_collective_on_one_rank_times_out_instead_of_hanging(tmp_path):
                timeout=60, check=False)
     assert not res.ok and not res.timed_out
     waited = [float(w) for w in re.findall(r"waited_s=([\d.]+)", res.output)]
-    assert len(waited) == 2 and all(w >= 1.5 for w in waited)
+    # the first rank to time out exits, and torchrun may stop the other before it reports: 1 or 2 reports
+    assert 1 <= len(waited) <= 2 and all(w >= 1.5 for w in waited)
 
 
 def _result(output, seconds=4.0, returncode=1):
@@ -136,26 +139,51 @@ def test_sections_split_a_shared_launch_per_script():
     assert sections(out) == {"a.py": "A1\nA2\n", "b.py": "B1\n"}
 
 
+def test_shared_launch_runs_everything_once_then_only_an_edited_script(tmp_path, monkeypatch):
+    scripts = {name: tmp_path / name for name in ("a.py", "b.py")}
+    for name, path in scripts.items():
+        path.write_text(f"# {name}\n")
+    (tmp_path / "a.json").write_text("{}")
+    launches = []
+
+    def fake_torchrun(script, nproc, args, **kwargs):
+        assert script == "distrinews_lib.demo" and kwargs["torchrun_args"] == ["-m"]
+        names = [Path(a).name for i, a in enumerate(args) if i == 0 or args[i - 1] == "--"]
+        launches.append(names)
+        (tmp_path / "a.json").write_text(json.dumps({"run": len(launches)}))
+        output = "".join(f"=== demo: {n}\nout of {n} #{len(launches)}\n=== demo: done in 0.1 s\n" for n in names)
+        return LaunchResult([], 0, output, 1.0)
+
+    monkeypatch.setattr(launch_module, "torchrun", fake_torchrun)
+    run = SharedLaunch([(scripts["a.py"], ["--x", 1], tmp_path / "a.json"), (scripts["b.py"], [], None)], 2, 60)
+    assert run("b.py", echo=False) == ("out of b.py #1\n", None)
+    assert run("a.py", echo=False) == ("out of a.py #1\n", {"run": 1})   # kept from the one launch
+    assert launches == [["a.py", "b.py"]]
+    scripts["a.py"].write_text("# a.py, edited\n")
+    assert run("a.py", echo=False) == ("out of a.py #2\n", {"run": 2})
+    assert run("b.py", echo=False)[0] == "out of b.py #1\n"
+    assert launches == [["a.py", "b.py"], ["a.py"]]
+
+
 @pytest.fixture(scope="module")
 def shared_launch(tmp_path_factory):
     """ONE launch (python -m distrinews_lib.demo) running the new pitfalls' fixed runs and concept 02."""
     tmp = tmp_path_factory.mktemp("shared")
-    runs = [(PITFALLS / "11_unused_parameters.py", "--mode", "fixed", "--out", tmp / "unused_{mode}.json"),
-            (PITFALLS / "12_batchnorm.py", "--out", tmp / "bn.json"),
-            (PITFALLS / "13_lr_scaling.py", "--out", tmp / "lr.json"),
-            (CONCEPTS / "02_ddp_backward.py", "--bucket_cap_mb", 1, "--out", tmp / "backward.json")]
-    argv = [str(a) for run in runs for a in ("--", *run)][1:]
-    res = torchrun("distrinews_lib.demo", 2, argv, timeout=180, echo=False, torchrun_args=["-m"], cwd=ROOT)
-    load = lambda name: json.loads((tmp / name).read_text())
-    return res, {"unused": load("unused_fixed.json"), "bn": load("bn.json"), "lr": load("lr.json"),
-                 "backward": load("backward.json")}
+    run = SharedLaunch([(PITFALLS / "11_unused_parameters.py", ["--mode", "fixed", "--out", tmp / "unused_{mode}.json"], tmp / "unused_fixed.json"),
+                        (PITFALLS / "12_batchnorm.py", ["--out", tmp / "bn.json"], tmp / "bn.json"),
+                        (PITFALLS / "13_lr_scaling.py", ["--out", tmp / "lr.json"], tmp / "lr.json"),
+                        (CONCEPTS / "02_ddp_backward.py", ["--bucket_cap_mb", 1, "--out", tmp / "backward.json"], tmp / "backward.json")],
+                       2, 180)
+    results = {key: run(name, echo=False) for key, name in [("unused", "11_unused_parameters.py"), ("bn", "12_batchnorm.py"),
+                                                             ("lr", "13_lr_scaling.py"), ("backward", "02_ddp_backward.py")]}
+    return {key: data for key, (_, data) in results.items()}, {key: output for key, (output, _) in results.items()}
 
 
 @pytest.mark.slow
 def test_one_launch_runs_several_scripts_in_one_process_group(shared_launch):
-    res, _ = shared_launch
-    assert list(sections(res.output)) == ["11_unused_parameters.py", "12_batchnorm.py", "13_lr_scaling.py",
-                                          "02_ddp_backward.py"]
+    outputs = shared_launch[1]
+    assert "RESULT rank=0 mode=fixed" in outputs["unused"] and "RESULT rank=1 mode=fixed" in outputs["bn"]
+    assert "2 bucket all-reduces" in outputs["backward"]
 
 
 @pytest.mark.slow
@@ -163,9 +191,9 @@ def test_unused_parameter_breaks_plain_ddp_and_both_fixes_train(shared_launch, t
     res = _run(PITFALLS / "11_unused_parameters.py", "--mode", "broken", tmp_path=tmp_path, timeout=60, check=False)
     assert not res.ok and not res.timed_out
     assert "Expected to have finished reduction in the prior iteration" in res.output
-    assert re.findall(r"failed_at_step=(\d+)", res.output) == ["1", "1"]
+    assert set(re.findall(r"failed_at_step=(\d+)", res.output)) == {"1"}  # each rank that reported before torchrun stopped it
     assert len(failure_story(res).splitlines()) <= 4
-    r = shared_launch[1]["unused"]
+    r = shared_launch[0]["unused"]
     skipped = [s for s, used in enumerate(r["aux_used"]) if not used]
     assert r["find_unused"]["max_param_diff"] == 0.0 and r["static_graph"]["max_param_diff"] == 0.0
     assert all(r["find_unused"]["no_grad"][s] == ["aux.weight", "aux.bias"] for s in skipped)
@@ -174,7 +202,7 @@ def test_unused_parameter_breaks_plain_ddp_and_both_fixes_train(shared_launch, t
 
 @pytest.mark.slow
 def test_batchnorm_per_rank_statistics_differ_and_sync_matches_the_global_batch(shared_launch):
-    r = shared_launch[1]["bn"]
+    r = shared_launch[0]["bn"]
     assert r["broken"]["mean_diff_between_ranks"] > 1e-3 and r["broken"]["mean_diff_to_global"] > 1e-3
     assert r["fixed"]["mean_diff_between_ranks"] == 0.0
     assert max(r["fixed"]["mean_diff_to_global"], r["fixed"]["var_diff_to_global"], r["fixed"]["weight_diff_to_global"]) < 1e-5
@@ -182,7 +210,7 @@ def test_batchnorm_per_rank_statistics_differ_and_sync_matches_the_global_batch(
 
 @pytest.mark.slow
 def test_linear_lr_scaling_recovers_what_the_same_lr_loses(shared_launch):
-    r = shared_launch[1]["lr"]
+    r = shared_launch[0]["lr"]
     one, broken, fixed = (c[-1] for c in (r["one_process"], r["broken"]["curve"], r["fixed"]["curve"]))
     assert one[0] == broken[0] == fixed[0] == r["n_train"]
     assert broken[1] - one[1] > 0.1 and one[2] - broken[2] > 0.05
@@ -191,7 +219,7 @@ def test_linear_lr_scaling_recovers_what_the_same_lr_loses(shared_launch):
 
 @pytest.mark.slow
 def test_bucket_timeline_records_launch_and_completion(shared_launch):
-    for rank in shared_launch[1]["backward"]["ranks"]:
+    for rank in shared_launch[0]["backward"]["ranks"]:
         step = rank["steps"][-1]
         assert len(step["buckets"]) == 2  # 6 layers of 256x256 (+bias) at 1 MiB: 4 layers fill the first bucket
         assert all(b["launched"] <= b["done"] <= step["backward_s"] for b in step["buckets"])
