@@ -112,6 +112,11 @@ def check_setup(a) -> tuple[str, str]:
         raise Refused(f"MASTER_ADDR '{a.master_addr}' does not resolve on this node ({err.strerror}). Use node 0's "
                       "address or a host name every node can resolve (on Slurm: the first name of "
                       "`scontrol show hostnames $SLURM_JOB_NODELIST`).")
+    if a.node_rank == 0 and not is_local(master_ip):
+        mine = "; ".join(local_addresses()) or "unknown"
+        raise Refused(f"node rank 0 hosts the rendezvous, so MASTER_ADDR must be one of its own addresses, but "
+                      f"'{a.master_addr}' ({master_ip}) is not (this node has: {mine}). Start node rank 0 on "
+                      f"MASTER_ADDR, or set MASTER_ADDR to this node's address.")
     if a.ifname:
         if not Path(f"/sys/class/net/{a.ifname}").exists():
             names = sorted(p.name for p in Path("/sys/class/net").iterdir()) if Path("/sys/class/net").is_dir() else []
@@ -124,12 +129,8 @@ def check_setup(a) -> tuple[str, str]:
         local = route_address(master_ip, a.master_port)
         if not local:
             raise Refused(f"this node has no route to MASTER_ADDR {a.master_addr} ({master_ip}).")
-    if a.node_rank == 0 and not is_local(master_ip):
-        mine = "; ".join(local_addresses()) or "unknown"
-        raise Refused(f"node rank 0 hosts the rendezvous, so MASTER_ADDR must be one of its own addresses, but "
-                      f"'{a.master_addr}' ({master_ip}) is not (this node has: {mine}). Start node rank 0 on "
-                      f"MASTER_ADDR, or set MASTER_ADDR to this node's address.")
-    lo, hi = (a.nnodes.split(":") + [a.nnodes])[:2] if ":" in a.nnodes else (a.nnodes, a.nnodes)
+    lo, _, hi = a.nnodes.partition(":")
+    hi = hi or lo
     if not (lo.isdigit() and hi.isdigit() and 1 <= int(lo) <= int(hi)):
         raise Refused(f"--nnodes '{a.nnodes}': give a number of nodes (2) or MIN:MAX (1:2).")
     return master_ip, local
@@ -173,7 +174,7 @@ class Preflight(threading.Thread):
                 last = "timeout"
             except OSError as err:
                 last = err.strerror or str(err)
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline and self.a.node_rank != 0:  # node 0 waits for its own torchrun to listen
                 where = f"MASTER_ADDR:MASTER_PORT = {a.master_addr}:{a.master_port} ({self.master_ip})"
                 if last == "refused":
                     why = ("the connection was refused: that machine answers, but nothing listens on that port. "

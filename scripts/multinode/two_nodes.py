@@ -108,8 +108,8 @@ class Node:
             log.write(line + "\n")
             log.flush()
             self.cluster.echo(f"{self.name} | {line}")
-            for key, event in (("pulling the plug", "killed"), ("resumed from", "resumed"),
-                               ("[identity]", "identity")):
+            for key, event in (("pulling the plug", "killed"), ("resumed from", "resumed"), ("[identity]", "identity"),
+                               ("error: ", "error"), ("] stopped: ", "stopped"), ("[launcher", "launcher")):
                 if key in line:
                     self.cluster.event(f"{self.name} {event}", line=line, t=now)
         log.close()
@@ -137,6 +137,7 @@ class Cluster:
         self.nodes: dict[int, Node] = {}
         self.finished: dict[int, int] = {}
         self.relaunches = 0
+        self.bytes: dict = {}
 
     # ---------------------------------------------------------------- bookkeeping
     def echo(self, text: str) -> None:
@@ -173,8 +174,26 @@ class Cluster:
         say(f"node0 = {SUBNET}.1, node1 = {SUBNET}.2, both on interface veth0; rendezvous at node0:{self.port}")
         self.event("netns up", prefix=self.prefix)
 
+    def traffic(self) -> dict:
+        """Bytes each node sent and received on veth0 and on lo (read before the namespaces go)."""
+        out = {}
+        for i in (0, 1):
+            for dev in ("veth0", "lo"):
+                r = subprocess.run(["ip", "-n", f"{self.prefix}-node{i}", "-j", "-s", "link", "show", dev],
+                                   capture_output=True, text=True, timeout=10)
+                try:
+                    stats = json.loads(r.stdout)[0]["stats64"]
+                    out[f"node{i}/{dev}"] = {"tx_bytes": stats["tx"]["bytes"], "rx_bytes": stats["rx"]["bytes"]}
+                except (ValueError, LookupError):
+                    pass
+        return out
+
     def network_down(self) -> None:
         if self.netns:
+            self.bytes = self.traffic()
+            if self.bytes:
+                say("bytes sent over each interface: " + ", ".join(
+                    f"{k} {v['tx_bytes'] / 1e6:.1f} MB" for k, v in self.bytes.items()))
             subprocess.run(["bash", str(NETNS), "down", self.prefix], capture_output=True, text=True, timeout=60)
             self.netns = False
             say(f"namespaces {self.prefix}-node0/1 deleted")
@@ -244,9 +263,10 @@ class Cluster:
                 node.proc.kill()
 
     def write_record(self, rc: int) -> None:
-        record = {"mode": "netns" if self.prefix and any(e["event"] == "netns up" for e in self.events) else "loopback",
+        record = {"mode": "netns" if any(e["event"] == "netns up" for e in self.events) else "loopback",
                   "master_addr": self.master_addr, "port": self.port, "ifname": self.ifname, "exit_code": rc,
-                  "seconds": round(time.time() - self.t0, 2), "relaunches": self.relaunches, "events": self.events,
+                  "seconds": round(time.time() - self.t0, 2), "relaunches": self.relaunches, "traffic": self.bytes,
+                  "prefix": self.prefix, "events": self.events,
                   "args": {k: v for k, v in vars(self.args).items() if k != "train"}, "train_args": self.train_args()}
         (self.workdir / "cluster.json").write_text(json.dumps(record, indent=2))
 
