@@ -28,6 +28,7 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 PRESETS = ("cpu_smoke", "single_gpu", "kaggle_t4x2")
 AMP_MODES = ("auto", "fp16", "bf16", "off")
 BACKENDS = ("auto", "nccl", "gloo")
+TRACKERS = ("none", "tensorboard", "wandb", "trackio")
 _NONE = ("null", "none", "~", "")
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
@@ -82,6 +83,8 @@ class RunConfig:
     checkpoint: str = opt("checkpoints/distilbert_agnews.pt", "where the trained model is saved")
     threads: typing.Optional[int] = opt(None, "torch CPU threads per process (default: torch's choice)", check=at_least(1))
     progress: bool = opt(True, "tqdm bar on rank 0")
+    report_to: str = opt("none", "experiment tracker rank 0 also writes to (W&B offline unless WANDB_MODE says otherwise)",
+                         choices=TRACKERS)
     max_steps_per_epoch: typing.Optional[int] = opt(None, "stop each epoch after this many optimizer steps (benchmarks)", check=at_least(1))
     # The fast path: each option can be switched off to measure what it buys.
     group_by_length: bool = opt(True, "batch texts of similar length (less padding)")

@@ -53,6 +53,10 @@ def ensure_torchrun_env() -> DistInfo:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
+    if os.environ.get("DISTRINEWS_RANKS_DIR"):  # the launcher counts the ranks that really started (launch.py)
+        marker = os.path.join(os.environ["DISTRINEWS_RANKS_DIR"], f"rank{os.environ['RANK']}")
+        with open(marker, "w") as f:
+            f.write(f"{os.getpid()} {os.environ['WORLD_SIZE']}\n")
     return DistInfo(
         rank=int(os.environ["RANK"]),
         local_rank=int(os.environ.get("LOCAL_RANK", 0)),

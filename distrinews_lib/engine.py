@@ -192,6 +192,7 @@ class EpochStats:
     tokens_per_s: float
     lr: float
     resumed: bool = False   # part of this epoch ran before a restart (its counters were restored)
+    step_losses: list = None  # this rank's mean loss of each optimizer step (for the experiment tracker's curve)
 
 
 class NonFiniteLoss(UserError):
@@ -214,6 +215,8 @@ class EpochMeter:
         self.first_bad_step = torch.full((), -1, dtype=torch.long, device=device)
         self.samples = self.tokens = self.padded = self.sum_sq = self.steps = self.batches = 0
         self.seconds_before = 0.0  # time spent on this epoch before a resume
+        self.step_losses = []      # device scalars, read once at the end of the epoch
+        self._step_loss, self._step_n = torch.zeros((), device=device), 0
         self.resumed = state is not None
         if state:
             self.loss_sum += state["loss_sum"]
@@ -228,6 +231,8 @@ class EpochMeter:
         n = int(mask.shape[0])
         loss = loss.detach()
         self.loss_sum += loss.double() * n
+        self._step_loss += loss * n
+        self._step_n += n
         self._flag(~torch.isfinite(loss))
         self.samples += n
         self.tokens += int(lengths.sum())
@@ -237,6 +242,8 @@ class EpochMeter:
 
     def step(self, grad_norm: torch.Tensor | None = None) -> None:
         self.steps += 1
+        self.step_losses.append(self._step_loss / max(self._step_n, 1))
+        self._step_loss, self._step_n = torch.zeros((), device=self.device), 0
         if grad_norm is not None and not self.grad_overflow_is_normal:
             self._flag(~torch.isfinite(grad_norm.detach()))
 
@@ -275,9 +282,10 @@ class EpochMeter:
         totals = D.all_reduce_sum(torch.tensor([float(self.loss_sum), self.samples, self.tokens, self.padded, self.sum_sq,
                                                 seconds / D.get_world_size()], dtype=torch.float64, device=comm))
         loss_sum, samples, tokens, padded, sum_sq, seconds = totals.tolist()
+        step_losses = torch.stack(self.step_losses).tolist() if self.step_losses else []
         return EpochStats(loss_sum / max(samples, 1), int(samples), int(tokens), int(padded), int(sum_sq), self.steps,
                           seconds, samples / seconds if seconds else 0.0, tokens / seconds if seconds else 0.0, lr,
-                          self.resumed)
+                          self.resumed, step_losses)
 
 
 def epoch_line(epoch: int, epochs: int, train: EpochStats, val, mfu: float | None = None) -> str:

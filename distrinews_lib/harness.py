@@ -11,6 +11,8 @@ Notebook 04 and scripts/bench_train.py time the real scripts, not a copy of thei
 - comm=True registers a DDP communication hook on the script's DDP model that does what DDP does by
   default (average each gradient bucket with an all-reduce) and records when each bucket's all-reduce
   was launched and when it completed, and its size: how much of a step is spent communicating.
+  hook="fp16" | "bf16" | "powersgd" registers one of torch's compression hooks instead, timed the same
+  way; every all_reduce call is counted, so the bytes really sent are known whatever the hook does.
 - shared_process_group() creates the process group once; the scripts' own init_process_group and
   destroy_process_group calls then reuse it (torchrun's start-up costs seconds per launch).
 - alone() runs a single-process script on one rank while the others wait: inside it, distrinews_lib
@@ -20,8 +22,8 @@ Notebook 04 and scripts/bench_train.py time the real scripts, not a copy of thei
 from __future__ import annotations
 
 import contextlib
-import os
 import gc
+import os
 import runpy
 import sys
 import time
@@ -47,6 +49,7 @@ class Window:
     marks: dict = field(default_factory=dict)     # step -> (wall, cpu, machine busy seconds)
     batches: list = field(default_factory=list)   # (step being built, real lengths, padded width)
     comm: list = field(default_factory=list)      # (launched, completed, bytes, bucket index) per bucket all-reduce
+    sent: list = field(default_factory=list)      # (time, bytes) of every all_reduce call (what a hook really sends)
 
     def after_step(self, *_):
         self.seen += 1
@@ -85,6 +88,10 @@ class Window:
             out["allreduce_bytes"] = sum(c[2] for c in comm)
             out["comm_seconds"] = _union(comm)  # time during which at least one all-reduce was in flight
             out["comm_fraction"] = out["comm_seconds"] / seconds
+        sent = [n for when, n in self.sent if t0 <= when <= t1]
+        if sent:
+            out["bytes_sent"] = sum(sent)
+            out["bytes_sent_per_step"] = sum(sent) / self.steps
         return out
 
 
@@ -126,7 +133,29 @@ def _timed_allreduce(window: Window):
     return hook
 
 
-def run(script, argv, *, warmup: int, steps: int, device=None, comm: bool = False) -> Window:
+def _compression_hook(window: Window, name: str):
+    """One of torch's gradient compression hooks, timed like _timed_allreduce."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if name == "powersgd":  # rank-1 approximations of each gradient matrix, after 2 steps of plain all-reduce
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2)
+        inner = powerSGD_hook.powerSGD_hook
+    else:
+        state, inner = None, {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}[name]
+
+    def hook(process_group, bucket):
+        launched = time.perf_counter()
+
+        def done(f):
+            window.comm.append((launched, time.perf_counter(), 0, bucket.index()))
+            return f.value()
+
+        return inner(state, bucket).then(done)
+
+    return hook
+
+
+def run(script, argv, *, warmup: int, steps: int, device=None, comm: bool = False, hook: str | None = None) -> Window:
     """Run `script` with `argv` as __main__ and return the measured Window. The script must take at least
     warmup + steps optimizer steps (pass --epochs 1 --max_steps_per_epoch warmup+steps)."""
     from torch.nn.parallel import DistributedDataParallel
@@ -141,13 +170,22 @@ def run(script, argv, *, warmup: int, steps: int, device=None, comm: bool = Fals
 
     def ddp_init(module, *args, **kwargs):
         original_ddp_init(module, *args, **kwargs)
-        if comm:
+        if hook:
+            module.register_comm_hook(None, _compression_hook(window, hook))
+        elif comm:
             module.register_comm_hook(kwargs.get("process_group"), _timed_allreduce(window))
+
+    original_all_reduce = dist.all_reduce
+
+    def counted_all_reduce(tensor, *args, **kwargs):
+        window.sent.append((time.perf_counter(), tensor.numel() * tensor.element_size()))
+        return original_all_reduce(tensor, *args, **kwargs)
 
     handle = register_optimizer_step_post_hook(window.after_step)
     saved_argv = sys.argv
     try:
-        with _patched(engine.EpochMeter, "add", add), _patched(DistributedDataParallel, "__init__", ddp_init):
+        with _patched(engine.EpochMeter, "add", add), _patched(DistributedDataParallel, "__init__", ddp_init), \
+                _patched(dist, "all_reduce", counted_all_reduce):
             sys.argv = [str(script), *map(str, argv)]
             try:
                 runpy.run_path(str(script), run_name="__main__")

@@ -44,6 +44,7 @@ class LaunchResult:
     seconds: float
     timed_out: bool = False
     lines: list = field(default_factory=list)
+    ranks: int | None = None  # how many ranks really started (accelerate_launch counts them)
 
     @property
     def ok(self) -> bool:
@@ -209,6 +210,42 @@ def torchrun(script, nproc: int | str = "auto", args=(), *, timeout: float = 900
         env["OMP_NUM_THREADS"] = str(cpu_threads)
     return _run(cmd, timeout=timeout, env=env, cwd=cwd, echo=echo, check=check,
                 what=f"torchrun of {Path(str(script)).name} with {nproc} process(es)")
+
+
+ACCELERATE_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "accelerate" / "multi_process.yaml"
+
+
+def accelerate_launch(script, nproc: int | str = "auto", args=(), *, config_file=None, timeout: float = 900,
+                      env: dict | None = None, cwd=None, echo: bool = True, check: bool = True,
+                      cpu_threads: int | None = 1) -> LaunchResult:
+    """`accelerate launch --config_file CONFIG --num_processes N script args...`, then check that N ranks really ran.
+
+    On a machine without a GPU, `accelerate launch --cpu --num_processes 2` silently starts ONE process
+    (accelerate 1.x: multi-process CPU runs need MPI there). The project's config (distributed_type
+    MULTI_GPU) starts them through torchrun, which works on a CPU too; every rank of a distrinews_lib
+    script leaves a marker (distributed.ensure_torchrun_env), and fewer markers than N is an error.
+    """
+    import tempfile
+
+    nproc = default_nproc() if nproc == "auto" else int(nproc)
+    _check_nccl_fits(nproc, args)
+    env = dict(env or {})
+    if cpu_threads and "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = str(cpu_threads)
+    with tempfile.TemporaryDirectory(prefix="ranks_") as ranks_dir:
+        env["DISTRINEWS_RANKS_DIR"] = ranks_dir
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file or ACCELERATE_CONFIG),
+               "--num_processes", str(nproc), str(script), *map(str, args)]
+        what = f"accelerate launch of {Path(str(script)).name} with {nproc} process(es)"
+        result = _run(cmd, timeout=timeout, env=env, cwd=cwd, echo=echo, check=check, what=what)
+        ranks = sorted(p.name for p in Path(ranks_dir).glob("rank*"))
+    if result.ok and len(ranks) != nproc:
+        raise LaunchError(f"{what} ran {len(ranks)} rank(s) ({', '.join(ranks) or 'none'}), not {nproc}: accelerate "
+                          "launched fewer processes than asked. On a machine without a GPU do not pass --cpu to "
+                          "accelerate launch (it then starts one process); use configs/accelerate/multi_process.yaml "
+                          "(distributed_type MULTI_GPU), or torchrun.", result)
+    result.ranks = len(ranks)
+    return result
 
 
 def run(cmd, *, timeout: float = 900, env: dict | None = None, cwd=None, echo: bool = True, check: bool = True,

@@ -1,4 +1,6 @@
-"""Per-run metrics: metrics.csv (one row per epoch) and metrics.json (config, data, DDP, series, aggregates).
+"""Per-run metrics: metrics.csv (one row per epoch) and metrics.json (config, data, DDP, series, aggregates),
+and, with --report_to, an experiment tracker: TensorBoard event files, W&B (offline unless WANDB_MODE says
+otherwise; `wandb sync` uploads later) or Trackio (a local SQLite database).
 
 Only rank 0 writes; the files are rewritten after every epoch, so a crashed run still leaves its history.
 Every record names the data it was trained on (`data.source`, `data.title`), and so does every plot.
@@ -13,16 +15,66 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from .errors import UserError
 from .provenance import git_commit, machine_info, versions
 
 CSV_FIELDS = ["epoch", "train_loss", "val_loss", "val_accuracy", "epoch_time_s", "samples_per_s", "tokens_per_s", "lr",
               "resumed"]
 
 
+class Reporter:
+    """One experiment tracker: the same three calls whatever the backend."""
+
+    def __init__(self, kind: str, out_dir: Path, config: dict, name: str):
+        self.kind = kind
+        try:
+            if kind == "tensorboard":
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.writer = SummaryWriter(log_dir=str(out_dir / "tensorboard"))
+                self.writer.add_text("config", "\n".join(f"{k}: {v}" for k, v in config.items()))
+            elif kind == "wandb":
+                os.environ.setdefault("WANDB_MODE", "offline")  # a course run never needs an account
+                os.environ.setdefault("WANDB_SILENT", "true")
+                import wandb
+
+                self.run = wandb.init(project="distrinews", name=name, dir=str(out_dir), config=config)
+            elif kind == "trackio":
+                os.environ.setdefault("TRACKIO_DIR", str(out_dir / "trackio"))
+                import trackio
+
+                self.run = trackio.init(project="distrinews", name=name, config=config)
+        except ImportError as err:
+            raise UserError(f"--report_to {kind} needs the {err.name} package: pip install {err.name} "
+                            f"(or pip install -e '.[track]'), or use --report_to tensorboard / none.") from None
+
+    def log(self, values: dict, step: int) -> None:
+        if self.kind == "tensorboard":
+            for key, value in values.items():
+                self.writer.add_scalar(key, value, step)
+        elif self.kind == "wandb":
+            self.run.log(values, step=step)
+        else:
+            import trackio
+
+            trackio.log(values, step=step)
+
+    def finish(self) -> None:
+        if self.kind == "tensorboard":
+            self.writer.close()
+        elif self.kind == "wandb":
+            self.run.finish()
+        else:
+            import trackio
+
+            trackio.finish()
+
+
 class RunTracker:
     """Collects one run's metrics; `enabled=False` on ranks other than 0 makes every call a no-op."""
 
-    def __init__(self, out_dir, config: dict, *, data: dict, ddp: dict, model: dict, enabled: bool = True):
+    def __init__(self, out_dir, config: dict, *, data: dict, ddp: dict, model: dict, enabled: bool = True,
+                 report_to: str = "none"):
         self.out_dir = Path(out_dir)
         self.enabled = enabled
         self.rows: list[dict] = []
@@ -32,6 +84,7 @@ class RunTracker:
                        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "epochs": [], "aggregates": {}}
         if enabled:
             self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.reporter = Reporter(report_to, self.out_dir, config, self.out_dir.name) if enabled and report_to != "none" else None
 
     @classmethod
     def for_run(cls, cfg, plan, run, *, world_size: int, backend: str | None, enabled: bool) -> "RunTracker":
@@ -43,7 +96,7 @@ class RunTracker:
                          "full_sizes": s.full_sizes},
                    ddp={"world_size": world_size, "backend": backend,
                         "global_batch_size": cfg.batch_size * world_size * cfg.grad_accum},
-                   model=asdict(run.info), enabled=enabled)
+                   model=asdict(run.info), enabled=enabled, report_to=cfg.report_to)
 
     @property
     def csv_path(self) -> Path:
@@ -58,11 +111,19 @@ class RunTracker:
                "val_accuracy": round(val.accuracy, 6), "epoch_time_s": round(train.seconds, 4),
                "samples_per_s": round(train.samples_per_s, 3), "tokens_per_s": round(train.tokens_per_s, 1),
                "lr": train.lr, "resumed": bool(train.resumed)}
+        steps_before = sum(e["optimizer_steps"] for e in self.record["epochs"])
         self.rows.append(row)
         self.record["epochs"].append({**row, "train_samples": train.samples, "train_tokens": train.tokens,
                                       "padded_tokens": train.padded_tokens, "sum_sq_len": train.sum_sq_len,
                                       "optimizer_steps": train.optimizer_steps, "val_examples": val.n})
         self._write()
+        if self.reporter is not None:  # x axis: optimizer steps, so a curve continues across epochs
+            first = steps_before + train.optimizer_steps - len(train.step_losses or [])
+            for i, loss in enumerate(train.step_losses or []):
+                self.reporter.log({"train/loss_step": loss}, step=first + i + 1)
+            self.reporter.log({"train/loss": train.loss, "val/loss": val.loss, "val/accuracy": val.accuracy,
+                               "train/samples_per_s": train.samples_per_s, "train/lr": train.lr, "epoch": epoch},
+                              step=steps_before + train.optimizer_steps)
         return row
 
     def checkpoint_metadata(self, final) -> dict:
@@ -100,6 +161,9 @@ class RunTracker:
         self.record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.record["wall_time_s"] = round(time.time() - self.started, 3)
         self._write()
+        if self.reporter is not None:
+            self.reporter.finish()
+            self.reporter = None
         return self.record
 
     def _write(self) -> None:
@@ -167,3 +231,12 @@ def plot_metrics(runs: dict, save_to=None, chance: float | None = 0.25):
         Path(save_to).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(save_to, dpi=110)
     return fig
+
+
+def read_tensorboard(run_dir) -> dict:
+    """{tag: [(step, value), ...]} from the TensorBoard event files a run wrote (what TensorBoard would plot)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(Path(run_dir) / "tensorboard"))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}

@@ -154,3 +154,16 @@ def test_plain_pytest_without_nbval_says_what_to_install(tmp_path):
                        env=dict(os.environ, PYTHONPATH=str(tmp_path)), cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert "nbval is not installed" in r.stdout + r.stderr and "requirements-dev.txt" in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_every_chapter_ends_with_exercises_and_runnable_solutions(path):
+    cells = nbformat.read(str(path), as_version=4).cells
+    params = cells[[i for i, c in enumerate(cells) if c.cell_type == "code"][0]]
+    assert "SOLUTIONS = False" in params.source, f"{path.name}: the parameters cell needs SOLUTIONS = False"
+    heads = [i for i, c in enumerate(cells) if c.cell_type == "markdown" and "## Exercises" in c.source]
+    assert heads, f"{path.name}: no '## Exercises' section"
+    solutions = [c for c in cells[heads[-1]:] if c.cell_type == "code" and "solution" in c.metadata.get("tags", [])]
+    assert len(solutions) >= 2, f"{path.name}: {len(solutions)} solution cell(s) after the exercises; at least 2"
+    for c in solutions:
+        assert "solution(" in c.source and "check(" in c.source, f"{path.name}: a solution must run and check something"
