@@ -35,10 +35,10 @@ up() {
   for i in 0 1; do
     ip -n "$(ns "$p" $i)" addr add "$SUBNET.$((i + 1))/24" dev $IFNAME
     ip -n "$(ns "$p" $i)" link set $IFNAME up
-    # `ip netns exec` bind-mounts /etc/netns/NAME/hosts over /etc/hosts for the command it runs
+    # `exec` below bind-mounts /etc/netns/NAME/hosts over /etc/hosts for the command it runs (as `ip netns exec` does)
     mkdir -p "/etc/netns/$(ns "$p" $i)"
     printf '127.0.0.1 localhost\n%s.1 node0\n%s.2 node1\n' "$SUBNET" "$SUBNET" > "/etc/netns/$(ns "$p" $i)/hosts"
-    # and /etc/netns/NAME/resolv.conf over /etc/resolv.conf: no DNS server is reachable from the namespace, so
+    # and resolv.conf over /etc/resolv.conf: no DNS server is reachable from the namespace, so
     # name lookups must not wait for one (a reverse lookup that times out costs seconds each time)
     printf 'nameserver 127.0.0.1\noptions timeout:1 attempts:1\n' > "/etc/netns/$(ns "$p" $i)/resolv.conf"
   done
@@ -58,9 +58,12 @@ down() {
   ip link delete "${p}a" 2>/dev/null || true  # only if `up` failed halfway, before the move
 }
 
-run_on() {  # run_on PREFIX N CMD...: CMD on node N, with hostname nodeN
+run_on() {  # run_on PREFIX N CMD...: CMD on node N: its network, its host name (nodeN), its /etc/hosts
   local p=$1 i=$2; shift 2
-  exec ip netns exec "$(ns "$p" "$i")" unshare --uts sh -c 'hostname "$0" && exec "$@"' "node$i" "$@"
+  # nsenter --net rather than `ip netns exec`, which also remounts /sys and so hides the cgroup mounts (slurmd needs them)
+  exec nsenter --net="/run/netns/$(ns "$p" "$i")" unshare --mount --uts sh -c '
+    mount --bind "/etc/netns/$0/hosts" /etc/hosts && mount --bind "/etc/netns/$0/resolv.conf" /etc/resolv.conf &&
+    hostname "$1" && shift && exec "$@"' "$(ns "$p" "$i")" "node$i" "$@"
 }
 
 case "${1:-}" in

@@ -118,8 +118,8 @@ def check_setup(a) -> tuple[str, str]:
                       f"'{a.master_addr}' ({master_ip}) is not (this node has: {mine}). Start node rank 0 on "
                       f"MASTER_ADDR, or set MASTER_ADDR to this node's address.")
     if a.ifname:
-        if not Path(f"/sys/class/net/{a.ifname}").exists():
-            names = sorted(p.name for p in Path("/sys/class/net").iterdir()) if Path("/sys/class/net").is_dir() else []
+        names = sorted(name for _, name in socket.if_nameindex())
+        if a.ifname not in names:
             raise Refused(f"GLOO_SOCKET_IFNAME/--ifname '{a.ifname}' names no network interface on this node "
                           f"(it has: {', '.join(names) or 'none found'}). Name the interface the nodes reach each other on.")
         local = interface_address(a.ifname)
