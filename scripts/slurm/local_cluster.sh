@@ -40,8 +40,8 @@ install() {
   local t0=$SECONDS
   say "installing $PKGS (apt-get, --no-install-recommends)"
   export DEBIAN_FRONTEND=noninteractive
-  timeout 600 apt-get update -qq || die "apt-get update failed (no network to the package mirror?)" 3
-  timeout 600 apt-get install -y -qq --no-install-recommends $PKGS >/dev/null || die "apt-get install $PKGS failed" 3
+  timeout 300 apt-get update -qq || die "apt-get update failed (no network to the package mirror?)" 3
+  timeout 300 apt-get install -y -qq --no-install-recommends $PKGS >/dev/null || die "apt-get install $PKGS failed" 3
   say "installed $(slurmctld -V) in $((SECONDS - t0)) s"
 }
 
