@@ -71,6 +71,12 @@ def tokenizer_files(tokenizer) -> dict:
 
 
 def tokenizer_from_files(files: dict):
+    from .tokenization import HASH_FILE, HashTokenizer, is_hash_files
+
+    if is_hash_files(files):  # the vocabulary-free hash tokenizer: its settings are all it needs
+        import json
+
+        return HashTokenizer.from_dict(json.loads(files[HASH_FILE]))
     from transformers import AutoTokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -97,8 +103,12 @@ def _plain(value):
     return str(value)
 
 
-def save_checkpoint(path, model, tokenizer, label_names, metadata: dict | None = None, max_length: int | None = None) -> Path:
-    """Save the unwrapped model (no `module.` prefix) with its config, labels, metadata and tokenizer."""
+def save_checkpoint(path, model, tokenizer, label_names, metadata: dict | None = None, max_length: int | None = None,
+                    truncation: str | None = None) -> Path:
+    """Save the unwrapped model (no `module.` prefix) with its config, labels, metadata and tokenizer.
+    truncation: how texts longer than max_length are cut (default: what the tokenizer was told, else head)."""
+    from .tokenization import truncation_of
+
     path = Path(path)
     bare = unwrap(model)
     state = {k: v.detach().cpu().clone() for k, v in bare.state_dict().items()}
@@ -111,6 +121,7 @@ def save_checkpoint(path, model, tokenizer, label_names, metadata: dict | None =
         "max_length": int(max_length or 128),
         "metadata": _plain(metadata or {}),
         "tokenizer_files": tokenizer_files(tokenizer),
+        "truncation": truncation or truncation_of(tokenizer),
     }
     atomic_torch_save(payload, path)
     return path
@@ -124,6 +135,7 @@ class LoadedCheckpoint:
     metadata: dict
     max_length: int
     path: Path
+    truncation: str = "head"  # how texts longer than max_length are cut: head, or head_tail
 
 
 def read_checkpoint(path) -> dict:
@@ -219,8 +231,19 @@ def load_checkpoint(path=DEFAULT_CHECKPOINT, device: str | torch.device = "cpu")
     payload = read_checkpoint(path)
     cfg_dict = dict(payload["model_config"])
     model_type = cfg_dict.pop("model_type", payload["model_type"])
-    config = AutoConfig.for_model(model_type, **cfg_dict)
-    model = AutoModelForSequenceClassification.from_config(config)
+    from .custom_model import MODEL_TYPE as CUSTOM_MODEL_TYPE
+
+    if model_type == CUSTOM_MODEL_TYPE:  # --model custom: plain PyTorch, rebuilt from its own config
+        from .custom_model import CustomClassifier, CustomConfig
+
+        try:
+            model = CustomClassifier(CustomConfig.from_dict(cfg_dict))
+        except (TypeError, ValueError) as err:
+            raise CheckpointError(f"checkpoint {path} has a custom model config this version cannot build ({err}); "
+                                  "retrain it.") from None
+    else:
+        config = AutoConfig.for_model(model_type, **cfg_dict)
+        model = AutoModelForSequenceClassification.from_config(config)
     state = payload["state_dict"]
     if any(k.startswith("module.") for k in state):
         raise CheckpointError(f"checkpoint {path} holds a DDP wrapper's keys ('module.' prefix); save unwrap(model) instead.")
@@ -231,8 +254,15 @@ def load_checkpoint(path=DEFAULT_CHECKPOINT, device: str | torch.device = "cpu")
     check_servable(path, payload, model)
     model.to(device).eval()
     tokenizer = tokenizer_from_files(payload["tokenizer_files"])
+    from .tokenization import TRUNCATIONS, set_truncation
+
+    truncation = payload.get("truncation", "head")
+    if truncation not in TRUNCATIONS:
+        raise CheckpointError(f"checkpoint {path} has truncation={truncation!r}; it must be one of {', '.join(TRUNCATIONS)}. "
+                              "Retrain it.")
+    set_truncation(tokenizer, truncation)
     return LoadedCheckpoint(model, tokenizer, list(payload["label_names"]), dict(payload.get("metadata", {})),
-                            int(payload.get("max_length", 128)), path)
+                            int(payload.get("max_length", 128)), path, truncation)
 
 
 @torch.inference_mode()
@@ -243,9 +273,16 @@ def predict_proba(loaded: LoadedCheckpoint, texts: list[str], batch_size: int = 
     device = next(loaded.model.parameters()).device
     keep_tt = model_accepts_token_type_ids(loaded.model)
     out = []
+    from .tokenization import HashTokenizer, encode_texts
+
+    head_tail = loaded.truncation == "head_tail" and not isinstance(loaded.tokenizer, HashTokenizer)
     for i in range(0, len(texts), batch_size):
-        enc = loaded.tokenizer(texts[i:i + batch_size], truncation=True, max_length=loaded.max_length,
-                               padding=True, return_tensors="pt")
+        if head_tail:  # the text's start and end, cut exactly as in training (tokenization.encode_texts)
+            ids = encode_texts(loaded.tokenizer, texts[i:i + batch_size], loaded.max_length, "head_tail")
+            enc = loaded.tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt")
+        else:
+            enc = loaded.tokenizer(texts[i:i + batch_size], truncation=True, max_length=loaded.max_length,
+                                   padding=True, return_tensors="pt")
         if not keep_tt:
             enc.pop("token_type_ids", None)
         logits = loaded.model(**{k: v.to(device) for k, v in enc.items()}).logits

@@ -28,6 +28,10 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 PRESETS = ("cpu_smoke", "single_gpu", "kaggle_t4x2")
 AMP_MODES = ("auto", "fp16", "bf16", "off")
 BACKENDS = ("auto", "nccl", "gloo")
+TOKENIZERS = ("auto", "hf", "hash")
+TRUNCATIONS = ("head", "head_tail")
+POOLINGS = ("mean", "cls")
+EXPERIMENT_DIR = CONFIG_DIR / "experiments"
 TRACKERS = ("none", "tensorboard", "wandb", "trackio")
 _NONE = ("null", "none", "~", "")
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
@@ -55,6 +59,29 @@ def between(low, high, why=""):
     return lambda v: None if low <= v <= high else f"must be between {low} and {high}{why}"
 
 
+def label_list(v):
+    names = [n.strip() for n in v.split(",")]
+    if any(not n for n in names):
+        return "must be comma-separated non-empty class names, e.g. negative,positive"
+    if len(names) < 2:
+        return "must name at least two classes, comma-separated"
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        return f"names {', '.join(repeated)} more than once; each class needs its own name"
+    return None
+
+
+def column_list(v):
+    return None if all(c.strip() for c in v.split(",")) else "must be column names, comma-separated"
+
+
+def experiment_name(v):
+    import re
+
+    return None if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,80}", v) else \
+        "must be a simple name (letters, digits, _ . -): it names the folder experiments/<name>/"
+
+
 def opt(default, help: str, *, check=None, choices=None, ddp: bool = False):
     """A field of RunConfig: its default, its --help text, a check and (for some) the allowed choices."""
     return field(default=default, metadata={"help": help, "check": check, "choices": choices, "ddp": ddp})
@@ -72,10 +99,31 @@ class RunConfig:
     lr: float = opt(5e-5, "peak learning rate of AdamW", check=positive)
     weight_decay: float = opt(0.01, "AdamW weight decay (not on biases and LayerNorm)", check=non_negative)
     warmup_ratio: float = opt(0.06, "share of the optimizer steps with a linear warm-up", check=fraction)
-    max_length: int = opt(128, "tokens per text (longer texts are truncated)", check=between(8, 512, " (DistilBERT's limit)"))
+    max_length: int = opt(128, "tokens per text (longer texts are cut, see --truncation); at most the model's position "
+                          "limit, checked when it is loaded (512 for DistilBERT)", check=between(8, 8192))
     max_grad_norm: float = opt(1.0, "gradient clipping (0 turns it off)", check=non_negative)
-    model: str = opt("auto", "tiny, minilm, auto, a hub id (distilbert-base-uncased) or a local folder")
-    data: str = opt("auto", "auto, hub, embedded, synthetic, or a folder with train.csv/test.csv (.gz ok)")
+    model: str = opt("auto", "tiny, minilm, custom (a small transformer from scratch), auto, a hub id "
+                     "(distilbert-base-uncased) or a local folder")
+    data: str = opt("auto", "where the dataset comes from: auto, hub (its cache under HF_HUB_OFFLINE=1), embedded, "
+                    "synthetic (both AG News only), or a folder with train.csv/test.csv (.gz ok)")
+    dataset: str = opt("ag_news", "ag_news, imdb, amazon_polarity, yelp_polarity, hub:OWNER/NAME, a folder, or csv:PATH "
+                       "(a CSV with a header; a folder with train.csv and test.csv, or one file: 10%% held out as test)")
+    text_column: typing.Optional[str] = opt(None, "column(s) with the text in a CSV with a header or a hub dataset "
+                                            "(comma-separated ones are joined; default: text)", check=column_list)
+    label_column: typing.Optional[str] = opt(None, "column with the label (default: label)", check=column_list)
+    label_names: typing.Optional[str] = opt(None, "class names, comma-separated, in the order of the label indices "
+                                            "(default: from the data)", check=label_list)
+    tokenizer: str = opt("auto", "auto (hash for --model custom, else the model's own), hf (the model's, or DistilBERT's "
+                         "vocabulary for custom), hash (no vocabulary file: models trained from scratch)", choices=TOKENIZERS)
+    hash_buckets: int = opt(32768, "ids of the hash tokenizer (its embedding table's rows)", check=between(16, 1 << 24))
+    truncation: str = opt("head", "how long texts are cut to --max_length: head (the first tokens) or head_tail "
+                          "(the first quarter and the last three quarters)", choices=TRUNCATIONS)
+    custom_dim: int = opt(128, "--model custom: width of the token vectors", check=between(8, 4096))
+    custom_layers: int = opt(2, "--model custom: encoder layers", check=between(1, 48))
+    custom_heads: int = opt(4, "--model custom: attention heads (must divide --custom_dim)", check=between(1, 64))
+    custom_ffn: int = opt(512, "--model custom: width of each layer's feed-forward block", check=between(8, 16384))
+    custom_dropout: float = opt(0.1, "--model custom: dropout", check=fraction)
+    custom_pooling: str = opt("mean", "--model custom: mean of the real tokens' vectors, or the first token's", choices=POOLINGS)
     amp: str = opt("auto", "mixed precision", choices=AMP_MODES)
     grad_accum: int = opt(1, "micro-batches per optimizer step", check=at_least(1))
     seed: int = opt(42, "seed for the model's initialisation and the data order")
@@ -103,6 +151,12 @@ class RunConfig:
     no_sync: bool = opt(True, "skip the all-reduce on non-final accumulation micro-steps", ddp=True)
     bucket_cap_mb: float = opt(25.0, "DDP gradient bucket size (MB)", check=positive, ddp=True)
     gradient_as_bucket_view: bool = opt(True, "gradients live in DDP's buckets (saves a copy)", ddp=True)
+    # Experiments (configs/experiments/*.yaml, run by scripts/run_experiment.py)
+    experiment: typing.Optional[str] = opt(None, "experiment name: metrics, the resolved config and the checkpoint go to "
+                                           "experiments/<name>/ (default for a YAML in configs/experiments: its name)",
+                                           check=experiment_name)
+    processes: typing.Optional[int] = opt(None, "processes the experiment runs on (scripts/run_experiment.py launches "
+                                          "that many; a launch with another number is refused)", check=at_least(1))
     # Set by parse(), not options.
     preset: str = field(default="none", metadata={"internal": True})
 
@@ -242,8 +296,25 @@ def parse(description: str, argv=None, ddp: bool = False) -> RunConfig:
         flags = vars(parser.parse_args(argv))
     except argparse.ArgumentTypeError as err:  # pragma: no cover - argparse reports these via error()
         raise UserError(str(err)) from None
-    preset, values = read_preset(flags.pop("config", "auto"), ddp)
+    given = flags.pop("config", "auto")
+    preset, values = read_preset(given, ddp)
     cfg = replace(RunConfig(), **{**values, **flags}, preset=preset)
+    return finish(cfg, ddp, preset_path(auto_preset() if given == "auto" else given))
+
+
+def finish(cfg: RunConfig, ddp: bool, preset_file=None) -> RunConfig:
+    """Defaults that depend on other options, and checks of options together."""
+    if cfg.experiment is None and preset_file is not None and Path(preset_file).resolve().parent == EXPERIMENT_DIR.resolve():
+        cfg = replace(cfg, experiment=Path(preset_file).stem)  # a YAML in configs/experiments names its experiment
+    if cfg.experiment:
+        folder = Path("experiments") / cfg.experiment
+        if cfg.output is None:
+            cfg = replace(cfg, output=str(folder))
+        if cfg.checkpoint == RunConfig.checkpoint:
+            cfg = replace(cfg, checkpoint=str(folder / "model.pt"))
     if cfg.output is None:
         cfg = replace(cfg, output=str(Path("outputs") / ("ddp" if ddp else "single")))
+    if cfg.model == "custom" and cfg.custom_dim % cfg.custom_heads:
+        raise UserError(f"--custom_dim {cfg.custom_dim} does not divide by --custom_heads {cfg.custom_heads}: every "
+                        "attention head gets an equal share of the width. Pick, e.g., --custom_heads 4 with --custom_dim 128.")
     return cfg

@@ -43,3 +43,85 @@ def hub_reachable(timeout: float = 3.0) -> bool:
     t.join(timeout + 0.5)
     _cached = result[0]
     return _cached
+
+
+# ----------------------------------------------------------------------------- the local cache (offline HPC nodes)
+# Compute nodes often have no internet: users fill the Hugging Face cache on a login node, then run with
+# HF_HUB_OFFLINE=1. Then nothing is probed and everything comes from the cache, or stops with a message naming
+# the cache and the command that fills it.
+
+def env_says_offline() -> bool:
+    """HF_HUB_OFFLINE / HF_DATASETS_OFFLINE / DISTRINEWS_OFFLINE set to 1: never touch the network."""
+    return _env_says_offline()
+
+
+def _hf_home() -> str:
+    return os.path.expanduser(os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "huggingface"))
+
+
+def datasets_cache_dir() -> str:
+    """Where `datasets` keeps prepared datasets, read from the environment now (not when datasets was imported)."""
+    return os.path.expanduser(os.environ.get("HF_DATASETS_CACHE") or os.path.join(_hf_home(), "datasets"))
+
+
+def models_cache_dir() -> str:
+    """Where huggingface_hub keeps downloaded repositories (models), read from the environment now."""
+    return os.path.expanduser(os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+                              or os.path.join(_hf_home(), "hub"))
+
+
+def dataset_cache_folder(repo_id: str, cache_dir: str | None = None) -> str:
+    """The folder `datasets` prepares `repo_id` in: <cache>/<owner>___<name> (see datasets' CachedDatasetModuleFactory)."""
+    import re as _re
+
+    parts = repo_id.split("/")
+    name = parts[-1]
+    # datasets' camelcase_to_snakecase, for names such as "AgNews"
+    name = _re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
+    name = _re.sub(r"([a-z\d])([A-Z])", r"\1_\2", name).lower()
+    return os.path.join(cache_dir or datasets_cache_dir(), "___".join(parts[:-1] + [name]))
+
+
+def dataset_cached(repo_id: str, cache_dir: str | None = None) -> bool:
+    """Does the datasets cache hold a prepared copy of repo_id (<folder>/<config>/<version>/<hash>/dataset_info.json)?"""
+    import glob
+
+    return any(os.path.isfile(os.path.join(p, "dataset_info.json"))
+               for p in glob.glob(os.path.join(dataset_cache_folder(repo_id, cache_dir), "*", "*", "*")))
+
+
+def model_cached(repo_id: str, cache_dir: str | None = None) -> bool:
+    """Does the hub cache hold a snapshot of the model repo_id with a config.json?"""
+    import glob
+
+    folder = os.path.join(cache_dir or models_cache_dir(), "models--" + repo_id.replace("/", "--"))
+    return bool(glob.glob(os.path.join(folder, "snapshots", "*", "config.json")))
+
+
+def dataset_download_command(repo_id: str) -> str:
+    return (f"HF_HOME={_hf_home()} python -c \"from datasets import load_dataset; load_dataset('{repo_id}')\"")
+
+
+def model_download_command(repo_id: str) -> str:
+    return f"HF_HOME={_hf_home()} hf download {repo_id}"
+
+
+class offline_datasets:
+    """Within it, `datasets` and huggingface_hub act as under HF_HUB_OFFLINE=1, whatever the environment said when
+    they were imported: load_dataset goes straight to the cache, with no request and no retries."""
+
+    def __enter__(self):
+        import datasets.config as dc
+        import huggingface_hub.constants as hc
+
+        self._saved = (dc.HF_HUB_OFFLINE, dc.HF_DATASETS_OFFLINE, hc.HF_HUB_OFFLINE)
+        dc.HF_HUB_OFFLINE = dc.HF_DATASETS_OFFLINE = hc.HF_HUB_OFFLINE = True
+        return self
+
+    def __exit__(self, *exc):
+        import datasets.config as dc
+        import huggingface_hub.constants as hc
+
+        dc.HF_HUB_OFFLINE, dc.HF_DATASETS_OFFLINE, hc.HF_HUB_OFFLINE = self._saved
+        return False

@@ -9,24 +9,31 @@ different data per rank, or hangs. So:
     dist.broadcast_object_list(plan, src=0)              # ...and every rank receives its decisions
     run = plan.prepare(plan[0])                          # every rank loads exactly that
 
-decide() answers: which config (rank 0's preset and flags), which data source, which model, whether the
-hub is reachable, and which snapshot to resume from. prepare() loads the data and the model and
+decide() answers: which config (rank 0's preset and flags), which dataset and data source, which model and
+tokenizer, whether the hub is reachable, and which snapshot to resume from. prepare() loads the data and the model and
 tokenizes (local rank 0 first, so the others read its cache instead of racing it), then checks that
 every rank holds the same data; any rank's failure stops every rank with one message, never a hang.
+The label names come from the data (or --label_names): the model's head, the snapshot's fingerprint and the
+checkpoint (and so the server's answers) all take them from run.label_names.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import LABEL_NAMES, data
+from . import data
 from . import distributed as D
+from .checkpoint import position_limit
 from .config import RunConfig
-from .hub import hub_reachable
-from .model import ModelInfo, build_model, resolve_model_name
+from .errors import UserError
+from .hub import env_says_offline, hub_reachable
+from .model import LOCAL_PRESETS, ModelInfo, build_model, resolve_model_name, resolve_tokenizer
 from .snapshot import ResumeChoice, choose
+from .tokenization import set_truncation
 
 
 @dataclass(frozen=True)
@@ -37,20 +44,34 @@ class RunPlan:
     hub: bool                       # whether rank 0 could reach the Hugging Face hub
     resume: ResumeChoice | None     # the snapshot every rank resumes from, or None
     decided_by: str                 # host that decided, for the log
+    dataset: str = "ag_news"        # a known dataset, hub:OWNER/NAME, folder:PATH or csv:PATH (data.resolve_dataset)
+    tokenizer: str = "hf"           # hf (the model's own) or hash
 
     def describe(self) -> str:
         resume = f"resume {self.resume.path}" if self.resume else "fresh start"
-        return (f"plan (decided on {self.decided_by}): data {self.data_source} | model {self.model_name} | "
-                f"preset {self.cfg.preset} | {resume}")
+        dataset = "" if self.dataset == "ag_news" else f"dataset {self.dataset} | "
+        tokenizer = " | tokenizer hash" if self.tokenizer == "hash" else ""
+        return (f"plan (decided on {self.decided_by}): {dataset}data {self.data_source} | model {self.model_name}"
+                f"{tokenizer} | preset {self.cfg.preset} | {resume}")
 
 
 def decide(cfg: RunConfig, log=print) -> RunPlan:
-    """Rank 0 only (or a single process): look at this machine and decide for the whole run."""
-    local_model = cfg.model in ("tiny", "minilm") or Path(cfg.model).expanduser().is_dir()
-    hub = hub_reachable() if cfg.data in ("auto", "hub") or not local_model else False  # probed once, ≤ 3 s
-    source = data.resolve_source(cfg.data)
-    return RunPlan(cfg=cfg, data_source=source, model_name=resolve_model_name(cfg.model, hub), hub=hub,
-                   resume=choose(cfg.output, cfg.resume, log), decided_by=socket.gethostname())
+    """Rank 0 only (or a single process): look at this machine and decide for the whole run.
+
+    Under HF_HUB_OFFLINE=1 (or HF_DATASETS_OFFLINE=1) nothing is probed: hub datasets and models come from the cache."""
+    if cfg.processes is not None and cfg.processes != D.get_world_size():
+        raise UserError(f"experiment {cfg.experiment or ''} asks for {cfg.processes} process(es) (processes: in its YAML) "
+                        f"but this launch has {D.get_world_size()}. Run it with: python scripts/run_experiment.py "
+                        f"{cfg.experiment or 'NAME'} (it launches the right number), or drop processes: from the YAML.")
+    dataset = data.resolve_dataset(cfg.dataset)
+    local_model = cfg.model in LOCAL_PRESETS or Path(cfg.model).expanduser().is_dir()
+    wants_hub = (cfg.data in ("auto", "hub") and not dataset.startswith(("folder:", "csv:"))) or not local_model
+    hub = hub_reachable() if wants_hub and not env_says_offline() else False  # probed once, ≤ 3 s; never offline
+    source = data.resolve_source(cfg.data, dataset, hub)
+    model_name = resolve_model_name(cfg.model, hub)
+    return RunPlan(cfg=cfg, data_source=source, model_name=model_name, hub=hub,
+                   resume=choose(cfg.output, cfg.resume, log), decided_by=socket.gethostname(), dataset=dataset,
+                   tokenizer=resolve_tokenizer(cfg.tokenizer, model_name))
 
 
 @dataclass
@@ -64,6 +85,11 @@ class PreparedRun:
     train_ds: data.TokenizedDataset
     val_ds: data.TokenizedDataset
 
+    @property
+    def label_names(self) -> list:
+        """The classes, in the order of the model's outputs: from the data, or --label_names."""
+        return list(self.splits.label_names)
+
 
 def prepare(plan: RunPlan, log=D.print0) -> PreparedRun:
     """Load the plan's data and model on every rank, tokenize (local rank 0 first), and check agreement.
@@ -73,17 +99,57 @@ def prepare(plan: RunPlan, log=D.print0) -> PreparedRun:
     log(plan.describe())
 
     def load():
-        splits = data.load_agnews(plan.data_source, cfg.num_samples, cfg.eval_samples, seed=cfg.seed)
-        model, tokenizer, info = build_model(plan.model_name, num_labels=len(LABEL_NAMES), seed=cfg.seed, hub=plan.hub)
+        splits = data.load_dataset_splits(plan.dataset, plan.data_source, cfg.num_samples, cfg.eval_samples,
+                                          seed=cfg.seed, opts=data.TextOptions.from_config(cfg))
+        model, tokenizer, info = build_model(plan.model_name, seed=cfg.seed, hub=plan.hub, label_names=splits.label_names,
+                                             tokenizer=plan.tokenizer, cfg=cfg)
+        limit = position_limit(model)
+        if limit is not None and cfg.max_length > limit:
+            raise UserError(f"--max_length {cfg.max_length} is beyond what {info.resolved} can read: its position "
+                            f"embeddings stop at {limit} tokens. Use --max_length {limit} or less; for long texts add "
+                            "--truncation head_tail, which keeps their start and their end.")
+        set_truncation(tokenizer, cfg.truncation)  # training, the checkpoint and the server cut texts the same way
         return splits, model, tokenizer, info
 
     splits, model, tokenizer, info = D.agree(load)
     D.same_on_all_ranks(splits.fingerprint(), "the training data",
-                        hint="every rank must read the same files: check --data and $DISTRINEWS_DATA_DIR on every node")
+                        hint="every rank must read the same files: check --data, --dataset and $DISTRINEWS_DATA_DIR on every node")
     log(splits.describe() + f" | fingerprint {splits.fingerprint()}")
+    log(splits.balance())
     if splits.is_synthetic:
         log("NOTE: " + data.SYNTHETIC_NOTE)
     log(f"model: {info.resolved} ({info.kind}, {info.num_parameters / 1e6:.1f}M parameters"
-        f"{', pretrained' if info.pretrained else ', random init'})")
+        f"{', pretrained' if info.pretrained else ', random init'}) | tokenizer {tokenizer_name(tokenizer)} | "
+        f"{cfg.max_length} tokens, truncation {cfg.truncation} | labels {', '.join(splits.label_names)}")
     train_ds, val_ds = D.agree(D.local_main_first, data.tokenize_splits, splits, tokenizer, cfg.max_length)
-    return PreparedRun(splits, model, tokenizer, info, train_ds, val_ds)
+    run = PreparedRun(splits, model, tokenizer, info, train_ds, val_ds)
+    if cfg.experiment and D.get_rank() == 0:
+        write_resolved_config(plan, run)
+    return run
+
+
+def tokenizer_name(tokenizer) -> str:
+    return getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
+
+
+def write_resolved_config(plan: RunPlan, run: PreparedRun) -> Path:
+    """<output>/config.json: every option as this run resolved it, what the plan decided, and what the data held."""
+    cfg, s = plan.cfg, run.splits
+    record = {"experiment": cfg.experiment, "options": cfg.to_dict(),
+              "resolved": {"dataset": plan.dataset, "data_source": plan.data_source, "model": plan.model_name,
+                           "model_resolved": run.info.resolved, "num_parameters": run.info.num_parameters,
+                           "tokenizer": plan.tokenizer, "tokenizer_name": tokenizer_name(run.tokenizer),
+                           "hub_reachable": plan.hub, "world_size": D.get_world_size(),
+                           "global_batch_size": cfg.batch_size * D.get_world_size() * cfg.grad_accum,
+                           "checkpoint": cfg.checkpoint, "metrics_json": str(Path(cfg.output) / "metrics.json"),
+                           "metrics_csv": str(Path(cfg.output) / "metrics.csv")},
+              "data": {"title": s.title, "detail": s.detail, "label_names": s.label_names, "fingerprint": s.fingerprint(),
+                       "train_size": len(s.train_texts), "test_size": len(s.test_texts),
+                       "class_counts": {"train": s.class_counts("train"), "test": s.class_counts("test")}},
+              "decided_by": plan.decided_by}
+    path = Path(cfg.output) / "config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=2, default=str))
+    os.replace(tmp, path)
+    return path

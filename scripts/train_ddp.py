@@ -13,7 +13,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
-from distrinews_lib import LABEL_NAMES, checkpoint, config, data, engine, flops, plan, snapshot
+from distrinews_lib import checkpoint, config, data, engine, flops, plan, snapshot
 from distrinews_lib import distributed as D
 from distrinews_lib.errors import main_guard
 from distrinews_lib.tracking import RunTracker
@@ -53,7 +53,7 @@ def main():
         scaler = engine.make_grad_scaler(amp, device)  # fp16 only: scales the loss so small gradients survive
         tracker = RunTracker.for_run(cfg, run_plan, run, world_size=world_size, backend=backend, enabled=rank == 0)
         snap = snapshot.Snapshotter(cfg, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
-                                    tracker=tracker, label_names=LABEL_NAMES)
+                                    tracker=tracker, label_names=run.label_names)
         start = snap.resume(run_plan.resume)  # --resume auto: continue from the newest good snapshot
         model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,  # after the resume: DDP starts
                     bucket_cap_mb=cfg.bucket_cap_mb, gradient_as_bucket_view=cfg.gradient_as_bucket_view)  # every rank from rank 0's weights
@@ -96,7 +96,7 @@ def main():
         max_diff = D.max_param_difference(model)  # DDP's promise: every rank holds the same weights
         D.print0(f"parameters identical on all {world_size} ranks: {max_diff == 0.0} (max difference {max_diff:.3g})")
         if rank == 0:  # one writer: N ranks writing one file would corrupt it
-            checkpoint.save_checkpoint(cfg.checkpoint, model, run.tokenizer, LABEL_NAMES, tracker.checkpoint_metadata(val), cfg.max_length)
+            checkpoint.save_checkpoint(cfg.checkpoint, model, run.tokenizer, run.label_names, tracker.checkpoint_metadata(val), cfg.max_length)
             tracker.finish(checkpoint=cfg.checkpoint, params_max_difference=max_diff)
             print(f"saved {cfg.checkpoint} | metrics in {tracker.json_path}")
         dist.barrier()  # nobody exits (and tears the group down) before rank 0 has saved

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from distrinews_lib import LABEL_NAMES, checkpoint, config, data, engine, flops, plan, snapshot
+from distrinews_lib import checkpoint, config, data, engine, flops, plan, snapshot
 from distrinews_lib.errors import main_guard
 from distrinews_lib.tracking import RunTracker
 
@@ -38,7 +38,7 @@ def main():
     scaler = engine.make_grad_scaler(amp, device)  # fp16 only: scales the loss so small gradients survive
     tracker = RunTracker.for_run(cfg, run_plan, run, world_size=1, backend=None, enabled=True)
     snap = snapshot.Snapshotter(cfg, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
-                                tracker=tracker, label_names=LABEL_NAMES)
+                                tracker=tracker, label_names=run.label_names)
     start = snap.resume(run_plan.resume)  # --resume auto: continue from the newest good snapshot
     if cfg.compile:
         model = torch.compile(model)
@@ -74,7 +74,7 @@ def main():
         snap.epoch_end(epoch)
     val = val or engine.evaluate(model, val_loader, device=device, amp=amp)  # resumed after the last epoch
 
-    checkpoint.save_checkpoint(cfg.checkpoint, model, run.tokenizer, LABEL_NAMES, tracker.checkpoint_metadata(val), cfg.max_length)
+    checkpoint.save_checkpoint(cfg.checkpoint, model, run.tokenizer, run.label_names, tracker.checkpoint_metadata(val), cfg.max_length)
     tracker.finish(checkpoint=cfg.checkpoint)
     print(f"saved {cfg.checkpoint} | metrics in {tracker.json_path}")
 

@@ -1,0 +1,190 @@
+"""Text -> token ids: the vocabulary-free hash tokenizer, and head+tail truncation for any tokenizer.
+
+The hash tokenizer (--tokenizer hash) needs no vocabulary file:
+
+    text.lower() -> words and punctuation marks (regex \\w+|[^\\w\\s]) -> each token hashed into --hash_buckets ids
+
+The hash is blake2b (8 bytes) of the token's UTF-8 bytes: the same id in every process, on every machine, in
+every Python (Python's own hash() of a str is salted per process, PYTHONHASHSEED, and would give every DDP rank
+different ids). Ids 0, 1 and 2 are [PAD], [CLS] and [SEP]; a word lands in one of the other buckets - 3. Two
+words may share a bucket (a collision); with 2^15 buckets and a 30k-word working vocabulary a few percent do,
+which costs little accuracy (the model learns what the bucket means on average).
+
+It answers like a Hugging Face tokenizer where the course uses one (`tok(texts, truncation=True,
+max_length=..., padding=True, return_tensors="pt")`, `pad_token_id`, `save_pretrained`), so the training
+scripts, the checkpoint and the server take it unchanged.
+
+Truncation (--truncation): `head` keeps the first max_length tokens (the usual); `head_tail` keeps the first
+quarter and the last three quarters of the budget, dropping the middle: a long review's verdict is often in
+its last sentences (Sun et al. 2019, "How to Fine-Tune BERT for Text Classification": head 128 + tail 382
+was their best for IMDB).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+HASH_FILE = "distrinews_hash_tokenizer.json"
+TOKEN_PATTERN = r"\w+|[^\w\s]"
+TRUNCATIONS = ("head", "head_tail")
+SPECIALS = ("[PAD]", "[CLS]", "[SEP]")
+_TRUNCATION_ATTR = "distrinews_truncation"
+
+
+def stable_hash(token: str) -> int:
+    """A 64-bit hash of the token's bytes that never changes between processes, machines or Pythons."""
+    return int.from_bytes(hashlib.blake2b(token.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def cut(ids: list, budget: int, truncation: str) -> list:
+    """At most `budget` ids: the first ones (head), or the first quarter and the last three quarters (head_tail)."""
+    if len(ids) <= budget:
+        return list(ids)
+    if truncation == "head_tail":
+        head = budget // 4
+        return list(ids[:head]) + list(ids[len(ids) - (budget - head):])
+    return list(ids[:budget])
+
+
+class HashTokenizer:
+    """Lowercase, split on whitespace and punctuation, hash every token into `buckets` ids. No vocabulary."""
+
+    pad_token, cls_token, sep_token = SPECIALS
+    pad_token_id, cls_token_id, sep_token_id = 0, 1, 2
+    unk_token_id = None  # every token has an id: there is no unknown word
+    model_input_names = ["input_ids", "attention_mask"]
+
+    def __init__(self, buckets: int = 32768, truncation: str = "head", model_max_length: int = 512):
+        if buckets < 16:
+            raise ValueError(f"a hash tokenizer needs at least 16 buckets (got {buckets})")
+        if truncation not in TRUNCATIONS:
+            raise ValueError(f"truncation must be one of {TRUNCATIONS} (got {truncation!r})")
+        self.buckets, self.truncation, self.model_max_length = int(buckets), truncation, int(model_max_length)
+        self._pattern = re.compile(TOKEN_PATTERN)
+        self._ids: dict = {}  # token -> id, a memo: hashing is the slow part, and words repeat
+
+    @property
+    def name_or_path(self) -> str:
+        return f"hash-blake2b-{self.buckets}"
+
+    @property
+    def vocab_size(self) -> int:
+        return self.buckets
+
+    def __len__(self) -> int:
+        return self.buckets
+
+    def __repr__(self) -> str:
+        return f"HashTokenizer(buckets={self.buckets}, truncation={self.truncation!r})"
+
+    # ---------------------------------------------------------------- text -> ids
+    def tokenize(self, text: str) -> list:
+        return self._pattern.findall(text.lower())
+
+    def token_id(self, token: str) -> int:
+        i = self._ids.get(token)
+        if i is None:
+            i = self._ids[token] = len(SPECIALS) + stable_hash(token) % (self.buckets - len(SPECIALS))
+        return i
+
+    def convert_tokens_to_ids(self, tokens):
+        if isinstance(tokens, str):
+            return SPECIALS.index(tokens) if tokens in SPECIALS else self.token_id(tokens)
+        return [self.convert_tokens_to_ids(t) for t in tokens]
+
+    def encode(self, text: str, max_length: int | None = None, truncation: bool = True) -> list:
+        """[CLS] ids [SEP], cut to max_length tokens in all with this tokenizer's truncation."""
+        ids = [self.token_id(t) for t in self.tokenize(text)]
+        if truncation and max_length:
+            ids = cut(ids, max(0, max_length - 2), self.truncation)
+        return [self.cls_token_id, *ids, self.sep_token_id]
+
+    def __call__(self, texts, truncation: bool = True, max_length: int | None = None, padding=False,
+                 return_tensors: str | None = None, **_ignored):
+        """Like a Hugging Face tokenizer: {"input_ids", "attention_mask"}, lists or (padded) tensors."""
+        single = isinstance(texts, str)
+        ids = [self.encode(t, max_length, truncation) for t in ([texts] if single else texts)]
+        if padding or return_tensors == "pt":
+            width = max((len(x) for x in ids), default=0)
+            masks = [[1] * len(x) + [0] * (width - len(x)) for x in ids]
+            ids = [x + [self.pad_token_id] * (width - len(x)) for x in ids]
+        else:
+            masks = [[1] * len(x) for x in ids]
+        if return_tensors == "pt":
+            import torch
+
+            return {"input_ids": torch.tensor(ids, dtype=torch.long).reshape(len(ids), -1),
+                    "attention_mask": torch.tensor(masks, dtype=torch.long).reshape(len(ids), -1)}
+        if single:
+            return {"input_ids": ids[0], "attention_mask": masks[0]}
+        return {"input_ids": ids, "attention_mask": masks}
+
+    # ---------------------------------------------------------------- files (the checkpoint stores them as text)
+    def to_dict(self) -> dict:
+        return {"tokenizer_class": "HashTokenizer", "version": 1, "buckets": self.buckets, "hash": "blake2b-64",
+                "lowercase": True, "pattern": TOKEN_PATTERN, "specials": list(SPECIALS), "truncation": self.truncation,
+                "model_max_length": self.model_max_length}
+
+    def save_pretrained(self, folder) -> list:
+        path = Path(folder) / HASH_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1), encoding="utf-8")
+        return [str(path)]
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "HashTokenizer":
+        if d.get("tokenizer_class") != "HashTokenizer" or d.get("hash") != "blake2b-64" or d.get("pattern") != TOKEN_PATTERN:
+            raise ValueError(f"not a hash tokenizer this version can rebuild: {str(d)[:200]}")
+        return cls(int(d["buckets"]), d.get("truncation", "head"), int(d.get("model_max_length", 512)))
+
+    @classmethod
+    def from_pretrained(cls, folder) -> "HashTokenizer":
+        return cls.from_dict(json.loads((Path(folder) / HASH_FILE).read_text(encoding="utf-8")))
+
+
+def is_hash_files(files: dict) -> bool:
+    """Do a checkpoint's tokenizer files hold a hash tokenizer?"""
+    return HASH_FILE in files
+
+
+# --------------------------------------------------------------------------- any tokenizer: truncation
+
+def set_truncation(tokenizer, truncation: str) -> None:
+    """Remember on the tokenizer how texts are cut, so the checkpoint (and so the server) cuts them the same way."""
+    if truncation not in TRUNCATIONS:
+        raise ValueError(f"truncation must be one of {TRUNCATIONS} (got {truncation!r})")
+    if isinstance(tokenizer, HashTokenizer):
+        tokenizer.truncation = truncation
+    else:
+        setattr(tokenizer, _TRUNCATION_ATTR, truncation)
+
+
+def truncation_of(tokenizer) -> str:
+    if isinstance(tokenizer, HashTokenizer):
+        return tokenizer.truncation
+    return getattr(tokenizer, _TRUNCATION_ATTR, "head")
+
+
+def encode_texts(tokenizer, texts: list, max_length: int, truncation: str | None = None) -> list:
+    """Token ids (unpadded lists) of each text, at most max_length long, cut as `truncation` says
+    (default: what the tokenizer was told with set_truncation, else head)."""
+    truncation = truncation or truncation_of(tokenizer)
+    if isinstance(tokenizer, HashTokenizer):
+        if truncation == tokenizer.truncation:
+            return tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
+        return HashTokenizer(tokenizer.buckets, truncation)(texts, truncation=True, max_length=max_length)["input_ids"]
+    if truncation == "head":
+        return tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
+    # head_tail with a Hugging Face tokenizer: the whole text, its special tokens ([CLS] ... [SEP], whatever the
+    # model's template) kept, and the words between them cut.
+    full = tokenizer(texts, truncation=False)["input_ids"]
+    bare = tokenizer(texts, add_special_tokens=False, truncation=False)["input_ids"]
+    out = []
+    for ids, body in zip(full, bare):
+        start = next((p for p in range(len(ids) - len(body) + 1) if ids[p:p + len(body)] == body), 0)
+        prefix, suffix = ids[:start], ids[start + len(body):]
+        out.append(prefix + cut(body, max(0, max_length - len(prefix) - len(suffix)), "head_tail") + suffix)
+    return out
