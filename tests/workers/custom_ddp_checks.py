@@ -1,0 +1,84 @@
+"""Run under torchrun with 2 gloo ranks: the custom transformer with the hash tokenizer under DDP.
+
+Every rank hashes the texts itself (no vocabulary is shared, only the algorithm); rank 0 checks that all ranks
+got the same ids, then that 2 ranks x batch b give the same gradients, and after 5 AdamW steps the same
+parameters, as 1 process with batch 2b on the same samples (the equivalence test of ddp_checks.py, for this
+model). Rank 0 writes custom_ddp_checks.json.
+"""
+import hashlib
+import json
+import os
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from distrinews_lib import data, engine
+from distrinews_lib import distributed as D
+from distrinews_lib.config import RunConfig
+from distrinews_lib.model import build_model
+
+out_dir = sys.argv[1]
+torch.set_num_threads(1)
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+rank, world = dist.get_rank(), dist.get_world_size()
+result = {"world_size": world}
+try:
+    splits = data.load_embedded()
+    texts, labels = splits.train_texts[:64], splits.train_labels[:64]
+    cfg = RunConfig(model="custom", custom_dim=32, custom_heads=4, custom_ffn=64, custom_layers=2, custom_dropout=0.0,
+                    max_length=48, hash_buckets=2048)
+    model, tok, _ = build_model("custom", seed=0, label_names=splits.label_names, cfg=cfg)
+    ref = build_model("custom", seed=0, label_names=splits.label_names, cfg=cfg)[0]
+    ref.load_state_dict(model.state_dict())
+
+    ids = data.tokenize_texts(texts, tok, cfg.max_length, use_cache=False)  # each rank hashes on its own
+    digest = hashlib.sha256(json.dumps(ids).encode()).hexdigest()
+    digests = [None] * world
+    dist.all_gather_object(digests, digest)
+    result["ids_same_on_every_rank"] = len(set(digests)) == 1
+
+    ds = data.TokenizedDataset(ids, labels)
+    collate = data.PadCollator(tok.pad_token_id, pad_to_multiple_of=None)
+    b = 4
+    ddp = DDP(model)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    grad_diffs, param_diffs = [], []
+    for step in range(5):
+        glob = list(range(step * 2 * b, (step + 1) * 2 * b))
+        mine = glob[rank * b:(rank + 1) * b]
+        width = max(len(ds[i]["input_ids"]) for i in glob)
+
+        def batch_of(idx):
+            bt = collate([ds[i] for i in idx])
+            pad = width - bt["input_ids"].shape[1]
+            return {k: (F.pad(v, (0, pad), value=0) if v.ndim == 2 else v) for k, v in bt.items()}
+
+        bt = batch_of(mine)
+        loss = F.cross_entropy(engine.forward_logits(ddp, bt), bt["labels"])
+        opt.zero_grad()
+        loss.backward()  # DDP averages the gradients over the ranks here
+        if rank == 0:
+            rb = batch_of(glob)
+            rloss = F.cross_entropy(engine.forward_logits(ref, rb), rb["labels"])
+            ref_opt.zero_grad()
+            rloss.backward()
+            grad_diffs.append(max((p.grad - q.grad).abs().max().item() for p, q in zip(model.parameters(), ref.parameters())))
+        opt.step()
+        if rank == 0:
+            ref_opt.step()
+            param_diffs.append(max((p - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters())))
+    result["grad_max_diff_per_step"] = grad_diffs
+    result["param_max_diff_per_step"] = param_diffs
+    result["ranks_max_param_diff"] = D.max_param_difference(ddp)
+    result["embedding_rows"] = model.token_embeddings.weight.shape[0]
+    if rank == 0:
+        with open(os.path.join(out_dir, "custom_ddp_checks.json"), "w") as f:
+            json.dump(result, f, indent=2)
+    dist.barrier()
+finally:
+    dist.destroy_process_group()
