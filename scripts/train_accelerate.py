@@ -12,7 +12,7 @@ from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import broadcast_object_list
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from distrinews_lib import LABEL_NAMES, checkpoint, config, data, engine, flops, plan, snapshot
+from distrinews_lib import checkpoint, config, data, engine, flops, plan, snapshot
 from distrinews_lib import distributed as D
 from distrinews_lib.errors import main_guard
 from distrinews_lib.tracking import RunTracker
@@ -54,7 +54,7 @@ def main():
         scheduler = engine.make_scheduler(optimizer, cfg.epochs * steps, cfg.warmup_ratio)
         tracker = RunTracker.for_run(replace(cfg, report_to="none"), run_plan, run, world_size=world_size, backend=backend, enabled=rank == 0)
         snap = snapshot.Snapshotter(cfg, model=model, optimizer=optimizer, scheduler=scheduler, scaler=None,
-                                    tracker=tracker, label_names=LABEL_NAMES)
+                                    tracker=tracker, label_names=run.label_names)
         start = snap.resume(run_plan.resume)  # --resume auto: continue from the newest good snapshot
         model, optimizer, train_loader, val_loader, scheduler = accelerator.prepare(model, optimizer, train_loader, val_loader, scheduler)
         accelerator.init_trackers("distrinews", config=cfg.to_dict())  # --report_to: TensorBoard, W&B, Trackio
@@ -102,7 +102,7 @@ def main():
         D.print0(f"parameters identical on all {world_size} ranks: {max_diff == 0.0} (max difference {max_diff:.3g})")
         if accelerator.is_main_process:  # one writer: N ranks writing one file would corrupt it
             bare = accelerator.unwrap_model(model)  # the model inside DDP (and torch.compile): the server loads it
-            checkpoint.save_checkpoint(cfg.checkpoint, bare, run.tokenizer, LABEL_NAMES, tracker.checkpoint_metadata(val), cfg.max_length)
+            checkpoint.save_checkpoint(cfg.checkpoint, bare, run.tokenizer, run.label_names, tracker.checkpoint_metadata(val), cfg.max_length)
             tracker.finish(checkpoint=cfg.checkpoint, params_max_difference=max_diff)
             print(f"saved {cfg.checkpoint} | metrics in {tracker.json_path}")
         accelerator.wait_for_everyone()  # nobody exits before rank 0 has saved
