@@ -314,8 +314,8 @@ def main(argv=None) -> int:
         rc = cluster.run()
         return rc
     finally:
+        cluster.network_down()  # first: it kills whatever still runs inside the namespaces, at once
         cluster.stop_all()
-        cluster.network_down()
         cluster.write_record(rc)
 
 
