@@ -14,6 +14,9 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
 if [ -n "${NNODES:-}" ] && [ "${NNODES}" != "1" ]; then
+  # A node that joins a later rendezvous round (a replacement) would wait for keys the survivors wrote in
+  # the first round of torch's shared store (pytorch#135712): give every round its own store.
+  export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
   cmd=("$PY" -m torch.distributed.run --nnodes="$NNODES" --node_rank="${NODE_RANK:?set NODE_RANK}"
        --rdzv_backend=c10d --rdzv_endpoint="${MASTER_ADDR:?set MASTER_ADDR}:${MASTER_PORT:-29500}"
        --nproc_per_node="$N" scripts/train_ddp.py "$@")
