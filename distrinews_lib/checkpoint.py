@@ -122,6 +122,7 @@ def save_checkpoint(path, model, tokenizer, label_names, metadata: dict | None =
         "metadata": _plain(metadata or {}),
         "tokenizer_files": tokenizer_files(tokenizer),
         "truncation": truncation or truncation_of(tokenizer),
+        "task": (metadata or {}).get("task", "classify"),  # clm / mlm: a language model (distrinews_lib.lm.load_lm)
     }
     atomic_torch_save(payload, path)
     return path
@@ -229,6 +230,9 @@ def load_checkpoint(path=DEFAULT_CHECKPOINT, device: str | torch.device = "cpu")
     _quiet_transformers()
     path = Path(path)
     payload = read_checkpoint(path)
+    if payload.get("task", "classify") != "classify":
+        raise CheckpointError(f"checkpoint {path} is a {payload['task']} language model, not a classifier: the classification "
+                              "server cannot serve it. Load it with distrinews_lib.lm.load_lm (notebook 08 does).")
     cfg_dict = dict(payload["model_config"])
     model_type = cfg_dict.pop("model_type", payload["model_type"])
     from .custom_model import MODEL_TYPE as CUSTOM_MODEL_TYPE

@@ -33,6 +33,7 @@ TRUNCATIONS = ("head", "head_tail")
 POOLINGS = ("mean", "cls")
 EXPERIMENT_DIR = CONFIG_DIR / "experiments"
 TRACKERS = ("none", "tensorboard", "wandb", "trackio")
+TASKS = ("classify", "clm", "mlm")
 _NONE = ("null", "none", "~", "")
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
@@ -124,6 +125,12 @@ class RunConfig:
     custom_ffn: int = opt(512, "--model custom: width of each layer's feed-forward block", check=between(8, 16384))
     custom_dropout: float = opt(0.1, "--model custom: dropout", check=fraction)
     custom_pooling: str = opt("mean", "--model custom: mean of the real tokens' vectors, or the first token's", choices=POOLINGS)
+    task: str = opt("classify", "what to learn: classify the texts, or language-model them: clm (next token, a small "
+                    "GPT-2) or mlm (masked tokens, DistilBERT-style); the DDP lines are the same", choices=TASKS)
+    block_size: int = opt(32, "--task clm/mlm: tokens per training block (the texts are packed into blocks)",
+                          check=between(8, 1024))
+    lm_vocab: int = opt(4096, "--task clm/mlm: the most frequent WordPiece tokens kept as the vocabulary (the rest "
+                        "become [UNK]); the output layer costs vocabulary x width per token", check=between(64, 30522))
     amp: str = opt("auto", "mixed precision", choices=AMP_MODES)
     grad_accum: int = opt(1, "micro-batches per optimizer step", check=at_least(1))
     seed: int = opt(42, "seed for the model's initialisation and the data order")

@@ -52,6 +52,7 @@ class CustomConfig:
 @dataclass
 class ClassifierOutput:
     logits: torch.Tensor
+    loss: torch.Tensor | None = None  # with labels: the cross-entropy, like a Hugging Face classifier
 
 
 class EncoderLayer(nn.Module):
@@ -95,7 +96,7 @@ class CustomClassifier(nn.Module):
         if isinstance(m, nn.Embedding) and m.padding_idx is not None:
             nn.init.zeros_(m.weight[m.padding_idx])
 
-    def forward(self, input_ids, attention_mask=None, **_):
+    def forward(self, input_ids, attention_mask=None, labels=None, **_):
         if attention_mask is None:
             attention_mask = (input_ids != self.config.pad_token_id).long()
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
@@ -110,4 +111,6 @@ class CustomClassifier(nn.Module):
         else:  # the mean of the real tokens' vectors
             mask = attention_mask.unsqueeze(-1).to(x.dtype)
             pooled = (x * mask).sum(1) / mask.sum(1).clamp(min=1.0)
-        return ClassifierOutput(logits=self.classifier(self.dropout(pooled)))
+        logits = self.classifier(self.dropout(pooled))
+        loss = F.cross_entropy(logits.float(), labels) if labels is not None else None
+        return ClassifierOutput(logits=logits, loss=loss)

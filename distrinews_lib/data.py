@@ -895,7 +895,8 @@ def make_loader(dataset: TokenizedDataset, batch_size: int, sampler=None, *, shu
     if sampler is None:
         g = torch.Generator().manual_seed(seed)
         sampler = RandomSampler(dataset, generator=g) if shuffle else SequentialSampler(dataset)
-    collate = PadCollator(pad_id, pad_to_multiple_of)
+    # A dataset that knows how its batches are made (language-model blocks) brings its own collator.
+    collate = dataset.collator_for(sampler) if hasattr(dataset, "collator_for") else PadCollator(pad_id, pad_to_multiple_of)
     # Its own generator: creating an iterator then leaves the global torch RNG (dropout) untouched,
     # which a resumed run needs to replay the same random numbers.
     common = dict(collate_fn=collate, pin_memory=pin_memory, num_workers=num_workers,

@@ -289,8 +289,10 @@ class EpochMeter:
 
 
 def epoch_line(epoch: int, epochs: int, train: EpochStats, val, mfu: float | None = None) -> str:
+    metric = (f"val perplexity {val.perplexity:.1f} ({val.n} blocks)" if hasattr(val, "perplexity")
+              else f"val acc {100 * val.accuracy:.2f}% ({val.n} texts)")
     return (f"epoch {epoch}/{epochs} | train loss {train.loss:.4f} | val loss {val.loss:.4f} | "
-            f"val acc {100 * val.accuracy:.2f}% ({val.n} texts) | {train.seconds:.1f}s | "
+            f"{metric} | {train.seconds:.1f}s | "
             f"{train.samples_per_s:.0f} samples/s" + (f" | MFU {100 * mfu:.1f}%" if mfu is not None else "")
             + (" | resumed mid-epoch" if train.resumed else ""))
 
@@ -335,7 +337,18 @@ def _all_gather_varlen(t: torch.Tensor, device, gather: bool = True) -> torch.Te
 
 
 @torch.no_grad()
-def evaluate(model, loader, *, device, amp: AmpSettings | None = None, gather: bool = True) -> EvalResult:
+def evaluate(model, loader, *, device, amp: AmpSettings | None = None, gather: bool = True, task: str = "classify"):
+    """The validation figures of a classifier (evaluate_classifier) or, for --task clm/mlm, a language
+    model's token-weighted loss and perplexity (lm.evaluate_lm); both exact under DDP."""
+    if task != "classify":
+        from .lm import evaluate_lm
+
+        return evaluate_lm(model, loader, device=device, task=task, amp=amp)
+    return evaluate_classifier(model, loader, device=device, amp=amp, gather=gather)
+
+
+@torch.no_grad()
+def evaluate_classifier(model, loader, *, device, amp: AmpSettings | None = None, gather: bool = True) -> EvalResult:
     """Loss and accuracy over the whole evaluation set, identical on every rank.
 
     Each rank predicts its shard; predictions are gathered with their dataset indices and the

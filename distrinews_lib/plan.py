@@ -87,8 +87,8 @@ class PreparedRun:
 
     @property
     def label_names(self) -> list:
-        """The classes, in the order of the model's outputs: from the data, or --label_names."""
-        return list(self.splits.label_names)
+        """The classes, in the order of the model's outputs: from the data, or --label_names (none for an LM)."""
+        return [] if getattr(self.train_ds, "task", "classify") != "classify" else list(self.splits.label_names)
 
 
 def prepare(plan: RunPlan, log=D.print0) -> PreparedRun:
@@ -97,6 +97,8 @@ def prepare(plan: RunPlan, log=D.print0) -> PreparedRun:
     Collective under DDP: every rank must call it."""
     cfg = plan.cfg
     log(plan.describe())
+    if cfg.task != "classify":
+        return _prepare_lm(plan, log)
 
     def load():
         splits = data.load_dataset_splits(plan.dataset, plan.data_source, cfg.num_samples, cfg.eval_samples,
@@ -126,6 +128,37 @@ def prepare(plan: RunPlan, log=D.print0) -> PreparedRun:
     if cfg.experiment and D.get_rank() == 0:
         write_resolved_config(plan, run)
     return run
+
+
+def _prepare_lm(plan: RunPlan, log) -> PreparedRun:
+    """--task clm/mlm: the same texts, without their labels, cut into blocks over a frequent-token vocabulary."""
+    from . import lm
+    from .model import tiny_tokenizer
+
+    cfg = plan.cfg
+    splits = D.agree(data.load_dataset_splits, plan.dataset, plan.data_source, cfg.num_samples, cfg.eval_samples,
+                     seed=cfg.seed, opts=data.TextOptions.from_config(cfg))
+    D.same_on_all_ranks(splits.fingerprint(), "the training data",
+                        hint="every rank must read the same files: check --data, --dataset and $DISTRINEWS_DATA_DIR on every node")
+    wordpiece = tiny_tokenizer()  # DistilBERT's uncased WordPiece, shipped in the package: works offline
+
+    def tokenize():  # the [CLS]/[SEP] of each text are dropped: packing puts one [SEP] between texts
+        ids = data.tokenize_splits(splits, wordpiece, 512)
+        return [x[1:-1] for x in ids[0].input_ids], [x[1:-1] for x in ids[1].input_ids]
+
+    train_ids, val_ids = D.agree(D.local_main_first, tokenize)
+    vocab = lm.VocabSubset.from_corpus(wordpiece, train_ids, cfg.lm_vocab)  # the same on every rank: the same data
+    train_ds = lm.BlockDataset(lm.pack([vocab.encode(x) for x in train_ids], cfg.block_size, vocab.sep_token_id), cfg.task,
+                               vocab, cfg.seed)
+    val_ds = lm.BlockDataset(lm.pack([vocab.encode(x) for x in val_ids], cfg.block_size, vocab.sep_token_id), cfg.task,
+                             vocab, cfg.seed, evaluation=True)
+    model, desc = lm.build_lm(cfg.task, vocab, cfg.block_size, cfg.seed)
+    info = ModelInfo(f"{cfg.task}-tiny", desc, "preset", False, sum(p.numel() for p in model.parameters()))
+    log(splits.describe() + f" | fingerprint {splits.fingerprint()} | text only: the labels are not used")
+    log(f"{cfg.task}: {desc}, {info.num_parameters / 1e6:.1f}M parameters | vocabulary: the {len(vocab)} most frequent "
+        f"WordPiece tokens ({100 * vocab.coverage(train_ids):.0f}% of the training tokens) | {len(train_ds)} training and "
+        f"{len(val_ds)} validation blocks of {cfg.block_size} tokens")
+    return PreparedRun(splits, model, vocab, info, train_ds, val_ds)
 
 
 def tokenizer_name(tokenizer) -> str:

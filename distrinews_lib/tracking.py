@@ -18,8 +18,8 @@ from pathlib import Path
 from .errors import UserError
 from .provenance import git_commit, machine_info, versions
 
-CSV_FIELDS = ["epoch", "train_loss", "val_loss", "val_accuracy", "epoch_time_s", "samples_per_s", "tokens_per_s", "lr",
-              "resumed"]
+CSV_FIELDS = ["epoch", "train_loss", "val_loss", "val_accuracy", "val_perplexity", "epoch_time_s", "samples_per_s",
+              "tokens_per_s", "lr", "resumed"]
 
 
 class Reporter:
@@ -108,7 +108,9 @@ class RunTracker:
 
     def log_epoch(self, epoch: int, train, val) -> dict:
         row = {"epoch": epoch, "train_loss": round(train.loss, 6), "val_loss": round(val.loss, 6),
-               "val_accuracy": round(val.accuracy, 6), "epoch_time_s": round(train.seconds, 4),
+               "val_accuracy": round(val.accuracy, 6) if val.accuracy == val.accuracy else None,
+               "val_perplexity": round(val.perplexity, 4) if hasattr(val, "perplexity") else None,
+               "epoch_time_s": round(train.seconds, 4),
                "samples_per_s": round(train.samples_per_s, 3), "tokens_per_s": round(train.tokens_per_s, 1),
                "lr": train.lr, "resumed": bool(train.resumed)}
         steps_before = sum(e["optimizer_steps"] for e in self.record["epochs"])
@@ -121,9 +123,10 @@ class RunTracker:
             first = steps_before + train.optimizer_steps - len(train.step_losses or [])
             for i, loss in enumerate(train.step_losses or []):
                 self.reporter.log({"train/loss_step": loss}, step=first + i + 1)
-            self.reporter.log({"train/loss": train.loss, "val/loss": val.loss, "val/accuracy": val.accuracy,
-                               "train/samples_per_s": train.samples_per_s, "train/lr": train.lr, "epoch": epoch},
-                              step=steps_before + train.optimizer_steps)
+            figures = {"train/loss": train.loss, "val/loss": val.loss, "train/samples_per_s": train.samples_per_s,
+                       "train/lr": train.lr, "epoch": epoch}
+            figures.update({"val/perplexity": val.perplexity} if hasattr(val, "perplexity") else {"val/accuracy": val.accuracy})
+            self.reporter.log(figures, step=steps_before + train.optimizer_steps)
         return row
 
     def checkpoint_metadata(self, final) -> dict:
@@ -134,6 +137,7 @@ class RunTracker:
                 "model_requested": self.record["model"]["name"], "world_size": self.record["ddp"]["world_size"],
                 "backend": self.record["ddp"]["backend"], "final_accuracy": final.accuracy, "final_val_loss": final.loss,
                 "eval_examples": final.n, "epochs": cfg["epochs"], "seed": cfg["seed"], "max_length": cfg["max_length"],
+                "task": cfg.get("task", "classify"), "final_perplexity": getattr(final, "perplexity", None),
                 "versions": self.record["versions"], "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
     def state_dict(self) -> dict:
@@ -148,7 +152,8 @@ class RunTracker:
         if eps:
             self.record["aggregates"] = {
                 "final_val_accuracy": eps[-1]["val_accuracy"],
-                "best_val_accuracy": max(e["val_accuracy"] for e in eps),
+                "best_val_accuracy": max((e["val_accuracy"] for e in eps if e["val_accuracy"] is not None), default=None),
+                "final_val_perplexity": eps[-1].get("val_perplexity"),
                 "final_train_loss": eps[-1]["train_loss"],
                 "total_train_time_s": round(sum(e["epoch_time_s"] for e in eps), 3),
                 "mean_samples_per_s": round(sum(e["samples_per_s"] for e in eps) / len(eps), 3),

@@ -14,7 +14,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from distrinews_lib import checkpoint, config, data, engine, flops, plan, snapshot
 from distrinews_lib import distributed as D
-from distrinews_lib.errors import main_guard
+from distrinews_lib.errors import UserError, main_guard
 from distrinews_lib.tracking import RunTracker
 
 
@@ -22,6 +22,8 @@ from distrinews_lib.tracking import RunTracker
 @main_guard
 def main():
     cfg = config.parse("Train the AG News classifier with Accelerate (accelerate launch, or torchrun).", ddp=True)
+    if cfg.task != "classify":  # its evaluation is written for classes; train_ddp.py takes every --task
+        raise UserError(f"--task {cfg.task}: train_accelerate.py trains classifiers; use scripts/train_ddp.py for language models.")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     D.ensure_torchrun_env()  # torchrun sets these; plain `python` gets a world of one
@@ -71,8 +73,8 @@ def main():
                 for batch in micro_batches:  # prepare() already moved the batch to the device
                     with accelerator.accumulate(model):  # no_sync on every micro-batch but the last of a step
                         with accelerator.autocast():
-                            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-                        loss = F.cross_entropy(logits.float(), batch["labels"])
+                            out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+                        loss = out.loss  # the model's own loss: over the classes, the next token (clm) or the masked ones (mlm)
                         accelerator.backward(loss)  # scaled for fp16 and divided by grad_accum for you
                     meter.add(loss, batch)
                 grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or float("inf"))

@@ -8,7 +8,6 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
@@ -72,8 +71,8 @@ def main():
                     with model.no_sync() if cfg.no_sync and not last else contextlib.nullcontext():
                         batch = engine.to_device(cpu_batch, device, opts["pin_memory"])
                         with amp.autocast(device):
-                            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-                        loss = F.cross_entropy(logits.float(), batch["labels"])
+                            out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+                        loss = out.loss  # the model's own loss: over the classes, the next token (clm) or the masked ones (mlm)
                         scaler.scale(loss / len(micro_batches)).backward()  # gradients add up over the micro-batches
                     meter.add(loss, cpu_batch)
                 scaler.unscale_(optimizer)  # clip the real gradients, not the fp16-scaled ones
@@ -87,11 +86,11 @@ def main():
                 meter.step(grad_norm)
                 snap.step(epoch, meter)  # a snapshot every --snapshot_every optimizer steps
             train = meter.finish(lr=scheduler.get_last_lr()[0])
-            val = engine.evaluate(model, val_loader, device=device, amp=amp)
+            val = engine.evaluate(model, val_loader, device=device, amp=amp, task=cfg.task)
             tracker.log_epoch(epoch, train, val)
             D.print0(engine.epoch_line(epoch, cfg.epochs, train, val, flops.epoch_mfu(train, shape, peak, world_size)))
             snap.epoch_end(epoch)
-        val = val or engine.evaluate(model, val_loader, device=device, amp=amp)  # resumed after the last epoch
+        val = val or engine.evaluate(model, val_loader, device=device, amp=amp, task=cfg.task)  # resumed after the last epoch
 
         max_diff = D.max_param_difference(model)  # DDP's promise: every rank holds the same weights
         D.print0(f"parameters identical on all {world_size} ranks: {max_diff == 0.0} (max difference {max_diff:.3g})")

@@ -3,7 +3,6 @@
     python scripts/train_single.py --epochs 3
 """
 import torch
-import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from distrinews_lib import checkpoint, config, data, engine, flops, plan, snapshot
@@ -53,8 +52,8 @@ def main():
             for cpu_batch in micro_batches:  # grad_accum micro-batches make one optimizer step
                 batch = engine.to_device(cpu_batch, device, opts["pin_memory"])
                 with amp.autocast(device):
-                    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-                loss = F.cross_entropy(logits.float(), batch["labels"])
+                    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+                loss = out.loss  # the model's own loss: over the classes, the next token (clm) or the masked ones (mlm)
                 scaler.scale(loss / len(micro_batches)).backward()  # gradients add up over the micro-batches
                 meter.add(loss, cpu_batch)
             scaler.unscale_(optimizer)  # clip the real gradients, not the fp16-scaled ones
@@ -68,11 +67,11 @@ def main():
             meter.step(grad_norm)
             snap.step(epoch, meter)  # a snapshot every --snapshot_every optimizer steps
         train = meter.finish(lr=scheduler.get_last_lr()[0])
-        val = engine.evaluate(model, val_loader, device=device, amp=amp)
+        val = engine.evaluate(model, val_loader, device=device, amp=amp, task=cfg.task)
         tracker.log_epoch(epoch, train, val)
         print(engine.epoch_line(epoch, cfg.epochs, train, val, flops.epoch_mfu(train, shape, peak)))
         snap.epoch_end(epoch)
-    val = val or engine.evaluate(model, val_loader, device=device, amp=amp)  # resumed after the last epoch
+    val = val or engine.evaluate(model, val_loader, device=device, amp=amp, task=cfg.task)  # resumed after the last epoch
 
     checkpoint.save_checkpoint(cfg.checkpoint, model, run.tokenizer, run.label_names, tracker.checkpoint_metadata(val), cfg.max_length)
     tracker.finish(checkpoint=cfg.checkpoint)

@@ -24,7 +24,7 @@ def test_single_process_run_on_synthetic_data(tmp_path):
     assert m["data"]["is_synthetic"] is True and m["ddp"]["world_size"] == 1
     assert len(m["epochs"]) == 1 and m["epochs"][0]["val_examples"] == 101
     csv_lines = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
-    assert csv_lines[0].startswith("epoch,train_loss,val_loss,val_accuracy,epoch_time_s,samples_per_s")
+    assert csv_lines[0].startswith("epoch,train_loss,val_loss,val_accuracy,val_perplexity,epoch_time_s,samples_per_s")
     assert len(csv_lines) == 2
     loaded = checkpoint.load_checkpoint(ck)
     assert loaded.metadata["data_source"] == "synthetic" and loaded.metadata["world_size"] == 1
@@ -145,7 +145,7 @@ def test_the_training_loop_is_in_the_scripts():
     assert not hasattr(engine, "train_one_epoch"), "the loop belongs in the scripts, where a learner reads it"
     for name in ("train_single.py", "train_ddp.py"):
         text = (SCRIPTS / name).read_text()
-        for step in ("with amp.autocast(device):", "logits = model(input_ids=", "F.cross_entropy(", ".backward()",
+        for step in ("with amp.autocast(device):", "out = model(input_ids=", "loss = out.loss", ".backward()",
                      "scaler.unscale_(optimizer)", "clip_grad_norm_(", "scaler.step(optimizer)", "scheduler.step()",
                      "optimizer.zero_grad(set_to_none=True)", "engine.accumulate(train_loader, cfg.grad_accum"):
             assert step in text, f"{name}: {step}"

@@ -1,0 +1,311 @@
+"""Language modelling on the course's DDP plumbing: a causal LM (a small GPT-2) and a masked LM (DistilBERT-style).
+
+DDP does not care about the objective: the sampler, the all-reduce, no_sync, snapshots and the rank-0 rules
+are the same lines. What changes lives here: the model with an LM head, the data cut into fixed-length
+blocks, the collator (which, for the masked LM, picks the tokens to predict), and the metric, perplexity:
+exp(mean loss per predicted token), computed exactly under DDP.
+
+Masking (MLM) is reproducible: which tokens of block i are masked in epoch e depends only on (seed, e, i).
+So a resumed run masks exactly as an uninterrupted one, each epoch masks differently, and two ranks, which
+hold different blocks, never mask the same way at the same step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+from collections import Counter
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+TASKS = ("classify", "clm", "mlm")
+IGNORE = -100  # labels the loss skips: padding, and (MLM) the tokens that were not masked
+
+# The tiny LMs of the CPU course: a few seconds per epoch over the embedded AG News text.
+TINY_LM = dict(dim=128, layers=2, heads=4, ffn=512)
+
+
+def build_lm(task: str, tokenizer, block_size: int, seed: int, hub_model: str | None = None):
+    """A randomly initialised small GPT-2 (clm) or DistilBERT (mlm) over the tokenizer's vocabulary, or
+    (mlm) a pretrained hub model to continue pre-training. Returns (model, description)."""
+    from transformers import AutoModelForMaskedLM, DistilBertConfig, DistilBertForMaskedLM, GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    vocab = len(tokenizer)
+    if task == "clm":
+        cfg = GPT2Config(vocab_size=vocab, n_positions=block_size, n_embd=TINY_LM["dim"], n_layer=TINY_LM["layers"],
+                         n_head=TINY_LM["heads"], n_inner=TINY_LM["ffn"], bos_token_id=tokenizer.cls_token_id,
+                         eos_token_id=tokenizer.sep_token_id, pad_token_id=tokenizer.pad_token_id)
+        return GPT2LMHeadModel(cfg), f"GPT-2 from its config: {TINY_LM['layers']} layers, dim {TINY_LM['dim']}, random init"
+    if hub_model:
+        return AutoModelForMaskedLM.from_pretrained(hub_model), f"{hub_model}, pretrained: continued pre-training"
+    cfg = DistilBertConfig(vocab_size=vocab, dim=TINY_LM["dim"], n_layers=TINY_LM["layers"], n_heads=TINY_LM["heads"],
+                           hidden_dim=TINY_LM["ffn"], max_position_embeddings=max(512, block_size),
+                           pad_token_id=tokenizer.pad_token_id)
+    return DistilBertForMaskedLM(cfg), f"DistilBERT from its config: {TINY_LM['layers']} layers, dim {TINY_LM['dim']}, random init"
+
+
+# --------------------------------------------------------------------------- a vocabulary small enough
+
+class VocabSubset:
+    """The K most frequent WordPiece tokens of the training text, renumbered 0..K-1 (specials first).
+
+    A language model's output layer costs vocabulary x width per token: with DistilBERT's 30,522 entries it
+    is most of a tiny model's compute (1.7 s per step of 2,048 tokens on one CPU core, measured). The K most
+    frequent tokens cover almost all of the text; the rest become [UNK]. It works like a tokenizer: ids in
+    (encode), text out (decode), and the checkpoint stores the list so generation can read it back."""
+
+    SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+    def __init__(self, tokenizer, wordpiece_ids: list):
+        self.tokenizer, self.ids = tokenizer, list(wordpiece_ids)
+        self.index = {w: i for i, w in enumerate(self.ids)}
+        specials = tokenizer.convert_tokens_to_ids(list(self.SPECIALS))
+        self.pad_token_id, self.unk_token_id, self.cls_token_id, self.sep_token_id, self.mask_token_id = (
+            self.index[w] for w in specials)
+
+    @classmethod
+    def from_corpus(cls, tokenizer, token_ids: list, size: int) -> "VocabSubset":
+        specials = tokenizer.convert_tokens_to_ids(list(cls.SPECIALS))
+        counts = Counter(t for ids in token_ids for t in ids if t not in specials)
+        common = [t for t, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[: size - len(specials)]]
+        return cls(tokenizer, specials + common)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def encode(self, wordpiece_ids: list) -> list:
+        return [self.index.get(t, self.unk_token_id) for t in wordpiece_ids]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode([self.ids[int(i)] for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def save_pretrained(self, folder) -> None:
+        """The WordPiece tokenizer's files plus the list of kept ids: what the checkpoint stores."""
+        import json
+        from pathlib import Path
+
+        self.tokenizer.save_pretrained(folder)
+        (Path(folder) / "vocab_subset.json").write_text(json.dumps(self.ids))
+
+    @classmethod
+    def from_files(cls, files: dict) -> "VocabSubset":
+        import json
+        import tempfile
+        from pathlib import Path
+
+        from transformers import AutoTokenizer
+
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, text in files.items():
+                if name != "vocab_subset.json":
+                    (Path(tmp) / name).write_text(text, encoding="utf-8")
+            tokenizer = AutoTokenizer.from_pretrained(tmp)
+        return cls(tokenizer, json.loads(files["vocab_subset.json"]))
+
+    @property
+    def name_or_path(self) -> str:
+        return f"WordPiece, {len(self.ids)} most frequent tokens"
+
+    def coverage(self, token_ids: list) -> float:
+        """Share of the tokens that keep their own id (the rest became [UNK])."""
+        total = sum(len(ids) for ids in token_ids)
+        return sum(t in self.index for ids in token_ids for t in ids) / max(total, 1)
+
+
+# --------------------------------------------------------------------------- data: fixed-length blocks
+
+def pack(token_ids: list, block_size: int, sep_id: int) -> list:
+    """Join the texts' token ids (each followed by a separator) and cut the stream into full blocks; the
+    remainder shorter than a block is dropped. Every position of every block is a real token."""
+    stream = []
+    for ids in token_ids:
+        stream.extend(ids)
+        stream.append(sep_id)
+    return [stream[i:i + block_size] for i in range(0, len(stream) - block_size + 1, block_size)]
+
+
+class BlockDataset(Dataset):
+    """Fixed-length blocks of token ids; each item remembers its index (exact evaluation, reproducible masking).
+
+    It knows its task, so data.make_loader gives it the right collator (collator_for): the training scripts
+    build their loaders the same way whatever they learn."""
+
+    def __init__(self, blocks: list, task: str = "clm", vocab=None, seed: int = 0, evaluation: bool = False):
+        self.blocks, self.task, self.vocab, self.seed, self.evaluation = blocks, task, vocab, seed, evaluation
+        self.lengths = [len(b) for b in blocks]  # all equal: length grouping has nothing to do
+
+    def collator_for(self, sampler):
+        # evaluation masks the same way every time, so epochs compare; training masks anew each epoch
+        return LMCollator(self.task, self.vocab, self.seed, sampler=sampler, fixed_epoch=0 if self.evaluation else None)
+
+    def __len__(self):
+        return len(self.blocks)
+
+    def __getitem__(self, i):
+        return {"index": i, "input_ids": self.blocks[i]}
+
+
+def texts_for_lm(splits) -> tuple[list, list]:
+    """The text of the classification data, labels dropped: AG News titles + descriptions."""
+    return list(splits.train_texts), list(splits.test_texts)
+
+
+# --------------------------------------------------------------------------- collators
+
+def _block_generator(seed: int, epoch: int, index: int) -> torch.Generator:
+    digest = hashlib.blake2b(f"{seed}:{epoch}:{index}".encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
+
+
+def mask_block(ids: torch.Tensor, tokenizer, seed: int, epoch: int, index: int, probability: float = 0.15):
+    """BERT's masking of one block, reproducibly: 15% of the (non-special) tokens are to be predicted; of
+    those, 80% become [MASK], 10% a random token, 10% stay. Returns (input_ids, labels)."""
+    g = _block_generator(seed, epoch, index)
+    special = torch.tensor([tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id])
+    candidates = ~torch.isin(ids, special)
+    chosen = (torch.rand(ids.shape, generator=g) < probability) & candidates
+    if candidates.any() and not chosen.any():  # every block predicts at least one token
+        chosen[candidates.nonzero()[torch.randint(int(candidates.sum()), (1,), generator=g)]] = True
+    labels = torch.where(chosen, ids, torch.full_like(ids, IGNORE))
+    roll = torch.rand(ids.shape, generator=g)
+    inputs = ids.clone()
+    inputs[chosen & (roll < 0.8)] = tokenizer.mask_token_id
+    random_tokens = torch.randint(len(tokenizer), ids.shape, generator=g)
+    swap = chosen & (roll >= 0.8) & (roll < 0.9)
+    inputs[swap] = random_tokens[swap]
+    return inputs, labels
+
+
+class LMCollator:
+    """Stacks blocks; clm: the labels are the inputs (the model shifts them); mlm: masks each block reproducibly.
+
+    The epoch comes from the sampler (set_epoch), so the masks change every epoch without any state of
+    their own; `fixed_epoch` pins it (evaluation masks the same way every time)."""
+
+    def __init__(self, task: str, tokenizer, seed: int, sampler=None, fixed_epoch: int | None = None):
+        self.task, self.tokenizer, self.seed, self.sampler, self.fixed_epoch = task, tokenizer, seed, sampler, fixed_epoch
+
+    @property
+    def epoch(self) -> int:
+        if self.fixed_epoch is not None:
+            return self.fixed_epoch
+        return int(getattr(self.sampler, "epoch", 0))
+
+    def __call__(self, items):
+        ids = torch.tensor([it["input_ids"] for it in items], dtype=torch.long)
+        index = torch.tensor([it["index"] for it in items], dtype=torch.long)
+        if self.task == "clm":
+            labels = ids.clone()
+        else:
+            pairs = [mask_block(row, self.tokenizer, self.seed, self.epoch, int(i)) for row, i in zip(ids, index)]
+            ids = torch.stack([p[0] for p in pairs])
+            labels = torch.stack([p[1] for p in pairs])
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels, "index": index}
+
+
+# --------------------------------------------------------------------------- exact perplexity
+
+def token_losses(model, batch, task: str):
+    """(sum of the loss over the predicted tokens, number of predicted tokens), per block."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+    labels = batch["labels"]
+    if task == "clm":  # token t predicts token t+1
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE,
+                                reduction="none").view(labels.shape)
+    counted = labels != IGNORE
+    return (per_token * counted).sum(1).double(), counted.sum(1)
+
+
+@dataclass
+class LMEval:
+    loss: float          # mean loss per predicted token, over the whole validation set
+    perplexity: float    # exp(loss)
+    tokens: int          # predicted tokens counted (duplicates from the sampler's padding dropped)
+    n: int               # blocks evaluated
+    accuracy: float = float("nan")  # not a classification: kept so the trackers' code stays one
+
+
+@torch.no_grad()
+def evaluate_lm(model, loader, *, device, task: str, amp=None) -> LMEval:
+    """Token-weighted loss and perplexity over the whole validation set, identical on every rank and equal to
+    a single-process evaluation of the same weights: per-block sums are gathered with their block indices,
+    and the duplicates DistributedSampler adds are dropped."""
+    from .checkpoint import unwrap
+    from .engine import _all_gather_varlen, _comm_device, to_device
+    import contextlib
+
+    bare = unwrap(model)
+    was_training = bare.training
+    bare.eval()
+    idx, sums, counts = [], [], []
+    for batch in loader:
+        batch = to_device(batch, device)
+        with (amp.autocast(device) if amp else contextlib.nullcontext()):
+            s, c = token_losses(bare, batch, task)
+        idx.append(batch["index"])
+        sums.append(s)
+        counts.append(c)
+    bare.train(was_training)
+    comm = _comm_device(device)
+    cat = lambda xs, dtype: torch.cat(xs).cpu() if xs else torch.zeros(0, dtype=dtype)  # noqa: E731
+    idx = _all_gather_varlen(cat(idx, torch.long), comm)
+    sums = _all_gather_varlen(cat(sums, torch.float64), comm)
+    counts = _all_gather_varlen(cat(counts, torch.long), comm)
+    order = torch.argsort(idx, stable=True)
+    idx, sums, counts = idx[order], sums[order], counts[order]
+    keep = torch.ones_like(idx, dtype=torch.bool)
+    keep[1:] = idx[1:] != idx[:-1]
+    total, tokens = float(sums[keep].sum()), int(counts[keep].sum())
+    loss = total / max(tokens, 1)
+    return LMEval(loss, math.exp(min(loss, 50.0)), tokens, int(keep.sum()))
+
+
+def all_masks_differ(masks: list) -> bool:
+    """True when no two of the given label tensors mark the same positions (used by the tests and chapter 08)."""
+    keys = [tuple((m != IGNORE).flatten().tolist()) for m in masks]
+    return len(set(keys)) == len(keys)
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompt: str, max_new_tokens: int = 20, device="cpu", greedy: bool = False, seed: int = 0,
+             temperature: float = 0.8, top_k: int = 20) -> str:
+    """Continue a prompt with a causal LM over a VocabSubset: sampled from the top_k most likely tokens at the
+    given temperature (a fixed seed: the same text every time), or greedy."""
+    bare = model.module if hasattr(model, "module") else model
+    words = tokenizer.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([[tokenizer.cls_token_id, *tokenizer.encode(words)]], device=device)
+    limit = bare.config.n_positions
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(max_new_tokens):
+        logits = bare(input_ids=ids[:, -limit:]).logits[0, -1].float().cpu()
+        logits[[tokenizer.pad_token_id, tokenizer.unk_token_id, tokenizer.cls_token_id]] = -float("inf")
+        if greedy:
+            nxt = int(logits.argmax())
+        else:
+            top = torch.topk(logits / temperature, top_k)
+            nxt = int(top.indices[torch.multinomial(torch.softmax(top.values, -1), 1, generator=g)])
+        if nxt == tokenizer.sep_token_id:
+            break
+        ids = torch.cat([ids, torch.tensor([[nxt]], device=device)], dim=1)
+    return tokenizer.decode(ids[0, 1:], skip_special_tokens=True)
+
+
+def load_lm(path, device="cpu"):
+    """(model, VocabSubset, payload) from a --task clm/mlm checkpoint written by the training scripts."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
+
+    from .checkpoint import read_checkpoint
+
+    payload = read_checkpoint(path)
+    cfg = dict(payload["model_config"])
+    config = AutoConfig.for_model(cfg.pop("model_type", payload["model_type"]), **cfg)
+    auto = AutoModelForCausalLM if payload.get("task") == "clm" else AutoModelForMaskedLM
+    model = auto.from_config(config)
+    model.load_state_dict(payload["state_dict"])
+    return model.to(device).eval(), VocabSubset.from_files(payload["tokenizer_files"]), payload

@@ -1,0 +1,55 @@
+"""Under torchrun with 2 gloo ranks: perplexity is exact under DDP, and the ranks' masks differ at every step.
+Rank 0 writes a JSON of what it measured for tests/test_lm.py."""
+import json
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+from distrinews_lib import data, lm
+from distrinews_lib.model import tiny_tokenizer
+
+out = sys.argv[1]
+torch.set_num_threads(1)
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+rank, world = dist.get_rank(), dist.get_world_size()
+try:
+    wp = tiny_tokenizer()
+    splits = data.load_embedded()
+    ids = [x[1:-1] for x in data.tokenize_texts(splits.test_texts[:300], wp, 64, use_cache=False)]
+    voc = lm.VocabSubset.from_corpus(wp, ids, 512)
+    blocks = lm.BlockDataset(lm.pack([voc.encode(x) for x in ids], 16, voc.sep_token_id)[:101])  # odd: the sampler pads
+    result = {"blocks": len(blocks)}
+    for task in ("clm", "mlm"):
+        model, _ = lm.build_lm(task, voc, 16, seed=0)
+        sampler = DistributedSampler(blocks, num_replicas=world, rank=rank, shuffle=False)
+        loader = DataLoader(blocks, batch_size=8, sampler=sampler, collate_fn=lm.LMCollator(task, voc, seed=5, fixed_epoch=0))
+        ddp = lm.evaluate_lm(model, loader, device=torch.device("cpu"), task=task)
+        if rank == 0:  # the same weights, one process, the whole set
+            whole = DataLoader(blocks, batch_size=13, collate_fn=lm.LMCollator(task, voc, seed=5, fixed_epoch=0))
+            import distrinews_lib.distributed as D
+            real = D.is_initialized
+            D.is_initialized = lambda: False  # evaluate alone, without collectives
+            single = lm.evaluate_lm(model, whole, device=torch.device("cpu"), task=task)
+            D.is_initialized = real
+            result[task] = {"ddp": ddp.__dict__, "single": single.__dict__}
+    # masks at the same step on both ranks, over two epochs, in training order
+    train_sampler = DistributedSampler(blocks, num_replicas=world, rank=rank, shuffle=True, seed=3)
+    collate = lm.LMCollator("mlm", voc, seed=5, sampler=train_sampler)
+    masks = []
+    for epoch in (1, 2):
+        train_sampler.set_epoch(epoch)
+        for batch in DataLoader(blocks, batch_size=8, sampler=train_sampler, collate_fn=collate):
+            masks.append([batch["index"].tolist(), (batch["labels"] != lm.IGNORE).int().tolist()])
+    everyone = [None] * world
+    dist.all_gather_object(everyone, masks)
+    if rank == 0:
+        result["masks"] = everyone
+        with open(out, "w") as f:
+            json.dump(result, f)
+    dist.barrier()
+finally:
+    dist.destroy_process_group()
