@@ -20,6 +20,7 @@ Extra flags after `--` go to every run (e.g. `-- --epochs 1` for a rehearsal; th
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -30,6 +31,13 @@ sys.path.insert(0, str(REPO))
 
 from distrinews_lib import config, launch  # noqa: E402
 from distrinews_lib.errors import UserError, main_guard  # noqa: E402
+
+
+def _load() -> list:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
 
 
 def experiment_files() -> list:
@@ -68,13 +76,21 @@ def run_one(path: Path, extra: list, timeout: float) -> dict:
     script, args = command(path, s, extra)
     env = {"OMP_NUM_THREADS": str(s["threads"] or 1)}
     print(f"== experiment {s['name']}: {s['processes']} process(es), {Path(script).name} {' '.join(args)}", flush=True)
-    start = time.time()
+    start, load_before, started = time.time(), _load(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
     if s["processes"] == 1:
         res = launch.run_python(script, args, timeout=timeout, env=env, cwd=REPO, check=False)
     else:
         res = launch.torchrun(script, s["processes"], args, timeout=timeout, env=env, cwd=REPO, check=False)
     (out / "log.txt").write_text(res.output)
     took = time.time() - start
+    launcher = ["python"] if s["processes"] == 1 else ["torchrun", "--standalone", f"--nproc_per_node={s['processes']}"]
+    record = {"experiment": s["name"], "yaml": os.path.relpath(path, REPO), "processes": s["processes"],
+              "command": " ".join([f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}", *launcher, os.path.relpath(script, REPO),
+                                   *(os.path.relpath(a, REPO) if str(a).startswith(str(REPO)) else str(a) for a in args)]),
+              "started": started, "wall_s": round(took, 1), "returncode": res.returncode,
+              # 1-minute load averages of the machine (shared with other jobs) around the run
+              "load_average_before": load_before, "load_average_after": _load(), "cpu_count": os.cpu_count()}
+    (out / "run.json").write_text(json.dumps(record, indent=2))
     if not res.ok:
         tail = "\n".join(res.output.strip().splitlines()[-8:])
         raise UserError(f"experiment {s['name']} failed ({'timed out' if res.timed_out else f'exit code {res.returncode}'}) "

@@ -32,6 +32,11 @@ def hf_home(tmp_path_factory):
                       {split: ([r["text"] for r in rows], [int(r["label"]) for r in rows])
                        for split, rows in (("train", imdb_rows("train", 200)), ("test", imdb_rows("test", 100)))},
                       ["neg", "pos"])  # the hub's own ClassLabel names; the course shows negative/positive
+        rows = imdb_rows("train", 40)  # real reviews in amazon_polarity's columns (label, title, content)
+        cache_dataset(home / "datasets", "fancyzhx/amazon_polarity",
+                      {"train": ([("Review", r["text"]) for r in rows[:30]], [int(r["label"]) for r in rows[:30]]),
+                       "test": ([("Review", r["text"]) for r in rows[30:]], [int(r["label"]) for r in rows[30:]])},
+                      ["negative", "positive"], text_columns=("title", "content"))
     model, tokenizer, _ = build_model("tiny", seed=0)
     cache_model(home / "hub", MODEL_ID, model, tokenizer)
     return home
@@ -72,6 +77,13 @@ def test_imdb_by_name_and_by_hub_id_from_the_cache_with_datasets_offline_only(of
     assert by_id.label_names == ["negative", "positive"]  # a known dataset's id gets its known names
     generic = data.load_hub("stanfordnlp/imdb", spec=None)
     assert generic.test_texts == by_id.test_texts
+
+
+@needs_imdb
+def test_amazon_polarity_joins_title_and_content(offline):
+    s = data.load_dataset_splits("amazon_polarity", data.resolve_source("auto", "amazon_polarity"))
+    assert s.label_names == ["negative", "positive"] and len(s.train_texts) == 30
+    assert all(t.startswith("Review. ") for t in s.train_texts)
 
 
 def test_a_model_loads_from_the_cache_by_its_hub_id(offline):
