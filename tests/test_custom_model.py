@@ -135,3 +135,11 @@ def test_ddp_run_of_the_custom_model_saves_a_servable_checkpoint(tmp_path):
     loaded = checkpoint.load_checkpoint(ck)
     assert loaded.label_names == ["World", "Sports", "Business", "Sci/Tech"]
     assert checkpoint.check_predictions(loaded).shape == (2, 4)
+
+
+def test_a_max_length_beyond_the_models_positions_is_refused_with_the_limit(tmp_path):
+    r = run_script([SCRIPTS / "train_single.py", "--config", "cpu_smoke", "--data", "embedded", "--model", "tiny",
+                    "--max_length", "1024", "--output", tmp_path, "--no-progress"], timeout=120)
+    text = " ".join(r.stderr.split())
+    assert r.returncode == 2 and "position embeddings stop at 512 tokens" in text and "--truncation head_tail" in text, text
+    assert "Traceback" not in r.stderr
