@@ -209,6 +209,12 @@ def main(argv=None) -> int:
     result["load_average_at_end"] = load_average()
     result["headline"] = headline(result)
     out_path.parent.mkdir(parents=True, exist_ok=True)
+    if out_path.is_file():  # other benchmarks keep their own sections in the same file (e.g. custom_hash)
+        try:
+            kept = {k: v for k, v in json.loads(out_path.read_text()).items() if k not in result}
+        except json.JSONDecodeError:
+            kept = {}
+        result = {**result, **kept}
     out_path.write_text(json.dumps(provenance.as_jsonable(ordered(result)), indent=1))
     print(f"single process : {a1:.2f}% (per epoch {', '.join(f'{100 * x:.2f}' for x in result['single']['accuracy_per_epoch'])})")
     print(f"{nproc}-process DDP : {a2:.2f}% (per epoch {', '.join(f'{100 * x:.2f}' for x in result['ddp']['accuracy_per_epoch'])})")
