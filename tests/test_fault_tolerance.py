@@ -23,6 +23,7 @@ def _state(path):
     return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
 
 
+@pytest.mark.also_in_notebook
 @pytest.mark.slow
 def test_sigkill_one_rank_then_restart_ends_bit_identical(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
@@ -112,6 +113,7 @@ def test_fault_specs_are_checked():
             faults.parse(bad)
 
 
+@pytest.mark.also_in_notebook
 @pytest.mark.slow
 def test_truncated_newest_snapshot_falls_back_to_the_previous_one(tmp_path):
     args = ["--config", "cpu_smoke", "--data", "synthetic", "--num_samples", "160", "--eval_samples", "32",
@@ -129,6 +131,7 @@ def test_truncated_newest_snapshot_falls_back_to_the_previous_one(tmp_path):
     assert f"resumed from {snaps[-2]}" in out
 
 
+@pytest.mark.also_in_notebook
 @pytest.mark.slow
 def test_resume_from_two_processes_on_one(tmp_path):
     args = [*RUN, "--output", tmp_path, "--checkpoint", tmp_path / "m.pt"]

@@ -69,6 +69,7 @@ def test_a_loss_that_turns_nan_stops_the_run_without_saving(tmp_path):
     assert not (tmp_path / "m.pt").exists() and not (tmp_path / "run" / "snapshots").exists()
 
 
+@pytest.mark.also_in_notebook
 @pytest.mark.slow
 @pytest.mark.skipif(not AG_NEWS.is_dir(), reason=f"real AG News not present at {AG_NEWS}")
 def test_tiny_model_on_real_ag_news_beats_chance(tmp_path):
