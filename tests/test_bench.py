@@ -339,6 +339,7 @@ def test_bench_train_quick(tmp_path, bench):
     assert "refreshed" in again
 
 
+@pytest.mark.bench
 @pytest.mark.slow
 def test_bench_accuracy_quick(tmp_path):
     out = tmp_path / "acc.json"

@@ -56,6 +56,7 @@ def test_the_committed_experiments_plot_and_meet_their_targets(tmp_path):
     assert record["headline"] and record["custom_hash"]["all_met"], "the older sections are kept, the new one met"
 
 
+@pytest.mark.bench
 @pytest.mark.slow
 def test_the_speedup_measurement_runs_the_real_scripts(tmp_path):
     r = run_script([SCRIPTS / "measure_speedup.py", "--quick", "--pairs", "agnews_custom_1p", "--record",

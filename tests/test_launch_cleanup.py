@@ -106,6 +106,6 @@ def test_an_interrupt_or_a_timeout_leaves_no_rank_behind(tmp_path):
 
     pid_dir = tmp_path / "timeout"
     with pytest.raises(LaunchError, match="timed out"):
-        torchrun(SLEEPER, 2, [pid_dir], timeout=20, echo=False)
+        torchrun(SLEEPER, 2, [pid_dir], timeout=12, echo=False)
     ranks = [int(p.read_text()) for p in pid_dir.glob("rank*.pid")]
     assert len(ranks) == 2 and not _wait_all_gone(ranks, 5), "ranks survived a launch that timed out"

@@ -98,6 +98,7 @@ def test_the_accelerate_script_refuses_a_language_model_task(tmp_path):
     assert r.returncode == 2 and "train_ddp.py" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.bench
 @pytest.mark.slow
 def test_the_lm_benchmark_runs(tmp_path):
     from .helpers import SCRIPTS, run_script

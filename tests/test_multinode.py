@@ -132,6 +132,7 @@ def test_two_nodes_over_veth_end_like_one_machine(tmp_path, standalone):
         "2 nodes x 1 process must end with the same weights as 1 machine x 2 processes"
 
 
+@pytest.mark.also_in_notebook
 @needs_netns
 @pytest.mark.slow
 def test_a_killed_node_is_replaced_and_the_run_ends_bit_identical(tmp_path, standalone):

@@ -65,6 +65,7 @@ def _run(script, *args, tmp_path, timeout=90, check=True):
     return torchrun(script, 2, [*map(str, args)], timeout=timeout, echo=False, check=check, cwd=ROOT)
 
 
+@pytest.mark.also_in_notebook
 @pytest.mark.slow
 def test_eval_padding_broken_counts_duplicates_fixed_is_exact(tmp_path):
     out = tmp_path / "eval.json"
@@ -77,6 +78,7 @@ def test_eval_padding_broken_counts_duplicates_fixed_is_exact(tmp_path):
     assert r["library_evaluate_accuracy"] == pytest.approx(r["truth_accuracy"], abs=1e-12)
 
 
+@pytest.mark.also_in_notebook
 @pytest.mark.slow
 def test_no_sync_cuts_allreduces_by_the_accumulation_factor(tmp_path):
     out = tmp_path / "nosync.json"
@@ -86,6 +88,7 @@ def test_no_sync_cuts_allreduces_by_the_accumulation_factor(tmp_path):
     assert r["max_param_diff_broken_vs_fixed"] < 1e-5
 
 
+@pytest.mark.also_in_notebook
 @pytest.mark.slow
 def test_uneven_inputs_hang_ends_by_itself_and_join_fixes_it(tmp_path):
     res = _run(PITFALLS / "07_uneven_inputs.py", "--mode", "broken", "--ddp_timeout", 2, tmp_path=tmp_path,
@@ -99,6 +102,7 @@ def test_uneven_inputs_hang_ends_by_itself_and_join_fixes_it(tmp_path):
     assert r["even"]["batches_per_rank"] == [4, 4] and r["even"]["max_param_diff"] == 0.0
 
 
+@pytest.mark.also_in_notebook
 @pytest.mark.slow
 def test_collective_on_one_rank_times_out_instead_of_hanging(tmp_path):
     res = _run(PITFALLS / "09_one_rank_collective.py", "--mode", "broken", "--ddp_timeout", 2, tmp_path=tmp_path,
@@ -179,6 +183,7 @@ def shared_launch(tmp_path_factory):
     return {key: data for key, (_, data) in results.items()}, {key: output for key, (output, _) in results.items()}
 
 
+@pytest.mark.also_in_notebook
 @pytest.mark.slow
 def test_one_launch_runs_several_scripts_in_one_process_group(shared_launch):
     outputs = shared_launch[1]
@@ -186,6 +191,7 @@ def test_one_launch_runs_several_scripts_in_one_process_group(shared_launch):
     assert "2 bucket all-reduces" in outputs["backward"]
 
 
+@pytest.mark.also_in_notebook
 @pytest.mark.slow
 def test_unused_parameter_breaks_plain_ddp_and_both_fixes_train(shared_launch, tmp_path):
     res = _run(PITFALLS / "11_unused_parameters.py", "--mode", "broken", tmp_path=tmp_path, timeout=60, check=False)
@@ -200,6 +206,7 @@ def test_unused_parameter_breaks_plain_ddp_and_both_fixes_train(shared_launch, t
     assert set(r["find_unused"]["numbers_per_step"]) == {r["n_params"]}  # the unused head's zeros travel too
 
 
+@pytest.mark.also_in_notebook
 @pytest.mark.slow
 def test_batchnorm_per_rank_statistics_differ_and_sync_matches_the_global_batch(shared_launch):
     r = shared_launch[0]["bn"]
@@ -208,6 +215,7 @@ def test_batchnorm_per_rank_statistics_differ_and_sync_matches_the_global_batch(
     assert max(r["fixed"]["mean_diff_to_global"], r["fixed"]["var_diff_to_global"], r["fixed"]["weight_diff_to_global"]) < 1e-5
 
 
+@pytest.mark.also_in_notebook
 @pytest.mark.slow
 def test_linear_lr_scaling_recovers_what_the_same_lr_loses(shared_launch):
     r = shared_launch[0]["lr"]
@@ -217,6 +225,7 @@ def test_linear_lr_scaling_recovers_what_the_same_lr_loses(shared_launch):
     assert abs(fixed[1] - one[1]) < 0.02 and abs(fixed[2] - one[2]) < 0.02
 
 
+@pytest.mark.also_in_notebook
 @pytest.mark.slow
 def test_bucket_timeline_records_launch_and_completion(shared_launch):
     for rank in shared_launch[0]["backward"]["ranks"]:

@@ -454,6 +454,7 @@ def test_bad_checkpoint_stops_startup_with_one_clear_message(failed_startups, ho
 # ----------------------------------------------------------------------------- the benchmark
 
 
+@pytest.mark.bench
 def test_benchmark_quick_mode_runs(tmp_path):
     out = tmp_path / "serving.json"
     r = subprocess.run([sys.executable, "scripts/bench_serving.py", "--quick", "--levels", "1,4", "--duration", "0.5",
@@ -471,6 +472,7 @@ def test_benchmark_quick_mode_runs(tmp_path):
     assert out.with_suffix(".png").stat().st_size > 1000
 
 
+@pytest.mark.bench
 def test_benchmark_overload_quick_mode_runs(tmp_path):
     out = tmp_path / "serving_overload.json"
     r = subprocess.run([sys.executable, "scripts/bench_serving.py", "--overload", "--quick", "--output", str(out)],
