@@ -827,7 +827,7 @@ def plot(result: dict, base: Path) -> list:
             colors = ["tab:green" if n == "ours" else "tab:red" if n.startswith("hf_trainer") else "tab:gray" for n in names]
             y = list(range(len(names)))
             bars = ax.barh(y, vals, color=colors)
-            ax.bar_label(bars, fmt="%.3g", fontsize=7, padding=2)
+            ax.bar_label(bars, labels=[f"{v:.0f}" if v >= 100 else f"{v:.3g}" for v in vals], fontsize=7, padding=2)
             ax.set_yticks(y, names, fontsize=8)
             ax.set_xlabel(f"{label}, median over rounds (wall clock)")
             ax.set_title(f"{model_name}: the course's script vs Trainer, and fast-path options off", fontsize=10)
