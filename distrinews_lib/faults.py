@@ -9,8 +9,10 @@ Nothing in the training path knows about faults.
     raise:rank=0:step=3    rank 0 raises an exception after step 3
     hang:rank=1:step=2     rank 1 stops joining collectives (sleeps) after step 2
 
-A fault fires on the first attempt only (TORCHELASTIC_RESTART_COUNT=0), so a run restarted by
-`torchrun --max-restarts` goes on, as it would after a real preemption.
+A fault fires once per run, so a run restarted by `torchrun --max-restarts` goes on, as it would after a
+real preemption: not on a restarted attempt (TORCHELASTIC_RESTART_COUNT > 0), and, when the script has an
+--output folder, not after a marker there says it fired. The marker matters on several nodes: a replacement
+node starts a fresh agent whose restart count is 0 again (the folder is shared: snapshots need it anyway).
 """
 
 from __future__ import annotations
@@ -44,11 +46,28 @@ def parse(spec: str) -> dict:
     return out
 
 
-def install(fault: dict) -> None:
-    """Fire `fault` after the given optimizer step on the given rank (first attempt only)."""
+def marker_for(fault: dict, script_args: list) -> Path | None:
+    """Where the fault notes that it fired: a file in the script's --output folder (None without one)."""
+    for i, arg in enumerate(script_args):
+        if arg == "--output" and i + 1 < len(script_args):
+            out = script_args[i + 1]
+        elif arg.startswith("--output="):
+            out = arg.partition("=")[2]
+        else:
+            continue
+        return Path(out) / f".fault_fired_{fault['kind']}_rank{fault['rank']}_step{fault['step']}"
+    return None
+
+
+def install(fault: dict, marker: Path | None = None) -> None:
+    """Fire `fault` after the given optimizer step on the given rank, once per run (see the module's docstring)."""
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0" or int(os.environ.get("RANK", 0)) != fault["rank"]:
+        return
+    if marker is not None and marker.exists():
+        print(f"[rank {fault['rank']}] fault {fault['kind']} after step {fault['step']} already fired in this run "
+              f"({marker}): not again", flush=True)
         return
     steps = [0]
 
@@ -57,6 +76,9 @@ def install(fault: dict) -> None:
         if steps[0] != fault["step"]:
             return
         print(f"[rank {fault['rank']}] injected fault: {fault['kind']} after step {steps[0]}", flush=True)
+        if marker is not None:  # written before firing: a SIGKILL leaves no chance afterwards
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
         if fault["kind"] == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         if fault["kind"] == "raise":
@@ -74,7 +96,8 @@ def main(argv=None) -> None:
         args = sys.argv[1:] if argv is None else argv
         if len(args) < 2:
             raise UserError("usage: faults.py KIND:rank=R:step=N SCRIPT [ARGS...]  (e.g. kill:rank=1:step=7 scripts/train_ddp.py)")
-        install(parse(args[0]))
+        fault = parse(args[0])
+        install(fault, marker_for(fault, args[2:]))
         sys.argv = args[1:]
         runpy.run_path(args[1], run_name="__main__")
 

@@ -1,6 +1,7 @@
 """Snapshots, exact resume, and surviving a killed rank (CPU, 2 gloo processes, tiny model)."""
 
 import json
+import os
 import time
 
 import pytest
@@ -111,6 +112,31 @@ def test_fault_specs_are_checked():
     for bad, words in (("kill:rank=x", "rank=R or step=N"), ("explode", "unknown kind"), ("hang:step=0", "from 1")):
         with pytest.raises(UserError, match=words):
             faults.parse(bad)
+
+
+def test_a_fault_fires_once_per_run_even_on_a_fresh_agent(tmp_path):
+    """A replacement node's agent starts with TORCHELASTIC_RESTART_COUNT=0 again: the marker in the (shared) --output
+    folder is what keeps the fault from firing a second time there."""
+    import subprocess
+    import sys
+
+    steps = tmp_path / "steps.py"  # a stand-in for the training script: 4 optimizer steps, takes --output like it
+    steps.write_text("import torch\nw = torch.nn.Parameter(torch.zeros(1))\nopt = torch.optim.SGD([w], lr=0.1)\n"
+                     "for _ in range(4):\n    w.sum().backward()\n    opt.step()\nprint('finished 4 steps')\n")
+
+    def run(output):
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "TORCHELASTIC_RESTART_COUNT")}
+        return subprocess.run([sys.executable, faults.WRAPPER, "raise:rank=0:step=2", steps, "--output", output],
+                              capture_output=True, text=True, timeout=120, env=env)
+
+    first = run(tmp_path / "run")
+    assert first.returncode != 0 and "injected fault: raise after step 2" in first.stdout
+    assert (tmp_path / "run" / ".fault_fired_raise_rank0_step2").is_file()
+    again = run(tmp_path / "run")  # the same run, as a fresh agent would start it
+    assert again.returncode == 0 and "finished 4 steps" in again.stdout, again.stdout + again.stderr
+    assert "already fired in this run" in again.stdout and "injected fault" not in again.stdout
+    other = run(tmp_path / "other")  # another run: it fires there
+    assert other.returncode != 0 and "injected fault: raise after step 2" in other.stdout
 
 
 @pytest.mark.also_in_notebook
