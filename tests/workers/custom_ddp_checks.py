@@ -13,13 +13,13 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from distrinews_lib import data, engine
+from distrinews_lib import data
 from distrinews_lib import distributed as D
 from distrinews_lib.config import RunConfig
 from distrinews_lib.model import build_model
+from equivalence import ddp_vs_one_process  # this folder: torchrun puts the script's folder on sys.path
 
 out_dir = sys.argv[1]
 torch.set_num_threads(1)
@@ -43,35 +43,8 @@ try:
 
     ds = data.TokenizedDataset(ids, labels)
     collate = data.PadCollator(tok.pad_token_id, pad_to_multiple_of=None)
-    b = 4
     ddp = DDP(model)
-    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
-    grad_diffs, param_diffs = [], []
-    for step in range(5):
-        glob = list(range(step * 2 * b, (step + 1) * 2 * b))
-        mine = glob[rank * b:(rank + 1) * b]
-        width = max(len(ds[i]["input_ids"]) for i in glob)
-
-        def batch_of(idx):
-            bt = collate([ds[i] for i in idx])
-            pad = width - bt["input_ids"].shape[1]
-            return {k: (F.pad(v, (0, pad), value=0) if v.ndim == 2 else v) for k, v in bt.items()}
-
-        bt = batch_of(mine)
-        loss = F.cross_entropy(engine.forward_logits(ddp, bt), bt["labels"])
-        opt.zero_grad()
-        loss.backward()  # DDP averages the gradients over the ranks here
-        if rank == 0:
-            rb = batch_of(glob)
-            rloss = F.cross_entropy(engine.forward_logits(ref, rb), rb["labels"])
-            ref_opt.zero_grad()
-            rloss.backward()
-            grad_diffs.append(max((p.grad - q.grad).abs().max().item() for p, q in zip(model.parameters(), ref.parameters())))
-        opt.step()
-        if rank == 0:
-            ref_opt.step()
-            param_diffs.append(max((p - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters())))
+    grad_diffs, param_diffs = ddp_vs_one_process(ddp, model, ref, ds, collate, tok.pad_token_id, rank)
     result["grad_max_diff_per_step"] = grad_diffs
     result["param_max_diff_per_step"] = param_diffs
     result["ranks_max_param_diff"] = D.max_param_difference(ddp)
