@@ -1,7 +1,6 @@
 """Snapshots, exact resume, and surviving a killed rank (CPU, 2 gloo processes, tiny model)."""
 
 import json
-import os
 import time
 
 import pytest
@@ -117,17 +116,13 @@ def test_fault_specs_are_checked():
 def test_a_fault_fires_once_per_run_even_on_a_fresh_agent(tmp_path):
     """A replacement node's agent starts with TORCHELASTIC_RESTART_COUNT=0 again: the marker in the (shared) --output
     folder is what keeps the fault from firing a second time there."""
-    import subprocess
-    import sys
-
     steps = tmp_path / "steps.py"  # a stand-in for the training script: 4 optimizer steps, takes --output like it
     steps.write_text("import torch\nw = torch.nn.Parameter(torch.zeros(1))\nopt = torch.optim.SGD([w], lr=0.1)\n"
                      "for _ in range(4):\n    w.sum().backward()\n    opt.step()\nprint('finished 4 steps')\n")
 
-    def run(output):
-        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "TORCHELASTIC_RESTART_COUNT")}
-        return subprocess.run([sys.executable, faults.WRAPPER, "raise:rank=0:step=2", steps, "--output", output],
-                              capture_output=True, text=True, timeout=120, env=env)
+    def run(output):  # rank 0 of a fresh agent: restart count 0
+        return run_script([faults.WRAPPER, "raise:rank=0:step=2", steps, "--output", output], timeout=120,
+                          env={"RANK": "0", "TORCHELASTIC_RESTART_COUNT": "0"})
 
     first = run(tmp_path / "run")
     assert first.returncode != 0 and "injected fault: raise after step 2" in first.stdout
