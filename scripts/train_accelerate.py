@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import broadcast_object_list
 from torch.distributed.elastic.multiprocessing.errors import record
+from torch.utils.data.distributed import DistributedSampler
 
 from distrinews_lib import checkpoint, config, data, engine, flops, plan, snapshot
 from distrinews_lib import distributed as D
@@ -33,7 +34,7 @@ def main():
     amp = engine.resolve_amp(cfg.amp, device)
     accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision={"off": "no"}.get(amp.mode, amp.mode),
                               gradient_accumulation_steps=cfg.grad_accum,  # accumulate(): no_sync, loss division
-                              dataloader_config=DataLoaderConfiguration(split_batches=True),  # each global batch is split over the processes
+                              dataloader_config=DataLoaderConfiguration(split_batches=True),  # a prepared loader's batch is global
                               log_with=None if cfg.report_to == "none" else cfg.report_to, project_dir=cfg.output)
     try:
         D.print0(f"preset {cfg.preset} | world size {accelerator.num_processes} | {accelerator.distributed_type} | device {accelerator.device} | {amp.reason}")
@@ -45,11 +46,12 @@ def main():
         model = run.model.to(device)
         shape, peak = flops.model_shape(model), flops.device_peak(device, amp.mode)  # for MFU (GPUs)
 
-        # One order for the whole dataset; prepare() gives each process its slice of every global batch.
-        sampler = data.ShuffleSampler(run.train_ds, seed=cfg.seed)
+        # Each rank gets its own 1/world_size of the data, as in train_ddp.py: not prepared, so that every rank trains on
+        # exactly the examples it would there (prepare() would cut each global batch into contiguous slices instead).
+        sampler = DistributedSampler(run.train_ds, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed)
         opts = data.loader_options(cfg, run.tokenizer.pad_token_id, device)
-        train_loader = data.make_loader(run.train_ds, cfg.batch_size * world_size, sampler, seed=cfg.seed, group_by_length=cfg.group_by_length, **opts)
-        val_loader = data.make_loader(run.val_ds, cfg.eval_batch_size * world_size, **opts)
+        train_loader = data.make_loader(run.train_ds, cfg.batch_size, sampler, seed=cfg.seed, group_by_length=cfg.group_by_length, **opts)
+        val_loader = data.make_loader(run.val_ds, cfg.eval_batch_size * world_size, **opts)  # prepare() splits each batch
 
         optimizer = engine.make_optimizer(model, cfg.lr, cfg.weight_decay, cfg.fused_adam)
         steps = engine.steps_per_epoch(len(train_loader), cfg.grad_accum, cfg.max_steps_per_epoch)
@@ -58,25 +60,26 @@ def main():
         snap = snapshot.Snapshotter(cfg, model=model, optimizer=optimizer, scheduler=scheduler, scaler=None,
                                     tracker=tracker, label_names=run.label_names)
         start = snap.resume(run_plan.resume)  # --resume auto: continue from the newest good snapshot
-        model, optimizer, train_loader, val_loader, scheduler = accelerator.prepare(model, optimizer, train_loader, val_loader, scheduler)
+        model, optimizer, val_loader, scheduler = accelerator.prepare(model, optimizer, val_loader, scheduler)
         accelerator.init_trackers("distrinews", config=cfg.to_dict())  # --report_to: TensorBoard, W&B, Trackio
         if cfg.compile:
             model = torch.compile(model)
 
         val = None
         for epoch in range(start.epoch, cfg.epochs + 1):
-            train_loader.set_epoch(epoch)  # a new shuffle every epoch: the prepared loader passes it on to the sampler
+            sampler.set_epoch(epoch)  # a new shuffle every epoch
             model.train()
             meter = engine.EpochMeter(device, amp, epoch, start.meter_state(epoch))  # loss, samples, tokens, time
             for micro_batches in engine.accumulate(train_loader, cfg.grad_accum, skip=start.skip(epoch),
                                                    limit=cfg.max_steps_per_epoch, progress=cfg.progress, desc=f"epoch {epoch}"):
-                for batch in micro_batches:  # prepare() already moved the batch to the device
+                for cpu_batch in micro_batches:  # grad_accum micro-batches make one optimizer step
+                    batch = engine.to_device(cpu_batch, device, opts["pin_memory"])
                     with accelerator.accumulate(model):  # no_sync on every micro-batch but the last of a step
                         with accelerator.autocast():
                             out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
                         loss = out.loss  # the model's own loss: over the classes, the next token (clm) or the masked ones (mlm)
                         accelerator.backward(loss)  # scaled for fp16 and divided by grad_accum for you
-                    meter.add(loss, batch)
+                    meter.add(loss, cpu_batch)
                 grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or float("inf"))
                 optimizer.step()  # Accelerate skips the step if fp16 gradients overflowed...
                 scheduler.step()  # ...and the schedule with it
