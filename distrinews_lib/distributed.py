@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -17,17 +16,11 @@ import torch.distributed as dist
 from .errors import UserError
 
 
-@dataclass
-class DistInfo:
-    rank: int
-    local_rank: int
-    world_size: int
-    local_world_size: int
-    launched_by_torchrun: bool
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
+class TorchrunEnv(NamedTuple):
+    rank: int          # this process's id among all processes, 0 .. world_size-1
+    local_rank: int    # its id on this machine: which GPU it uses
+    world_size: int    # how many processes in total
+    init_method: str   # where the processes meet: env:// (torchrun's MASTER_ADDR:MASTER_PORT), or a free local port
 
 
 def free_port() -> int:
@@ -36,63 +29,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def ensure_torchrun_env() -> DistInfo:
-    """Read torchrun's env; when the script was started with plain `python`, make it a world of one.
-
-    That way `python scripts/train_ddp.py` still runs (1 process, gloo), which helps debugging.
-    """
-    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    if launched:
-        die_with_parent()
-        _fresh_store_after_a_restart()
-    # Gloo connects each pair of ranks on first use instead of all at start-up: its eager full-mesh
-    # connect fails ~half the time right after a torchrun --max-restarts restart ("Connection refused",
-    # cf. pytorch/pytorch#167288); lazily, 12 of 12 restarts here went through.
-    os.environ.setdefault("TORCH_GLOO_LAZY_INIT", "1")
-    if not launched:
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
-    if os.environ.get("DISTRINEWS_RANKS_DIR"):  # the launcher counts the ranks that really started (launch.py)
-        marker = os.path.join(os.environ["DISTRINEWS_RANKS_DIR"], f"rank{os.environ['RANK']}")
-        with open(marker, "w") as f:
-            f.write(f"{os.getpid()} {os.environ['WORLD_SIZE']}\n")
-    return DistInfo(
-        rank=int(os.environ["RANK"]),
-        local_rank=int(os.environ.get("LOCAL_RANK", 0)),
-        world_size=int(os.environ["WORLD_SIZE"]),
-        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])),
-        launched_by_torchrun=launched,
-    )
+def launched_by_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-_ATTEMPT_STORE = None  # rank 0 hosts it for the whole life of the process
+def torchrun_env() -> TorchrunEnv:
+    """Who this process is, as torchrun told it (RANK, LOCAL_RANK, WORLD_SIZE); changes nothing.
 
-
-def _fresh_store_after_a_restart() -> None:
-    """Give every attempt after a torchrun restart a rendezvous store of its own.
-
-    The restarted ranks meet in the torchrun agent's store again, where the dead attempt's keys are
-    still there, and gloo can read a dead rank's address from them and fail with "Connection refused"
-    (pytorch/pytorch#167288; seen here on 3 of 3 restarts with some timings). Rank 0 starts a fresh
-    store and publishes its address under a key of this attempt; every rank then rendezvous there."""
-    global _ATTEMPT_STORE
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in os.environ:
-        return
-    from datetime import timedelta
-
-    agent_addr, agent_port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    agent = dist.TCPStore(agent_addr, agent_port, is_master=False, timeout=timedelta(seconds=300))
-    key = f"distrinews/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/attempt{attempt}/store"
-    if int(os.environ.get("RANK", 0)) == 0:
-        _ATTEMPT_STORE = dist.TCPStore("0.0.0.0", 0, is_master=True, timeout=timedelta(seconds=300), wait_for_workers=False)
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # the address the others reach us at
-            probe.connect((agent_addr, agent_port))
-            host = probe.getsockname()[0]
-        agent.set(key, f"{host}:{_ATTEMPT_STORE.port}")
-    host, port = agent.get(key).decode().rsplit(":", 1)  # waits until rank 0 has published it
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = host, port
+    Started with plain `python` instead, it is a world of one that meets on a free local port, so that
+    `python scripts/train_ddp.py` still runs (1 process, gloo), which helps debugging."""
+    if launched_by_torchrun():
+        return TorchrunEnv(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ["WORLD_SIZE"]),
+                           "env://")
+    return TorchrunEnv(0, 0, 1, f"tcp://127.0.0.1:{free_port()}")
 
 
 def nccl_fits(n_gpus: int, local_world_size: int) -> bool:
@@ -193,6 +142,44 @@ def max_param_difference(model: torch.nn.Module) -> float:
     return float(diff.item())
 
 
+def comm_device(device: torch.device) -> torch.device:
+    """Where collectives take their tensors: nccl wants CUDA tensors, gloo takes CPU ones."""
+    if is_initialized() and dist.get_backend() == "nccl":
+        return device
+    return torch.device("cpu")
+
+
+def all_gather_varlen(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """all_gather for 1-D tensors whose length differs per rank (on the CPU, in rank order)."""
+    if not is_initialized() or get_world_size() == 1:
+        return t.cpu()
+    t = t.to(device)
+    n = torch.tensor([t.numel()], device=device)
+    sizes = [torch.zeros_like(n) for _ in range(get_world_size())]
+    dist.all_gather(sizes, n)
+    width = int(max(s.item() for s in sizes))
+    padded = torch.zeros(width, dtype=t.dtype, device=device)
+    padded[: t.numel()] = t
+    out = [torch.zeros_like(padded) for _ in sizes]
+    dist.all_gather(out, padded)
+    return torch.cat([o[: int(s.item())] for o, s in zip(out, sizes)]).cpu()
+
+
+def gather_by_index(index: torch.Tensor, *columns: torch.Tensor, device: torch.device, gather: bool = True) -> tuple:
+    """Every rank's (index, columns...) rows, ordered by dataset index, each index once.
+
+    DistributedSampler pads the shards with repeated examples so that every rank takes the same number of
+    steps; an evaluation that counted them would be wrong. gather=False keeps this rank's rows only (no
+    collective). Collective otherwise: every rank must call it."""
+    comm = comm_device(device)
+    index, *columns = (all_gather_varlen(c, comm) if gather else c.cpu() for c in (index, *columns))
+    order = torch.argsort(index, stable=True)
+    index, columns = index[order], [c[order] for c in columns]
+    first = torch.ones_like(index, dtype=torch.bool)
+    first[1:] = index[1:] != index[:-1]
+    return (index[first], *(c[first] for c in columns))
+
+
 def agree(fn, *args, **kwargs):
     """Run fn on every rank; if it raised a UserError on ANY rank, raise one on every rank.
 
@@ -242,21 +229,3 @@ def local_main_first(fn, *args, **kwargs):
     finally:
         if first:
             barrier()
-
-
-def die_with_parent() -> None:
-    """Linux: SIGKILL this process when its parent (the torchrun agent) dies, so a killed launcher
-    never leaves ranks behind holding GPUs and ports. A no-op elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        parent = os.getppid()
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os.kill(os.getpid(), signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass

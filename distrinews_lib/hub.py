@@ -7,7 +7,9 @@ TCP connection must not pass for the hub.
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 import threading
 import urllib.error
 import urllib.request
@@ -73,30 +75,18 @@ def models_cache_dir() -> str:
 
 def dataset_cache_folder(repo_id: str, cache_dir: str | None = None) -> str:
     """The folder `datasets` prepares `repo_id` in: <cache>/<owner>___<name> (see datasets' CachedDatasetModuleFactory)."""
-    import re as _re
-
     parts = repo_id.split("/")
     name = parts[-1]
     # datasets' camelcase_to_snakecase, for names such as "AgNews"
-    name = _re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
-    name = _re.sub(r"([a-z\d])([A-Z])", r"\1_\2", name).lower()
+    name = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
+    name = re.sub(r"([a-z\d])([A-Z])", r"\1_\2", name).lower()
     return os.path.join(cache_dir or datasets_cache_dir(), "___".join(parts[:-1] + [name]))
 
 
 def dataset_cached(repo_id: str, cache_dir: str | None = None) -> bool:
     """Does the datasets cache hold a prepared copy of repo_id (<folder>/<config>/<version>/<hash>/dataset_info.json)?"""
-    import glob
-
     return any(os.path.isfile(os.path.join(p, "dataset_info.json"))
                for p in glob.glob(os.path.join(dataset_cache_folder(repo_id, cache_dir), "*", "*", "*")))
-
-
-def model_cached(repo_id: str, cache_dir: str | None = None) -> bool:
-    """Does the hub cache hold a snapshot of the model repo_id with a config.json?"""
-    import glob
-
-    folder = os.path.join(cache_dir or models_cache_dir(), "models--" + repo_id.replace("/", "--"))
-    return bool(glob.glob(os.path.join(folder, "snapshots", "*", "config.json")))
 
 
 def dataset_download_command(repo_id: str) -> str:
@@ -112,7 +102,7 @@ class offline_datasets:
     they were imported: load_dataset goes straight to the cache, with no request and no retries."""
 
     def __enter__(self):
-        import datasets.config as dc
+        import datasets.config as dc  # deferred: datasets is optional (the hub extra)
         import huggingface_hub.constants as hc
 
         self._saved = (dc.HF_HUB_OFFLINE, dc.HF_DATASETS_OFFLINE, hc.HF_HUB_OFFLINE)

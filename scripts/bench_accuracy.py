@@ -4,7 +4,7 @@
     python scripts/bench_accuracy.py --quick    # tiny model, a few hundred texts (CI keeps the script working)
 
 Runs the course's own scripts (scripts/train_single.py, and scripts/train_ddp.py under torchrun through
-distrinews_lib.launch), reads the metrics.json each writes, and records the two test accuracies, their
+distrinews_lib.course.launch), reads the metrics.json each writes, and records the two test accuracies, their
 gap (target: within 0.5 points) and the pretrained model's accuracy (target: >= 90%) in
 benchmarks/accuracy.json together with the exact commands that produced them.
 
@@ -29,9 +29,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from distrinews_lib import data, launch, provenance  # noqa: E402
+from distrinews_lib.bench import provenance
+from distrinews_lib.course import launch  # noqa: E402
+from distrinews_lib.data import sources
 from distrinews_lib.errors import UserError, main_guard  # noqa: E402
-from distrinews_lib.timing import load_average  # noqa: E402
+from distrinews_lib.machine import load_average  # noqa: E402
 
 FULL = dict(model="minilm", num_samples=12000, eval_samples=7600, epochs=2, global_batch=32, lr=1e-4, max_length=64,
             amp="bf16", warmup_ratio=0.06)
@@ -136,7 +138,7 @@ def main(argv=None) -> int:
 
     data_dir = find_data(args.data)
     s = dict(QUICK if args.quick else FULL)
-    available = len(data.load_agnews(data_dir).train_texts)
+    available = len(sources.load_agnews(data_dir).train_texts)
     if s["num_samples"] > available:  # the embedded sample has 8,000 train rows
         print(f"note: {data_dir} has {available} training texts; training on all of them instead of {s['num_samples']}")
         s["num_samples"] = available

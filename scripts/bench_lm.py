@@ -18,10 +18,10 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from distrinews_lib import config, lm, plan  # noqa: E402
-from distrinews_lib.launch import torchrun  # noqa: E402
-from distrinews_lib.provenance import provenance  # noqa: E402
-from distrinews_lib.tracking import load_metrics  # noqa: E402
+from distrinews_lib.bench.provenance import provenance  # noqa: E402
+from distrinews_lib.course.launch import torchrun  # noqa: E402
+from distrinews_lib.training import config, evaluation, plan  # noqa: E402
+from distrinews_lib.training.tracking import load_metrics  # noqa: E402
 
 
 def measure(task: str, args, out_dir: Path) -> dict:
@@ -30,7 +30,7 @@ def measure(task: str, args, out_dir: Path) -> dict:
     cfg = config.parse("bench_lm", [str(f) for f in flags + ["--output", out_dir, "--resume", "off"]], ddp=True)
     run = plan.prepare(plan.decide(cfg), log=lambda *a: None)
     loader = torch.utils.data.DataLoader(run.val_ds, batch_size=128, collate_fn=run.val_ds.collator_for(None))
-    initial = lm.evaluate_lm(run.model, loader, device=torch.device("cpu"), task=task)
+    initial = evaluation.evaluate(run.model, loader, device=torch.device("cpu"), task=task)
     start = time.time()
     torchrun(REPO / "scripts" / "train_ddp.py", args.nproc, [*flags, "--output", out_dir, "--checkpoint", out_dir / "m.pt"],
              echo=False, timeout=1800, cwd=REPO)

@@ -1,5 +1,5 @@
 """Run the course's training scripts UNCHANGED, many times in ONE torchrun launch, and time a window of
-their optimizer steps (distrinews_lib.harness). The measuring tool of chapters 04 and 07.
+their optimizer steps (distrinews_lib.bench.harness). The measuring tool of chapters 04 and 07.
 
     torchrun --nproc_per_node=2 scripts/bench_runs.py RESULTS.json RUNS.json
 
@@ -16,7 +16,7 @@ import time
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from distrinews_lib import harness
+from distrinews_lib.bench import harness
 
 results_path, runs = sys.argv[1], json.loads(open(sys.argv[2]).read())
 results = {}

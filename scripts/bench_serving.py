@@ -38,6 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing the package
 
 from distrinews_lib.errors import UserError, main_guard  # noqa: E402
+from distrinews_lib.training.config import RunConfig  # noqa: E402
 
 # Short news-like texts of varied length, so batches need padding as real traffic does.
 TEXTS = [
@@ -67,12 +68,12 @@ def free_port() -> int:
 
 def make_checkpoint(folder: Path) -> Path:
     """A tiny random DistilBERT checkpoint: the benchmark measures serving, not accuracy."""
-    from distrinews_lib import LABEL_NAMES
-    from distrinews_lib.checkpoint import save_checkpoint
-    from distrinews_lib.model import build_model
+    from distrinews_lib.data.texts import AG_NEWS_LABELS
+    from distrinews_lib.models.build import build_model
+    from distrinews_lib.training.checkpoint import save_checkpoint
 
-    model, tokenizer, _ = build_model("tiny", seed=0)
-    return save_checkpoint(folder / "bench_tiny.pt", model, tokenizer, LABEL_NAMES,
+    model, tokenizer, _ = build_model(RunConfig(model="tiny", seed=0), AG_NEWS_LABELS)
+    return save_checkpoint(folder / "bench_tiny.pt", model, tokenizer, AG_NEWS_LABELS,
                            {"data_source": "synthetic", "model": "tiny", "final_accuracy": 0.0, "world_size": 1},
                            max_length=64)
 
@@ -312,7 +313,7 @@ def git_commit() -> str:
 
 
 def model_description(checkpoint: Path) -> dict:
-    from distrinews_lib.checkpoint import load_checkpoint
+    from distrinews_lib.serving.inference import load_checkpoint
 
     loaded = load_checkpoint(checkpoint)
     return {"checkpoint": str(checkpoint), "type": loaded.model.config.model_type,
@@ -554,9 +555,9 @@ def abandoned_burst(server: "Server", requests: list[bytes]) -> dict:
 def make_checkpoint_with(tree: Path, folder: Path) -> Path:
     """A tiny random model (seed 0) saved by `tree`'s own distrinews_lib, in `tree`'s checkpoint format."""
     folder.mkdir(parents=True, exist_ok=True)
-    code = ("import sys; from distrinews_lib import LABEL_NAMES; from distrinews_lib.checkpoint import save_checkpoint; "
-            "from distrinews_lib.model import build_model; m, t, _ = build_model('tiny', seed=0); "
-            "save_checkpoint(sys.argv[1], m, t, LABEL_NAMES, {'data_source': 'synthetic', 'model': 'tiny', "
+    code = ("import sys; from distrinews_lib import AG_NEWS_LABELS; from distrinews_lib.checkpoint import save_checkpoint; "
+            "from distrinews_lib.model import build_model; m, t, _ = build_model(RunConfig(model='tiny', seed=0), AG_NEWS_LABELS); "
+            "save_checkpoint(sys.argv[1], m, t, AG_NEWS_LABELS, {'data_source': 'synthetic', 'model': 'tiny', "
             "'final_accuracy': 0.0, 'world_size': 1}, max_length=64)")
     path = folder / "bench_tiny.pt"
     env = dict(os.environ, PYTHONPATH=str(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -617,7 +618,7 @@ def plot_overload(report: dict, path: Path) -> None:
 
 def overload_main(args) -> None:
     try:
-        from distrinews_lib.provenance import provenance
+        from distrinews_lib.bench.provenance import provenance
     except ImportError:  # older layout
         from distrinews_lib.perf import provenance
 
@@ -794,7 +795,7 @@ def main(argv=None):
         configs = measure(wanted, checkpoint, levels, duration, warmup, rounds)
         model = model_description(checkpoint)
         if args.checkpoint is None:
-            model["checkpoint"] = "tiny random DistilBERT made by this script (build_model('tiny', seed=0), max_length 64)"
+            model["checkpoint"] = "tiny random DistilBERT made by this script (build_model(RunConfig(model='tiny', seed=0), AG_NEWS_LABELS), max_length 64)"
 
     batched, baseline = configs[0], configs[-1]
     ratios = {str(b["concurrency"]): round(b["requests_per_s"] / max(a["requests_per_s"], 1e-9), 2)

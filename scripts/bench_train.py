@@ -5,7 +5,7 @@ buys, and DDP scaling.
     python scripts/bench_train.py --quick     # a few tiny steps of everything (CI keeps the script working with it)
 
 "Our loop" is scripts/train_single.py and scripts/train_ddp.py themselves, unchanged, run in-process by
-distrinews_lib.harness: a global optimizer-step hook marks the clock after warm-up step W and after step
+distrinews_lib.bench.harness: a global optimizer-step hook marks the clock after warm-up step W and after step
 W + K, and the batches the scripts' EpochMeter sees in between give the samples, tokens and model FLOPs.
 
 Every figure is measured side by side in ONE run on ONE machine: the contenders alternate round after
@@ -37,7 +37,7 @@ therefore times whole megabatches (W and K multiples of 50 over >= 200 batches o
 affordable; where it is not (DistilBERT-base on a CPU), the ratios are quoted on model FLOP/s, which
 counts each text's real length, and the section says so (`headline_metric`).
 
-On CUDA each line also shows model FLOPs utilisation (MFU; distrinews_lib.flops has the formula).
+On CUDA each line also shows model FLOPs utilisation (MFU; distrinews_lib.training.flops has the formula).
 """
 
 from __future__ import annotations
@@ -61,8 +61,13 @@ SINGLE, DDP_SCRIPT = REPO / "scripts" / "train_single.py", REPO / "scripts" / "t
 
 import torch  # noqa: E402
 
-from distrinews_lib import config, data, engine, flops, harness, provenance, timing  # noqa: E402
+from distrinews_lib import machine  # noqa: E402
+from distrinews_lib.bench import harness, provenance, timing  # noqa: E402
+from distrinews_lib.data import batching, sources, texts, tokenization
+from distrinews_lib.data.texts import AG_NEWS_LABELS  # noqa: E402
 from distrinews_lib.errors import UserError, main_guard  # noqa: E402
+from distrinews_lib.training import config, flops, loop, precision  # noqa: E402
+from distrinews_lib.training.config import RunConfig  # noqa: E402
 
 MODELS = ("tiny", "distilbert-base")
 TRAINER_MEGABATCH = 50     # transformers' LengthGroupedSampler: megabatches of up to 50 batches
@@ -103,8 +108,8 @@ def ablation_flags(device: torch.device, wanted) -> list:
     cuda = device.type == "cuda"
     d = config.RunConfig()
     pad_default = d.pad_multiple if d.pad_multiple is not None else (8 if cuda else 0)
-    amp_default = engine.resolve_amp(d.amp, device).mode
-    fused_default = engine.fused_adamw_available(device.type) if d.fused_adam is None else d.fused_adam
+    amp_default = precision.resolve_amp(d.amp, device).mode
+    fused_default = loop.fused_adamw_available(device.type) if d.fused_adam is None else d.fused_adam
     table = [
         ("--no-group_by_length", "length-grouped batches off: random batches, padded to their longest text", d.group_by_length),
         ("--pad_multiple 0", "no rounding of the padded width up to a multiple of 8", pad_default not in (0, 1)),
@@ -139,7 +144,7 @@ def resolve_data(choice: str) -> str:
     return str(Path(choice).expanduser().resolve())
 
 
-def data_note(splits: data.TextSplits) -> str:
+def data_note(splits: texts.TextSplits) -> str:
     if splits.is_synthetic:
         return ("SYNTHETIC texts: their length distribution is the generator's, not AG News'. Ratios are indicative only.")
     return f"real AG News texts ({splits.source}: {splits.detail}): their real length distribution"
@@ -152,10 +157,9 @@ def materialise_model(name: str, folder: Path, seed: int) -> str:
         return "tiny"
     if name == "distilbert-base":
         from transformers import AutoModelForSequenceClassification, DistilBertConfig
-
-        from distrinews_lib.model import tiny_tokenizer
-
         from transformers.utils import logging as hf_logging
+
+        from distrinews_lib.data.tokenization import tiny_tokenizer
 
         hf_logging.disable_progress_bar()  # no "Writing model shards" bar in the benchmark's output
         torch.manual_seed(seed)
@@ -253,7 +257,7 @@ class RecordingCollator:
         return batch
 
 
-def hf_dataset(dataset: data.TokenizedDataset):
+def hf_dataset(dataset: tokenization.TokenizedDataset):
     """What a user has after `Dataset.from_dict(...).map(tokenizer, batched=True)`: input_ids, attention_mask, label."""
     from datasets import Dataset
 
@@ -287,12 +291,12 @@ def trainer_options(cfg: config.RunConfig, device, same_options: bool, compile_:
         if cfg.group_by_length:
             out.update({"train_sampling_strategy": "group_by_length"} if "train_sampling_strategy" in fields
                        else {"group_by_length": True})
-        fused = engine.fused_adamw_available(device.type) if cfg.fused_adam is None else cfg.fused_adam
+        fused = loop.fused_adamw_available(device.type) if cfg.fused_adam is None else cfg.fused_adam
         out["optim"] = "adamw_torch_fused" if fused else "adamw_torch"
         out["weight_decay"] = cfg.weight_decay
         out["max_grad_norm"] = cfg.max_grad_norm
         out.update({"warmup_ratio": cfg.warmup_ratio} if "warmup_ratio" in fields else {"warmup_steps": cfg.warmup_ratio})
-        out["dataloader_pin_memory"] = data.loader_options(cfg, 0, device)["pin_memory"]
+        out["dataloader_pin_memory"] = batching.loader_options(cfg, 0, device)["pin_memory"]
     if compile_:
         out["torch_compile"] = True
     return out
@@ -303,8 +307,8 @@ def run_trainer(template, hf_train, tokenizer, cfg: config.RunConfig, device, *,
     from transformers import DataCollatorWithPadding, Trainer, TrainerCallback, TrainingArguments
     from transformers.trainer_callback import PrinterCallback
 
-    amp = engine.resolve_amp(cfg.amp, device)
-    pad = data.loader_options(cfg, 0, device)["pad_to_multiple_of"] if same_options else None
+    amp = precision.resolve_amp(cfg.amp, device)
+    pad = batching.loader_options(cfg, 0, device)["pad_to_multiple_of"] if same_options else None
     collator = RecordingCollator(DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad))
     marks, quiet = {}, [None]
 
@@ -450,7 +454,7 @@ def compare_section(plan, data_arg: str, device, args, log, workdir: Path) -> di
         cfg_of = {name: parse_argv(argv) for name, argv in argv_of.items()}  # a bad flag stops here, with its message
         base = cfg_of["ours"]
         # The very data and model the script builds, for Trainer (and the model's shape for FLOPs).
-        from distrinews_lib import plan as run_plan
+        from distrinews_lib.training import plan as run_plan
 
         with contextlib.redirect_stdout(io.StringIO()):
             prepared = run_plan.prepare(run_plan.decide(base, log=lambda *a: None), log=lambda *a: None)
@@ -464,7 +468,7 @@ def compare_section(plan, data_arg: str, device, args, log, workdir: Path) -> di
         gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
 
         def peak_for(c: config.RunConfig):
-            dtype = flops.matmul_dtype(engine.resolve_amp(c.amp, device).mode, device.type)
+            dtype = flops.matmul_dtype(precision.resolve_amp(c.amp, device).mode, device.type)
             return args.peak_tflops or (flops.peak_tflops(gpu, dtype) if gpu else None)
 
         log(f"\n== compare: {model_name} ({MODEL_DESCRIPTIONS[model_name]}; {shape.n_params / 1e6:.1f}M params, "
@@ -477,7 +481,7 @@ def compare_section(plan, data_arg: str, device, args, log, workdir: Path) -> di
         names = list(contenders)
         gate = timing.QuietGate(args.quiet_cores, args.quiet_timeout, args.quiet_budget / 2 / len(plan["compare"]))
         for r in range(cfg["rounds"]):
-            log(f"  round {r + 1}/{cfg['rounds']} (load average {timing.load_average()})")
+            log(f"  round {r + 1}/{cfg['rounds']} (load average {machine.load_average()})")
             for name in rotate(names, r):
                 c = contenders[name]
                 if c["kind"] == "ours":
@@ -496,7 +500,7 @@ def compare_section(plan, data_arg: str, device, args, log, workdir: Path) -> di
             "model": model_name, "model_description": MODEL_DESCRIPTIONS[model_name], "shape": provenance.as_jsonable(shape),
             "attn_implementation": getattr(prepared.model.config, "_attn_implementation", None),
             "settings": {**cfg, "max_length": args.max_length, "threads": args.threads, "device": str(device),
-                         "amp": engine.resolve_amp(base.amp, device).mode, "lr": base.lr, "texts": n_real,
+                         "amp": precision.resolve_amp(base.amp, device).mode, "lr": base.lr, "texts": n_real,
                          "window_covers_whole_trainer_length_groups": whole_groups},
             "headline_metric": metric,
             "headline_metric_why": ("the windows cover whole length groups of both samplers, so samples/s compares like with like"
@@ -604,7 +608,7 @@ def all_gpu_count() -> int:
 
 
 def ddp_section(plan, args, data_arg: str, device_type: str, log, workdir: Path) -> dict:
-    from distrinews_lib import launch
+    from distrinews_lib.course import launch
 
     nproc = args.ddp_nproc or (all_gpu_count() or 2)
     configs = ddp_configs(plan, nproc)
@@ -706,7 +710,7 @@ def _fmt(x, digits: int = 2) -> str:
 def ddp_worker(spec_path: str) -> None:
     import torch.distributed as dist
 
-    from distrinews_lib.model import build_model
+    from distrinews_lib.models.build import build_model
 
     spec = json.loads(Path(spec_path).read_text())
     if not torch.cuda.is_available():
@@ -715,7 +719,7 @@ def ddp_worker(spec_path: str) -> None:
         rank, world = dist.get_rank(), dist.get_world_size()
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if backend == "nccl" else torch.device("cpu")
         with contextlib.redirect_stdout(io.StringIO()):
-            shape = flops.model_shape(build_model(spec["model"], seed=spec["seed"])[0])
+            shape = flops.model_shape(build_model(RunConfig(model=spec["model"], seed=spec["seed"]), AG_NEWS_LABELS)[0])
         gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
         gate = timing.QuietGate(spec["quiet_cores"], spec["quiet_timeout"], spec["quiet_budget"])
         results = []
@@ -723,14 +727,14 @@ def ddp_worker(spec_path: str) -> None:
             print(f"   worker: {world} ranks | {why} | {torch.get_num_threads()} thread(s) each", flush=True)
         for r in range(spec["rounds"]):
             if rank == 0:
-                print(f"  round {r + 1}/{spec['rounds']} (load average {timing.load_average()})", flush=True)
+                print(f"  round {r + 1}/{spec['rounds']} (load average {machine.load_average()})", flush=True)
             for c in rotate(spec["configs"], r):
                 argv = worker_argv(spec, c, device.type)
-                amp = engine.resolve_amp(parse_argv(argv, ddp=c["world"] > 1).amp, device)
+                amp = precision.resolve_amp(parse_argv(argv, ddp=c["world"] > 1).amp, device)
                 peak = spec["peak_tflops"] or (flops.peak_tflops(gpu, flops.matmul_dtype(amp.mode, device.type)) if gpu else None)
                 res = _worker_contender(c, argv, device, shape, peak, gate, rank, world)
                 if rank == 0:
-                    res.update(name=c["name"], round=r, world=c["world"], load_average=timing.load_average(),
+                    res.update(name=c["name"], round=r, world=c["world"], load_average=machine.load_average(),
                                command=("python scripts/train_single.py " if c["world"] == 1
                                         else f"torchrun --nproc_per_node={world} scripts/train_ddp.py ") + " ".join(argv))
                     results.append(res)
@@ -1029,7 +1033,7 @@ def main(argv=None):
     bench_plan = full_plan(args.quick, cuda)
     if args.quiet_timeout is None:
         args.quiet_timeout = 0.0 if args.quick or cuda else 4.0
-    device = engine.pick_device("auto")
+    device = precision.resolve_device("auto")
     slug = provenance.machine_slug()
     out_path = Path(args.out) if args.out else (REPO / "outputs" / "bench" / f"train_{slug}_quick.json" if args.quick
                                                 else REPO / "benchmarks" / f"train_{slug}.json")
@@ -1039,8 +1043,8 @@ def main(argv=None):
                            "plan": bench_plan, "models": args.models, "sections": sorted(sections), "data": data_arg}}
     log = lambda s: print(s, flush=True)  # noqa: E731
     log(f"bench_train: {result['machine']} | {device} | torch {torch.__version__} | git {result['git_commit']} | "
-        f"load average {timing.load_average()}")
-    splits = data.load_agnews(data_arg)
+        f"load average {machine.load_average()}")
+    splits = sources.load_agnews(data_arg)
     result["data"] = {"source": splits.source, "detail": splits.detail, "is_synthetic": splits.is_synthetic,
                       "train_texts": len(splits.train_texts), "note": data_note(splits), "script_argument": data_arg}
     log(result["data"]["note"])
@@ -1058,7 +1062,7 @@ def main(argv=None):
     result["targets"] = targets(result)
     result["headline"] = headline(result)
     result["seconds_total"] = round(time.time() - started, 1)
-    result["load_average_at_end"] = timing.load_average()
+    result["load_average_at_end"] = machine.load_average()
     out_path.parent.mkdir(parents=True, exist_ok=True)
     if args.plots:
         result["plots"] = [str(f.relative_to(REPO)) if f.is_relative_to(REPO) else str(f)

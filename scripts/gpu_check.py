@@ -5,7 +5,7 @@
     python scripts/gpu_check.py --dry-run                # anywhere: the plan, every command checked, a marked JSON
 
 Stages, in order (each one a separate process with a timeout; its output goes to <run dir>/<stage>.log):
-  env            the course's first-cell report (distrinews_lib.gpu_env): GPUs, versions, /dev/shm, P2P
+  env            the course's first-cell report (distrinews_lib.course.gpu_env): GPUs, versions, /dev/shm, P2P
   cuda_tests     the CUDA unit tests (tests/test_gpu_cuda.py and the CUDA cases of the other unit tests); a test
                  skipped for want of CUDA on this CUDA machine counts as a failure
   train_fp16     scripts/train_single.py --amp fp16 (GradScaler): samples/s, tokens/s, MFU, accuracy
@@ -42,7 +42,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from distrinews_lib import provenance  # noqa: E402
+from distrinews_lib.bench import provenance
+from distrinews_lib.data import sources, tokenization  # noqa: E402
 from distrinews_lib.errors import UserError, main_guard  # noqa: E402
 
 STAGES = ("env", "cuda_tests", "train_fp16", "train_bf16", "ddp_nccl", "notebooks", "serving", "bench_train")
@@ -140,16 +141,16 @@ def make_plan(args, *, n_gpus: int, bf16_native: bool | None, model: str, data_a
 def check_plan(stages: list, model: str, data_arg: str) -> list:
     """Every command line through the parser that will read it; the data and model present. Returns the checks
     done (for the JSON); raises UserError on the first problem."""
-    from distrinews_lib import config, data
     from distrinews_lib.serving.__main__ import parse_args as serving_args
+    from distrinews_lib.training import config
 
     done = []
-    splits = data.load_agnews(data_arg)  # a missing folder or a malformed CSV stops here
+    splits = sources.load_agnews(data_arg)  # a missing folder or a malformed CSV stops here
     if splits.is_synthetic:
         raise UserError("gpu_check needs real AG News texts, not synthetic ones.")
     done.append(f"data: {splits.describe()}")
     if model == "minilm":
-        from distrinews_lib.model import minilm_path
+        from distrinews_lib.models.build import minilm_path
 
         done.append(f"model: minilm at {minilm_path()}")
     bench = _load_script("bench_train")
@@ -187,7 +188,7 @@ def _load_script(name: str):
 # --------------------------------------------------------------------------- running the stages
 
 def run_stage(stage: Stage, run_dir: Path, echo: bool) -> dict:
-    from distrinews_lib import launch
+    from distrinews_lib.course import launch
 
     log = run_dir / f"{stage.name}.log"
     t = time.time()
@@ -309,11 +310,11 @@ def flops_per_text(data_arg: str, max_length: int = 128) -> dict:
     import torch
     from transformers import AutoModelForSequenceClassification, DistilBertConfig
 
-    from distrinews_lib import data, flops
-    from distrinews_lib.model import tiny_tokenizer
+    from distrinews_lib.data.tokenization import tiny_tokenizer
+    from distrinews_lib.training import flops
 
-    splits = data.load_agnews(data_arg)
-    lengths = [len(x) for x in data.tokenize_texts(splits.train_texts, tiny_tokenizer(), max_length)]
+    splits = sources.load_agnews(data_arg)
+    lengths = [len(x) for x in tokenization.tokenize_texts(splits.train_texts, tiny_tokenizer(), max_length)]
     with torch.device("meta"):
         shape = flops.model_shape(AutoModelForSequenceClassification.from_config(DistilBertConfig(num_labels=4)))
     return {"flops_per_text": flops.training_flops(shape, lengths) / len(lengths), "texts": len(lengths),
@@ -393,7 +394,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from distrinews_lib import gpu_env
+    from distrinews_lib.course import gpu_env
     from distrinews_lib.hub import hub_reachable
 
     cuda = torch.cuda.is_available()
@@ -436,9 +437,9 @@ def main(argv=None) -> int:
             continue
         print(f"\n== {stage.name}: {stage.what}", flush=True)
         if stage.name == "serving":
-            from distrinews_lib import data
 
-            texts = data.load_agnews(data_arg, eval_samples=64).test_texts
+
+            texts = sources.load_agnews(data_arg, eval_samples=64).test_texts
             res = serving_stage(stage, run_dir, texts)
         else:
             res = run_stage(stage, run_dir, args.echo)

@@ -8,7 +8,7 @@ An epoch's time (experiments/*/metrics.json) on a CPU shared with other jobs mix
 Here one torchrun launch with 2 gloo ranks (1 thread each) runs, round after round and in rotating order, each
 experiment's 1-process contender (scripts/train_single.py on rank 0 while rank 1 waits) and its 2-process
 contender (scripts/train_ddp.py on both), with the experiment's own YAML (configs/experiments/*_1p / *_2p: the same
-global batch). distrinews_lib.harness times a window of optimizer steps after a warm-up and, under DDP, every
+global batch). distrinews_lib.bench.harness times a window of optimizer steps after a warm-up and, under DDP, every
 gradient bucket's all-reduce; before each window rank 0 waits (a bounded time) for the other jobs to leave the CPU.
 Speedup = median samples/s of 2 processes / median samples/s of 1 process, over the rounds in which both windows
 were quiet (the other jobs used at most 0.3 cores besides the run's own ranks), else over all rounds; every
@@ -42,7 +42,8 @@ def worker(spec_path: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from distrinews_lib import harness, timing
+    from distrinews_lib import machine
+    from distrinews_lib.bench import harness, timing
 
     spec = json.loads(Path(spec_path).read_text())
     torch.set_num_threads(1)
@@ -86,7 +87,7 @@ def worker(spec_path: str) -> None:
                            "comm_fraction": parts[0].get("comm_fraction"),
                            "allreduce_bytes_per_step": (parts[0].get("allreduce_bytes") or 0) / c["steps"] or None,
                            "foreign_cores": parts[0].get("foreign_cores"), "waited_for_quiet": quiet,
-                           "load_average": timing.load_average()}
+                           "load_average": machine.load_average()}
                     results.append(row)
                     print(f"  round {r + 1} {c['experiment']:18s} {row['samples_per_s']:7.1f} samples/s"
                           + (f" | all-reduce {100 * row['comm_fraction']:.0f}% of the window, "
@@ -148,7 +149,9 @@ def _print(pairs: list) -> None:
 
 
 def main(argv=None) -> int:
-    from distrinews_lib import launch, provenance, timing
+    from distrinews_lib import machine
+    from distrinews_lib.bench import provenance, timing
+    from distrinews_lib.course import launch
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a few steps, one round, nothing recorded unless --record")
@@ -182,7 +185,7 @@ def main(argv=None) -> int:
             "quiet_timeout": 0 if a.quick else 20, "quiet_budget": 0 if a.quick else 300,
             "num_samples": 512 if a.quick else None}
     (tmp / "spec.json").write_text(json.dumps(spec))
-    load_before, started = timing.load_average(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    load_before, started = machine.load_average(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
     res = launch.torchrun(Path(__file__), 2, ["--worker", tmp / "spec.json"], timeout=3600, cwd=REPO,
                           env={"OMP_NUM_THREADS": "1"})
     raw = json.loads((tmp / "raw.json").read_text())
@@ -195,9 +198,9 @@ def main(argv=None) -> int:
             "what": "2-process CPU speedup at the same global batch (32), windows of optimizer steps timed inside "
                     "the course's scripts, alternating rounds (scripts/measure_speedup.py)",
             "command": "python scripts/measure_speedup.py" + (f" --rounds {a.rounds}" if a.rounds != 3 else ""),
-            "started": started, "seconds": round(res.seconds, 1), "machine": provenance.machine_info(),
-            "versions": provenance.versions(), "git_commit": provenance.git_commit(),
-            "load_average_before": load_before, "load_average_after": timing.load_average(),
+            "started": started, "seconds": round(res.seconds, 1), "machine": machine.machine_info(),
+            "versions": machine.versions(), "git_commit": machine.git_commit(),
+            "load_average_before": load_before, "load_average_after": machine.load_average(),
             "backend": raw["backend"], "threads_per_process": 1, "rounds": spec["rounds"],
             "pairs": pairs, "rows": raw["results"]})
         Path(record).write_text(json.dumps(doc, indent=1))

@@ -32,10 +32,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from distrinews_lib import data
 from distrinews_lib import distributed as D
-from distrinews_lib.model import build_model, tiny_tokenizer
-from distrinews_lib.provenance import provenance
+from distrinews_lib.bench.provenance import provenance
+from distrinews_lib.data import batching, sources, tokenization
+from distrinews_lib.data.texts import AG_NEWS_LABELS
+from distrinews_lib.data.tokenization import tiny_tokenizer
+from distrinews_lib.models.build import build_model
+from distrinews_lib.training.config import RunConfig
 
 VARIANTS = ("ddp", "zero1", "fsdp2_reshard_off", "fsdp2_reshard_on", "deepspeed_1", "deepspeed_2", "deepspeed_3")
 
@@ -64,7 +67,7 @@ def nbytes(t) -> int:
 
 def make_model(name: str, seed: int):
     if name == "tiny":
-        model = build_model("tiny", seed=seed)[0]
+        model = build_model(RunConfig(model="tiny", seed=seed), AG_NEWS_LABELS)[0]
     else:
         from transformers import AutoModelForSequenceClassification, DistilBertConfig
 
@@ -78,12 +81,12 @@ def make_model(name: str, seed: int):
 
 def batches(args, rank: int, world: int) -> list:
     """This rank's share of the same global batches in every variant: real AG News texts, fixed order."""
-    splits = data.load_embedded()
+    splits = sources.load_embedded()
     tok = tiny_tokenizer()
     n = args.steps * args.batch * world
-    ids = data.tokenize_texts(splits.train_texts[:n], tok, args.max_length)
-    ds = data.TokenizedDataset(ids, splits.train_labels[:n])
-    collate = data.PadCollator(tok.pad_token_id, pad_to_multiple_of=None)
+    ids = tokenization.tokenize_texts(splits.train_texts[:n], tok, args.max_length)
+    ds = tokenization.TokenizedDataset(ids, splits.train_labels[:n])
+    collate = batching.PadCollator(tok.pad_token_id, pad_to_multiple_of=None)
     out = []
     for s in range(args.steps):
         start = (s * world + rank) * args.batch
@@ -201,8 +204,9 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own collectives renamed; not ours to fix
     torch.set_num_threads(1)
-    D.ensure_torchrun_env()
-    dist.init_process_group("gloo", timeout=timedelta(seconds=300))
+    env = D.torchrun_env()
+    dist.init_process_group("gloo", init_method=env.init_method, rank=env.rank, world_size=env.world_size,
+                            timeout=timedelta(seconds=300))
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
         baseline_mb = rss_mb("VmRSS")

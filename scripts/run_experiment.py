@@ -29,8 +29,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from distrinews_lib import config, launch  # noqa: E402
+from distrinews_lib.course import launch
 from distrinews_lib.errors import UserError, main_guard  # noqa: E402
+from distrinews_lib.training import config  # noqa: E402
 
 
 def _load() -> list:

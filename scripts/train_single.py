@@ -5,9 +5,10 @@
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from distrinews_lib import checkpoint, config, data, engine, flops, plan, snapshot
+from distrinews_lib.data import batching
 from distrinews_lib.errors import main_guard
-from distrinews_lib.tracking import RunTracker
+from distrinews_lib.training import checkpoint, config, evaluation, flops, loop, plan, precision, snapshot
+from distrinews_lib.training.tracking import RunTracker
 
 
 @record  # under torchrun, a crashing rank's traceback is reported as the root cause
@@ -16,8 +17,8 @@ def main():
     cfg = config.parse("Train the AG News classifier in one process.")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    device = engine.pick_device()
-    amp = engine.resolve_amp(cfg.amp, device)
+    device = precision.resolve_device()
+    amp = precision.resolve_amp(cfg.amp, device)
     print(f"preset {cfg.preset} | 1 process | device {device} | {amp.reason}")
 
     run_plan = plan.decide(cfg)  # data source, model and the snapshot to resume from, decided once
@@ -26,15 +27,16 @@ def main():
     shape, peak = flops.model_shape(model), flops.device_peak(device, amp.mode)  # for MFU (GPUs)
 
     # The sampler decides which examples this process sees, in which order.
-    sampler = data.ShuffleSampler(run.train_ds, seed=cfg.seed)
-    opts = data.loader_options(cfg, run.tokenizer.pad_token_id, device)
-    train_loader = data.make_loader(run.train_ds, cfg.batch_size, sampler, seed=cfg.seed, group_by_length=cfg.group_by_length, **opts)
-    val_loader = data.make_loader(run.val_ds, cfg.eval_batch_size, **opts)
+    sampler = batching.ShuffleSampler(run.train_ds, seed=cfg.seed)
+    opts = batching.loader_options(cfg, run.tokenizer.pad_token_id, device)
+    train_loader = batching.make_loader(run.train_ds, cfg.batch_size, sampler, seed=cfg.seed,
+                                        group_by_length=cfg.group_by_length, **opts)
+    val_loader = batching.make_loader(run.val_ds, cfg.eval_batch_size, **opts)
 
-    optimizer = engine.make_optimizer(model, cfg.lr, cfg.weight_decay, cfg.fused_adam)
-    steps = engine.steps_per_epoch(len(train_loader), cfg.grad_accum, cfg.max_steps_per_epoch)
-    scheduler = engine.make_scheduler(optimizer, cfg.epochs * steps, cfg.warmup_ratio)
-    scaler = engine.make_grad_scaler(amp, device)  # fp16 only: scales the loss so small gradients survive
+    optimizer = loop.make_optimizer(model, cfg.lr, cfg.weight_decay, cfg.fused_adam)
+    steps = loop.steps_per_epoch(len(train_loader), cfg.grad_accum, cfg.max_steps_per_epoch)
+    scheduler = loop.make_scheduler(optimizer, cfg.epochs * steps, cfg.warmup_ratio)
+    scaler = precision.make_grad_scaler(amp, device)  # fp16 only: scales the loss so small gradients survive
     tracker = RunTracker.for_run(cfg, run_plan, run, world_size=1, backend=None, enabled=True)
     snap = snapshot.Snapshotter(cfg, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                                 tracker=tracker, label_names=run.label_names)
@@ -46,14 +48,16 @@ def main():
     for epoch in range(start.epoch, cfg.epochs + 1):
         sampler.set_epoch(epoch)  # a new shuffle every epoch
         model.train()
-        meter = engine.EpochMeter(device, amp, epoch, start.meter_state(epoch))  # loss, samples, tokens, time
-        for micro_batches in engine.accumulate(train_loader, cfg.grad_accum, skip=start.skip(epoch),
-                                               limit=cfg.max_steps_per_epoch, progress=cfg.progress, desc=f"epoch {epoch}"):
+        meter = loop.EpochMeter(device, amp, epoch, start.meter_state(epoch))  # loss, samples, tokens, time
+        for micro_batches in loop.accumulate(train_loader, cfg.grad_accum, skip=start.skip(epoch),
+                                             limit=cfg.max_steps_per_epoch, progress=cfg.progress,
+                                             desc=f"epoch {epoch}"):
             for cpu_batch in micro_batches:  # grad_accum micro-batches make one optimizer step
-                batch = engine.to_device(cpu_batch, device, opts["pin_memory"])
+                batch = loop.to_device(cpu_batch, device, opts["pin_memory"])
                 with amp.autocast(device):
-                    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
-                loss = out.loss  # the model's own loss: over the classes, the next token (clm) or the masked ones (mlm)
+                    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                labels=batch["labels"])
+                loss = out.loss  # the model's own: over the classes, the next token (clm), the masked ones
                 scaler.scale(loss / len(micro_batches)).backward()  # gradients add up over the micro-batches
                 meter.add(loss, cpu_batch)
             scaler.unscale_(optimizer)  # clip the real gradients, not the fp16-scaled ones
@@ -67,13 +71,14 @@ def main():
             meter.step(grad_norm)
             snap.step(epoch, meter)  # a snapshot every --snapshot_every optimizer steps
         train = meter.finish(lr=scheduler.get_last_lr()[0])
-        val = engine.evaluate(model, val_loader, device=device, amp=amp, task=cfg.task)
+        val = evaluation.evaluate(model, val_loader, device=device, amp=amp, task=cfg.task)
         tracker.log_epoch(epoch, train, val)
-        print(engine.epoch_line(epoch, cfg.epochs, train, val, flops.epoch_mfu(train, shape, peak)))
+        print(loop.epoch_line(epoch, cfg.epochs, train, val, flops.epoch_mfu(train, shape, peak)))
         snap.epoch_end(epoch)
-    val = val or engine.evaluate(model, val_loader, device=device, amp=amp, task=cfg.task)  # resumed after the last epoch
+    val = val or evaluation.evaluate(model, val_loader, device=device, amp=amp, task=cfg.task)  # resumed at the end
 
-    checkpoint.save_checkpoint(cfg.checkpoint, model, run.tokenizer, run.label_names, tracker.checkpoint_metadata(val), cfg.max_length)
+    checkpoint.save_checkpoint(cfg.checkpoint, model, run.tokenizer, run.label_names,
+                               tracker.checkpoint_metadata(val), cfg.max_length)
     tracker.finish(checkpoint=cfg.checkpoint)
     print(f"saved {cfg.checkpoint} | metrics in {tracker.json_path}")
 

@@ -16,8 +16,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from distrinews_lib import flops, provenance, timing
+from distrinews_lib.bench import provenance, timing
+from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.errors import UserError
+from distrinews_lib.training import flops
+from distrinews_lib.training.config import RunConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,9 +91,9 @@ def test_mfu_formula_against_torch_flop_counter():
       2. the classification head (pre_classifier + classifier) runs on ONE token per text, not on every token.
     Attention's 12·L·d·ΣT² term matches the counted Q·Kᵀ and softmax·V matmuls exactly.
     """
-    from distrinews_lib.model import build_model
+    from distrinews_lib.models.build import build_model
 
-    model, _, _ = build_model("tiny", seed=0)
+    model, _, _ = build_model(RunConfig(model="tiny", seed=0), AG_NEWS_LABELS)
     model.train()
     shape = flops.model_shape(model)
     lengths = [5, 17, 40, 64]
@@ -124,9 +127,9 @@ def test_mfu_formula_overcount_is_small_on_distilbert_base():
 
 
 def test_model_shape_of_the_tiny_preset():
-    from distrinews_lib.model import TINY_CONFIG, build_model
+    from distrinews_lib.models.build import TINY_CONFIG, build_model
 
-    model, _, info = build_model("tiny", seed=0)
+    model, _, info = build_model(RunConfig(model="tiny", seed=0), AG_NEWS_LABELS)
     shape = flops.model_shape(model)
     assert (shape.n_layers, shape.dim) == (TINY_CONFIG["n_layers"], TINY_CONFIG["dim"])
     assert shape.n_params == info.num_parameters
@@ -227,7 +230,7 @@ def test_trainer_same_options_use_this_transformers_spelling(bench):
 
     from transformers import TrainingArguments
 
-    from distrinews_lib import config
+    from distrinews_lib.training import config
 
     fields = {f.name for f in dataclasses.fields(TrainingArguments)}
     opts = bench.trainer_options(config.RunConfig(), torch.device("cpu"), same_options=True, compile_=False)

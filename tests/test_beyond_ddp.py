@@ -7,9 +7,12 @@ import json
 import pytest
 import torch
 
-from distrinews_lib.launch import LaunchError, accelerate_launch, run_python, torchrun
-from distrinews_lib.model import build_model
-from distrinews_lib.tracking import load_metrics, read_tensorboard
+from distrinews_lib.course.launch import LaunchError, accelerate_launch, run_python, torchrun
+from distrinews_lib.course.plots import read_tensorboard
+from distrinews_lib.data.texts import AG_NEWS_LABELS
+from distrinews_lib.models.build import build_model
+from distrinews_lib.training.config import RunConfig
+from distrinews_lib.training.tracking import load_metrics
 
 from .helpers import ROOT, SCRIPTS
 
@@ -22,7 +25,7 @@ def _weights(path):
 def same_runs(tmp_path_factory):
     """train_ddp.py (torchrun) and train_accelerate.py (accelerate launch): same seed, data, global batch."""
     tmp = tmp_path_factory.mktemp("accelerate")
-    model, tok, _ = build_model("tiny", seed=3)
+    model, tok, _ = build_model(RunConfig(model="tiny", seed=3), AG_NEWS_LABELS)
     for key in ("dropout", "attention_dropout", "seq_classif_dropout"):
         setattr(model.config, key, 0.0)
     model.save_pretrained(tmp / "model")
@@ -33,7 +36,7 @@ def same_runs(tmp_path_factory):
              timeout=240)
     acc = accelerate_launch(SCRIPTS / "train_accelerate.py", 2, [*same, "--report_to", "tensorboard", "--output",
                                                                   tmp / "acc", "--checkpoint", tmp / "acc.pt"], echo=False, timeout=240)
-    return tmp, acc, build_model(str(tmp / "model"))[0].state_dict()
+    return tmp, acc, build_model(RunConfig(model=str(tmp / "model")), AG_NEWS_LABELS)[0].state_dict()
 
 
 @pytest.mark.slow
@@ -43,9 +46,10 @@ def test_accelerate_trains_the_same_weights_as_the_ddp_script(same_runs):
     a, b = _weights(tmp / "ddp.pt"), _weights(tmp / "acc.pt")
     gap = max(float((a[k] - b[k]).abs().max()) for k in a)
     moved = max(float((a[k] - init[k]).abs().max()) for k in a)
-    assert moved > 1e-3 and gap < 0.01 * moved, (gap, moved)
+    # Both scripts shard with DistributedSampler: every rank sums the same gradients, so the weights are identical.
+    assert moved > 1e-3 and gap == 0.0, (gap, moved)
     la, lb = load_metrics(tmp / "ddp")["epochs"][0], load_metrics(tmp / "acc")["epochs"][0]
-    assert abs(la["train_loss"] - lb["train_loss"]) < 1e-4 and la["val_examples"] == lb["val_examples"] == 101
+    assert la["train_loss"] == lb["train_loss"] and la["val_examples"] == lb["val_examples"] == 101
     assert list((tmp / "acc").rglob("events.out.tfevents.*")), "Accelerate's TensorBoard tracker wrote its files"
 
 

@@ -4,18 +4,21 @@ resume, the checkpoint path, and the server answering an IMDB checkpoint with ne
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from distrinews_lib import checkpoint
-from distrinews_lib.config import RunConfig
-from distrinews_lib.custom_model import CustomClassifier
+from distrinews_lib.course.launch import torchrun
+from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.errors import UserError
-from distrinews_lib.launch import torchrun
-from distrinews_lib.model import build_model
+from distrinews_lib.models.build import build_model
+from distrinews_lib.models.custom import CustomClassifier
+from distrinews_lib.serving import inference
 from distrinews_lib.serving.app import create_app
+from distrinews_lib.training import checkpoint
+from distrinews_lib.training.config import RunConfig
 
 from .helpers import ROOT, SCRIPTS, run_script
 from .test_datasets import IMDB, imdb_rows, needs_imdb, write_csv
@@ -46,22 +49,22 @@ def test_custom_model_under_ddp_has_the_gradients_of_one_process(custom_ddp_chec
 def test_the_model_fits_one_screen_and_answers_like_a_classifier():
     import inspect
 
-    from distrinews_lib import custom_model
+    from distrinews_lib.models import custom as custom_model
 
     assert len(inspect.getsource(custom_model.CustomClassifier).splitlines()) <= 50
     cfg = RunConfig(model="custom", custom_dim=32, custom_ffn=64, max_length=40, hash_buckets=512)
-    model, tok, info = build_model("custom", seed=0, label_names=["negative", "positive"], cfg=cfg)
+    model, tok, info = build_model(replace(cfg, seed=0), ["negative", "positive"])
     assert isinstance(model, CustomClassifier) and info.kind == "preset" and not info.pretrained
     enc = tok(["a fine film", "awful"], padding=True, return_tensors="pt")
     assert model(**enc).logits.shape == (2, 2)
     assert checkpoint.position_limit(model) == 40
     with pytest.raises(UserError, match="--tokenizer hash needs a model trained from scratch"):
-        build_model("minilm", tokenizer="hash")
+        build_model(RunConfig(model="minilm", tokenizer="hash"), AG_NEWS_LABELS)
 
 
 def test_padding_does_not_change_the_answer():
     cfg = RunConfig(model="custom", custom_dim=32, custom_ffn=64, max_length=40, hash_buckets=512)
-    model, tok, _ = build_model("custom", seed=0, label_names=["a", "b"], cfg=cfg)
+    model, tok, _ = build_model(replace(cfg, seed=0), ["a", "b"])
     model.eval()
     alone = model(**tok(["a short text"], return_tensors="pt")).logits
     padded = model(**tok(["a short text", "a much longer text " * 5], padding=True, return_tensors="pt")).logits[:1]
@@ -109,9 +112,9 @@ def test_the_server_answers_an_imdb_checkpoint_with_negative_and_positive(imdb_r
     raw = checkpoint.read_checkpoint(imdb_run["checkpoint"])
     assert raw["model_type"] == "distrinews_custom" and raw["label_names"] == ["negative", "positive"]
     assert raw["truncation"] == "head_tail" and "distrinews_hash_tokenizer.json" in raw["tokenizer_files"]
-    loaded = checkpoint.load_checkpoint(imdb_run["checkpoint"])
+    loaded = inference.load_checkpoint(imdb_run["checkpoint"])
     texts = ["A wonderful, moving film with a brilliant cast.", "Dull, predictable and far too long. Avoid it."]
-    probs = checkpoint.predict_proba(loaded, texts)
+    probs = inference.predict_proba(loaded, texts)
     app = create_app(imdb_run["checkpoint"], device="cpu", max_batch_size=8, batch_window_ms=2, torch_threads=0)
     with TestClient(app) as client:
         health = client.get("/health").json()
@@ -132,9 +135,9 @@ def test_ddp_run_of_the_custom_model_saves_a_servable_checkpoint(tmp_path):
                                                   "--output", tmp_path / "run", "--checkpoint", ck],
                    timeout=240, echo=False)
     assert "parameters identical on all 2 ranks: True" in res.output
-    loaded = checkpoint.load_checkpoint(ck)
+    loaded = inference.load_checkpoint(ck)
     assert loaded.label_names == ["World", "Sports", "Business", "Sci/Tech"]
-    assert checkpoint.check_predictions(loaded).shape == (2, 4)
+    assert inference.check_predictions(loaded).shape == (2, 4)
 
 
 def test_a_max_length_beyond_the_models_positions_is_refused_with_the_limit(tmp_path):

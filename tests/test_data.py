@@ -5,9 +5,11 @@ from collections import Counter
 
 import pytest
 
-from distrinews_lib import data
+from distrinews_lib.data import readers, sources, texts, tokenization
+from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.errors import UserError
-from distrinews_lib.model import build_model
+from distrinews_lib.models.build import build_model
+from distrinews_lib.training.config import RunConfig
 
 from .helpers import AG_NEWS
 
@@ -27,14 +29,14 @@ KAGGLE = "Class Index,Title,Description\n1,Peace talks,Diplomats met in Geneva\n
 
 
 def test_reads_original_layout_gzipped_and_cleans_text(tmp_path):
-    texts, labels = data.read_agnews_csv(write(tmp_path / "train.csv.gz", ORIGINAL, gz=True))
+    texts, labels = readers.read_agnews_csv(write(tmp_path / "train.csv.gz", ORIGINAL, gz=True))
     assert labels == [2, 3]
     assert texts[0] == "Wall St. Bears Claw Back. Reuters - Short-sellers are seeing green again."
     assert "chip's" in texts[1] and "\\" not in texts[1] and "#39;" not in texts[1] and "quot;" not in texts[1]
 
 
 def test_reads_kaggle_csv_with_header(tmp_path):
-    texts, labels = data.read_agnews_csv(write(tmp_path / "train.csv", KAGGLE))
+    texts, labels = readers.read_agnews_csv(write(tmp_path / "train.csv", KAGGLE))
     assert labels == [0, 1]
     assert texts[0].startswith("Peace talks")
 
@@ -42,29 +44,29 @@ def test_reads_kaggle_csv_with_header(tmp_path):
 def test_folder_finds_split_files(tmp_path):
     write(tmp_path / "train_subset_9.csv.gz", ORIGINAL, gz=True)
     write(tmp_path / "test.csv", KAGGLE)
-    splits = data.load_folder(tmp_path)
+    splits = readers.load_folder(tmp_path)
     assert (len(splits.train_texts), len(splits.test_texts), splits.source) == (2, 2, "folder")
 
 
 def test_malformed_row_names_file_and_line(tmp_path):
     bad = write(tmp_path / "train.csv", ORIGINAL + '"1","only two fields"\n')
     with pytest.raises(UserError, match=r"train\.csv, line 3: expected 3 fields"):
-        data.read_agnews_csv(bad)
+        readers.read_agnews_csv(bad)
 
 
 def test_label_outside_1_to_4_is_refused(tmp_path):
     bad = write(tmp_path / "test.csv", '"5","Title","Desc"\n')
     with pytest.raises(UserError, match=r"line 1: class 5 is outside 1..4"):
-        data.read_agnews_csv(bad)
+        readers.read_agnews_csv(bad)
 
 
 def test_missing_folder_says_what_to_do(tmp_path):
     with pytest.raises(UserError, match="does not exist.*--data"):
-        data.load_folder(tmp_path / "nope")
+        readers.load_folder(tmp_path / "nope")
 
 
 def test_synthetic_data_is_labelled_as_such():
-    s = data.load_agnews("synthetic", num_samples=40, eval_samples=12)
+    s = sources.load_agnews("synthetic", num_samples=40, eval_samples=12)
     assert s.is_synthetic and s.source == "synthetic" and "SYNTHETIC" in s.describe()
     assert Counter(s.train_labels) == {0: 10, 1: 10, 2: 10, 3: 10}
     assert Counter(s.test_labels) == {0: 3, 1: 3, 2: 3, 3: 3}
@@ -75,24 +77,24 @@ def test_auto_uses_data_dir_offline_then_the_embedded_real_sample(tmp_path, monk
     write(tmp_path / "train.csv", KAGGLE)
     write(tmp_path / "test.csv", KAGGLE)
     monkeypatch.setenv("DISTRINEWS_DATA_DIR", str(tmp_path))
-    assert data.resolve_source("auto") == str(tmp_path)
+    assert sources.resolve_source("auto") == str(tmp_path)
     monkeypatch.delenv("DISTRINEWS_DATA_DIR")
-    assert data.resolve_source("auto") == "embedded"  # real news offline; synthetic only when asked for
-    s = data.load_agnews("auto", num_samples=40, eval_samples=12)
+    assert sources.resolve_source("auto") == "embedded"  # real news offline; synthetic only when asked for
+    s = sources.load_agnews("auto", num_samples=40, eval_samples=12)
     assert s.source == "embedded" and not s.is_synthetic and s.title == "AG News (embedded real sample)"
 
 
 def test_the_embedded_sample_is_real_balanced_small_and_documented():
     import hashlib
 
-    s = data.load_embedded()
+    s = sources.load_embedded()
     assert (len(s.train_texts), len(s.test_texts)) == (8000, 7600)
     assert Counter(s.train_labels) == {0: 2000, 1: 2000, 2: 2000, 3: 2000}
     assert Counter(s.test_labels) == {0: 1900, 1: 1900, 2: 1900, 3: 1900}
     assert not set(s.train_texts) & set(s.test_texts), "no test row may be in the training sample"
-    files = [data.EMBEDDED_DIR / n for n in ("train.csv.gz", "test.csv.gz")]
+    files = [sources.EMBEDDED_DIR / n for n in ("train.csv.gz", "test.csv.gz")]
     assert sum(f.stat().st_size for f in files) <= 2 * 2**20
-    readme = (data.EMBEDDED_DIR / "README.md").read_text()
+    readme = (sources.EMBEDDED_DIR / "README.md").read_text()
     for f in files:  # the README's checksums are the files' own
         assert hashlib.sha256(f.read_bytes()).hexdigest() in readme
     assert "non-commercial" in readme and "train_subset_12000" in readme
@@ -102,8 +104,8 @@ def test_the_embedded_sample_is_real_balanced_small_and_documented():
 
 @pytest.mark.skipif(not AG_NEWS.is_dir(), reason=f"real AG News not present at {AG_NEWS}")
 def test_the_embedded_training_rows_come_from_the_train_subset():
-    train = set(data.load_folder(AG_NEWS).train_texts)
-    assert set(data.load_embedded().train_texts) <= train
+    train = set(readers.load_folder(AG_NEWS).train_texts)
+    assert set(sources.load_embedded().train_texts) <= train
 
 
 def test_corrupt_or_odd_files_get_a_clear_message(tmp_path):
@@ -113,30 +115,30 @@ def test_corrupt_or_odd_files_get_a_clear_message(tmp_path):
         flipped[where] ^= 0xFF
         (tmp_path / "bad.csv.gz").write_bytes(bytes(flipped))
         with pytest.raises(UserError, match="bad.csv.gz"):  # a message naming the file, never a traceback
-            data.read_agnews_csv(tmp_path / "bad.csv.gz")
+            readers.read_agnews_csv(tmp_path / "bad.csv.gz")
     folder = tmp_path / "f"
     folder.mkdir()
     write(folder / "train.csv", KAGGLE)
     (folder / "test.csv").mkdir()
     with pytest.raises(UserError, match="test.csv is a folder"):
-        data.load_folder(folder)
+        readers.load_folder(folder)
     (folder / "test.csv").rmdir()
     (folder / "test.csv").symlink_to(tmp_path / "gone.csv")
     with pytest.raises(UserError, match="broken symbolic link"):
-        data.load_folder(folder)
+        readers.load_folder(folder)
 
 
 def test_a_csv_with_a_byte_order_mark_is_read(tmp_path):
     bom = tmp_path / "train.csv"
     bom.write_bytes("\ufeff".encode() + KAGGLE.encode())  # as Excel saves "CSV UTF-8"
-    texts, labels = data.read_agnews_csv(bom)
+    texts, labels = readers.read_agnews_csv(bom)
     assert labels == [0, 1] and texts[0].startswith("Peace talks")
 
 
 def test_hub_offline_fails_fast_with_advice(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(UserError, match="not reachable.*--data embedded"):
-        data.load_hub()
+        sources.load_hub()
 
 
 def test_hub_probe_answers_within_seconds(monkeypatch):
@@ -160,25 +162,25 @@ def test_hub_probe_answers_within_seconds(monkeypatch):
 
 def test_balanced_subset_is_balanced_and_deterministic():
     labels = [i % 4 for i in range(1000)]
-    a = data.balanced_subset(labels, 101, seed=1)
-    assert a == data.balanced_subset(labels, 101, seed=1)
+    a = texts.balanced_subset(labels, 101, seed=1)
+    assert a == texts.balanced_subset(labels, 101, seed=1)
     assert sorted(Counter(labels[i] for i in a).values()) == [25, 25, 25, 26]
 
 
 def test_tokenize_once_and_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("DISTRINEWS_CACHE", str(tmp_path))
-    _, tok, _ = build_model("tiny")
+    _, tok, _ = build_model(RunConfig(model="tiny"), AG_NEWS_LABELS)
     texts = ["Stocks fall as oil rises", "Team wins the cup"]
-    ids = data.tokenize_texts(texts, tok, 16)
+    ids = tokenization.tokenize_texts(texts, tok, 16)
     assert len(list((tmp_path / "tokenized").glob("*.pt"))) == 1
-    assert data.tokenize_texts(texts, tok, 16) == ids
+    assert tokenization.tokenize_texts(texts, tok, 16) == ids
     assert tok.unk_token_id not in ids[0], "the tiny tokenizer must know DistilBERT's vocabulary"
     assert ids[0][0] == tok.cls_token_id and ids[0][-1] == tok.sep_token_id
 
 
 @pytest.mark.skipif(not AG_NEWS.is_dir(), reason=f"real AG News not present at {AG_NEWS}")
 def test_real_ag_news_files():
-    s = data.load_folder(AG_NEWS)
+    s = readers.load_folder(AG_NEWS)
     assert len(s.test_texts) == 7600
     assert Counter(s.test_labels) == {0: 1900, 1: 1900, 2: 1900, 3: 1900}
     assert len(s.train_texts) == 12000

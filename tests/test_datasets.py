@@ -15,8 +15,9 @@ from collections import Counter
 
 import pytest
 
-from distrinews_lib import config, data
+from distrinews_lib.data import readers, sources, texts
 from distrinews_lib.errors import UserError
+from distrinews_lib.training import config
 
 from .helpers import ROOT, SCRIPTS, run_script
 
@@ -57,7 +58,7 @@ def imdb_folder(tmp_path_factory):
     for split, n in (("train", 40), ("test", 20)):
         rows = imdb_rows(split, n)
         write_csv(folder / f"{split}.csv.gz", [[r["id"], r["rating"], r["label"], r["text"]] for r in rows],
-                  header=data.IMDB_HEADER, gz=True)
+                  header=texts.IMDB_HEADER, gz=True)
     return folder
 
 
@@ -65,7 +66,7 @@ def imdb_folder(tmp_path_factory):
 
 @needs_imdb
 def test_imdb_csv_folder_gives_negative_positive_and_clean_text(imdb_folder):
-    s = data.load_dataset_splits("imdb", str(imdb_folder))
+    s = sources.load_dataset_splits("imdb", str(imdb_folder))
     assert s.label_names == ["negative", "positive"] and s.name == "IMDB"
     assert (len(s.train_texts), len(s.test_texts)) == (40, 20)
     assert Counter(s.train_labels) == {0: 20, 1: 20}
@@ -75,18 +76,18 @@ def test_imdb_csv_folder_gives_negative_positive_and_clean_text(imdb_folder):
 
 @needs_imdb
 def test_a_folder_given_as_dataset_is_recognised_by_its_header(imdb_folder):
-    dataset = data.resolve_dataset(str(imdb_folder))
+    dataset = sources.resolve_dataset(str(imdb_folder))
     assert dataset.startswith("folder:")
-    s = data.load_dataset_splits(dataset, data.resolve_source("auto", dataset))
+    s = sources.load_dataset_splits(dataset, sources.resolve_source("auto", dataset))
     assert s.label_names == ["negative", "positive"] and s.title.startswith("IMDB")
 
 
 def test_a_headerless_folder_is_named_by_its_dataset_or_by_its_class_numbers():
-    s = data.load_dataset_splits("ag_news", str(data.EMBEDDED_DIR), 80, 40, seed=1)
+    s = sources.load_dataset_splits("ag_news", str(sources.EMBEDDED_DIR), 80, 40, seed=1)
     assert s.label_names == ["World", "Sports", "Business", "Sci/Tech"]
     assert Counter(s.train_labels) == {0: 20, 1: 20, 2: 20, 3: 20}
     # --dataset FOLDER does not guess which dataset it is: without classes.txt the classes keep their numbers
-    anon = data.load_dataset_splits(data.resolve_dataset(str(data.EMBEDDED_DIR)), "folder", 80, 40, seed=1)
+    anon = sources.load_dataset_splits(sources.resolve_dataset(str(sources.EMBEDDED_DIR)), "folder", 80, 40, seed=1)
     assert anon.label_names == ["1", "2", "3", "4"] and anon.train_labels == s.train_labels
 
 
@@ -98,7 +99,7 @@ def test_zhang_layouts_of_yelp_and_amazon_polarity(tmp_path, dataset, fields):
         body = [[str(int(r["label"]) + 1), *(["A title"] if fields == 2 else []), r["text"].replace("\n", "\\n")]
                 for r in rows]
         write_csv(tmp_path / f"{split}.csv", body)
-    s = data.load_dataset_splits(dataset, str(tmp_path))
+    s = sources.load_dataset_splits(dataset, str(tmp_path))
     assert s.label_names == ["negative", "positive"]
     assert Counter(s.train_labels) == {0: 5, 1: 5}
     if fields == 2:
@@ -109,7 +110,7 @@ def test_a_zhang_folder_with_classes_txt_takes_its_names(tmp_path):
     for split in ("train", "test"):
         write_csv(tmp_path / f"{split}.csv", [["1", "it was bad"], ["2", "it was good"], ["3", "it was fine"]])
     (tmp_path / "classes.txt").write_text("bad\ngood\nfine\n")
-    s = data.load_dataset_splits(data.resolve_dataset(str(tmp_path)), "folder")
+    s = sources.load_dataset_splits(sources.resolve_dataset(str(tmp_path)), "folder")
     assert s.label_names == ["bad", "good", "fine"] and s.train_labels == [0, 1, 2]
 
 
@@ -121,12 +122,12 @@ def test_csv_folder_with_named_columns_and_text_labels(tmp_path):
         rows = imdb_rows(split, 12)
         write_csv(tmp_path / f"{split}.csv", [[r["rating"], "neg" if r["label"] == "0" else "pos", "Title", r["text"]]
                                               for r in rows], header=["stars", "verdict", "headline", "body"])
-    opts = data.TextOptions(text_columns=("headline", "body"), label_column="verdict")
-    s = data.load_dataset_splits(data.resolve_dataset(f"csv:{tmp_path}"), "csv", opts=opts)
+    opts = texts.TextOptions(text_columns=("headline", "body"), label_column="verdict")
+    s = sources.load_dataset_splits(sources.resolve_dataset(f"csv:{tmp_path}"), "csv", opts=opts)
     assert s.label_names == ["neg", "pos"] and s.source == "csv"
     assert Counter(s.train_labels) == {0: 6, 1: 6} and s.train_texts[0].startswith("Title. ")
-    named = data.TextOptions(text_columns=("body",), label_column="verdict", label_names=("pos", "neg"))
-    flipped = data.load_dataset_splits(data.resolve_dataset(f"csv:{tmp_path}"), "csv", opts=named)
+    named = texts.TextOptions(text_columns=("body",), label_column="verdict", label_names=("pos", "neg"))
+    flipped = sources.load_dataset_splits(sources.resolve_dataset(f"csv:{tmp_path}"), "csv", opts=named)
     assert flipped.label_names == ["pos", "neg"] and flipped.train_labels == [1 - y for y in s.train_labels]
 
 
@@ -134,8 +135,8 @@ def test_csv_folder_with_named_columns_and_text_labels(tmp_path):
 def test_csv_single_file_holds_out_a_stratified_tenth_and_reads_a_bom(tmp_path):
     rows = imdb_rows("train", 100)
     path = write_csv(tmp_path / "reviews.csv", [[r["text"], r["label"]] for r in rows], header=["text", "label"], bom=True)
-    s = data.load_dataset_splits(data.resolve_dataset(f"csv:{path}"), "csv",
-                                 opts=data.TextOptions(label_names=("negative", "positive")))
+    s = sources.load_dataset_splits(sources.resolve_dataset(f"csv:{path}"), "csv",
+                                 opts=texts.TextOptions(label_names=("negative", "positive")))
     assert (len(s.train_texts), len(s.test_texts)) == (90, 10)
     assert Counter(s.test_labels) == {0: 5, 1: 5} and not set(s.test_texts) & set(s.train_texts)
     assert "held out" in s.detail and s.label_names == ["negative", "positive"]
@@ -144,7 +145,7 @@ def test_csv_single_file_holds_out_a_stratified_tenth_and_reads_a_bom(tmp_path):
 def test_numeric_labels_without_names_are_named_by_their_values(tmp_path):
     write_csv(tmp_path / "train.csv", [["good", "2"], ["bad", "1"], ["fine", "10"]], header=["text", "label"])
     write_csv(tmp_path / "test.csv", [["ok", "2"]], header=["text", "label"])
-    s = data.load_csv(str(tmp_path))
+    s = readers.load_csv(str(tmp_path))
     assert s.label_names == ["1", "2", "10"] and s.train_labels == [1, 0, 2] and s.test_labels == [1]
 
 
@@ -154,23 +155,23 @@ def test_bad_input_gets_a_clear_message(tmp_path):
     header = ["text", "label"]
     write_csv(tmp_path / "train.csv", [["fine", "0"], ["bad", "1"]], header=header)
     write_csv(tmp_path / "test.csv", [["so so", "2"]], header=header)
-    opts = data.TextOptions(label_names=("negative", "positive"))
+    opts = texts.TextOptions(label_names=("negative", "positive"))
     with pytest.raises(UserError, match=r"test\.csv, line 2: the label '2' is not one of the 2 label names"):
-        data.load_csv(str(tmp_path), opts)
+        readers.load_csv(str(tmp_path), opts)
     with pytest.raises(UserError, match=r"has no column 'review'.*--text_column"):
-        data.load_csv(str(tmp_path), data.TextOptions(text_columns=("review",)))
+        readers.load_csv(str(tmp_path), texts.TextOptions(text_columns=("review",)))
     with pytest.raises(UserError, match="not a dataset the course knows"):
-        data.resolve_dataset("imbd")
+        sources.resolve_dataset("imbd")
     with pytest.raises(UserError, match="no such file or folder"):
-        data.resolve_dataset(f"csv:{tmp_path / 'nope.csv'}")
+        sources.resolve_dataset(f"csv:{tmp_path / 'nope.csv'}")
     utf16 = tmp_path / "u16.csv"
     utf16.write_bytes("text,label\nfine,0\n".encode("utf-16"))
     with pytest.raises(UserError, match="UTF-16"):
-        data.load_csv(str(utf16))
+        readers.load_csv(str(utf16))
     with pytest.raises(UserError, match="AG News only"):
-        data.resolve_source("embedded", "imdb")
+        sources.resolve_source("embedded", "imdb")
     with pytest.raises(UserError, match="--label_names gives 3 names"):
-        data.load_dataset_splits("ag_news", "embedded", opts=data.TextOptions(label_names=("a", "b", "c")))
+        sources.load_dataset_splits("ag_news", "embedded", opts=texts.TextOptions(label_names=("a", "b", "c")))
 
 
 def test_label_names_flag_is_checked_like_every_flag():
@@ -179,7 +180,7 @@ def test_label_names_flag_is_checked_like_every_flag():
     with pytest.raises(UserError, match="at least two classes"):
         config.parse("t", ["--label_names", "solo", "--config", "cpu_smoke"])
     cfg = config.parse("t", ["--dataset", "imdb", "--label_names", "neg, pos", "--config", "cpu_smoke"])
-    assert data.TextOptions.from_config(cfg).label_names == ("neg", "pos")
+    assert texts.TextOptions.from_config(cfg).label_names == ("neg", "pos")
 
 
 def test_a_bad_dataset_from_the_script_is_one_paragraph_and_exit_code_2(tmp_path):

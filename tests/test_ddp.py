@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.utils.data.distributed import DistributedSampler
 
-from distrinews_lib import data
-from distrinews_lib.launch import torchrun
+from distrinews_lib.course.launch import torchrun
+from distrinews_lib.data import batching
 
 from .helpers import ROOT
 
@@ -79,7 +79,7 @@ def test_length_grouped_batches_keep_shards_disjoint_and_equal_in_count():
     per_rank = []
     for rank in range(2):
         ds_sampler = DistributedSampler(list(range(103)), num_replicas=2, rank=rank, shuffle=True, seed=3)
-        bs = data.LengthGroupedBatchSampler(ds_sampler, lengths, batch_size=8, chunk_batches=4, seed=3)
+        bs = batching.LengthGroupedBatchSampler(ds_sampler, lengths, batch_size=8, chunk_batches=4, seed=3)
         bs.set_epoch(2)
         batches = list(bs)
         assert len(batches) == len(bs)
@@ -97,7 +97,7 @@ def test_length_grouped_batches_keep_shards_disjoint_and_equal_in_count():
 
 
 def test_collator_pads_to_a_multiple_of_8():
-    coll = data.PadCollator(pad_id=0, pad_to_multiple_of=8)
+    coll = batching.PadCollator(pad_id=0, pad_to_multiple_of=8)
     out = coll([{"index": 0, "input_ids": [101, 5, 6, 102], "label": 1},
                 {"index": 1, "input_ids": list(range(1, 11)), "label": 2}])
     assert out["input_ids"].shape == (2, 16)

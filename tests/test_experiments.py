@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from distrinews_lib import config
+from distrinews_lib.training import config
 
 from .helpers import ROOT, SCRIPTS, run_script
 

@@ -6,11 +6,14 @@ import time
 import pytest
 import torch
 
-from distrinews_lib import LABEL_NAMES, config, engine, faults, snapshot
+from distrinews_lib.course import faults
+from distrinews_lib.course.launch import torchrun
+from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.errors import UserError
-from distrinews_lib.launch import torchrun
-from distrinews_lib.model import build_model
-from distrinews_lib.tracking import RunTracker
+from distrinews_lib.models.build import build_model
+from distrinews_lib.training import config, loop, precision, snapshot
+from distrinews_lib.training.config import RunConfig
+from distrinews_lib.training.tracking import RunTracker
 
 from .helpers import SCRIPTS, run_script
 
@@ -42,13 +45,13 @@ def test_sigkill_one_rank_then_restart_ends_bit_identical(tmp_path):
     assert [e["resumed"] for e in mb] == [True, False] and not any(e["resumed"] for e in ma)
 
 
-def _snapshotter(tmp_path, labels=LABEL_NAMES, model_name="tiny", grad_accum=1):
+def _snapshotter(tmp_path, labels=AG_NEWS_LABELS, model_name="tiny", grad_accum=1):
     cfg = config.parse("t", ["--config", "cpu_smoke", "--output", str(tmp_path), "--snapshot_every", "1",
                              "--grad_accum", str(grad_accum)])
-    model, _, _ = build_model(model_name, seed=0)
-    opt = engine.make_optimizer(model, 1e-3)
-    sched = engine.make_scheduler(opt, 10)
-    scaler = engine.make_grad_scaler(engine.resolve_amp("off", torch.device("cpu")), torch.device("cpu"))
+    model, _, _ = build_model(RunConfig(model=model_name, seed=0), AG_NEWS_LABELS)
+    opt = loop.make_optimizer(model, 1e-3)
+    sched = loop.make_scheduler(opt, 10)
+    scaler = precision.make_grad_scaler(precision.resolve_amp("off", torch.device("cpu")), torch.device("cpu"))
     tracker = RunTracker(tmp_path, {}, data={}, ddp={}, model={}, enabled=False)
     snap = snapshot.Snapshotter(cfg, model=model, optimizer=opt, scheduler=sched, scaler=scaler, tracker=tracker,
                                 label_names=labels, log=lambda m: None)

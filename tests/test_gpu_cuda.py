@@ -17,8 +17,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from distrinews_lib import data, engine, flops, gpu_env
+from distrinews_lib.course import gpu_env
+from distrinews_lib.data import batching, tokenization
+from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.errors import UserError
+from distrinews_lib.training import flops, loop, precision
+from distrinews_lib.training.config import RunConfig
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,26 +35,26 @@ def device():
 
 def test_amp_auto_follows_the_compute_capability(device):
     native = torch.cuda.get_device_capability(device) >= (8, 0)
-    amp = engine.resolve_amp("auto", device)
+    amp = precision.resolve_amp("auto", device)
     assert (amp.mode, amp.use_scaler) == (("bf16", False) if native else ("fp16", True))
     if native:
-        assert engine.resolve_amp("bf16", device).dtype == torch.bfloat16
+        assert precision.resolve_amp("bf16", device).dtype == torch.bfloat16
     else:
         with pytest.raises(UserError, match="no bf16 in hardware"):
-            engine.resolve_amp("bf16", device)
+            precision.resolve_amp("bf16", device)
 
 
 @pytest.mark.parametrize("mode", ["fp16", "bf16"])
 def test_one_training_step_in_each_precision(device, mode):
-    from distrinews_lib.model import build_model
+    from distrinews_lib.models.build import build_model
 
-    if mode == "bf16" and not engine.native_bf16(device):
+    if mode == "bf16" and not precision.native_bf16(device):
         pytest.skip(f"{torch.cuda.get_device_name(device)} has no native bf16 (refusal tested above)")
-    amp = engine.resolve_amp(mode, device)
-    model = build_model("tiny", seed=0)[0].to(device)
-    opt = engine.make_optimizer(model, 1e-3)
+    amp = precision.resolve_amp(mode, device)
+    model = build_model(RunConfig(model="tiny", seed=0), AG_NEWS_LABELS)[0].to(device)
+    opt = loop.make_optimizer(model, 1e-3)
     assert opt.param_groups[0]["fused"]  # the fused CUDA kernel
-    scaler = engine.make_grad_scaler(amp, device)
+    scaler = precision.make_grad_scaler(amp, device)
     before = [p.detach().clone() for p in model.parameters()]
     ids = torch.randint(1000, 2000, (8, 32), device=device)
     with amp.autocast(device):
@@ -66,14 +70,14 @@ def test_one_training_step_in_each_precision(device, mode):
 
 
 def test_the_cuda_data_path_pins_and_pads_to_multiples_of_8(device):
-    from distrinews_lib import config
+    from distrinews_lib.training import config
 
-    opts = data.loader_options(config.RunConfig(), 0, device)
+    opts = batching.loader_options(config.RunConfig(), 0, device)
     assert opts["pin_memory"] and opts["pad_to_multiple_of"] == 8
-    ds = data.TokenizedDataset([[101, 5, 102], [101, 6, 7, 8, 9, 102]], [0, 1])
-    batch = next(iter(data.make_loader(ds, 2, **opts)))
+    ds = tokenization.TokenizedDataset([[101, 5, 102], [101, 6, 7, 8, 9, 102]], [0, 1])
+    batch = next(iter(batching.make_loader(ds, 2, **opts)))
     assert batch["input_ids"].shape[1] % 8 == 0 and batch["input_ids"].is_pinned()
-    moved = engine.to_device(batch, device, non_blocking=True)
+    moved = loop.to_device(batch, device, non_blocking=True)
     assert moved["input_ids"].device.type == "cuda"
 
 
@@ -82,8 +86,8 @@ def test_the_peak_table_knows_this_gpu(device):
     known = ("H100", "H200", "A100", "L4", "L40S", "T4", "V100", "A10")
     if not any(k in name for k in known):
         pytest.skip(f"{name} is not one of the GPUs the table lists; pass --peak_tflops to the benchmarks")
-    dtype = flops.matmul_dtype(engine.resolve_amp("auto", device).mode, "cuda")
-    assert flops.device_peak(device, engine.resolve_amp("auto", device).mode) == flops.peak_tflops(name, dtype) > 0
+    dtype = flops.matmul_dtype(precision.resolve_amp("auto", device).mode, "cuda")
+    assert flops.device_peak(device, precision.resolve_amp("auto", device).mode) == flops.peak_tflops(name, dtype) > 0
 
 
 def test_the_first_cell_report_sees_what_torch_sees():

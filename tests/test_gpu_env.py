@@ -1,5 +1,5 @@
-"""The first cell's checks (distrinews_lib.gpu_env) with CUDA mocked, the leftover-rank finder
-(distrinews_lib.leftovers) against real processes, and the install rule that keeps Kaggle's CUDA torch."""
+"""The first cell's checks (distrinews_lib.course.gpu_env) with CUDA mocked, the leftover-rank finder
+(distrinews_lib.course.leftovers) against real processes, and the install rule that keeps Kaggle's CUDA torch."""
 
 import os
 import re
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from distrinews_lib import gpu_env, leftovers
+from distrinews_lib.course import gpu_env, leftovers
 
 ROOT = Path(__file__).resolve().parent.parent
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -103,7 +103,7 @@ def test_p2p_copy_check_runs_apart_and_reports_a_hang():
 
 
 def test_course_setup_prints_the_report(monkeypatch, capsys):
-    from distrinews_lib import course
+    from distrinews_lib.course import notebook as course
 
     monkeypatch.setenv(leftovers.MARKER, "")  # restored after the test (setup marks this process)
     cwd = os.getcwd()

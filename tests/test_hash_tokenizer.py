@@ -7,9 +7,15 @@ import json
 import subprocess
 import sys
 
-from distrinews_lib import checkpoint
-from distrinews_lib.model import tiny_tokenizer
-from distrinews_lib.tokenization import HashTokenizer, cut, encode_texts, set_truncation, stable_hash
+from distrinews_lib.data.tokenization import (
+    HashTokenizer,
+    cut,
+    encode_texts,
+    set_truncation,
+    stable_hash,
+    tiny_tokenizer,
+)
+from distrinews_lib.training import checkpoint
 
 from .helpers import ROOT
 

@@ -6,10 +6,14 @@ import sys
 import pytest
 import torch
 
-from distrinews_lib import LABEL_NAMES, checkpoint, config, distributed, engine
+from distrinews_lib import distributed
+from distrinews_lib.course.launch import LaunchError, run_python, torchrun
+from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.errors import UserError
-from distrinews_lib.launch import LaunchError, run_python, torchrun
-from distrinews_lib.model import build_model
+from distrinews_lib.models.build import build_model
+from distrinews_lib.serving import inference
+from distrinews_lib.training import checkpoint, config, precision
+from distrinews_lib.training.config import RunConfig
 
 
 def test_preset_then_flags_override():
@@ -85,15 +89,15 @@ def test_the_config_is_typed_and_frozen():
 
 def test_amp_choices_on_cpu():
     cpu = torch.device("cpu")
-    assert engine.resolve_amp("auto", cpu).mode == "off"
-    assert engine.resolve_amp("bf16", cpu).dtype == torch.bfloat16
+    assert precision.resolve_amp("auto", cpu).mode == "off"
+    assert precision.resolve_amp("bf16", cpu).dtype == torch.bfloat16
     with pytest.raises(UserError, match="fp16 needs a CUDA GPU"):
-        engine.resolve_amp("fp16", cpu)
+        precision.resolve_amp("fp16", cpu)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_amp_auto_on_gpu_picks_bf16_or_fp16_with_scaler():
-    amp = engine.resolve_amp("auto", torch.device("cuda", 0))
+    amp = precision.resolve_amp("auto", torch.device("cuda", 0))
     assert (amp.mode, amp.use_scaler) in (("bf16", False), ("fp16", True))
 
 
@@ -107,11 +111,11 @@ def test_amp_auto_gates_bf16_on_compute_capability(monkeypatch, capability, name
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
-    amp = engine.resolve_amp("auto", torch.device("cuda", 0))
+    amp = precision.resolve_amp("auto", torch.device("cuda", 0))
     assert (amp.mode, amp.use_scaler) == (mode, scaler) and name in amp.reason
     if mode == "fp16":
         with pytest.raises(UserError, match="no bf16 in hardware.*--amp fp16"):
-            engine.resolve_amp("bf16", torch.device("cuda", 0))
+            precision.resolve_amp("bf16", torch.device("cuda", 0))
 
 
 def test_backend_choice(monkeypatch):
@@ -130,13 +134,13 @@ def test_backend_choice(monkeypatch):
 
 
 def test_checkpoint_roundtrip_and_atomic_write(tmp_path, monkeypatch):
-    model, tok, _ = build_model("tiny", seed=0)
+    model, tok, _ = build_model(RunConfig(model="tiny", seed=0), AG_NEWS_LABELS)
     path = tmp_path / "m.pt"
-    checkpoint.save_checkpoint(path, model, tok, LABEL_NAMES, {"final_accuracy": 0.5}, 32)
+    checkpoint.save_checkpoint(path, model, tok, AG_NEWS_LABELS, {"final_accuracy": 0.5}, 32)
     before = path.read_bytes()
-    loaded = checkpoint.load_checkpoint(path)
-    assert not loaded.model.training and loaded.label_names == LABEL_NAMES and loaded.max_length == 32
-    p = checkpoint.predict_proba(loaded, ["stocks rally", "team wins"])
+    loaded = inference.load_checkpoint(path)
+    assert not loaded.model.training and loaded.label_names == AG_NEWS_LABELS and loaded.max_length == 32
+    p = inference.predict_proba(loaded, ["stocks rally", "team wins"])
     assert torch.allclose(p.sum(-1), torch.ones(2))
 
     # A crash in the middle of torch.save leaves the previous checkpoint untouched.
@@ -148,20 +152,20 @@ def test_checkpoint_roundtrip_and_atomic_write(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch, "save", crash)
     with pytest.raises(OSError):
-        checkpoint.save_checkpoint(path, model, tok, LABEL_NAMES, {"final_accuracy": 0.9}, 32)
+        checkpoint.save_checkpoint(path, model, tok, AG_NEWS_LABELS, {"final_accuracy": 0.9}, 32)
     monkeypatch.setattr(torch, "save", real_save)
     assert path.read_bytes() == before
     assert not list(tmp_path.glob("*.tmp"))
-    assert checkpoint.load_checkpoint(path).metadata["final_accuracy"] == 0.5
+    assert inference.load_checkpoint(path).metadata["final_accuracy"] == 0.5
 
 
 def test_corrupt_or_missing_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match="not found.*Train one first"):
-        checkpoint.load_checkpoint(tmp_path / "none.pt")
+        inference.load_checkpoint(tmp_path / "none.pt")
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"\x00" * 100)
     with pytest.raises(checkpoint.CheckpointError, match="could not be read"):
-        checkpoint.load_checkpoint(bad)
+        inference.load_checkpoint(bad)
 
 
 def test_unknown_model_lists_choices_quickly():
@@ -169,7 +173,7 @@ def test_unknown_model_lists_choices_quickly():
 
     t = time.time()
     with pytest.raises(UserError, match="Choices: tiny.*minilm"):
-        build_model("no-such-org/no-such-model")
+        build_model(RunConfig(model="no-such-org/no-such-model"), AG_NEWS_LABELS)
     assert time.time() - t < 15  # offline: no 50 s of hub retries
 
 

@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
-from distrinews_lib import data, lm
-from distrinews_lib.launch import torchrun
-from distrinews_lib.model import tiny_tokenizer
+from distrinews_lib.course.launch import torchrun
+from distrinews_lib.data import lm, sources, tokenization
+from distrinews_lib.data.tokenization import tiny_tokenizer
 
 from .helpers import ROOT
 
@@ -15,7 +15,7 @@ from .helpers import ROOT
 @pytest.fixture(scope="module")
 def vocab():
     wp = tiny_tokenizer()
-    ids = [x[1:-1] for x in data.tokenize_texts(data.load_embedded().train_texts[:500], wp, 64, use_cache=False)]
+    ids = [x[1:-1] for x in tokenization.tokenize_texts(sources.load_embedded().train_texts[:500], wp, 64, use_cache=False)]
     return lm.VocabSubset.from_corpus(wp, ids, 1024), ids
 
 
@@ -71,7 +71,7 @@ def test_perplexity_is_exact_under_ddp_and_ranks_never_mask_alike(tmp_path):
 
 @pytest.mark.slow
 def test_a_killed_language_model_run_resumes_bit_identical(tmp_path):
-    from distrinews_lib import faults
+    from distrinews_lib.course import faults
 
     from .helpers import SCRIPTS
 

@@ -3,7 +3,7 @@
 - every `%%writefile` cell is byte-identical to the file it writes (scripts/sync_notebooks.py);
 - committed without outputs or execution counts;
 - the first code cell is tagged `parameters` and sets PRESET and NPROC; the next one calls setup();
-- torchrun is only ever launched through distrinews_lib.launch (a bare `!torchrun` cannot fail a notebook).
+- torchrun is only ever launched through distrinews_lib.course.launch (a bare `!torchrun` cannot fail a notebook).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ BARE_LAUNCH = re.compile(r"(torchrun|torch\.distributed\.run|torch\.distributed\
 
 
 def bare_launches(source: str) -> list[str]:
-    """Lines of a code cell that launch torchrun outside distrinews_lib.launch."""
+    """Lines of a code cell that launch torchrun outside distrinews_lib.course.launch."""
     if source.startswith("%%writefile"):
         return []  # a script's text (its docstring may show the torchrun command line)
     lines = source.splitlines()
@@ -102,7 +102,7 @@ def bare_launches(source: str) -> list[str]:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
 def test_torchrun_only_through_the_library(path):
     bad = [(i, l) for i, c in enumerate(_code_cells(path)) for l in bare_launches(c.source)]
-    assert not bad, (f"{path.name}: launch torchrun with distrinews_lib.launch.torchrun(...), which fails the cell "
+    assert not bad, (f"{path.name}: launch torchrun with distrinews_lib.course.launch.torchrun(...), which fails the cell "
                      f"when the script fails; found {bad}")
 
 

@@ -1,5 +1,5 @@
 """The concept and pitfall scripts that notebooks 00 and 03 write, and the plumbing they share
-(distrinews_lib.demo): static checks, and the key symptoms (broken vs fixed) measured with real
+(distrinews_lib.course.demo): static checks, and the key symptoms (broken vs fixed) measured with real
 2-rank gloo launches."""
 
 import ast
@@ -9,18 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from distrinews_lib import launch as launch_module
-from distrinews_lib.demo import SharedLaunch, failure_story, sections
+from distrinews_lib.course import demo as demo_module
+from distrinews_lib.course.demo import SharedLaunch, failure_story, sections
+from distrinews_lib.course.launch import LaunchResult, torchrun
 from distrinews_lib.distributed import choose_backend
 from distrinews_lib.errors import UserError
-from distrinews_lib.launch import LaunchResult, torchrun
 
 from .helpers import ROOT
 
 PITFALLS = ROOT / "scripts" / "pitfalls"
 CONCEPTS = ROOT / "scripts" / "concepts"
 SCRIPTS = sorted(PITFALLS.glob("*.py")) + sorted(CONCEPTS.glob("*.py"))
-DEMO = ROOT / "distrinews_lib" / "demo.py"
+DEMO = ROOT / "distrinews_lib" / "course" / "demo.py"
 
 
 def test_there_are_thirteen_pitfalls_and_four_concepts():
@@ -31,9 +31,9 @@ def test_there_are_thirteen_pitfalls_and_four_concepts():
 @pytest.mark.parametrize("path", [*sorted(CONCEPTS.glob("0[2-9]_*.py")), *sorted(PITFALLS.glob("[0-9][0-9]_*.py"))],
                          ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_demo_scripts_share_the_plumbing(path):
-    """Concepts 02+ and every pitfall start their group through distrinews_lib.demo (concept 01 shows it by hand)."""
+    """Concepts 02+ and every pitfall start their group through distrinews_lib.course.demo (concept 01 shows it by hand)."""
     text = path.read_text()
-    assert "from distrinews_lib.demo import" in text
+    assert "from distrinews_lib.course.demo import" in text
     assert "init_process_group" not in text or path.name == "10_nccl_backend.py"  # 10's bug IS a hard-coded init
 
 
@@ -151,14 +151,14 @@ def test_shared_launch_runs_everything_once_then_only_an_edited_script(tmp_path,
     launches = []
 
     def fake_torchrun(script, nproc, args, **kwargs):
-        assert script == "distrinews_lib.demo" and kwargs["torchrun_args"] == ["-m"]
+        assert script == "distrinews_lib.course.demo" and kwargs["module"] is True
         names = [Path(a).name for i, a in enumerate(args) if i == 0 or args[i - 1] == "--"]
         launches.append(names)
         (tmp_path / "a.json").write_text(json.dumps({"run": len(launches)}))
         output = "".join(f"=== demo: {n}\nout of {n} #{len(launches)}\n=== demo: done in 0.1 s\n" for n in names)
         return LaunchResult([], 0, output, 1.0)
 
-    monkeypatch.setattr(launch_module, "torchrun", fake_torchrun)
+    monkeypatch.setattr(demo_module, "torchrun", fake_torchrun)
     run = SharedLaunch([(scripts["a.py"], ["--x", 1], tmp_path / "a.json"), (scripts["b.py"], [], None)], 2, 60)
     assert run("b.py", echo=False) == ("out of b.py #1\n", None)
     assert run("a.py", echo=False) == ("out of a.py #1\n", {"run": 1})   # kept from the one launch
@@ -171,7 +171,7 @@ def test_shared_launch_runs_everything_once_then_only_an_edited_script(tmp_path,
 
 @pytest.fixture(scope="module")
 def shared_launch(tmp_path_factory):
-    """ONE launch (python -m distrinews_lib.demo) running the new pitfalls' fixed runs and concept 02."""
+    """ONE launch (python -m distrinews_lib.course.demo) running the new pitfalls' fixed runs and concept 02."""
     tmp = tmp_path_factory.mktemp("shared")
     run = SharedLaunch([(PITFALLS / "11_unused_parameters.py", ["--mode", "fixed", "--out", tmp / "unused_{mode}.json"], tmp / "unused_fixed.json"),
                         (PITFALLS / "12_batchnorm.py", ["--out", tmp / "bn.json"], tmp / "bn.json"),

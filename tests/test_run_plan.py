@@ -12,10 +12,10 @@ import time
 import pytest
 import torch
 
-from distrinews_lib import data
-from distrinews_lib.launch import torchrun
+from distrinews_lib.course.launch import torchrun
+from distrinews_lib.data import synthetic
 
-from .helpers import SCRIPTS, run_script, ROOT
+from .helpers import ROOT, SCRIPTS, run_script
 
 PER_RANK = ROOT / "tests" / "workers" / "per_rank_env.py"
 SMALL = ["--config", "cpu_smoke", "--data", "auto", "--epochs", "1", "--num_samples", "160", "--eval_samples", "40",
@@ -29,7 +29,7 @@ def _state(path):
 def _other_agnews_folder(folder):
     """A small AG-News-shaped folder whose texts differ from every real source."""
     folder.mkdir(parents=True, exist_ok=True)
-    splits = data.synthetic_agnews(n_train=160, n_test=40, seed=99)
+    splits = synthetic.synthetic_agnews(n_train=160, n_test=40, seed=99)
     for name, texts, labels in (("train.csv.gz", splits.train_texts, splits.train_labels),
                                 ("test.csv.gz", splits.test_texts, splits.test_labels)):
         with gzip.open(folder / name, "wt", encoding="utf-8", newline="") as f:

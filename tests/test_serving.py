@@ -15,12 +15,14 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from distrinews_lib import LABEL_NAMES
-from distrinews_lib.checkpoint import CheckpointError, load_checkpoint, predict_proba, save_checkpoint
-from distrinews_lib.model import build_model
+from distrinews_lib.data.texts import AG_NEWS_LABELS
+from distrinews_lib.models.build import build_model
 from distrinews_lib.serving.app import Classifier, create_app
 from distrinews_lib.serving.batching import BatcherStopped, DeadlineExceeded, MicroBatcher, Overloaded
+from distrinews_lib.serving.inference import load_checkpoint, predict_proba
 from distrinews_lib.serving.schemas import MAX_BATCH_TEXTS, MAX_BODY_BYTES, MAX_TEXT_CHARS
+from distrinews_lib.training.checkpoint import CheckpointError, save_checkpoint
+from distrinews_lib.training.config import RunConfig
 
 METADATA = {"data_source": "synthetic", "final_accuracy": 0.5, "world_size": 2, "model": "tiny",
             "created": "2024-01-01T00:00:00", "versions": {"torch": str(torch.__version__)}}
@@ -36,12 +38,12 @@ TEXTS = [
 
 def make_checkpoint(path):
     """A tiny random DistilBERT, with weights spread wider than its init so texts get distinct answers."""
-    model, tokenizer, _ = build_model("tiny", seed=0)
+    model, tokenizer, _ = build_model(RunConfig(model="tiny", seed=0), AG_NEWS_LABELS)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    return save_checkpoint(path, model, tokenizer, LABEL_NAMES, METADATA, max_length=64)
+    return save_checkpoint(path, model, tokenizer, AG_NEWS_LABELS, METADATA, max_length=64)
 
 
 @pytest.fixture(scope="module")
@@ -67,12 +69,12 @@ def expected(loaded, texts):
 
 
 def assert_matches(result, probs, tol=1e-5):
-    assert list(result["all_probabilities"]) == LABEL_NAMES
+    assert list(result["all_probabilities"]) == AG_NEWS_LABELS
     got = list(result["all_probabilities"].values())
     assert got == pytest.approx(probs, abs=tol)
     assert sum(got) == pytest.approx(1.0, abs=1e-5)
     best = max(range(len(probs)), key=probs.__getitem__)
-    assert result["label"] == LABEL_NAMES[best]
+    assert result["label"] == AG_NEWS_LABELS[best]
     assert result["confidence"] == pytest.approx(probs[best], abs=tol)
 
 
@@ -91,7 +93,7 @@ def test_health_reports_model_and_metadata(client, ckpt_path):
     body = r.json()
     assert body["status"] == "ok" and body["model_loaded"] is True
     assert body["device"] == "cpu"
-    assert body["labels"] == LABEL_NAMES
+    assert body["labels"] == AG_NEWS_LABELS
     ck = body["checkpoint"]
     # The file name only: where the server keeps its files is none of its clients' business.
     assert ck["file"] == ckpt_path.name and "path" not in ck

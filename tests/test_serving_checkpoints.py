@@ -9,9 +9,10 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from distrinews_lib import LABEL_NAMES
-from distrinews_lib.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
+from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.serving.app import create_app
+from distrinews_lib.serving.inference import load_checkpoint
+from distrinews_lib.training.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
 
 from .test_serving import make_checkpoint
 
@@ -46,17 +47,18 @@ def unclassifiable_checkpoint(path):
     classify a text (the kind of checkpoint the server's warm-up exists for)."""
     from transformers import AutoModelForSequenceClassification, DistilBertConfig
 
-    from distrinews_lib.model import TINY_CONFIG, tiny_tokenizer
+    from distrinews_lib.data.tokenization import tiny_tokenizer
+    from distrinews_lib.models.build import TINY_CONFIG
 
-    config = DistilBertConfig(vocab_size=100, num_labels=len(LABEL_NAMES), **TINY_CONFIG)
+    config = DistilBertConfig(vocab_size=100, num_labels=len(AG_NEWS_LABELS), **TINY_CONFIG)
     model = AutoModelForSequenceClassification.from_config(config)
-    return save_checkpoint(path, model, tiny_tokenizer(), LABEL_NAMES, {"model": "tiny"}, max_length=64)
+    return save_checkpoint(path, model, tiny_tokenizer(), AG_NEWS_LABELS, {"model": "tiny"}, max_length=64)
 
 
 # name -> (how to make it from a good checkpoint, words the message must contain)
 DEFECTS = {
-    "six labels for four outputs": (set_labels(LABEL_NAMES + ["Health", "Arts"]), ["names 6 labels", "4 outputs"]),
-    "three labels for four outputs": (set_labels(LABEL_NAMES[:3]), ["names 3 labels", "4 outputs"]),
+    "six labels for four outputs": (set_labels(AG_NEWS_LABELS + ["Health", "Arts"]), ["names 6 labels", "4 outputs"]),
+    "three labels for four outputs": (set_labels(AG_NEWS_LABELS[:3]), ["names 3 labels", "4 outputs"]),
     "duplicate label names": (set_labels(["World", "Sports", "World", "Sci/Tech"]), ["'World' more than once"]),
     "max_length beyond the position table": (lambda p: p.__setitem__("max_length", 600),
                                              ["max_length=600", "only 512"]),
@@ -133,7 +135,7 @@ def make_bad_checkpoints(folder, good) -> dict:
     paths["corrupt"].write_bytes(b"PK\x03\x04 this is a truncated zip, not a checkpoint")
     paths["empty"].write_bytes(b"")
     paths["folder"].mkdir()
-    tampered(good, paths["labels"], set_labels(LABEL_NAMES + ["Health", "Arts"]))
+    tampered(good, paths["labels"], set_labels(AG_NEWS_LABELS + ["Health", "Arts"]))
     tampered(good, paths["nan"], first_weight(float("nan")))
     tampered(good, paths["overflow"], huge_head)
     unclassifiable_checkpoint(paths["unclassifiable"])

@@ -18,8 +18,8 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from distrinews_lib import LABEL_NAMES
-from distrinews_lib.checkpoint import load_checkpoint, predict_proba
+from distrinews_lib.data.texts import AG_NEWS_LABELS
+from distrinews_lib.serving.inference import load_checkpoint, predict_proba
 
 from .test_serving import BAD_INPUTS, JSON, TEXTS, assert_matches, bodies, make_checkpoint
 
@@ -141,7 +141,7 @@ def http():
 def test_health_and_predict_on_a_real_server(servers, how, ckpt_path, loaded, http):
     base = servers[how]
     health = http.get(base + "/health").json()
-    assert health["status"] == "ok" and health["model_loaded"] and health["labels"] == LABEL_NAMES
+    assert health["status"] == "ok" and health["model_loaded"] and health["labels"] == AG_NEWS_LABELS
     assert health["checkpoint"]["file"] == ckpt_path.name and str(ckpt_path.parent) not in json.dumps(health)
     assert health["checkpoint"]["world_size"] == 2 and health["checkpoint"]["data_source"] == "synthetic"
     expected = predict_proba(loaded, TEXTS).tolist()

@@ -5,8 +5,9 @@ import json
 import pytest
 import torch
 
-from distrinews_lib import checkpoint, data
-from distrinews_lib.launch import torchrun
+from distrinews_lib.course.launch import torchrun
+from distrinews_lib.serving import inference
+from distrinews_lib.training import checkpoint, loop
 
 from .helpers import AG_NEWS, ROOT, SCRIPTS, run_script
 
@@ -26,7 +27,7 @@ def test_single_process_run_on_synthetic_data(tmp_path):
     csv_lines = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
     assert csv_lines[0].startswith("epoch,train_loss,val_loss,val_accuracy,val_perplexity,epoch_time_s,samples_per_s")
     assert len(csv_lines) == 2
-    loaded = checkpoint.load_checkpoint(ck)
+    loaded = inference.load_checkpoint(ck)
     assert loaded.metadata["data_source"] == "synthetic" and loaded.metadata["world_size"] == 1
     assert "tokenizer_files" in checkpoint.read_checkpoint(ck)
 
@@ -56,7 +57,7 @@ def test_offline_without_a_data_folder_it_trains_on_the_embedded_real_sample(tmp
     assert "plan (decided on" in r.stdout and "data embedded" in r.stdout and "SYNTHETIC" not in r.stdout
     m = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert m["data"]["source"] == "embedded" and m["data"]["title"] == "AG News (embedded real sample)"
-    assert checkpoint.load_checkpoint(tmp_path / "m.pt").metadata["data_source"] == "embedded"
+    assert inference.load_checkpoint(tmp_path / "m.pt").metadata["data_source"] == "embedded"
 
 
 @pytest.mark.slow
@@ -141,25 +142,25 @@ def test_the_launcher_refuses_more_nccl_ranks_than_gpus():
 
 
 def test_the_training_loop_is_in_the_scripts():
-    from distrinews_lib import engine
 
-    assert not hasattr(engine, "train_one_epoch"), "the loop belongs in the scripts, where a learner reads it"
+
+    assert not hasattr(loop, "train_one_epoch"), "the loop belongs in the scripts, where a learner reads it"
     for name in ("train_single.py", "train_ddp.py"):
         text = (SCRIPTS / name).read_text()
         for step in ("with amp.autocast(device):", "out = model(input_ids=", "loss = out.loss", ".backward()",
                      "scaler.unscale_(optimizer)", "clip_grad_norm_(", "scaler.step(optimizer)", "scheduler.step()",
-                     "optimizer.zero_grad(set_to_none=True)", "engine.accumulate(train_loader, cfg.grad_accum"):
+                     "optimizer.zero_grad(set_to_none=True)", "loop.accumulate(train_loader, cfg.grad_accum"):
             assert step in text, f"{name}: {step}"
 
 
 def test_ddp_script_reads_as_a_small_diff_of_the_single_script():
-    from distrinews_lib.course import script_diff
+    from distrinews_lib.course.notebook import script_diff
 
     d = script_diff(SCRIPTS / "train_single.py", SCRIPTS / "train_ddp.py")
     assert d.added <= 38 and d.removed <= 15, f"{d.added} added, {d.removed} removed"
     # the DDP essentials are in the script itself, not hidden in the library
     text = (SCRIPTS / "train_ddp.py").read_text()
-    for essential in ("dist.init_process_group(backend=backend", 'os.environ["LOCAL_RANK"]', "DDP(model",
+    for essential in ("dist.init_process_group(backend, init_method=init_method", "D.torchrun_env()", "DDP(model",
                       "DistributedSampler(run.train_ds", "sampler.set_epoch(epoch)", "if rank == 0:",
                       "dist.broadcast_object_list(run_plan, src=0)", "model.no_sync()",
                       "dist.destroy_process_group()", "finally:"):

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from distrinews_lib import data, hub
+from distrinews_lib import hub
+from distrinews_lib.data import sources
+from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.errors import UserError
-from distrinews_lib.model import build_model
+from distrinews_lib.models.build import build_model
+from distrinews_lib.training.config import RunConfig
 
 from .helpers import SCRIPTS, run_script
 from .hf_cache import cache_dataset, cache_model
@@ -23,7 +26,7 @@ MODEL_ID = "distrinews-test/tiny-distilbert"
 @pytest.fixture(scope="module")
 def hf_home(tmp_path_factory):
     home = tmp_path_factory.mktemp("hf_home")
-    ag = data.load_embedded()
+    ag = sources.load_embedded()
     cache_dataset(home / "datasets", "fancyzhx/ag_news",
                   {"train": (ag.train_texts[:200], ag.train_labels[:200]), "test": (ag.test_texts[:80], ag.test_labels[:80])},
                   ag.label_names)
@@ -37,7 +40,7 @@ def hf_home(tmp_path_factory):
                       {"train": ([("Review", r["text"]) for r in rows[:30]], [int(r["label"]) for r in rows[:30]]),
                        "test": ([("Review", r["text"]) for r in rows[30:]], [int(r["label"]) for r in rows[30:]])},
                       ["negative", "positive"], text_columns=("title", "content"))
-    model, tokenizer, _ = build_model("tiny", seed=0)
+    model, tokenizer, _ = build_model(RunConfig(model="tiny", seed=0), AG_NEWS_LABELS)
     cache_model(home / "hub", MODEL_ID, model, tokenizer)
     return home
 
@@ -53,41 +56,41 @@ def offline(hf_home, monkeypatch):
         raise AssertionError("offline: the hub must not be probed")
 
     monkeypatch.setattr(hub, "hub_reachable", no_probe)
-    monkeypatch.setattr(data, "hub_reachable", no_probe)
+    monkeypatch.setattr(sources, "hub_reachable", no_probe)
     return hf_home
 
 
 def test_ag_news_loads_from_the_cache_without_a_request(offline):
     assert hub.dataset_cached("fancyzhx/ag_news")
-    s = data.load_dataset_splits("ag_news", data.resolve_source("hub", "ag_news"))
+    s = sources.load_dataset_splits("ag_news", sources.resolve_source("hub", "ag_news"))
     assert (len(s.train_texts), len(s.test_texts)) == (200, 80) and s.source == "hub"
     assert s.label_names == ["World", "Sports", "Business", "Sci/Tech"] and "from the cache" in s.detail
-    assert s.train_texts[0] == data.load_embedded().train_texts[0]
+    assert s.train_texts[0] == sources.load_embedded().train_texts[0]
 
 
 @needs_imdb
 def test_imdb_by_name_and_by_hub_id_from_the_cache_with_datasets_offline_only(offline, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    assert data.resolve_source("auto", "imdb") == "hub"  # auto: the cache, since the hub is not to be asked
-    s = data.load_dataset_splits("imdb", "hub", num_samples=100, seed=3)
+    assert sources.resolve_source("auto", "imdb") == "hub"  # auto: the cache, since the hub is not to be asked
+    s = sources.load_dataset_splits("imdb", "hub", num_samples=100, seed=3)
     assert s.label_names == ["negative", "positive"] and len(s.train_texts) == 100 and len(s.test_texts) == 100
     assert s.class_counts("train") == [50, 50]
-    by_id = data.load_dataset_splits(data.resolve_dataset("hub:stanfordnlp/imdb"), "hub")
+    by_id = sources.load_dataset_splits(sources.resolve_dataset("hub:stanfordnlp/imdb"), "hub")
     assert by_id.label_names == ["negative", "positive"]  # a known dataset's id gets its known names
-    generic = data.load_hub("stanfordnlp/imdb", spec=None)
+    generic = sources.load_hub("stanfordnlp/imdb", spec=None)
     assert generic.test_texts == by_id.test_texts
 
 
 @needs_imdb
 def test_amazon_polarity_joins_title_and_content(offline):
-    s = data.load_dataset_splits("amazon_polarity", data.resolve_source("auto", "amazon_polarity"))
+    s = sources.load_dataset_splits("amazon_polarity", sources.resolve_source("auto", "amazon_polarity"))
     assert s.label_names == ["negative", "positive"] and len(s.train_texts) == 30
     assert all(t.startswith("Review. ") for t in s.train_texts)
 
 
 def test_a_model_loads_from_the_cache_by_its_hub_id(offline):
-    model, tokenizer, info = build_model(MODEL_ID, label_names=["negative", "positive"])
+    model, tokenizer, info = build_model(RunConfig(model=MODEL_ID), ["negative", "positive"])
     assert info.kind == "hub" and model.config.num_labels == 2 and model.config.id2label[1] == "positive"
 
 
@@ -95,12 +98,12 @@ def test_an_empty_cache_names_the_cache_and_the_download_command(tmp_path, monke
     monkeypatch.setenv("HF_HOME", str(tmp_path / "empty"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(UserError) as err:
-        data.load_hub("stanfordnlp/imdb")
+        sources.load_hub("stanfordnlp/imdb")
     text = " ".join(str(err.value).split())
     assert str(tmp_path / "empty" / "datasets") in text and "load_dataset('stanfordnlp/imdb')" in text
     assert "login node" in text and "HF_HUB_OFFLINE=1" in text
     with pytest.raises(UserError) as err:
-        build_model("distrinews-test/not-there")
+        build_model(RunConfig(model="distrinews-test/not-there"), AG_NEWS_LABELS)
     text = " ".join(str(err.value).split())
     assert str(tmp_path / "empty" / "hub") in text and "hf download distrinews-test/not-there" in text
 

@@ -31,7 +31,7 @@ from . import settings as serving_settings
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from ..checkpoint import DEFAULT_CHECKPOINT
+    from ..training.config import DEFAULT_CHECKPOINT
     from .app import ENV_CHECKPOINT
 
     p = argparse.ArgumentParser(
@@ -75,7 +75,9 @@ def main(argv=None) -> None:
 
     import uvicorn
 
-    from .app import check_for_serving, create_app, resolve_batching, resolve_device
+    from ..training.precision import resolve_device
+    from .app import create_app, resolve_batching
+    from .inference import check_for_serving
 
     try:
         from .protocol import HttpProtocol
@@ -83,7 +85,7 @@ def main(argv=None) -> None:
         HttpProtocol = None
 
     size, window = resolve_batching(values["max_batch_size"], values["batch_window_ms"])
-    device = resolve_device(args.device or os.environ.get("DISTRINEWS_DEVICE"))
+    device = str(resolve_device(args.device or os.environ.get("DISTRINEWS_DEVICE")))
     # Missing, empty, corrupt, inconsistent, or answering NaN: CheckpointError -> one message, exit 2.
     loaded = check_for_serving(args.checkpoint, device)
     app = create_app(loaded=loaded, max_batch_size=size, batch_window_ms=window, torch_threads=args.torch_threads,

@@ -72,15 +72,25 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..checkpoint import (
-    DEFAULT_CHECKPOINT, CheckpointError, LoadedCheckpoint, check_predictions, load_checkpoint, predict_proba,
-)
 from ..errors import UserError
+from ..training.config import DEFAULT_CHECKPOINT
+from ..training.precision import resolve_device
 from . import settings as serving_settings
 from .batching import BatcherStopped, ClientGone, DeadlineExceeded, MicroBatcher, Overloaded, ThrottledLog
+from .inference import Classifier, LoadedCheckpoint, check_predictions, load_for_serving
 from .schemas import (
-    MAX_BATCH_TEXTS, MAX_BODY_BYTES, MAX_TEXT_CHARS, BatchingInfo, BatchPredictRequest, BatchPredictResponse,
-    CheckpointInfo, ErrorResponse, HealthResponse, Prediction, PredictRequest, QueueInfo,
+    MAX_BATCH_TEXTS,
+    MAX_BODY_BYTES,
+    MAX_TEXT_CHARS,
+    BatchingInfo,
+    BatchPredictRequest,
+    BatchPredictResponse,
+    CheckpointInfo,
+    ErrorResponse,
+    HealthResponse,
+    Prediction,
+    PredictRequest,
+    QueueInfo,
 )
 
 log = logging.getLogger("distrinews.serving")
@@ -96,19 +106,6 @@ ENV_CHECKPOINT = "DISTRINEWS_CHECKPOINT"
 
 
 # ----------------------------------------------------------------------------- settings & model
-
-
-def resolve_device(device: Optional[str]) -> str:
-    """'cuda' when there is a GPU and no device was asked for, else 'cpu'; a bad name is a UserError."""
-    if not device or device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError):
-        raise UserError(f"device '{device}' is not a valid torch device; use cpu, cuda or cuda:N.") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"device '{device}' was asked for, but this machine has no usable CUDA GPU; use --device cpu.")
-    return str(dev)
 
 
 def _env_number(name: str, kind, default):
@@ -156,68 +153,6 @@ def resolve_torch_threads(threads: Optional[int], device: str) -> Optional[int]:
     if device != "cpu" or os.environ.get("OMP_NUM_THREADS"):
         return None
     return max(1, usable_cpus() - 1)
-
-
-def load_for_serving(path, device: str) -> LoadedCheckpoint:
-    """load_checkpoint, with any failure turned into a CheckpointError that names the path."""
-    try:
-        return load_checkpoint(path, device=device)
-    except CheckpointError as err:
-        if Path(path).is_absolute():
-            raise
-        # A relative path is read from the working directory; say which one, it is a common surprise.
-        raise CheckpointError(f"{err} (Relative paths are read from the working directory {Path.cwd()}.)") from None
-    except UserError:
-        raise
-    except Exception as err:  # e.g. a damaged tokenizer: transformers raises its own errors
-        first = (str(err).splitlines() or [""])[0][:200]
-        raise CheckpointError(f"checkpoint {path} could not be loaded ({type(err).__name__}: {first}).") from None
-
-
-def check_for_serving(path, device: str) -> LoadedCheckpoint:
-    """Load the checkpoint and make sure it answers finite probabilities; CheckpointError otherwise."""
-    loaded = load_for_serving(path, device)
-    check_predictions(loaded)
-    return loaded
-
-
-class Classifier:
-    """The loaded checkpoint plus the one function the batcher calls: texts -> list of Prediction dicts."""
-
-    def __init__(self, loaded: LoadedCheckpoint, device: str):
-        self.loaded = loaded
-        self.device = device
-        self.labels = list(loaded.label_names)
-
-    def predict(self, texts: list[str]) -> list[dict]:
-        # predict_proba is the checkpoint's own prediction function (same tokenization, truncation to
-        # max_length, softmax), so the API answers exactly what a notebook would compute.
-        with torch.inference_mode():
-            probs = predict_proba(self.loaded, texts, batch_size=max(len(texts), 1))
-        best = probs.argmax(dim=-1).tolist()
-        results = []
-        for row, i in zip(probs.tolist(), best):
-            results.append({"label": self.labels[i], "confidence": row[i],
-                            "all_probabilities": dict(zip(self.labels, row))})
-        return results
-
-    def info(self) -> CheckpointInfo:
-        meta = self.loaded.metadata or {}
-
-        def pick(key, kind):
-            value = meta.get(key)
-            try:
-                return kind(value) if value is not None else None
-            except (TypeError, ValueError):
-                return None
-
-        return CheckpointInfo(
-            # The file name only: the folder it lives in is the server's business, not its clients'.
-            file=Path(self.loaded.path).name, data_source=pick("data_source", str),
-            final_accuracy=pick("final_accuracy", float), world_size=pick("world_size", int), preset=pick("preset", str),
-            model=pick("model", str), created=pick("created", str), max_length=self.loaded.max_length,
-            versions=meta.get("versions") if isinstance(meta.get("versions"), dict) else None,
-        )
 
 
 # ----------------------------------------------------------------------------- errors
@@ -480,7 +415,7 @@ def create_app(checkpoint_path=None, device: Optional[str] = None, max_batch_siz
             ckpt = loaded
         else:
             path = Path(checkpoint_path or os.environ.get(ENV_CHECKPOINT) or DEFAULT_CHECKPOINT)
-            dev = resolve_device(device or os.environ.get("DISTRINEWS_DEVICE"))
+            dev = str(resolve_device(device or os.environ.get("DISTRINEWS_DEVICE")))
             log.info("loading checkpoint %s on %s", path, dev)
             ckpt = await asyncio.to_thread(load_for_serving, path, dev)
         threads = resolve_torch_threads(torch_threads, dev)

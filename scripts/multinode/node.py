@@ -259,6 +259,7 @@ def main(argv=None) -> int:
         log("refused: " + str(err))
         return EXPLAINED
     env = dict(os.environ, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", PYTHONUNBUFFERED="1")
+    env.setdefault("TORCH_GLOO_LAZY_INIT", "1")  # gloo connects on first use: sturdier right after a restart
     env.setdefault("OMP_NUM_THREADS", "1")
     if a.ifname:
         env["GLOO_SOCKET_IFNAME"] = a.ifname

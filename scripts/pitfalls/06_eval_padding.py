@@ -3,7 +3,7 @@
 DistributedSampler gives every rank the same number of samples; when N is not a multiple of the
 world size it PADS by repeating the first samples. Summing correct/total over ranks then counts
 those samples twice: the total is wrong and so is the accuracy. Fix: gather (dataset index,
-correct) from every rank and drop the repeated indices (distrinews_lib.engine.evaluate does this).
+correct) from every rank and drop the repeated indices (distrinews_lib.training.evaluation.evaluate does this).
 """
 
 import argparse
@@ -14,8 +14,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from distrinews_lib.demo import finish, gather, result, start, write_json
-from distrinews_lib.engine import evaluate
+from distrinews_lib.course.demo import finish, gather, result, start, write_json
+from distrinews_lib.training.evaluation import evaluate
 
 p = argparse.ArgumentParser()
 p.add_argument("--mode", choices=["broken", "fixed", "both"], default="both")

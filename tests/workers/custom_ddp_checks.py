@@ -9,17 +9,18 @@ import hashlib
 import json
 import os
 import sys
+from dataclasses import replace
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from equivalence import ddp_vs_one_process  # this folder: torchrun puts the script's folder on sys.path
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from distrinews_lib import data
 from distrinews_lib import distributed as D
-from distrinews_lib.config import RunConfig
-from distrinews_lib.model import build_model
-from equivalence import ddp_vs_one_process  # this folder: torchrun puts the script's folder on sys.path
+from distrinews_lib.data import batching, sources, tokenization
+from distrinews_lib.models.build import build_model
+from distrinews_lib.training.config import RunConfig
 
 out_dir = sys.argv[1]
 torch.set_num_threads(1)
@@ -27,22 +28,22 @@ dist.init_process_group("gloo", timeout=timedelta(seconds=60))
 rank, world = dist.get_rank(), dist.get_world_size()
 result = {"world_size": world}
 try:
-    splits = data.load_embedded()
+    splits = sources.load_embedded()
     texts, labels = splits.train_texts[:64], splits.train_labels[:64]
     cfg = RunConfig(model="custom", custom_dim=32, custom_heads=4, custom_ffn=64, custom_layers=2, custom_dropout=0.0,
                     max_length=48, hash_buckets=2048)
-    model, tok, _ = build_model("custom", seed=0, label_names=splits.label_names, cfg=cfg)
-    ref = build_model("custom", seed=0, label_names=splits.label_names, cfg=cfg)[0]
+    model, tok, _ = build_model(replace(cfg, seed=0), splits.label_names)
+    ref = build_model(replace(cfg, seed=0), splits.label_names)[0]
     ref.load_state_dict(model.state_dict())
 
-    ids = data.tokenize_texts(texts, tok, cfg.max_length, use_cache=False)  # each rank hashes on its own
+    ids = tokenization.tokenize_texts(texts, tok, cfg.max_length, use_cache=False)  # each rank hashes on its own
     digest = hashlib.sha256(json.dumps(ids).encode()).hexdigest()
     digests = [None] * world
     dist.all_gather_object(digests, digest)
     result["ids_same_on_every_rank"] = len(set(digests)) == 1
 
-    ds = data.TokenizedDataset(ids, labels)
-    collate = data.PadCollator(tok.pad_token_id, pad_to_multiple_of=None)
+    ds = tokenization.TokenizedDataset(ids, labels)
+    collate = batching.PadCollator(tok.pad_token_id, pad_to_multiple_of=None)
     ddp = DDP(model)
     grad_diffs, param_diffs = ddp_vs_one_process(ddp, model, ref, ds, collate, tok.pad_token_id, rank)
     result["grad_max_diff_per_step"] = grad_diffs

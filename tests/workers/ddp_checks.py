@@ -13,13 +13,17 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from equivalence import ddp_vs_one_process  # this folder: torchrun puts the script's folder on sys.path
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
-from distrinews_lib import LABEL_NAMES, checkpoint, data, engine
 from distrinews_lib import distributed as D
-from distrinews_lib.model import build_model
-from equivalence import ddp_vs_one_process  # this folder: torchrun puts the script's folder on sys.path
+from distrinews_lib.data import batching, synthetic, tokenization
+from distrinews_lib.data.texts import AG_NEWS_LABELS
+from distrinews_lib.models.build import build_model
+from distrinews_lib.serving import inference
+from distrinews_lib.training import checkpoint, evaluation
+from distrinews_lib.training.config import RunConfig
 
 out_dir = sys.argv[1]
 torch.set_num_threads(1)
@@ -29,19 +33,19 @@ device = torch.device("cpu")
 result = {"world_size": world}
 try:
     # Deterministic: no dropout, fp64 would hide nothing here; fp32 sums differ only by rounding.
-    splits = data.synthetic_agnews(n_train=64, n_test=101, seed=7)
-    model, tok, _ = build_model("tiny", seed=0)
+    splits = synthetic.synthetic_agnews(n_train=64, n_test=101, seed=7)
+    model, tok, _ = build_model(RunConfig(model="tiny", seed=0), AG_NEWS_LABELS)
     model.config.dropout = 0.0
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
-    ref = build_model("tiny", seed=0)[0]  # same init, for the single-process reference (rank 0)
+    ref = build_model(RunConfig(model="tiny", seed=0), AG_NEWS_LABELS)[0]  # same init, for the single-process reference (rank 0)
     ref.load_state_dict(model.state_dict())
     ref.eval(), model.eval()  # eval(): no dropout; the gradients are still computed
 
-    ids = data.tokenize_texts(splits.train_texts, tok, 32, use_cache=False)
-    ds = data.TokenizedDataset(ids, splits.train_labels)
-    collate = data.PadCollator(tok.pad_token_id, pad_to_multiple_of=None)
+    ids = tokenization.tokenize_texts(splits.train_texts, tok, 32, use_cache=False)
+    ds = tokenization.TokenizedDataset(ids, splits.train_labels)
+    collate = batching.PadCollator(tok.pad_token_id, pad_to_multiple_of=None)
     ddp = DDP(model)
     grad_diffs, param_diffs = ddp_vs_one_process(ddp, model, ref, ds, collate, tok.pad_token_id, rank)
     result["grad_max_diff_per_step"] = grad_diffs
@@ -49,26 +53,26 @@ try:
     result["ranks_max_param_diff"] = D.max_param_difference(ddp)
 
     # exact evaluation on an odd-sized set (101 texts over 2 ranks: DistributedSampler pads one)
-    val_ids = data.tokenize_texts(splits.test_texts, tok, 32, use_cache=False)
-    val = data.TokenizedDataset(val_ids, splits.test_labels)
+    val_ids = tokenization.tokenize_texts(splits.test_texts, tok, 32, use_cache=False)
+    val = tokenization.TokenizedDataset(val_ids, splits.test_labels)
     sampler = DistributedSampler(val, world, rank, shuffle=False)
-    loader = data.make_loader(val, 16, sampler, pad_id=tok.pad_token_id)
-    ddp_eval = engine.evaluate(ddp, loader, device=device)
+    loader = batching.make_loader(val, 16, sampler, pad_id=tok.pad_token_id)
+    ddp_eval = evaluation.evaluate(ddp, loader, device=device)
     result["ddp_eval"] = {"accuracy": ddp_eval.accuracy, "loss": ddp_eval.loss, "n": ddp_eval.n,
                           "shard_sizes": len(sampler)}
     if rank == 0:
-        single = engine.evaluate(model, data.make_loader(val, 16, pad_id=tok.pad_token_id), device=device, gather=False)
+        single = evaluation.evaluate(model, batching.make_loader(val, 16, pad_id=tok.pad_token_id), device=device, gather=False)
         result["single_eval"] = {"accuracy": single.accuracy, "loss": single.loss, "n": single.n}
         # what a naive average of per-rank accuracies would give (counts the padded example twice)
         result["val_size"] = len(val)
 
         path = os.path.join(out_dir, "ddp_model.pt")
-        checkpoint.save_checkpoint(path, ddp, tok, LABEL_NAMES, {"world_size": world}, 32)
+        checkpoint.save_checkpoint(path, ddp, tok, AG_NEWS_LABELS, {"world_size": world}, 32)
         raw = checkpoint.read_checkpoint(path)
         result["checkpoint_module_keys"] = sum(k.startswith("module.") for k in raw["state_dict"])
-        loaded = checkpoint.load_checkpoint(path)
+        loaded = inference.load_checkpoint(path)
         texts = splits.test_texts[:7]
-        p_loaded = checkpoint.predict_proba(loaded, texts)
+        p_loaded = inference.predict_proba(loaded, texts)
         enc = tok(texts, truncation=True, max_length=32, padding=True, return_tensors="pt")
         with torch.no_grad():
             p_live = torch.softmax(model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits, -1)

@@ -9,8 +9,10 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from distrinews_lib import data, lm
-from distrinews_lib.model import tiny_tokenizer
+from distrinews_lib.data import lm, sources, tokenization
+from distrinews_lib.data.tokenization import tiny_tokenizer
+from distrinews_lib.models.lm import build_lm
+from distrinews_lib.training import evaluation
 
 out = sys.argv[1]
 torch.set_num_threads(1)
@@ -18,22 +20,22 @@ dist.init_process_group("gloo", timeout=timedelta(seconds=60))
 rank, world = dist.get_rank(), dist.get_world_size()
 try:
     wp = tiny_tokenizer()
-    splits = data.load_embedded()
-    ids = [x[1:-1] for x in data.tokenize_texts(splits.test_texts[:300], wp, 64, use_cache=False)]
+    splits = sources.load_embedded()
+    ids = [x[1:-1] for x in tokenization.tokenize_texts(splits.test_texts[:300], wp, 64, use_cache=False)]
     voc = lm.VocabSubset.from_corpus(wp, ids, 512)
     blocks = lm.BlockDataset(lm.pack([voc.encode(x) for x in ids], 16, voc.sep_token_id)[:101])  # odd: the sampler pads
     result = {"blocks": len(blocks)}
     for task in ("clm", "mlm"):
-        model, _ = lm.build_lm(task, voc, 16, seed=0)
+        model, _ = build_lm(task, voc, 16, seed=0)
         sampler = DistributedSampler(blocks, num_replicas=world, rank=rank, shuffle=False)
         loader = DataLoader(blocks, batch_size=8, sampler=sampler, collate_fn=lm.LMCollator(task, voc, seed=5, fixed_epoch=0))
-        ddp = lm.evaluate_lm(model, loader, device=torch.device("cpu"), task=task)
+        ddp = evaluation.evaluate(model, loader, device=torch.device("cpu"), task=task)
         if rank == 0:  # the same weights, one process, the whole set
             whole = DataLoader(blocks, batch_size=13, collate_fn=lm.LMCollator(task, voc, seed=5, fixed_epoch=0))
             import distrinews_lib.distributed as D
             real = D.is_initialized
             D.is_initialized = lambda: False  # evaluate alone, without collectives
-            single = lm.evaluate_lm(model, whole, device=torch.device("cpu"), task=task)
+            single = evaluation.evaluate(model, whole, device=torch.device("cpu"), task=task)
             D.is_initialized = real
             result[task] = {"ddp": ddp.__dict__, "single": single.__dict__}
     # masks at the same step on both ranks, over two epochs, in training order

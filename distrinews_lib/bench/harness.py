@@ -23,18 +23,19 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import runpy
 import sys
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from . import distributed as D
-from . import engine
+from .. import distributed as D
+from ..training import flops, loop
 from .timing import cpu_busy_seconds, foreign_cores, sync
 
 
@@ -76,11 +77,9 @@ class Window:
                "padding_fraction": 1 - sum(lengths) / padded if padded else None,
                "foreign_cores": foreign_cores(b0, b1, cpu_s, seconds)}
         if shape is not None:
-            from .flops import mfu, training_flops
-
-            flops = training_flops(shape, lengths)
-            out["model_tflops"] = flops / seconds / 1e12
-            out["mfu"] = mfu(flops / seconds, peak, n_devices)
+            fl = flops.training_flops(shape, lengths)
+            out["model_tflops"] = fl / seconds / 1e12
+            out["mfu"] = flops.mfu(fl / seconds, peak, n_devices)
         comm = [c for c in self.comm if t0 <= c[0] <= t1]
         if comm:
             out["allreduces"] = len(comm)
@@ -135,8 +134,6 @@ def _timed_allreduce(window: Window):
 
 def _compression_hook(window: Window, name: str):
     """One of torch's gradient compression hooks, timed like _timed_allreduce."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
-
     if name == "powersgd":  # rank-1 approximations of each gradient matrix, after 2 steps of plain all-reduce
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2)
         inner = powerSGD_hook.powerSGD_hook
@@ -158,15 +155,8 @@ def _compression_hook(window: Window, name: str):
 def run(script, argv, *, warmup: int, steps: int, device=None, comm: bool = False, hook: str | None = None) -> Window:
     """Run `script` with `argv` as __main__ and return the measured Window. The script must take at least
     warmup + steps optimizer steps (pass --epochs 1 --max_steps_per_epoch warmup+steps)."""
-    from torch.nn.parallel import DistributedDataParallel
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
     window = Window(warmup, steps, device)
-    original_add, original_ddp_init = engine.EpochMeter.add, DistributedDataParallel.__init__
-
-    def add(meter, loss, cpu_batch):
-        window.on_batch(cpu_batch)
-        return original_add(meter, loss, cpu_batch)
+    original_ddp_init = DistributedDataParallel.__init__
 
     def ddp_init(module, *args, **kwargs):
         original_ddp_init(module, *args, **kwargs)
@@ -182,10 +172,10 @@ def run(script, argv, *, warmup: int, steps: int, device=None, comm: bool = Fals
         return original_all_reduce(tensor, *args, **kwargs)
 
     handle = register_optimizer_step_post_hook(window.after_step)
+    stop_observing = loop.observe_batches(window.on_batch)
     saved_argv = sys.argv
     try:
-        with _patched(engine.EpochMeter, "add", add), _patched(DistributedDataParallel, "__init__", ddp_init), \
-                _patched(dist, "all_reduce", counted_all_reduce):
+        with _patched(DistributedDataParallel, "__init__", ddp_init), _patched(dist, "all_reduce", counted_all_reduce):
             sys.argv = [str(script), *map(str, argv)]
             try:
                 runpy.run_path(str(script), run_name="__main__")
@@ -195,6 +185,7 @@ def run(script, argv, *, warmup: int, steps: int, device=None, comm: bool = Fals
     finally:
         sys.argv = saved_argv
         handle.remove()
+        stop_observing()
         gc.collect()  # free this run's DDP model while the process group still exists
     return window
 
@@ -202,10 +193,11 @@ def run(script, argv, *, warmup: int, steps: int, device=None, comm: bool = Fals
 @contextlib.contextmanager
 def shared_process_group(timeout_s: float = 600):
     """One process group for every script run in this launch; the scripts' init/destroy become no-ops."""
-    D.ensure_torchrun_env()
+    env = D.torchrun_env()
     backend, why = D.choose_backend("auto")
-    D.device_for(backend, int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    D.device_for(backend, env.local_rank)
+    dist.init_process_group(backend=backend, init_method=env.init_method, rank=env.rank, world_size=env.world_size,
+                            timeout=timedelta(seconds=timeout_s))
     destroy = dist.destroy_process_group
     try:
         with _patched(dist, "init_process_group", lambda *a, **k: None), \

@@ -1,9 +1,9 @@
-"""Language modelling on the course's DDP plumbing: a causal LM (a small GPT-2) and a masked LM (DistilBERT-style).
+"""Language-model data on the course's DDP plumbing: the texts cut into fixed-length blocks over a vocabulary of
+frequent tokens, and the collator that (for the masked LM) picks the tokens to predict.
 
 DDP does not care about the objective: the sampler, the all-reduce, no_sync, snapshots and the rank-0 rules
-are the same lines. What changes lives here: the model with an LM head, the data cut into fixed-length
-blocks, the collator (which, for the masked LM, picks the tokens to predict), and the metric, perplexity:
-exp(mean loss per predicted token), computed exactly under DDP.
+are the same lines. What changes is the data (here), the model with an LM head (models/lm.py) and the metric,
+perplexity (training/evaluation.py).
 
 Masking (MLM) is reproducible: which tokens of block i are masked in epoch e depends only on (seed, e, i).
 So a resumed run masks exactly as an uninterrupted one, each epoch masks differently, and two ranks, which
@@ -13,40 +13,15 @@ hold different blocks, never mask the same way at the same step.
 from __future__ import annotations
 
 import hashlib
-import math
-from dataclasses import dataclass
-
+import json
+import tempfile
 from collections import Counter
+from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-TASKS = ("classify", "clm", "mlm")
 IGNORE = -100  # labels the loss skips: padding, and (MLM) the tokens that were not masked
-
-# The tiny LMs of the CPU course: a few seconds per epoch over the embedded AG News text.
-TINY_LM = dict(dim=128, layers=2, heads=4, ffn=512)
-
-
-def build_lm(task: str, tokenizer, block_size: int, seed: int, hub_model: str | None = None):
-    """A randomly initialised small GPT-2 (clm) or DistilBERT (mlm) over the tokenizer's vocabulary, or
-    (mlm) a pretrained hub model to continue pre-training. Returns (model, description)."""
-    from transformers import AutoModelForMaskedLM, DistilBertConfig, DistilBertForMaskedLM, GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(seed)
-    vocab = len(tokenizer)
-    if task == "clm":
-        cfg = GPT2Config(vocab_size=vocab, n_positions=block_size, n_embd=TINY_LM["dim"], n_layer=TINY_LM["layers"],
-                         n_head=TINY_LM["heads"], n_inner=TINY_LM["ffn"], bos_token_id=tokenizer.cls_token_id,
-                         eos_token_id=tokenizer.sep_token_id, pad_token_id=tokenizer.pad_token_id)
-        return GPT2LMHeadModel(cfg), f"GPT-2 from its config: {TINY_LM['layers']} layers, dim {TINY_LM['dim']}, random init"
-    if hub_model:
-        return AutoModelForMaskedLM.from_pretrained(hub_model), f"{hub_model}, pretrained: continued pre-training"
-    cfg = DistilBertConfig(vocab_size=vocab, dim=TINY_LM["dim"], n_layers=TINY_LM["layers"], n_heads=TINY_LM["heads"],
-                           hidden_dim=TINY_LM["ffn"], max_position_embeddings=max(512, block_size),
-                           pad_token_id=tokenizer.pad_token_id)
-    return DistilBertForMaskedLM(cfg), f"DistilBERT from its config: {TINY_LM['layers']} layers, dim {TINY_LM['dim']}, random init"
 
 
 # --------------------------------------------------------------------------- a vocabulary small enough
@@ -86,19 +61,12 @@ class VocabSubset:
 
     def save_pretrained(self, folder) -> None:
         """The WordPiece tokenizer's files plus the list of kept ids: what the checkpoint stores."""
-        import json
-        from pathlib import Path
-
         self.tokenizer.save_pretrained(folder)
         (Path(folder) / "vocab_subset.json").write_text(json.dumps(self.ids))
 
     @classmethod
     def from_files(cls, files: dict) -> "VocabSubset":
-        import json
-        import tempfile
-        from pathlib import Path
-
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # deferred: importing transformers costs seconds
 
         with tempfile.TemporaryDirectory() as tmp:
             for name, text in files.items():
@@ -148,11 +116,6 @@ class BlockDataset(Dataset):
 
     def __getitem__(self, i):
         return {"index": i, "input_ids": self.blocks[i]}
-
-
-def texts_for_lm(splits) -> tuple[list, list]:
-    """The text of the classification data, labels dropped: AG News titles + descriptions."""
-    return list(splits.train_texts), list(splits.test_texts)
 
 
 # --------------------------------------------------------------------------- collators
@@ -208,104 +171,7 @@ class LMCollator:
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels, "index": index}
 
 
-# --------------------------------------------------------------------------- exact perplexity
-
-def token_losses(model, batch, task: str):
-    """(sum of the loss over the predicted tokens, number of predicted tokens), per block."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
-    labels = batch["labels"]
-    if task == "clm":  # token t predicts token t+1
-        logits, labels = logits[:, :-1], labels[:, 1:]
-    per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE,
-                                reduction="none").view(labels.shape)
-    counted = labels != IGNORE
-    return (per_token * counted).sum(1).double(), counted.sum(1)
-
-
-@dataclass
-class LMEval:
-    loss: float          # mean loss per predicted token, over the whole validation set
-    perplexity: float    # exp(loss)
-    tokens: int          # predicted tokens counted (duplicates from the sampler's padding dropped)
-    n: int               # blocks evaluated
-    accuracy: float = float("nan")  # not a classification: kept so the trackers' code stays one
-
-
-@torch.no_grad()
-def evaluate_lm(model, loader, *, device, task: str, amp=None) -> LMEval:
-    """Token-weighted loss and perplexity over the whole validation set, identical on every rank and equal to
-    a single-process evaluation of the same weights: per-block sums are gathered with their block indices,
-    and the duplicates DistributedSampler adds are dropped."""
-    from .checkpoint import unwrap
-    from .engine import _all_gather_varlen, _comm_device, to_device
-    import contextlib
-
-    bare = unwrap(model)
-    was_training = bare.training
-    bare.eval()
-    idx, sums, counts = [], [], []
-    for batch in loader:
-        batch = to_device(batch, device)
-        with (amp.autocast(device) if amp else contextlib.nullcontext()):
-            s, c = token_losses(bare, batch, task)
-        idx.append(batch["index"])
-        sums.append(s)
-        counts.append(c)
-    bare.train(was_training)
-    comm = _comm_device(device)
-    cat = lambda xs, dtype: torch.cat(xs).cpu() if xs else torch.zeros(0, dtype=dtype)  # noqa: E731
-    idx = _all_gather_varlen(cat(idx, torch.long), comm)
-    sums = _all_gather_varlen(cat(sums, torch.float64), comm)
-    counts = _all_gather_varlen(cat(counts, torch.long), comm)
-    order = torch.argsort(idx, stable=True)
-    idx, sums, counts = idx[order], sums[order], counts[order]
-    keep = torch.ones_like(idx, dtype=torch.bool)
-    keep[1:] = idx[1:] != idx[:-1]
-    total, tokens = float(sums[keep].sum()), int(counts[keep].sum())
-    loss = total / max(tokens, 1)
-    return LMEval(loss, math.exp(min(loss, 50.0)), tokens, int(keep.sum()))
-
-
 def all_masks_differ(masks: list) -> bool:
     """True when no two of the given label tensors mark the same positions (used by the tests and chapter 08)."""
     keys = [tuple((m != IGNORE).flatten().tolist()) for m in masks]
     return len(set(keys)) == len(keys)
-
-
-@torch.no_grad()
-def generate(model, tokenizer, prompt: str, max_new_tokens: int = 20, device="cpu", greedy: bool = False, seed: int = 0,
-             temperature: float = 0.8, top_k: int = 20) -> str:
-    """Continue a prompt with a causal LM over a VocabSubset: sampled from the top_k most likely tokens at the
-    given temperature (a fixed seed: the same text every time), or greedy."""
-    bare = model.module if hasattr(model, "module") else model
-    words = tokenizer.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    ids = torch.tensor([[tokenizer.cls_token_id, *tokenizer.encode(words)]], device=device)
-    limit = bare.config.n_positions
-    g = torch.Generator().manual_seed(seed)
-    for _ in range(max_new_tokens):
-        logits = bare(input_ids=ids[:, -limit:]).logits[0, -1].float().cpu()
-        logits[[tokenizer.pad_token_id, tokenizer.unk_token_id, tokenizer.cls_token_id]] = -float("inf")
-        if greedy:
-            nxt = int(logits.argmax())
-        else:
-            top = torch.topk(logits / temperature, top_k)
-            nxt = int(top.indices[torch.multinomial(torch.softmax(top.values, -1), 1, generator=g)])
-        if nxt == tokenizer.sep_token_id:
-            break
-        ids = torch.cat([ids, torch.tensor([[nxt]], device=device)], dim=1)
-    return tokenizer.decode(ids[0, 1:], skip_special_tokens=True)
-
-
-def load_lm(path, device="cpu"):
-    """(model, VocabSubset, payload) from a --task clm/mlm checkpoint written by the training scripts."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
-
-    from .checkpoint import read_checkpoint
-
-    payload = read_checkpoint(path)
-    cfg = dict(payload["model_config"])
-    config = AutoConfig.for_model(cfg.pop("model_type", payload["model_type"]), **cfg)
-    auto = AutoModelForCausalLM if payload.get("task") == "clm" else AutoModelForMaskedLM
-    model = auto.from_config(config)
-    model.load_state_dict(payload["state_dict"])
-    return model.to(device).eval(), VocabSubset.from_files(payload["tokenizer_files"]), payload

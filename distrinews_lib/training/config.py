@@ -16,15 +16,17 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import yaml
 
-from .errors import UserError
+from ..distributed import gpu_count
+from ..errors import UserError
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR = Path(__file__).resolve().parent.parent.parent / "configs"
 PRESETS = ("cpu_smoke", "single_gpu", "kaggle_t4x2")
 AMP_MODES = ("auto", "fp16", "bf16", "off")
 BACKENDS = ("auto", "nccl", "gloo")
@@ -34,6 +36,7 @@ POOLINGS = ("mean", "cls")
 EXPERIMENT_DIR = CONFIG_DIR / "experiments"
 TRACKERS = ("none", "tensorboard", "wandb", "trackio")
 TASKS = ("classify", "clm", "mlm")
+DEFAULT_CHECKPOINT = "checkpoints/distilbert_agnews.pt"  # where the trained model goes, and what the server loads
 _NONE = ("null", "none", "~", "")
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
@@ -77,8 +80,6 @@ def column_list(v):
 
 
 def experiment_name(v):
-    import re
-
     return None if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,80}", v) else \
         "must be a simple name (letters, digits, _ . -): it names the folder experiments/<name>/"
 
@@ -135,7 +136,7 @@ class RunConfig:
     grad_accum: int = opt(1, "micro-batches per optimizer step", check=at_least(1))
     seed: int = opt(42, "seed for the model's initialisation and the data order")
     output: typing.Optional[str] = opt(None, "run folder for metrics and snapshots (default outputs/single or outputs/ddp)")
-    checkpoint: str = opt("checkpoints/distilbert_agnews.pt", "where the trained model is saved")
+    checkpoint: str = opt(DEFAULT_CHECKPOINT, "where the trained model is saved")
     threads: typing.Optional[int] = opt(None, "torch CPU threads per process (default: torch's choice)", check=at_least(1))
     progress: bool = opt(True, "tqdm bar on rank 0")
     report_to: str = opt("none", "experiment tracker rank 0 also writes to (W&B offline unless WANDB_MODE says otherwise)",
@@ -230,9 +231,7 @@ def convert(f, raw, where: str):
 # ----------------------------------------------------------------------------- presets
 
 def auto_preset() -> str:
-    import torch
-
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    n = gpu_count()
     return "kaggle_t4x2" if n >= 2 else "single_gpu" if n == 1 else "cpu_smoke"
 
 

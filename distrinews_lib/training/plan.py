@@ -19,21 +19,23 @@ checkpoint (and so the server's answers) all take them from run.label_names.
 
 from __future__ import annotations
 
-import json
-import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from . import data
-from . import distributed as D
+from .. import distributed as D
+from ..data import lm, sources
+from ..data.synthetic import SYNTHETIC_NOTE
+from ..data.texts import TextOptions, TextSplits
+from ..data.tokenization import TokenizedDataset, set_truncation, tiny_tokenizer, tokenize_splits
+from ..errors import UserError
+from ..files import atomic_write_json
+from ..hub import env_says_offline, hub_reachable
+from ..models.build import LOCAL_PRESETS, ModelInfo, build_model, resolve_model_name, resolve_tokenizer
+from ..models.lm import build_lm
 from .checkpoint import position_limit
 from .config import RunConfig
-from .errors import UserError
-from .hub import env_says_offline, hub_reachable
-from .model import LOCAL_PRESETS, ModelInfo, build_model, resolve_model_name, resolve_tokenizer
 from .snapshot import ResumeChoice, choose
-from .tokenization import set_truncation
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class RunPlan:
     hub: bool                       # whether rank 0 could reach the Hugging Face hub
     resume: ResumeChoice | None     # the snapshot every rank resumes from, or None
     decided_by: str                 # host that decided, for the log
-    dataset: str = "ag_news"        # a known dataset, hub:OWNER/NAME, folder:PATH or csv:PATH (data.resolve_dataset)
+    dataset: str = "ag_news"        # a known dataset, hub:OWNER/NAME, folder:PATH or csv:PATH (sources.resolve_dataset)
     tokenizer: str = "hf"           # hf (the model's own) or hash
 
     def describe(self) -> str:
@@ -63,11 +65,11 @@ def decide(cfg: RunConfig, log=print) -> RunPlan:
         raise UserError(f"experiment {cfg.experiment or ''} asks for {cfg.processes} process(es) (processes: in its YAML) "
                         f"but this launch has {D.get_world_size()}. Run it with: python scripts/run_experiment.py "
                         f"{cfg.experiment or 'NAME'} (it launches the right number), or drop processes: from the YAML.")
-    dataset = data.resolve_dataset(cfg.dataset)
+    dataset = sources.resolve_dataset(cfg.dataset)
     local_model = cfg.model in LOCAL_PRESETS or Path(cfg.model).expanduser().is_dir()
     wants_hub = (cfg.data in ("auto", "hub") and not dataset.startswith(("folder:", "csv:"))) or not local_model
     hub = hub_reachable() if wants_hub and not env_says_offline() else False  # probed once, ≤ 3 s; never offline
-    source = data.resolve_source(cfg.data, dataset, hub)
+    source = sources.resolve_source(cfg.data, dataset, hub)
     model_name = resolve_model_name(cfg.model, hub)
     return RunPlan(cfg=cfg, data_source=source, model_name=model_name, hub=hub,
                    resume=choose(cfg.output, cfg.resume, log), decided_by=socket.gethostname(), dataset=dataset,
@@ -78,17 +80,18 @@ def decide(cfg: RunConfig, log=print) -> RunPlan:
 class PreparedRun:
     """What every rank loaded according to the plan."""
 
-    splits: data.TextSplits
+    splits: TextSplits
     model: object
     tokenizer: object
     info: ModelInfo
-    train_ds: data.TokenizedDataset
-    val_ds: data.TokenizedDataset
+    train_ds: TokenizedDataset | lm.BlockDataset
+    val_ds: TokenizedDataset | lm.BlockDataset
+    task: str = "classify"
 
     @property
     def label_names(self) -> list:
         """The classes, in the order of the model's outputs: from the data, or --label_names (none for an LM)."""
-        return [] if getattr(self.train_ds, "task", "classify") != "classify" else list(self.splits.label_names)
+        return list(self.splits.label_names) if self.task == "classify" else []
 
 
 def prepare(plan: RunPlan, log=D.print0) -> PreparedRun:
@@ -101,10 +104,10 @@ def prepare(plan: RunPlan, log=D.print0) -> PreparedRun:
         return _prepare_lm(plan, log)
 
     def load():
-        splits = data.load_dataset_splits(plan.dataset, plan.data_source, cfg.num_samples, cfg.eval_samples,
-                                          seed=cfg.seed, opts=data.TextOptions.from_config(cfg))
-        model, tokenizer, info = build_model(plan.model_name, seed=cfg.seed, hub=plan.hub, label_names=splits.label_names,
-                                             tokenizer=plan.tokenizer, cfg=cfg)
+        splits = sources.load_dataset_splits(plan.dataset, plan.data_source, cfg.num_samples, cfg.eval_samples,
+                                             seed=cfg.seed, opts=TextOptions.from_config(cfg))
+        model, tokenizer, info = build_model(replace(cfg, model=plan.model_name, tokenizer=plan.tokenizer),
+                                             splits.label_names, hub=plan.hub)
         limit = position_limit(model)
         if limit is not None and cfg.max_length > limit:
             raise UserError(f"--max_length {cfg.max_length} is beyond what {info.resolved} can read: its position "
@@ -119,11 +122,11 @@ def prepare(plan: RunPlan, log=D.print0) -> PreparedRun:
     log(splits.describe() + f" | fingerprint {splits.fingerprint()}")
     log(splits.balance())
     if splits.is_synthetic:
-        log("NOTE: " + data.SYNTHETIC_NOTE)
+        log("NOTE: " + SYNTHETIC_NOTE)
     log(f"model: {info.resolved} ({info.kind}, {info.num_parameters / 1e6:.1f}M parameters"
         f"{', pretrained' if info.pretrained else ', random init'}) | tokenizer {tokenizer_name(tokenizer)} | "
         f"{cfg.max_length} tokens, truncation {cfg.truncation} | labels {', '.join(splits.label_names)}")
-    train_ds, val_ds = D.agree(D.local_main_first, data.tokenize_splits, splits, tokenizer, cfg.max_length)
+    train_ds, val_ds = D.agree(D.local_main_first, tokenize_splits, splits, tokenizer, cfg.max_length)
     run = PreparedRun(splits, model, tokenizer, info, train_ds, val_ds)
     if cfg.experiment and D.get_rank() == 0:
         write_resolved_config(plan, run)
@@ -132,18 +135,15 @@ def prepare(plan: RunPlan, log=D.print0) -> PreparedRun:
 
 def _prepare_lm(plan: RunPlan, log) -> PreparedRun:
     """--task clm/mlm: the same texts, without their labels, cut into blocks over a frequent-token vocabulary."""
-    from . import lm
-    from .model import tiny_tokenizer
-
     cfg = plan.cfg
-    splits = D.agree(data.load_dataset_splits, plan.dataset, plan.data_source, cfg.num_samples, cfg.eval_samples,
-                     seed=cfg.seed, opts=data.TextOptions.from_config(cfg))
+    splits = D.agree(sources.load_dataset_splits, plan.dataset, plan.data_source, cfg.num_samples, cfg.eval_samples,
+                     seed=cfg.seed, opts=TextOptions.from_config(cfg))
     D.same_on_all_ranks(splits.fingerprint(), "the training data",
                         hint="every rank must read the same files: check --data, --dataset and $DISTRINEWS_DATA_DIR on every node")
     wordpiece = tiny_tokenizer()  # DistilBERT's uncased WordPiece, shipped in the package: works offline
 
     def tokenize():  # the [CLS]/[SEP] of each text are dropped: packing puts one [SEP] between texts
-        ids = data.tokenize_splits(splits, wordpiece, 512)
+        ids = tokenize_splits(splits, wordpiece, 512)
         return [x[1:-1] for x in ids[0].input_ids], [x[1:-1] for x in ids[1].input_ids]
 
     train_ids, val_ids = D.agree(D.local_main_first, tokenize)
@@ -152,13 +152,13 @@ def _prepare_lm(plan: RunPlan, log) -> PreparedRun:
                                vocab, cfg.seed)
     val_ds = lm.BlockDataset(lm.pack([vocab.encode(x) for x in val_ids], cfg.block_size, vocab.sep_token_id), cfg.task,
                              vocab, cfg.seed, evaluation=True)
-    model, desc = lm.build_lm(cfg.task, vocab, cfg.block_size, cfg.seed)
+    model, desc = build_lm(cfg.task, vocab, cfg.block_size, cfg.seed)
     info = ModelInfo(f"{cfg.task}-tiny", desc, "preset", False, sum(p.numel() for p in model.parameters()))
     log(splits.describe() + f" | fingerprint {splits.fingerprint()} | text only: the labels are not used")
     log(f"{cfg.task}: {desc}, {info.num_parameters / 1e6:.1f}M parameters | vocabulary: the {len(vocab)} most frequent "
         f"WordPiece tokens ({100 * vocab.coverage(train_ids):.0f}% of the training tokens) | {len(train_ds)} training and "
         f"{len(val_ds)} validation blocks of {cfg.block_size} tokens")
-    return PreparedRun(splits, model, vocab, info, train_ds, val_ds)
+    return PreparedRun(splits, model, vocab, info, train_ds, val_ds, cfg.task)
 
 
 def tokenizer_name(tokenizer) -> str:
@@ -180,9 +180,4 @@ def write_resolved_config(plan: RunPlan, run: PreparedRun) -> Path:
                        "train_size": len(s.train_texts), "test_size": len(s.test_texts),
                        "class_counts": {"train": s.class_counts("train"), "test": s.class_counts("test")}},
               "decided_by": plan.decided_by}
-    path = Path(cfg.output) / "config.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=2, default=str))
-    os.replace(tmp, path)
-    return path
+    return atomic_write_json(Path(cfg.output) / "config.json", record)

@@ -13,7 +13,7 @@ In a script (started by torchrun):
 In a notebook:
     run = SharedLaunch([(script, [args], json_path), ...], nproc, timeout)
     output, data = run("02_ddp_backward.py")   the first call runs EVERY listed script in one launch
-                                (python -m distrinews_lib.demo A.py ARGS -- B.py ARGS ..., see run_together)
+                                (python -m distrinews_lib.course.demo A.py ARGS -- B.py ARGS ..., see run_together)
     sections(res.output)        such a launch's output, split per script
     failure_story(res)          the few lines of a failed launch that say what happened
 """
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import re
 import runpy
 import sys
@@ -34,7 +33,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .distributed import choose_backend, device_for, ensure_torchrun_env
+from ..distributed import choose_backend, device_for, torchrun_env
+from ..files import atomic_write_json
+from .launch import torchrun
 
 _shared = False         # True while run_together() owns the process group: start()/finish() reuse it
 MARKER = "=== demo: "   # run_together's line before each script's output
@@ -55,14 +56,15 @@ class Ctx:
 
 
 def start(timeout_s: float = 30, backend: str = "auto") -> Ctx:
-    info = ensure_torchrun_env()  # plain `python script.py` works too: a world of one
+    env = torchrun_env()  # plain `python script.py` works too: a world of one
     backend, _why = choose_backend(backend)
-    device = device_for(backend, info.local_rank)  # nccl: torch.cuda.set_device(LOCAL_RANK)
+    device = device_for(backend, env.local_rank)  # nccl: torch.cuda.set_device(LOCAL_RANK)
     if not (_shared and dist.is_initialized()):
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(backend, init_method=env.init_method, rank=env.rank, world_size=env.world_size,
+                                timeout=timedelta(seconds=timeout_s))
     elif dist.get_backend() != backend:
         raise RuntimeError(f"run_together's process group uses {dist.get_backend()}, this script asks for {backend}")
-    return Ctx(info.rank, info.local_rank, info.world_size, backend, device)
+    return Ctx(env.rank, env.local_rank, env.world_size, backend, device)
 
 
 def result(ctx_or_rank, **values) -> None:
@@ -80,13 +82,8 @@ def gather(obj) -> list:
 
 
 def write_json(path, data, rank: int) -> None:
-    if rank != 0:
-        return
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    if rank == 0:
+        atomic_write_json(path, data, indent=1)
 
 
 def finish() -> None:
@@ -138,7 +135,7 @@ class SharedLaunch:
     """Demo scripts that are expected to finish, run in ONE torchrun launch (for the notebooks).
 
     runs: (script path, [arguments], the JSON it writes or None). The first call runs every script
-    through `python -m distrinews_lib.demo` (rank 0's JSON files deleted first: no stale result is ever
+    through `python -m distrinews_lib.course.demo` (rank 0's JSON files deleted first: no stale result is ever
     read) and keeps each script's output; later calls return what was kept, except for a script whose
     text changed since it ran (its %%writefile cell edited and rerun): that one runs again, alone.
     Returns (its output, its JSON or None) and prints the output.
@@ -150,8 +147,6 @@ class SharedLaunch:
         self.nproc, self.timeout, self.done = nproc, timeout, {}
 
     def _launch(self, names) -> None:
-        from .launch import torchrun
-
         argv, texts = [], {}
         for name in names:
             script, args, out = self.runs[name]
@@ -159,7 +154,7 @@ class SharedLaunch:
                 out.unlink(missing_ok=True)
             argv += ["--", str(script), *args]
             texts[name] = script.read_text()
-        res = torchrun("distrinews_lib.demo", self.nproc, argv[1:], timeout=self.timeout, torchrun_args=["-m"], echo=False)
+        res = torchrun("distrinews_lib.course.demo", self.nproc, argv[1:], timeout=self.timeout, module=True, echo=False)
         print(f"[one launch ran {len(names)} script(s) on {self.nproc} ranks in {res.seconds:.1f} s]")
         outputs = sections(res.output)
         self.done.update({name: (texts[name], outputs.get(name, "")) for name in names})
@@ -221,7 +216,7 @@ def failure_story(res, width: int = 200) -> str:
     return "\n".join(story)
 
 
-if __name__ == "__main__":  # python -m distrinews_lib.demo: the scripts must see THIS module's state, not a copy
-    from distrinews_lib import demo
+if __name__ == "__main__":  # python -m distrinews_lib.course.demo: the scripts must see THIS module's state, not a copy
+    from distrinews_lib.course import demo
 
     demo.run_together(sys.argv[1:])

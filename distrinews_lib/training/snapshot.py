@@ -24,9 +24,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import distributed as D
-from .checkpoint import atomic_torch_save
-from .errors import UserError
+from .. import distributed as D
+from ..errors import UserError
+from ..files import atomic_torch_save
+from .loop import EpochMeter
 
 SNAPSHOT_VERSION = 2
 _NAME = re.compile(r"snap_e(\d+)_b(\d+)\.pt$")
@@ -261,7 +262,7 @@ class Snapshotter:
             done = done * old_world // self.world_size
             self._rescale_schedule(old_world / self.world_size)
             set_rng_state(rngs[self.rank % old_world])
-            meter = _merged_meter(meters, self.rank == 0, done, old_world / self.world_size) if meters else None
+            meter = EpochMeter.merged(meters, self.rank == 0, done, old_world / self.world_size) if meters else None
             self.log(f"resume: the snapshot was taken with {old_world} process(es), this run has {self.world_size}; "
                      f"the data order changes accordingly (each rank now sees a different shard), so the result "
                      f"will not be bit-identical to an uninterrupted run")
@@ -292,14 +293,3 @@ class Snapshotter:
         if diffs:
             raise SnapshotError(f"snapshot {path} does not fit this run ({'; '.join(diffs)}). Resume with the same "
                                 "--model, labels and --grad_accum, or start a new run folder with --output.")
-
-
-def _merged_meter(meters: list, first: bool, batches_done: int, ratio: float) -> dict:
-    """Resuming on another world size: rank 0 carries the sum of the old ranks' sample counters and the
-    others start at zero, so the epoch's totals (summed over ranks) stay right. Steps and batches are
-    per rank (every rank takes every step); the time is the old ranks' mean."""
-    summed = ("loss_sum", "samples", "tokens", "padded", "sum_sq")
-    merged = {k: (sum(m[k] for m in meters) if first else 0) for k in summed}
-    merged.update(steps=int(round(meters[0]["steps"] * ratio)), batches=batches_done,
-                  seconds=sum(m["seconds"] for m in meters) / len(meters))
-    return merged

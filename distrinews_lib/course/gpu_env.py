@@ -1,7 +1,7 @@
 """The first cell's checks: what this machine offers for DDP, and the fixes that make it work the first time
 on Kaggle's "GPU T4 x2" and on Colab.
 
-    from distrinews_lib import gpu_env
+    from distrinews_lib.course import gpu_env
     report = gpu_env.first_cell()      # course.setup() calls it: prints the report, applies the fixes
 
 It reports
@@ -14,8 +14,8 @@ and then
   start; P2P on such 2-GPU boxes has hung - the cost is "just reduced performance", per NCCL's maintainer),
   or where a P2P copy that the driver advertises fails or hangs; a value the user set is left alone;
 - sets NCCL_SHM_DISABLE=1 when P2P is off and /dev/shm is too small for NCCL's shared-memory transport;
-- stops ranks left over from an interrupted launch (distrinews_lib.leftovers), which hold GPU memory
-  and a rendezvous port. Every launch of distrinews_lib.launch uses torchrun --standalone, which picks
+- stops ranks left over from an interrupted launch (course/leftovers.py), which hold GPU memory
+  and a rendezvous port. Every launch of course.launch uses torchrun --standalone, which picks
   a free port: EADDRINUSE on 29500 only hits a hand-typed torchrun, and the report says if 29500 is busy.
 
 inspect() only looks (no side effects); apply() changes os.environ and says why, line by line.
@@ -29,6 +29,11 @@ import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
+
+import torch
+
+from ..machine import versions
+from . import leftovers
 
 SHM = "/dev/shm"
 SMALL_SHM = 1 << 30           # below 1 GiB free: say so (DataLoader workers would need it; the course uses none)
@@ -114,28 +119,7 @@ class EnvReport:
 
 # --------------------------------------------------------------------------- looking
 
-def versions() -> dict:
-    import torch
-
-    out = {"torch": torch.__version__, "cuda": torch.version.cuda, "nccl": None, "transformers": None}
-    try:
-        if torch.cuda.is_available() and torch.distributed.is_nccl_available():
-            nv = torch.cuda.nccl.version()
-            out["nccl"] = ".".join(map(str, nv)) if isinstance(nv, tuple) else str(nv)
-    except Exception:  # an NCCL-less build
-        pass
-    try:
-        import transformers
-
-        out["transformers"] = transformers.__version__
-    except ImportError:
-        pass
-    return out
-
-
 def gpus() -> list:
-    import torch
-
     if not torch.cuda.is_available():
         return []
     out = []
@@ -150,8 +134,6 @@ def gpus() -> list:
 
 def peer_access(n: int) -> dict:
     """'i-j' -> whether the driver says GPU i can access GPU j's memory directly (and back)."""
-    import torch
-
     return {f"{i}-{j}": bool(torch.cuda.can_device_access_peer(i, j) and torch.cuda.can_device_access_peer(j, i))
             for i in range(n) for j in range(i + 1, n)}
 
@@ -239,9 +221,7 @@ def apply(report: EnvReport, environ=None) -> list:
 
 
 def first_cell(quiet: bool = False, check_copy: bool = True, stop_leftovers: bool = True, log=print) -> EnvReport:
-    """What the course's first cell runs (through course.setup): look, stop survivors, fix, print."""
-    from . import leftovers
-
+    """What the course's first cell runs (through course.notebook.setup): look, stop survivors, fix, print."""
     report = inspect(check_copy=check_copy)
     if stop_leftovers:
         report.leftovers = [p.pid for p in leftovers.stop_leftovers(log=None)]

@@ -24,8 +24,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from ..files import atomic_torch_save
+from .texts import TextSplits
+
+VOCAB_FILE = Path(__file__).resolve().parent.parent / "assets" / "vocab.txt"
 
 HASH_FILE = "distrinews_hash_tokenizer.json"
 TOKEN_PATTERN = r"\w+|[^\w\s]"
@@ -114,8 +123,6 @@ class HashTokenizer:
         else:
             masks = [[1] * len(x) for x in ids]
         if return_tensors == "pt":
-            import torch
-
             return {"input_ids": torch.tensor(ids, dtype=torch.long).reshape(len(ids), -1),
                     "attention_mask": torch.tensor(masks, dtype=torch.long).reshape(len(ids), -1)}
         if single:
@@ -188,3 +195,76 @@ def encode_texts(tokenizer, texts: list, max_length: int, truncation: str | None
         prefix, suffix = ids[:start], ids[start + len(body):]
         out.append(prefix + cut(body, max(0, max_length - len(prefix) - len(suffix)), "head_tail") + suffix)
     return out
+
+
+def tiny_tokenizer():
+    """DistilBERT's uncased WordPiece tokenizer from the vocabulary shipped in assets/ (no download)."""
+    import transformers  # deferred: importing transformers costs seconds
+
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        # transformers 5 takes the vocabulary itself; a vocab_file argument is silently ignored (all [UNK]).
+        from transformers import DistilBertTokenizer
+
+        vocab = {w: i for i, w in enumerate(VOCAB_FILE.read_text(encoding="utf-8").splitlines())}
+        return DistilBertTokenizer(vocab=vocab, do_lower_case=True, model_max_length=512)
+    from transformers import DistilBertTokenizerFast
+
+    return DistilBertTokenizerFast(vocab_file=str(VOCAB_FILE), do_lower_case=True, model_max_length=512)
+
+
+# --------------------------------------------------------------------------- tokenize once, cache
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("DISTRINEWS_CACHE", Path.home() / ".cache" / "distrinews")) / "tokenized"
+
+
+def _cache_key(texts: list, tokenizer, max_length: int, truncation: str = "head") -> str:
+    h = hashlib.sha256()
+    h.update(f"{type(tokenizer).__name__}|{tokenizer.name_or_path}|{len(tokenizer)}|{max_length}|".encode())
+    if truncation != "head":
+        h.update(f"truncation={truncation}|".encode())
+    h.update(str(tokenizer.convert_tokens_to_ids(["the", "news", "[SEP]"])).encode())
+    for t in texts:
+        h.update(t.encode("utf-8", "replace"))
+        h.update(b"\x00")
+    return h.hexdigest()[:32]
+
+
+def tokenize_texts(texts: list, tokenizer, max_length: int, use_cache: bool = True) -> list:
+    """Token ids (unpadded lists) for each text, cut as the tokenizer was told (set_truncation: head, or head_tail);
+    cached on disk so every rank and rerun reuses them."""
+    truncation = truncation_of(tokenizer)
+    path = cache_dir() / f"{_cache_key(texts, tokenizer, max_length, truncation)}.pt"
+    if use_cache and path.is_file():
+        try:
+            return torch.load(path, weights_only=True)
+        except Exception:
+            pass  # a damaged cache file is simply rebuilt
+    ids = encode_texts(tokenizer, texts, max_length, truncation)
+    if use_cache:
+        try:
+            atomic_torch_save(ids, path)  # ranks tokenizing at the same time can't corrupt it
+        except OSError:
+            pass  # a read-only home is no reason to stop training
+    return ids
+
+
+class TokenizedDataset(Dataset):
+    """Pre-tokenized examples; each item remembers its index so DDP evaluation can drop duplicates."""
+
+    def __init__(self, input_ids: list, labels: list):
+        assert len(input_ids) == len(labels)
+        self.input_ids = input_ids
+        self.labels = labels
+        self.lengths = [len(x) for x in input_ids]
+
+    def __len__(self):
+        return len(self.input_ids)
+
+    def __getitem__(self, i):
+        return {"index": i, "input_ids": self.input_ids[i], "label": self.labels[i]}
+
+
+def tokenize_splits(splits: TextSplits, tokenizer, max_length: int) -> tuple[TokenizedDataset, TokenizedDataset]:
+    return (TokenizedDataset(tokenize_texts(splits.train_texts, tokenizer, max_length), splits.train_labels),
+            TokenizedDataset(tokenize_texts(splits.test_texts, tokenizer, max_length), splits.test_labels))

@@ -29,6 +29,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import torch
+
 # Dense peak TFLOP/s per dtype, from NVIDIA's datasheets (sparsity figures halved away). Order matters:
 # the first key whose every word occurs in torch.cuda.get_device_name() wins, so specific names go first.
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
@@ -64,8 +66,6 @@ def matmul_dtype(amp_mode: str, device_type: str) -> str:
     if amp_mode in ("bf16", "fp16"):
         return amp_mode
     if device_type == "cuda":
-        import torch
-
         if torch.backends.cuda.matmul.allow_tf32:
             return "tf32"
     return "fp32"
@@ -85,8 +85,6 @@ class ModelShape:
 
 def model_shape(model) -> ModelShape:
     """Parameter counts and (layers, hidden size) of a Hugging Face encoder (DistilBERT, BERT, MiniLM...)."""
-    import torch
-
     bare = getattr(model, "module", model)
     bare = getattr(bare, "_orig_mod", bare)  # torch.compile wrapper
     n_params = sum(p.numel() for p in bare.parameters())
@@ -121,8 +119,6 @@ def device_peak(device, amp_mode: str) -> float | None:
     """The device's dense peak TFLOP/s for the dtype its matmuls run in; None on a CPU or an unknown GPU."""
     if device.type != "cuda":
         return None
-    import torch
-
     return peak_tflops(torch.cuda.get_device_name(device), matmul_dtype(amp_mode, device.type))
 
 

@@ -1,4 +1,5 @@
-"""Where a result came from: the machine, its devices, the versions, the git commit and the command."""
+"""Where a benchmark's result came from: the machine (as a short name for file names), its devices, the versions,
+the git commit (and whether the tree was dirty), the exact command, and the load when it started."""
 
 from __future__ import annotations
 
@@ -6,64 +7,19 @@ import os
 import platform
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from .timing import load_average
+import torch
 
-
-def versions() -> dict:
-    import torch
-    import transformers
-
-    from . import __version__
-
-    out = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-           "distrinews_lib": __version__}
-    for pkg in ("datasets", "accelerate"):
-        try:
-            out[pkg] = __import__(pkg).__version__
-        except ImportError:
-            out[pkg] = None
-    return out
-
-
-def git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                              cwd=Path(__file__).resolve().parent).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def machine_info() -> dict:
-    import torch
-
-    info = {"hostname": socket.gethostname(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "processor": cpu_name()}
-    if torch.cuda.is_available():
-        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return info
+from ..machine import cpu_name, git_commit, load_average, machine_info, versions
 
 
 def machine_slug() -> str:
     """A short file-name-safe name for this machine: 'cpu2-amd-epyc', '2x-tesla-t4', '1x-nvidia-h100-80gb-hbm3'."""
-    import torch
-
     if torch.cuda.is_available():
         name, n = torch.cuda.get_device_name(0), torch.cuda.device_count()
         base = f"{n}x-{name}"
@@ -75,8 +31,6 @@ def machine_slug() -> str:
 
 def provenance(argv=None) -> dict:
     """Who/what/where produced a benchmark file: machine, devices, versions, git commit, exact command."""
-    import torch
-
     argv = sys.argv if argv is None else argv
     info = {
         "machine": machine_slug(),

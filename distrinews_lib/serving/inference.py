@@ -1,131 +1,25 @@
-"""Save and load the inference checkpoint: the *unwrapped* model, its tokenizer, labels and run metadata.
-
-One file, checkpoints/distilbert_agnews.pt: state_dict + config + labels + metadata + the tokenizer's
-files (as text). Weights and tokenizer travel together, so a crash can never pair a new tokenizer
-with old weights. Written by rank 0 only, atomically (a crash mid-write leaves the previous file
-intact), with the usual umask-respecting permissions so a server running as another user can read it.
-Loaded with torch.load(weights_only=True): the file holds tensors and plain Python values only.
+"""Inference from a checkpoint: a ready model and tokenizer, refused when it could not answer correctly, and the
+function that turns texts into class probabilities, the same for a notebook, a test and the server. A language
+model checkpoint (--task clm/mlm) loads with load_lm; generate continues a prompt.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .errors import UserError
-
-DEFAULT_CHECKPOINT = Path("checkpoints") / "distilbert_agnews.pt"
-FORMAT_VERSION = 2  # 2: the tokenizer travels inside the file (1 kept it in a folder beside it)
-
-
-class CheckpointError(UserError):
-    """The checkpoint is missing, truncated, or not one of ours."""
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The bare model inside DDP (`.module`) and/or torch.compile (`._orig_mod`)."""
-    while True:
-        if hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
-            model = model.module
-        elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        else:
-            return model
-
-
-def umask_mode(mode: int = 0o666) -> int:
-    """The permissions a plain open() would give: mkstemp/mkdtemp use 0600/0700, which another user can't read."""
-    current = os.umask(0)
-    os.umask(current)
-    return mode & ~current
-
-
-def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """torch.save to a temporary file in the same folder, fsync, then rename over the target."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, umask_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def tokenizer_files(tokenizer) -> dict:
-    """The tokenizer as {file name: text}, from save_pretrained (every file it writes is text)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer.save_pretrained(tmp)
-        return {p.name: p.read_text(encoding="utf-8") for p in sorted(Path(tmp).iterdir()) if p.is_file()}
-
-
-def tokenizer_from_files(files: dict):
-    from .tokenization import HASH_FILE, HashTokenizer, is_hash_files
-
-    if is_hash_files(files):  # the vocabulary-free hash tokenizer: its settings are all it needs
-        import json
-
-        return HashTokenizer.from_dict(json.loads(files[HASH_FILE]))
-    from transformers import AutoTokenizer
-
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, text in files.items():
-            (Path(tmp) / Path(name).name).write_text(text, encoding="utf-8")
-        return AutoTokenizer.from_pretrained(tmp)
-
-
-def _plain(value):
-    """Metadata as plain Python values, so weights_only=True can load it."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, bool) or value is None:
-        return value
-    for plain in (str, int, float):  # str subclasses such as torch's TorchVersion are not weights_only-safe
-        if isinstance(value, plain):
-            return plain(value)
-    if isinstance(value, Path):
-        return str(value)
-    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
-        return value.item()
-    return str(value)
-
-
-def save_checkpoint(path, model, tokenizer, label_names, metadata: dict | None = None, max_length: int | None = None,
-                    truncation: str | None = None) -> Path:
-    """Save the unwrapped model (no `module.` prefix) with its config, labels, metadata and tokenizer.
-    truncation: how texts longer than max_length are cut (default: what the tokenizer was told, else head)."""
-    from .tokenization import truncation_of
-
-    path = Path(path)
-    bare = unwrap(model)
-    state = {k: v.detach().cpu().clone() for k, v in bare.state_dict().items()}
-    payload = {
-        "format_version": FORMAT_VERSION,
-        "model_type": bare.config.model_type,
-        "model_config": _plain(bare.config.to_dict()),
-        "state_dict": state,
-        "label_names": list(label_names),
-        "max_length": int(max_length or 128),
-        "metadata": _plain(metadata or {}),
-        "tokenizer_files": tokenizer_files(tokenizer),
-        "truncation": truncation or truncation_of(tokenizer),
-        "task": (metadata or {}).get("task", "classify"),  # clm / mlm: a language model (distrinews_lib.lm.load_lm)
-    }
-    atomic_torch_save(payload, path)
-    return path
+from ..data.lm import VocabSubset
+from ..data.tokenization import TRUNCATIONS, HashTokenizer, encode_texts, set_truncation
+from ..errors import UserError
+from ..models.build import model_accepts_token_type_ids, quiet_transformers
+from ..models.custom import MODEL_TYPE as CUSTOM_MODEL_TYPE
+from ..models.custom import CustomClassifier, CustomConfig
+from ..training.checkpoint import CheckpointError, position_limit, read_checkpoint, tokenizer_from_files
+from ..training.config import DEFAULT_CHECKPOINT
+from .schemas import CheckpointInfo
 
 
 @dataclass
@@ -137,50 +31,6 @@ class LoadedCheckpoint:
     max_length: int
     path: Path
     truncation: str = "head"  # how texts longer than max_length are cut: head, or head_tail
-
-
-def read_checkpoint(path) -> dict:
-    """The raw payload, checked. Raises CheckpointError saying which path and why."""
-    path = Path(path)
-    if path.is_dir():
-        found = sorted(p.name for p in path.glob("*.pt"))
-        hint = (f"It holds {', '.join(found[:5])}{' ...' if len(found) > 5 else ''}: pass one of those files."
-                if found else "Pass the .pt file itself, for example checkpoints/distilbert_agnews.pt.")
-        raise CheckpointError(f"checkpoint {path} is a folder, not a checkpoint file. {hint}")
-    if not path.is_file():
-        raise CheckpointError(
-            f"checkpoint {path} not found. Train one first (python scripts/train_single.py, or notebook 01/02), "
-            "or point to it with --checkpoint / DISTRINEWS_CHECKPOINT."
-        )
-    if path.stat().st_size == 0:
-        raise CheckpointError(f"checkpoint {path} is empty (0 bytes): the copy or the write that made it was cut short. "
-                              "Retrain it or restore a complete copy.")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # truncated zip, random bytes, pickled code...
-        reason = (str(err).splitlines() or [""])[0][:150]
-        raise CheckpointError(
-            f"checkpoint {path} could not be read ({type(err).__name__}{': ' + reason if reason else ''}). "
-            "It may be truncated or not a DistriNews checkpoint; retrain or restore it."
-        ) from None
-    missing = [k for k in ("model_type", "model_config", "state_dict", "label_names") if not isinstance(payload, dict) or k not in payload]
-    if missing:
-        raise CheckpointError(f"checkpoint {path} is not a DistriNews checkpoint (missing {', '.join(missing)}).")
-    if payload.get("format_version", 1) < FORMAT_VERSION or not isinstance(payload.get("tokenizer_files"), dict):
-        raise CheckpointError(f"checkpoint {path} was written by an older DistriNews (format {payload.get('format_version', 1)}, "
-                              f"tokenizer in a separate folder); retrain it to get format {FORMAT_VERSION}.")
-    return payload
-
-
-def position_limit(model: torch.nn.Module) -> int | None:
-    """How many token positions the model can embed (None when it has no absolute position table)."""
-    for name, module in model.named_modules():
-        if name.endswith("position_embeddings") and isinstance(module, torch.nn.Embedding):
-            # RoBERTa-style tables start counting after the padding index.
-            pad = module.padding_idx
-            return module.num_embeddings - (pad + 1 if pad is not None else 0)
-    limit = getattr(model.config, "max_position_embeddings", None)
-    return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
 
 
 def check_servable(path, payload: dict, model: torch.nn.Module) -> None:
@@ -223,11 +73,9 @@ def check_servable(path, payload: dict, model: torch.nn.Module) -> None:
 
 def load_checkpoint(path=DEFAULT_CHECKPOINT, device: str | torch.device = "cpu") -> LoadedCheckpoint:
     """A ready eval-mode model and its tokenizer from a checkpoint written by save_checkpoint."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification
+    from transformers import AutoConfig, AutoModelForSequenceClassification  # deferred: importing it costs seconds
 
-    from .model import _quiet_transformers
-
-    _quiet_transformers()
+    quiet_transformers()
     path = Path(path)
     payload = read_checkpoint(path)
     if payload.get("task", "classify") != "classify":
@@ -235,11 +83,7 @@ def load_checkpoint(path=DEFAULT_CHECKPOINT, device: str | torch.device = "cpu")
                               "server cannot serve it. Load it with distrinews_lib.lm.load_lm (notebook 08 does).")
     cfg_dict = dict(payload["model_config"])
     model_type = cfg_dict.pop("model_type", payload["model_type"])
-    from .custom_model import MODEL_TYPE as CUSTOM_MODEL_TYPE
-
     if model_type == CUSTOM_MODEL_TYPE:  # --model custom: plain PyTorch, rebuilt from its own config
-        from .custom_model import CustomClassifier, CustomConfig
-
         try:
             model = CustomClassifier(CustomConfig.from_dict(cfg_dict))
         except (TypeError, ValueError) as err:
@@ -258,8 +102,6 @@ def load_checkpoint(path=DEFAULT_CHECKPOINT, device: str | torch.device = "cpu")
     check_servable(path, payload, model)
     model.to(device).eval()
     tokenizer = tokenizer_from_files(payload["tokenizer_files"])
-    from .tokenization import TRUNCATIONS, set_truncation
-
     truncation = payload.get("truncation", "head")
     if truncation not in TRUNCATIONS:
         raise CheckpointError(f"checkpoint {path} has truncation={truncation!r}; it must be one of {', '.join(TRUNCATIONS)}. "
@@ -272,13 +114,9 @@ def load_checkpoint(path=DEFAULT_CHECKPOINT, device: str | torch.device = "cpu")
 @torch.inference_mode()
 def predict_proba(loaded: LoadedCheckpoint, texts: list[str], batch_size: int = 64) -> torch.Tensor:
     """Class probabilities (N x C) for raw texts, the same way the server computes them."""
-    from .model import model_accepts_token_type_ids
-
     device = next(loaded.model.parameters()).device
     keep_tt = model_accepts_token_type_ids(loaded.model)
     out = []
-    from .tokenization import HashTokenizer, encode_texts
-
     head_tail = loaded.truncation == "head_tail" and not isinstance(loaded.tokenizer, HashTokenizer)
     for i in range(0, len(texts), batch_size):
         if head_tail:  # the text's start and end, cut exactly as in training (tokenization.encode_texts)
@@ -316,3 +154,102 @@ def check_predictions(loaded: LoadedCheckpoint) -> torch.Tensor:
         raise CheckpointError(f"checkpoint {loaded.path} answers values that are not probabilities "
                               f"(row sums {probs.sum(-1).tolist()}); retrain it.")
     return probs
+
+
+def load_for_serving(path, device: str) -> LoadedCheckpoint:
+    """load_checkpoint, with any failure turned into a CheckpointError that names the path."""
+    try:
+        return load_checkpoint(path, device=device)
+    except CheckpointError as err:
+        if Path(path).is_absolute():
+            raise
+        # A relative path is read from the working directory; say which one, it is a common surprise.
+        raise CheckpointError(f"{err} (Relative paths are read from the working directory {Path.cwd()}.)") from None
+    except UserError:
+        raise
+    except Exception as err:  # e.g. a damaged tokenizer: transformers raises its own errors
+        first = (str(err).splitlines() or [""])[0][:200]
+        raise CheckpointError(f"checkpoint {path} could not be loaded ({type(err).__name__}: {first}).") from None
+
+
+def check_for_serving(path, device: str) -> LoadedCheckpoint:
+    """Load the checkpoint and make sure it answers finite probabilities; CheckpointError otherwise."""
+    loaded = load_for_serving(path, device)
+    check_predictions(loaded)
+    return loaded
+
+
+class Classifier:
+    """The loaded checkpoint plus the one function the batcher calls: texts -> list of Prediction dicts."""
+
+    def __init__(self, loaded: LoadedCheckpoint, device: str):
+        self.loaded = loaded
+        self.device = device
+        self.labels = list(loaded.label_names)
+
+    def predict(self, texts: list[str]) -> list[dict]:
+        # predict_proba is the checkpoint's own prediction function (same tokenization, truncation to
+        # max_length, softmax), so the API answers exactly what a notebook would compute.
+        with torch.inference_mode():
+            probs = predict_proba(self.loaded, texts, batch_size=max(len(texts), 1))
+        best = probs.argmax(dim=-1).tolist()
+        results = []
+        for row, i in zip(probs.tolist(), best):
+            results.append({"label": self.labels[i], "confidence": row[i],
+                            "all_probabilities": dict(zip(self.labels, row))})
+        return results
+
+    def info(self) -> CheckpointInfo:
+        meta = self.loaded.metadata or {}
+
+        def pick(key, kind):
+            value = meta.get(key)
+            try:
+                return kind(value) if value is not None else None
+            except (TypeError, ValueError):
+                return None
+
+        return CheckpointInfo(
+            # The file name only: the folder it lives in is the server's business, not its clients'.
+            file=Path(self.loaded.path).name, data_source=pick("data_source", str),
+            final_accuracy=pick("final_accuracy", float), world_size=pick("world_size", int), preset=pick("preset", str),
+            model=pick("model", str), created=pick("created", str), max_length=self.loaded.max_length,
+            versions=meta.get("versions") if isinstance(meta.get("versions"), dict) else None,
+        )
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompt: str, max_new_tokens: int = 20, device="cpu", greedy: bool = False, seed: int = 0,
+             temperature: float = 0.8, top_k: int = 20) -> str:
+    """Continue a prompt with a causal LM over a VocabSubset: sampled from the top_k most likely tokens at the
+    given temperature (a fixed seed: the same text every time), or greedy."""
+    bare = model.module if hasattr(model, "module") else model
+    words = tokenizer.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([[tokenizer.cls_token_id, *tokenizer.encode(words)]], device=device)
+    limit = bare.config.n_positions
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(max_new_tokens):
+        logits = bare(input_ids=ids[:, -limit:]).logits[0, -1].float().cpu()
+        logits[[tokenizer.pad_token_id, tokenizer.unk_token_id, tokenizer.cls_token_id]] = -float("inf")
+        if greedy:
+            nxt = int(logits.argmax())
+        else:
+            top = torch.topk(logits / temperature, top_k)
+            nxt = int(top.indices[torch.multinomial(torch.softmax(top.values, -1), 1, generator=g)])
+        if nxt == tokenizer.sep_token_id:
+            break
+        ids = torch.cat([ids, torch.tensor([[nxt]], device=device)], dim=1)
+    return tokenizer.decode(ids[0, 1:], skip_special_tokens=True)
+
+
+def load_lm(path, device="cpu"):
+    """(model, VocabSubset, payload) from a --task clm/mlm checkpoint written by the training scripts."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM  # deferred: costs seconds
+
+    payload = read_checkpoint(path)
+    cfg = dict(payload["model_config"])
+    config = AutoConfig.for_model(cfg.pop("model_type", payload["model_type"]), **cfg)
+    auto = AutoModelForCausalLM if payload.get("task") == "clm" else AutoModelForMaskedLM
+    model = auto.from_config(config)
+    model.load_state_dict(payload["state_dict"])
+    return model.to(device).eval(), VocabSubset.from_files(payload["tokenizer_files"]), payload

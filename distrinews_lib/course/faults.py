@@ -2,7 +2,7 @@
 training script: this wrapper registers a hook on every optimizer step, then runs the script unchanged.
 Nothing in the training path knows about faults.
 
-    torchrun --nproc_per_node=2 distrinews_lib/faults.py kill:rank=1:step=7 scripts/train_ddp.py ARGS...
+    torchrun --nproc_per_node=2 distrinews_lib/course/faults.py kill:rank=1:step=7 scripts/train_ddp.py ARGS...
     launch.torchrun(faults.WRAPPER, 2, ["kill:rank=1:step=7", "scripts/train_ddp.py", *args])
 
     kill:rank=1:step=7     rank 1 SIGKILLs itself after optimizer step 7
@@ -24,14 +24,16 @@ import sys
 import time
 from pathlib import Path
 
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from distrinews_lib.errors import UserError, main_guard  # absolute: this file also runs as a script (see WRAPPER)
+
 WRAPPER = str(Path(__file__).resolve())
 KINDS = ("kill", "raise", "hang")
 
 
 def parse(spec: str) -> dict:
     """'kill:rank=1:step=7' -> {'kind': 'kill', 'rank': 1, 'step': 7}. Raises UserError when malformed."""
-    from distrinews_lib.errors import UserError
-
     kind, *fields = spec.split(":")
     if kind not in KINDS:
         raise UserError(f"fault '{spec}': unknown kind '{kind}'. Use kill, raise or hang, e.g. kill:rank=1:step=7.")
@@ -61,8 +63,6 @@ def marker_for(fault: dict, script_args: list) -> Path | None:
 
 def install(fault: dict, marker: Path | None = None) -> None:
     """Fire `fault` after the given optimizer step on the given rank, once per run (see the module's docstring)."""
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
     if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0" or int(os.environ.get("RANK", 0)) != fault["rank"]:
         return
     if marker is not None and marker.exists():
@@ -89,8 +89,6 @@ def install(fault: dict, marker: Path | None = None) -> None:
 
 
 def main(argv=None) -> None:
-    from distrinews_lib.errors import UserError, main_guard
-
     @main_guard
     def run():
         args = sys.argv[1:] if argv is None else argv

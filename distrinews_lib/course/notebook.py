@@ -1,7 +1,7 @@
 """What every course notebook does first: find the project, pick the preset for this machine, and
 check claims out loud.
 
-    from distrinews_lib.course import setup, check
+    from distrinews_lib.course.notebook import setup, check
     env = setup(PRESET, NPROC)          # chdir to the project root, print what this machine is
     check(acc > 0.5, "the model beats chance")   # prints 'checked: ...' or fails the notebook
     solution(exercise_1, SOLUTIONS)     # an exercise's solution: runs when SOLUTIONS (or CI) asks
@@ -14,15 +14,18 @@ when DISTRINEWS_SOLUTIONS=1 is set (CI, through conftest.py).
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+from ..distributed import gpu_count, nccl_fits
+from ..hub import hub_reachable
+from ..training.config import auto_preset
 from . import gpu_env
-from .config import auto_preset
-from .distributed import nccl_fits
-from .hub import hub_reachable
 
 
 @dataclass
@@ -60,13 +63,11 @@ def find_root(start: Path | None = None) -> Path:
 
 
 def setup(preset: str = "auto", nproc="auto", quiet: bool = False) -> CourseEnv:
-    import torch
-
     root = find_root()
     os.chdir(root)  # %%writefile scripts/... and checkpoints/... are relative to the project root
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
-    n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    n_gpus = gpu_count()
     env = CourseEnv(
         root=root,
         preset=auto_preset() if preset in ("auto", None, "") else preset,
@@ -101,8 +102,6 @@ class ScriptDiff:
 
 def script_diff(a, b, context: int = 1) -> ScriptDiff:
     """How `b` differs from `a`, line by line, ignoring indentation; lines shown as written in the files."""
-    import difflib
-
     la, lb = Path(a).read_text().splitlines(), Path(b).read_text().splitlines()
     matcher = difflib.SequenceMatcher(None, [x.strip() for x in la], [x.strip() for x in lb], autojunk=False)
     out, added, removed = [f"--- {a}", f"+++ {b}"], 0, 0

@@ -1,0 +1,66 @@
+"""The course's plots of a run: loss and accuracy per epoch, and what an experiment tracker recorded."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from ..training.tracking import load_metrics
+
+
+def _pyplot():
+    import matplotlib  # deferred on purpose: the backend must be chosen before pyplot is imported
+
+    if not os.environ.get("MPLBACKEND") and "ipykernel" not in sys.modules:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def integer_epochs(ax) -> None:
+    """Epochs are whole numbers: no 1.5 on the axis."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def plot_metrics(runs: dict, save_to=None, chance: float | None = 0.25):
+    """Loss and accuracy per epoch for one or more runs ({label: metrics.json path or dict}); returns the figure.
+
+    The accuracy axis starts at chance (25% for AG News' four classes), not at whatever the runs reached,
+    so a 0.5-point wiggle does not look like a cliff; the title names the data."""
+    plt = _pyplot()
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.6))
+    titles = set()
+    for label, m in runs.items():
+        m = m if isinstance(m, dict) else load_metrics(m)
+        titles.add(m["data"].get("title", m["data"]["source"]))
+        ep = [e["epoch"] for e in m["epochs"]]
+        ax_loss.plot(ep, [e["train_loss"] for e in m["epochs"]], "o-", label=f"{label} train")
+        ax_loss.plot(ep, [e["val_loss"] for e in m["epochs"]], "s--", label=f"{label} val")
+        ax_acc.plot(ep, [100 * e["val_accuracy"] for e in m["epochs"]], "o-", label=label)
+    ax_loss.set(xlabel="epoch", ylabel="cross-entropy", title="loss")
+    ax_acc.set(xlabel="epoch", ylabel="accuracy (%)", title="validation accuracy", ylim=(100 * (chance or 0), 100))
+    if chance:
+        ax_acc.axhline(100 * chance, color="grey", lw=0.8, ls=":", label="chance")
+    for ax in (ax_loss, ax_acc):
+        integer_epochs(ax)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"data: {', '.join(sorted(titles))}", fontsize=10)
+    fig.tight_layout()
+    if save_to:
+        Path(save_to).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(save_to, dpi=110)
+    return fig
+
+
+def read_tensorboard(run_dir) -> dict:
+    """{tag: [(step, value), ...]} from the TensorBoard event files a run wrote (what TensorBoard would plot)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # optional (the track extra)
+
+    acc = EventAccumulator(str(Path(run_dir) / "tensorboard"))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}

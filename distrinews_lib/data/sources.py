@@ -1,0 +1,263 @@
+"""The datasets of the course: where they come from, tokenized once, batched with dynamic padding.
+
+What (`--dataset`):
+  ag_news (default), imdb, amazon_polarity, yelp_polarity   known datasets: hub ids through `datasets`, or a
+             local copy in their usual layout (--data FOLDER); label names known (IMDB: negative/positive)
+  hub:OWNER/NAME                 any text-classification dataset on the hub (columns: --text_column/--label_column)
+  FOLDER                         train/test files in one of the layouts below, recognised by their first row
+  csv:PATH                       a CSV with a header (PATH: a folder with train.csv and test.csv, or one file whose
+                                 test split is 10% held out), text and label taken from --text_column/--label_column
+Layouts read from a folder:
+  Zhang et al. 2015 CSV          no header, "class 1..K","field",...: ag_news_csv, amazon_review_polarity_csv,
+                                 yelp_review_polarity_csv (a classes.txt beside them names the classes); AG News
+                                 also as the Kaggle CSV with header `Class Index,Title,Description`
+  a CSV with a header            IMDB's `id,rating,label,text` (label 0 negative, 1 positive), or any header with
+                                 a text and a label column
+Where a known dataset comes from (`--data`), AG News:
+  hub        the Hugging Face hub through `datasets`; with HF_HUB_OFFLINE=1 (or an unreachable hub) its cache
+  <folder>   the original ag_news_csv layout (train.csv / test.csv, no header, "class","title","description",
+             optionally .gz) or the Kaggle CSV (header `Class Index,Title,Description`)
+  embedded   a real AG News sample shipped inside this package (8,000 train rows, the full 7,600-row test
+             set; assets/ag_news_sample/README.md gives its provenance): real news, offline
+  synthetic  an AG-News-shaped set generated offline, only when asked for; never mistaken for the real thing
+  auto       hub when reachable, else the folder in $DISTRINEWS_DATA_DIR, else the hub cache when it holds the
+             dataset, else embedded (decided once, on rank 0, by the run plan); for the other known datasets:
+             hub when reachable, else its cache
+Labels are 0-based indices into the dataset's label names (AG News: 0 World, 1 Sports, 2 Business, 3 Sci/Tech),
+which come from the data (a ClassLabel, classes.txt, the label values) or from --label_names.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..errors import UserError
+from ..hub import (
+    dataset_cached,
+    dataset_download_command,
+    datasets_cache_dir,
+    env_says_offline,
+    hub_reachable,
+    offline_datasets,
+)
+from .readers import label_indices, load_csv, load_folder
+from .synthetic import synthetic_agnews
+from .texts import (
+    DATASETS,
+    HUB_DATASET,
+    DatasetSpec,
+    TextOptions,
+    TextSplits,
+    clean_review,
+    known_datasets_text,
+    subset_index,
+    take_subsets,
+)
+
+EMBEDDED_DIR = Path(__file__).resolve().parent.parent / "assets" / "ag_news_sample"
+SOURCES = ("auto", "hub", "embedded", "synthetic")
+
+
+def load_embedded() -> TextSplits:
+    """The real AG News sample inside the package: offline, and real news (see assets/ag_news_sample/README.md)."""
+    splits = load_folder(EMBEDDED_DIR)
+    splits.source, splits.detail = "embedded", "real AG News sample shipped in distrinews_lib/assets/ag_news_sample"
+    return splits
+
+
+def _hub_cache_name(spec: DatasetSpec | None, repo_id: str) -> str | None:
+    """The name under which the datasets cache holds repo_id (or one of its older aliases), or None."""
+    for name in (repo_id, *(spec.cache_aliases if spec else ())):
+        if dataset_cached(name):
+            return name
+    return None
+
+
+def _no_cache_message(repo_id: str, why: str) -> str:
+    return (f"--data hub: {why}, and the Hugging Face datasets cache at {datasets_cache_dir()} holds no copy of "
+            f"'{repo_id}'. On a machine with internet (a login node), fill that cache with: "
+            f"{dataset_download_command(repo_id)} - then run again here with HF_HUB_OFFLINE=1 (set HF_HOME or "
+            f"HF_DATASETS_CACHE the same way on both). Or use a local copy: --data <folder>"
+            + (" or --data embedded (a real AG News sample, offline)." if repo_id == HUB_DATASET else "."))
+
+
+def load_hub(name: str = HUB_DATASET, spec: DatasetSpec | None = None, opts: TextOptions = TextOptions(),
+             num_samples: int | None = None, eval_samples: int | None = None, seed: int = 0) -> TextSplits:
+    """A dataset through `datasets`: from the hub when it answers; from the local cache, without any request,
+    under HF_HUB_OFFLINE=1 (or HF_DATASETS_OFFLINE=1) or when the hub does not answer. The subsets are taken before
+    the texts are cleaned (Amazon's 3.6M reviews would take minutes)."""
+    if spec is None:
+        spec = next((s for s in DATASETS.values() if s.hub_id == name or name in s.cache_aliases), None)
+    ds, offline = _open_hub_dataset(name, spec)
+    tr, te = ds["train"], ds["test"]
+    label_column = opts.label_column or "label"
+    text_columns = opts.text_columns or (spec.hub_text_columns if spec else ("text",))
+    for col in (*text_columns, label_column):
+        if col not in tr.column_names:
+            raise UserError(f"'{name}' has no column '{col}' (its columns: {', '.join(tr.column_names)}). Name the text "
+                            "and label columns with --text_column and --label_column.")
+    names, tr_labels, te_labels = _hub_labels(name, spec, opts, tr, te, label_column)
+    full = {"train": len(tr), "test": len(te)}
+    idx_tr, idx_te = subset_index(tr_labels, num_samples, seed), subset_index(te_labels, eval_samples, seed)
+    if idx_tr is not None:
+        tr, tr_labels = tr.select(idx_tr), [tr_labels[i] for i in idx_tr]
+    if idx_te is not None:
+        te, te_labels = te.select(idx_te), [te_labels[i] for i in idx_te]
+    clean = spec.clean if spec else clean_review
+
+    def texts(split):
+        columns = [split[c] for c in text_columns]
+        return [clean(*(str(v) if v is not None else "" for v in row)) for row in zip(*columns)]
+
+    detail = name + (f" (from the cache in {datasets_cache_dir()}, offline)" if offline else "")
+    return TextSplits(texts(tr), tr_labels, texts(te), te_labels, "hub", detail, full_sizes=full, label_names=names,
+                      name=spec.name if spec else name)
+
+
+def _open_hub_dataset(name: str, spec: DatasetSpec | None):
+    """({split: dataset}, offline): from the hub, or from its cache (offline, or the hub did not answer)."""
+    offline = env_says_offline() or not hub_reachable()
+    load_name = name
+    if offline:
+        load_name = _hub_cache_name(spec, name)
+        if load_name is None:
+            why = ("the hub is not reachable (offline mode: HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set)" if env_says_offline()
+                   else "the Hugging Face hub is not reachable from this machine")
+            raise UserError(_no_cache_message(name, why))
+    from datasets import load_dataset  # deferred: an optional dependency (the hub extra), and a slow import
+
+    try:
+        if offline:
+            with offline_datasets():
+                ds = load_dataset(load_name, cache_dir=datasets_cache_dir())
+        else:
+            ds = load_dataset(name, cache_dir=datasets_cache_dir())
+    except Exception as err:  # network errors, renamed datasets, a damaged cache... all are the user's environment
+        where = f"the cache at {datasets_cache_dir()}" if offline else "the Hugging Face hub"
+        raise UserError(f"could not load '{name}' from {where} ({type(err).__name__}: "
+                        f"{str(err).splitlines()[0][:200] if str(err) else ''}). Use --data <folder>"
+                        + (" or --data embedded." if name == HUB_DATASET else ".")) from None
+    splits = {k.lower(): v for k, v in ds.items()}
+    if "train" not in splits or "test" not in splits:
+        raise UserError(f"'{name}' has the splits {', '.join(ds)}; the course needs a 'train' and a 'test' split.")
+    return splits, offline
+
+
+def _hub_labels(name: str, spec: DatasetSpec | None, opts: TextOptions, tr, te, label_column: str):
+    """(label names, train labels, test labels as 0-based indices): names from --label_names, the known dataset, or
+    the column's ClassLabel; label values that are names (or not numbers) are looked up in them."""
+    feature = tr.features[label_column]
+    names = (list(opts.label_names) if opts.label_names else list(spec.label_names) if spec
+             else list(feature.names) if hasattr(feature, "names") else None)
+    tr_labels, te_labels = list(tr[label_column]), list(te[label_column])
+    if names is None or not all(isinstance(v, int) for v in tr_labels[:1000]):
+        raw_tr = [(str(v), i + 2) for i, v in enumerate(tr_labels)]
+        raw_te = [(str(v), i + 2) for i, v in enumerate(te_labels)]
+        if names is None:
+            _, names = label_indices(raw_tr + raw_te, None, name)
+        tr_labels, _ = label_indices(raw_tr, names, f"{name} (train)")
+        te_labels, _ = label_indices(raw_te, names, f"{name} (test)")
+        return names, tr_labels, te_labels
+    bad = next((v for v in tr_labels + te_labels if not 0 <= v < len(names)), None)
+    if bad is not None:
+        raise UserError(f"'{name}' has the label {bad}, outside 0..{len(names) - 1} ({', '.join(names)}). Name every "
+                        "class with --label_names.")
+    return names, tr_labels, te_labels
+
+
+def resolve_dataset(dataset: str) -> str:
+    """--dataset as the plan records it: a known key, 'hub:OWNER/NAME', 'folder:/abs/path' or 'csv:/abs/path'."""
+    dataset = (dataset or "ag_news").strip()
+    if dataset.lower() in DATASETS:
+        return dataset.lower()
+    if dataset.startswith("csv:"):
+        path = Path(dataset[4:]).expanduser()
+        if not dataset[4:] or not path.exists():
+            raise UserError(f"--dataset {dataset}: no such file or folder. csv:PATH takes a CSV file with a header row, or "
+                            "a folder holding train.csv and test.csv.")
+        return f"csv:{path.resolve()}"
+    if dataset.startswith("hub:"):
+        if dataset[4:].count("/") != 1:
+            raise UserError(f"--dataset {dataset}: a hub id has the form hub:OWNER/NAME (e.g. hub:stanfordnlp/imdb).")
+        return dataset
+    path = Path(dataset).expanduser()
+    if path.is_dir():
+        return f"folder:{path.resolve()}"
+    if dataset.count("/") == 1 and not dataset.startswith((".", "/", "~")) and not path.exists():
+        known = next((k for k, s in DATASETS.items() if s.hub_id == dataset), None)
+        return known or f"hub:{dataset}"
+    raise UserError(f"--dataset {dataset}: not a dataset the course knows and not a folder. Choices: {known_datasets_text()}.")
+
+
+def resolve_source(source: str, dataset: str = "ag_news", hub: bool | None = None) -> str:
+    """What `auto` means on this machine for a known dataset. AG News: the hub when reachable, else
+    $DISTRINEWS_DATA_DIR, else the hub cache if it holds AG News, else the embedded real sample. The others: the
+    hub when reachable, else its cache. Under DDP only rank 0 asks (plan.decide); every rank then loads what it decided."""
+    spec = DATASETS.get(dataset)
+    if spec is None:  # a folder, csv:PATH or hub:ID: --dataset says where it is
+        if source not in ("auto", "hub") and not (dataset.startswith("hub:") and source == "hub"):
+            raise UserError(f"--data {source} does not go with --dataset {dataset.split(':', 1)[-1]}: that already says "
+                            "where the data is. Leave --data at auto.")
+        return "hub" if dataset.startswith("hub:") else dataset.split(":", 1)[0]
+    if source in ("embedded", "synthetic") and spec.key != "ag_news":
+        raise UserError(f"--data {source} is AG News only (the sample inside the package, or generated headlines). "
+                        f"For {spec.name} use --data hub (or its cache offline) or --data FOLDER ({spec.folder_hint}).")
+    if source != "auto":
+        return source
+    reachable = (not env_says_offline() and hub_reachable()) if hub is None else hub
+    if reachable:
+        return "hub"
+    if spec.key == "ag_news":
+        env_dir = os.environ.get("DISTRINEWS_DATA_DIR")
+        if env_dir:
+            if not Path(env_dir).expanduser().is_dir():
+                raise UserError(f"DISTRINEWS_DATA_DIR={env_dir} is not a folder. Point it at a folder holding "
+                                "train.csv and test.csv (or unset it to use the embedded real sample offline).")
+            return str(Path(env_dir).expanduser())
+        return "hub" if _hub_cache_name(spec, spec.hub_id) else "embedded"
+    if _hub_cache_name(spec, spec.hub_id):
+        return "hub"
+    raise UserError(f"--dataset {spec.key}: the Hugging Face hub is not reachable and its cache at {datasets_cache_dir()} "
+                    f"holds no copy of {spec.hub_id}. Point --data at a local copy ({spec.folder_hint}), or fill the cache "
+                    f"on a machine with internet (a login node): {dataset_download_command(spec.hub_id)}")
+
+
+def load_dataset_splits(dataset: str, source: str, num_samples: int | None = None, eval_samples: int | None = None,
+                        seed: int = 0, opts: TextOptions = TextOptions()) -> TextSplits:
+    """Load a resolved dataset (resolve_dataset) from a resolved source (resolve_source), then take class-balanced
+    subsets of train (num_samples) and test (eval_samples)."""
+    spec = DATASETS.get(dataset)
+    if spec is not None:
+        if opts.label_names and len(opts.label_names) != len(spec.label_names):
+            raise UserError(f"--label_names gives {len(opts.label_names)} names ({', '.join(opts.label_names)}) but "
+                            f"{spec.name} has {len(spec.label_names)} classes ({', '.join(spec.label_names)}).")
+        if spec.key == "ag_news" and source in ("embedded", "synthetic"):
+            splits = load_embedded() if source == "embedded" else synthetic_agnews()
+        elif source == "hub":
+            splits = load_hub(spec.hub_id, spec, opts, num_samples, eval_samples, seed)
+        else:
+            splits = load_folder(source, spec, opts)
+        if opts.label_names and source in ("embedded", "synthetic"):
+            splits.label_names = list(opts.label_names)
+    elif dataset.startswith("hub:"):
+        splits = load_hub(dataset[4:], None, opts, num_samples, eval_samples, seed)
+    elif dataset.startswith("csv:"):
+        splits = load_csv(dataset[4:], opts)
+    elif dataset.startswith("folder:"):
+        splits = load_folder(dataset[7:], None, opts)
+    else:
+        raise UserError(f"--dataset {dataset}: unknown. Choices: {known_datasets_text()}.")
+    if opts.label_names and len(opts.label_names) != len(splits.label_names):
+        raise UserError(f"--label_names gives {len(opts.label_names)} names ({', '.join(opts.label_names)}) but the data "
+                        f"has {len(splits.label_names)} classes ({', '.join(splits.label_names)[:200]}).")
+    if len(splits.label_names) < 2:
+        raise UserError(f"{splits.detail}: only one class ({', '.join(splits.label_names)}); a classifier needs two or more.")
+    return take_subsets(splits, num_samples, eval_samples, seed)
+
+
+def load_agnews(source: str, num_samples: int | None = None, eval_samples: int | None = None,
+                seed: int = 0) -> TextSplits:
+    """Load AG News from `source` (hub, embedded, synthetic, a folder, or auto), then take class-balanced subsets
+    of train (num_samples) and test (eval_samples)."""
+    return load_dataset_splits("ag_news", resolve_source(source), num_samples, eval_samples, seed)

@@ -1,0 +1,82 @@
+"""The device a process computes on, and the precision it computes in (mixed precision, loss scaling).
+
+    device = precision.resolve_device()            # cuda:0 when there is a GPU, else cpu (or what was asked for)
+    amp = precision.resolve_amp(cfg.amp, device)   # bf16 on A100/H100, fp16 + GradScaler on a T4, off on a CPU
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import UserError
+from .config import AMP_MODES
+
+
+def resolve_device(requested: str | None = "auto") -> torch.device:
+    """auto (or None): cuda:0 when there is a GPU, else cpu; otherwise the named device (cpu, cuda, cuda:N), checked."""
+    if requested in ("auto", None, ""):
+        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        device = torch.device(requested)
+    except (RuntimeError, ValueError):
+        raise UserError(f"device '{requested}' is not a valid torch device; use auto, cpu, cuda or cuda:N.") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"device '{requested}' was asked for, but this machine has no usable CUDA GPU; use cpu or auto.")
+    return device
+
+
+@dataclass
+class AmpSettings:
+    mode: str                 # what was resolved: "fp16", "bf16" or "off"
+    dtype: torch.dtype | None
+    use_scaler: bool          # fp16 needs a GradScaler: its gradients underflow without loss scaling
+    reason: str
+
+    @property
+    def enabled(self) -> bool:
+        return self.dtype is not None
+
+    def autocast(self, device: torch.device):
+        if not self.enabled:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device.type, dtype=self.dtype)
+
+
+def native_bf16(device: torch.device) -> bool:
+    """bf16 in hardware: compute capability 8.0+ (A100, L4, H100). is_bf16_supported() also says yes on a
+    T4 (7.5), where bf16 is emulated and slow (pytorch PR #148322), so the capability decides."""
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def resolve_amp(mode: str, device: torch.device) -> AmpSettings:
+    """auto: bf16 on GPUs with native bf16 (A100, H100), fp16 + GradScaler below (T4, V100), off on CPU."""
+    if mode not in AMP_MODES:
+        raise UserError(f"unknown --amp '{mode}'. Choices: {', '.join(AMP_MODES)}.")
+    on_cuda = device.type == "cuda"
+    if mode == "off":
+        return AmpSettings("off", None, False, "AMP off (asked for)")
+    if mode == "fp16":
+        if not on_cuda:
+            raise UserError("--amp fp16 needs a CUDA GPU (fp16 autocast with a GradScaler); this run is on the CPU. "
+                            "Use --amp off (or bf16, which CPUs can autocast), or run on a GPU.")
+        return AmpSettings("fp16", torch.float16, True, "fp16 autocast with GradScaler (asked for)")
+    if mode == "bf16":
+        if on_cuda and not native_bf16(device):
+            name, cap = torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device)
+            raise UserError(f"--amp bf16: {name} (compute capability {cap[0]}.{cap[1]}) has no bf16 in hardware; torch "
+                            "would emulate it, slower than fp32. Use --amp fp16 (or auto, which picks fp16 with a "
+                            "GradScaler here).")
+        return AmpSettings("bf16", torch.bfloat16, False, f"bf16 autocast on {device.type} (asked for)")
+    if not on_cuda:
+        return AmpSettings("off", None, False, "AMP off: on a CPU fp32 is the safe default")
+    name = torch.cuda.get_device_name(device)
+    if native_bf16(device):
+        return AmpSettings("bf16", torch.bfloat16, False, f"bf16: {name} has it in hardware, no GradScaler needed")
+    return AmpSettings("fp16", torch.float16, True, f"fp16 + GradScaler: {name} has no native bf16 (e.g. T4)")
+
+
+def make_grad_scaler(amp: AmpSettings, device: torch.device):
+    return torch.amp.GradScaler(device.type, enabled=amp.use_scaler)
