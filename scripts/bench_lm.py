@@ -1,4 +1,4 @@
-"""Chapter 08's language models, measured: the validation perplexity before training and after each epoch, the
+"""Chapter 11's language models, measured: the validation perplexity before training and after each epoch, the
 time per epoch, for the causal and the masked LM, trained by scripts/train_ddp.py on N processes.
 
     python scripts/bench_lm.py                 # benchmarks/lm.json (clm and mlm, 2 processes, the chapter's settings)

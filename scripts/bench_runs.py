@@ -1,5 +1,5 @@
 """Run the course's training scripts UNCHANGED, many times in ONE torchrun launch, and time a window of
-their optimizer steps (distrinews_lib.bench.harness). The measuring tool of chapters 04 and 07.
+their optimizer steps (distrinews_lib.bench.harness). The measuring tool of chapters 05 and 09.
 
     torchrun --nproc_per_node=2 scripts/bench_runs.py RESULTS.json RUNS.json
 

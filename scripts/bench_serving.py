@@ -555,8 +555,20 @@ def abandoned_burst(server: "Server", requests: list[bytes]) -> dict:
 def make_checkpoint_with(tree: Path, folder: Path) -> Path:
     """A tiny random model (seed 0) saved by `tree`'s own distrinews_lib, in `tree`'s checkpoint format."""
     folder.mkdir(parents=True, exist_ok=True)
-    code = ("import sys; from distrinews_lib import AG_NEWS_LABELS; from distrinews_lib.checkpoint import save_checkpoint; "
-            "from distrinews_lib.model import build_model; m, t, _ = build_model(RunConfig(model='tiny', seed=0), AG_NEWS_LABELS); "
+    # Both library layouts (before and after the reshape), so `--before` can point at an older tree.
+    code = ("import sys\n"
+            "try:\n"
+            "    from distrinews_lib.data.texts import AG_NEWS_LABELS\n"
+            "    from distrinews_lib.training.checkpoint import save_checkpoint\n"
+            "    from distrinews_lib.training.config import RunConfig\n"
+            "    from distrinews_lib.models.build import build_model\n"
+            "    m, t, _ = build_model(RunConfig(model='tiny', seed=0), AG_NEWS_LABELS)\n"
+            "except ImportError:\n"
+            "    from distrinews_lib import AG_NEWS_LABELS\n"
+            "    from distrinews_lib.checkpoint import save_checkpoint\n"
+            "    from distrinews_lib.config import RunConfig\n"
+            "    from distrinews_lib.model import build_model\n"
+            "    m, t, _ = build_model(RunConfig(model='tiny', seed=0), AG_NEWS_LABELS)\n"
             "save_checkpoint(sys.argv[1], m, t, AG_NEWS_LABELS, {'data_source': 'synthetic', 'model': 'tiny', "
             "'final_accuracy': 0.0, 'world_size': 1}, max_length=64)")
     path = folder / "bench_tiny.pt"

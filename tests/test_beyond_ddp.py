@@ -1,4 +1,4 @@
-"""Chapter 07's machinery: Accelerate trains what train_ddp.py trains (and its launch is counted), ZeRO-1 and
+"""Chapter 09's machinery: Accelerate trains what train_ddp.py trains (and its launch is counted), ZeRO-1 and
 FSDP2 (and DeepSpeed where installed) end with DDP's weights while holding less, and the experiment trackers
 really write their files."""
 
@@ -81,7 +81,7 @@ def test_an_accelerate_launch_that_starts_fewer_processes_fails_loudly(tmp_path)
 @pytest.mark.slow
 def test_zero_and_fsdp_end_with_ddps_weights_and_hold_less(tmp_path):
     out = tmp_path / "memory.json"
-    # the torch variants (notebook 07 runs DeepSpeed's too, and checks the same)
+    # the torch variants (notebook 09 runs DeepSpeed's too, and checks the same)
     torchrun(SCRIPTS / "memory_footprint.py", 2, ["--out", out, "--steps", 2, "--variants",
                                                   "ddp,zero1,fsdp2_reshard_off,fsdp2_reshard_on"], echo=False, timeout=300)
     res = json.loads(out.read_text())["results"]

@@ -42,7 +42,7 @@ def test_ids_are_pinned_so_every_machine_and_python_agrees():
 
 def test_the_same_ids_in_other_processes_whatever_their_hash_seed():
     """Python salts hash(str) per process (PYTHONHASHSEED): two DDP ranks would disagree. blake2b never does."""
-    code = ("import json, sys; from distrinews_lib.tokenization import HashTokenizer; "
+    code = ("import json, sys; from distrinews_lib.data.tokenization import HashTokenizer; "
             "print(json.dumps([HashTokenizer(32768)(json.loads(sys.argv[1]), max_length=16)['input_ids'], hash('news')]))")
     here = HashTokenizer(32768)(TEXTS, max_length=16)["input_ids"]
     answers = []

@@ -1,4 +1,4 @@
-"""The concept and pitfall scripts that notebooks 00 and 03 write, and the plumbing they share
+"""The concept and pitfall scripts that notebooks 00 and 04 write, and the plumbing they share
 (distrinews_lib.course.demo): static checks, and the key symptoms (broken vs fixed) measured with real
 2-rank gloo launches."""
 

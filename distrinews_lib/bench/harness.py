@@ -1,6 +1,6 @@
 """Run the course's training scripts UNCHANGED, in-process, and measure what happens inside them.
 
-Notebook 04 and scripts/bench_train.py time the real scripts, not a copy of their loop:
+Notebook 05 and scripts/bench_train.py time the real scripts, not a copy of their loop:
 
     with harness.shared_process_group():            # under torchrun: one group for many runs
         res = harness.run(SCRIPT, argv, warmup=2, steps=10, device=device, comm=True)

@@ -172,6 +172,6 @@ class LMCollator:
 
 
 def all_masks_differ(masks: list) -> bool:
-    """True when no two of the given label tensors mark the same positions (used by the tests and chapter 08)."""
+    """True when no two of the given label tensors mark the same positions (used by the tests and chapter 11)."""
     keys = [tuple((m != IGNORE).flatten().tolist()) for m in masks]
     return len(set(keys)) == len(keys)

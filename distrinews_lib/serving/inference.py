@@ -80,7 +80,7 @@ def load_checkpoint(path=DEFAULT_CHECKPOINT, device: str | torch.device = "cpu")
     payload = read_checkpoint(path)
     if payload.get("task", "classify") != "classify":
         raise CheckpointError(f"checkpoint {path} is a {payload['task']} language model, not a classifier: the classification "
-                              "server cannot serve it. Load it with distrinews_lib.lm.load_lm (notebook 08 does).")
+                              "server cannot serve it. Load it with distrinews_lib.serving.inference.load_lm (notebook 11 does).")
     cfg_dict = dict(payload["model_config"])
     model_type = cfg_dict.pop("model_type", payload["model_type"])
     if model_type == CUSTOM_MODEL_TYPE:  # --model custom: plain PyTorch, rebuilt from its own config
