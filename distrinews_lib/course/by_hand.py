@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from contextlib import contextmanager
 from datetime import timedelta
@@ -261,7 +260,3 @@ def rung_summary(res: dict) -> dict:
         out[rung] = {"step_time_ratio_vs_ddp": res["timing"]["ratio_vs_ddp"][rung], "max_weight_diff": max(diffs),
                      "allreduces_per_step": res["timing"]["collectives_per_step"][rung]}
     return out
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").lower() in ("1", "true", "yes")

@@ -4,8 +4,8 @@
    compared after every step (the first difference names its step and parameter). Models: tiny and tied.
 2. timing (wide model): alternating rounds, the order rotating each round; the median step time of each.
 3. sweep: bucket sizes, the hand-built bucketed rung against torch's DDP, alternating.
-4. facts: DDP's buckets before and after its first step, what gradient_as_bucket_view shares, optimizer bytes,
-   the bytes each rung put on the wire.
+4. facts: DDP's buckets in its first steps, what gradient_as_bucket_view shares, the bytes each collective puts
+   on the wire.
 
     torchrun --standalone --nproc_per_node=2 scripts/by_hand/race.py --out outputs/by_hand/race.json
 """
@@ -112,7 +112,6 @@ def max_across_ranks(x: float) -> float:
 def check(kind, rungs, mods, args, rank, world, facts):
     """Each rung against DDP on the same seed and texts: per step, the largest weight difference and where."""
     batches = by_hand.batches(kind, rank, world, args.check_steps, args.batch_size)
-    names = None
     ref = Runner("ddp", kind, args, mods, rank)
     names = [n for n, _ in ref.model.named_parameters()]
     torch.manual_seed(args.seed + 1000 + rank)  # dropout: the same masks for every runner on this rank
@@ -238,17 +237,6 @@ def main():
                          "foreign_cores": foreign, "seconds": span,
                          "collectives_per_step": {n: r.collectives_per_step for n, r in runners.items()},
                          "timelines": {n: r.timeline.events for n, r in runners.items()} if rank == 0 else None}
-        # The bytes on the wire per step (loopback, both ranks), flat all-reduce against ZeRO-1's pair.
-        wire = {}
-        for n in [x for x in ("ddp", "flat", "zero1") if x in runners]:
-            dist.barrier()
-            b0 = lo_bytes()
-            for b in batches:
-                runners[n].step(b)
-            dist.barrier()
-            b1 = lo_bytes()
-            wire[n] = None if b0 is None else (b1 - b0) / len(batches)
-        res["facts"]["wire_bytes_per_step"] = wire
         ddp = runners["ddp"].dp
         res["facts"]["ddp_buckets_wide"] = ddp_buckets(ddp)
         # Before its first step DDP has ONE bucket (the order gradients will arrive in is not known yet); the first
