@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from contextlib import contextmanager
 from datetime import timedelta
@@ -169,8 +170,12 @@ def run_race(args: list, out_json, *, timeout: float = 300, echo: bool = False) 
         torchrun(SCRIPTS / "race.py", 2, [*map(str, args), "--out", out_json], timeout=timeout, echo=echo,
                  env={"OMP_NUM_THREADS": 1})
     except LaunchError as err:
-        errors = [line for line in err.result.lines if line.startswith(("error:", "       ")) or "[rank" in line]
-        raise LaunchError("\n".join(errors[:12]) or str(err), err.result) from None
+        # The scripts' own one-paragraph messages (main_guard); else the exception lines of the ranks' tracebacks.
+        lines = err.result.lines
+        errors = [l for i, l in enumerate(lines) if l.startswith("error:")
+                  or (l.startswith("       ") and i and lines[i - 1].startswith(("error:", "       ")))]
+        errors = errors or [l for l in lines if re.match(r"^(\[rank\d+\]: )?\w+(Error|Exception)\b", l)]
+        raise LaunchError("\n".join(dict.fromkeys(errors[:12])) or str(err), err.result) from None
     return json.loads(out_json.read_text())
 
 

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from distrinews_lib.bench.timing import cpu_busy_seconds
+from distrinews_lib.bench.timing import cpu_busy_seconds, wait_for_quiet
 from distrinews_lib.course import by_hand
 from distrinews_lib.errors import UserError, main_guard
 from distrinews_lib.files import atomic_write_json
@@ -224,6 +224,9 @@ def main():
     if not args.check_only:
         batches = by_hand.batches("wide", rank, world, args.round_steps, args.batch_size)
         names = ["ddp", *rungs]
+        if args.benchmark and rank == 0:  # a benchmark file waits (up to a minute) for the other processes to calm down
+            res["quiet_wait"] = wait_for_quiet(0.3, timeout_s=60)
+        dist.barrier()
         busy0, cpu0, t0 = cpu_busy_seconds(), time.process_time(), time.perf_counter()
         runners, times = race(names, lambda n: Runner(n, "wide", args, mods, rank), batches, args.rounds)
         own = torch.tensor([time.process_time() - cpu0])
