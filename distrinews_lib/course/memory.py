@@ -3,7 +3,7 @@
     from distrinews_lib.course.memory import SHAPES, estimate, calculator
     e = estimate("distilbert-base", batch=8, seq=64, world=2, stage=0)   # plain DDP
     e.peak_mb, e.parts_mb                                                  # the peak and what it is made of
-    calculator(overhead_mb=30.0)   # ipywidgets sliders in Jupyter; a fixed table where there is no front end
+    calculator(overhead_mb=30.0)   # a fixed table; in Jupyter with ipywidgets, sliders too
 
 Inputs: the model's shape, the batch per rank, the sequence length, the precision, the ZeRO stage (0 = plain DDP,
 1 = optimizer state sharded, 2 = + gradients, 3 = + parameters; how torch and DeepSpeed implement each differs, see
@@ -181,9 +181,9 @@ def interactive() -> bool:
     shell = get_ipython()
     if shell is None or not hasattr(shell, "kernel"):
         return False
-    # a kernel started by a Jupyter server (or VS Code, Colab, Kaggle) has one of these; papermill's has none
-    front_ends = ("JPY_SESSION_NAME", "JPY_PARENT_PID", "VSCODE_PID", "COLAB_RELEASE_TAG", "KAGGLE_KERNEL_RUN_TYPE")
-    return any(k in os.environ for k in front_ends)
+    # a kernel a Jupyter server (or VS Code, Colab) started carries one of these; papermill's and nbval's do not
+    # (both get JPY_PARENT_PID from jupyter_client, so that one says nothing)
+    return any(k in os.environ for k in ("JPY_SESSION_NAME", "VSCODE_PID", "COLAB_RELEASE_TAG"))
 
 
 def table(rows=GRID, precision: str = "fp32", overhead_mb: float = 0.0) -> str:
@@ -199,11 +199,12 @@ def table(rows=GRID, precision: str = "fp32", overhead_mb: float = 0.0) -> str:
     return "\n".join(lines)
 
 
-def calculator(overhead_mb: float = 0.0, force_table: bool = False):
-    """Sliders in Jupyter (ipywidgets), else the fixed table printed. Returns the widget or the table's text."""
-    if force_table or not interactive():
-        text = table(overhead_mb=overhead_mb)
-        print(f"{precision_note()}\n{text}")
+def calculator(overhead_mb: float = 0.0):
+    """The fixed table, printed everywhere; in a Jupyter front end with ipywidgets, sliders below it too.
+    Returns the table's text."""
+    text = table(overhead_mb=overhead_mb)
+    print(f"{precision_note()}\n{text}")
+    if not interactive():
         return text
     import ipywidgets as W
     from IPython.display import display
@@ -214,12 +215,11 @@ def calculator(overhead_mb: float = 0.0, force_table: bool = False):
             print(f"{k:<18} {v:9.1f} MB")
         print(f"{'peak':<18} {e.peak_mb:9.1f} MB per rank")
 
-    ui = W.interactive(show, model=list(SHAPES), batch=W.IntSlider(8, 1, 256), seq=W.IntSlider(64, 8, 512, 8),
-                       precision=list(PRECISIONS), stage=W.IntSlider(0, 0, 3), world=W.IntSlider(2, 1, 64),
-                       recompute=False)
-    display(ui)
-    return ui
+    display(W.interactive(show, model=list(SHAPES), batch=W.IntSlider(8, 1, 256), seq=W.IntSlider(64, 8, 512, 8),
+                          precision=list(PRECISIONS), stage=W.IntSlider(0, 0, 3), world=W.IntSlider(2, 1, 64),
+                          recompute=False))
+    return text
 
 
 def precision_note() -> str:
-    return "fixed table (no Jupyter front end or no ipywidgets); fp32 AdamW; MB per rank, the fullest rank"
+    return "fp32 AdamW; MB per rank (the fullest rank); runtime included in the peak"
