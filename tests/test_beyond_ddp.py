@@ -81,7 +81,7 @@ def test_an_accelerate_launch_that_starts_fewer_processes_fails_loudly(tmp_path)
 @pytest.mark.slow
 def test_zero_and_fsdp_end_with_ddps_weights_and_hold_less(tmp_path):
     out = tmp_path / "memory.json"
-    # the torch variants (notebook 09 runs DeepSpeed's too, and checks the same)
+    # the torch variants (notebook 06 runs DeepSpeed's too, and checks the same); each run in a fresh process
     torchrun(SCRIPTS / "memory_footprint.py", 2, ["--out", out, "--steps", 2, "--variants",
                                                   "ddp,zero1,fsdp2_reshard_off,fsdp2_reshard_on"], echo=False, timeout=300)
     res = json.loads(out.read_text())["results"]
