@@ -18,6 +18,7 @@ import schemathesis
 from schemathesis import Config
 
 from distrinews_lib.serving.app import create_app
+from distrinews_lib.serving.settings import ServingSettings
 
 from .test_serving import make_checkpoint
 
@@ -35,7 +36,7 @@ CONFIG = Config.from_dict({
 # process's torch settings alone. (schemathesis.pytest.from_fixture would be tidier, but its lazy loader
 # does not work with pytest 9.)
 CHECKPOINT = Path(tempfile.mkdtemp(prefix="distrinews-schemathesis-")) / "m.pt"
-app = create_app(CHECKPOINT, device="cpu", torch_threads=0)
+app = create_app(ServingSettings(checkpoint=CHECKPOINT, device="cpu", torch_threads=0))
 schema = schemathesis.openapi.from_dict(app.openapi(), config=CONFIG)
 schema.app = app
 
