@@ -58,9 +58,10 @@ def test_the_accelerate_checkpoint_serves_unchanged(same_runs):
     from fastapi.testclient import TestClient
 
     from distrinews_lib.serving.app import create_app
+    from distrinews_lib.serving.settings import ServingSettings
 
     tmp, _, _ = same_runs
-    with TestClient(create_app(checkpoint_path=str(tmp / "acc.pt"))) as client:
+    with TestClient(create_app(ServingSettings(checkpoint=str(tmp / "acc.pt")))) as client:
         assert client.get("/health").json()["checkpoint"]["world_size"] == 2
         answer = client.post("/predict", json={"text": "The team won the cup final"}).json()
     assert answer["label"] in ("World", "Sports", "Business", "Sci/Tech") and 0 < answer["confidence"] <= 1
