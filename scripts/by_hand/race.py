@@ -150,15 +150,14 @@ def check(kind, rungs, mods, args, rank, world, facts):
     return out
 
 
-def lo_bytes() -> int | None:
-    """Bytes sent over the loopback interface so far (the two ranks talk over it), or None off Linux."""
+def written_bytes() -> int | None:
+    """Bytes this process has written so far (gloo's sockets included), or None off Linux. Per process, so other
+    programs' traffic on the machine cannot leak into the count (/proc/net/dev's loopback counter would)."""
     try:
-        for line in open("/proc/net/dev"):
-            if line.strip().startswith("lo:"):
-                return int(line.split(":", 1)[1].split()[8])
-    except OSError:
+        with open("/proc/self/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
+    except (OSError, StopIteration, ValueError):
         return None
-    return None
 
 
 def timed_round(runner, batches, record):
@@ -278,11 +277,13 @@ def main():
         volume = {"buffer_bytes": n * 4}
         for name, op in ops.items():
             dist.barrier()
-            b0 = lo_bytes()
+            b0 = written_bytes()
             for _ in range(3):
                 op()
-            dist.barrier()
-            volume[name] = None if b0 is None else (lo_bytes() - b0) / 3
+            sent = None if b0 is None else (written_bytes() - b0) / 3
+            total = torch.tensor([sent or 0.0], dtype=torch.float64)
+            dist.all_reduce(total)  # both ranks' bytes, as the loopback counter saw them (after the count)
+            volume[name] = None if sent is None else float(total)
         res["facts"]["collective_bytes"] = volume
         sweep = [float(x) for x in args.sweep.split(",") if x]
         if sweep and "bucketed" in rungs:
