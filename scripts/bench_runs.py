@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from distrinews_lib.bench import harness
+from distrinews_lib.bench import harness, throughput
 from distrinews_lib.course import perf_model
 
 
@@ -84,10 +84,10 @@ with harness.shared_process_group():
                 parts = perf_model.breakdown([r["events"] for r in ranks], run["warmup"], run["steps"])
                 ranks = [{**r, "parts": p} for r, p in zip(ranks, parts)]
             ranks = [{k: v for k, v in r.items() if k != "events"} for r in ranks]
-            seconds = max(r["seconds"] for r in ranks)  # the run lasts as long as its slowest rank
-            samples = sum(r["samples"] for r in ranks)
-            results[name] = {**run, "ranks": ranks, "seconds": seconds, "samples": samples, "samples_per_s": samples / seconds}
-            print(f"[bench_runs] {name}: {samples} samples in {seconds:.2f} s = {samples / seconds:.0f} samples/s", flush=True)
+            total = throughput.over_ranks(ranks)  # the run lasts as long as its slowest rank; samples add up
+            results[name] = {**run, "ranks": ranks, **{k: total[k] for k in ("seconds", "samples", "samples_per_s")}}
+            print(f"[bench_runs] {name}: {total['samples']} samples in {total['seconds']:.2f} s = "
+                  f"{total['samples_per_s']:.0f} samples/s", flush=True)
     if rank == 0:
         with open(results_path, "w") as f:
             json.dump(results, f, indent=1)

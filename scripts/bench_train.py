@@ -45,11 +45,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import dataclasses
 import gc
 import io
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -60,14 +62,23 @@ sys.path.insert(0, str(REPO))  # run from a checkout without installing
 SINGLE, DDP_SCRIPT = REPO / "scripts" / "train_single.py", REPO / "scripts" / "train_ddp.py"
 
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
 
 from distrinews_lib import machine  # noqa: E402
-from distrinews_lib.bench import harness, provenance, timing  # noqa: E402
-from distrinews_lib.data import batching, sources, texts, tokenization
+from distrinews_lib.bench import harness, provenance, throughput, timing  # noqa: E402
+from distrinews_lib.course import launch  # noqa: E402
+from distrinews_lib.data import batching, sources, texts, tokenization  # noqa: E402
 from distrinews_lib.data.texts import AG_NEWS_LABELS  # noqa: E402
+from distrinews_lib.data.tokenization import tiny_tokenizer  # noqa: E402
 from distrinews_lib.errors import UserError, main_guard  # noqa: E402
+from distrinews_lib.models.build import build_model  # noqa: E402
 from distrinews_lib.training import config, flops, loop, precision  # noqa: E402
+from distrinews_lib.training import plan as run_plan  # noqa: E402
 from distrinews_lib.training.config import RunConfig  # noqa: E402
+
+# transformers, datasets, accelerate and matplotlib are imported where they are used: optional here (only the
+# Trainer contenders, DistilBERT-base and the plots need them) and slow to import.
 
 MODELS = ("tiny", "distilbert-base")
 TRAINER_MEGABATCH = 50     # transformers' LengthGroupedSampler: megabatches of up to 50 batches
@@ -159,8 +170,6 @@ def materialise_model(name: str, folder: Path, seed: int) -> str:
         from transformers import AutoModelForSequenceClassification, DistilBertConfig
         from transformers.utils import logging as hf_logging
 
-        from distrinews_lib.data.tokenization import tiny_tokenizer
-
         hf_logging.disable_progress_bar()  # no "Writing model shards" bar in the benchmark's output
         torch.manual_seed(seed)
         cfg = DistilBertConfig(num_labels=4)  # the defaults ARE distilbert-base-uncased: 6 layers, dim 768, 12 heads
@@ -210,8 +219,6 @@ class StepProbe:
         self.cpu.append(time.process_time())
 
     def __enter__(self):
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
         self.handle = register_optimizer_step_post_hook(self)
         return self
 
@@ -281,8 +288,6 @@ def trainer_options(cfg: config.RunConfig, device, same_options: bool, compile_:
 
     transformers 5 spells length grouping train_sampling_strategy="group_by_length" (4.x: group_by_length=True)
     and takes a warm-up ratio as a float warmup_steps (4.x: warmup_ratio)."""
-    import dataclasses
-
     from transformers import TrainingArguments
 
     fields = {f.name for f in dataclasses.fields(TrainingArguments)}
@@ -333,25 +338,12 @@ def run_trainer(template, hf_train, tokenizer, cfg: config.RunConfig, device, *,
         trainer.remove_callback(PrinterCallback)
         trainer.train()
     (t0, c0, b0), (t1, c1, b1) = marks[warmup], marks[warmup + steps]
-    res = window_result(t1 - t0, c1 - c0, collator.records[warmup:warmup + steps], shape, peak, (b0, b1))
+    res = throughput.window(steps, t1 - t0, c1 - c0, collator.records[warmup:warmup + steps], busy=(b0, b1),
+                            shape=shape, peak=peak)
     res.update(waited_for_quiet=quiet[0], threads=torch.get_num_threads(), amp=amp.mode, optimizer=str(targs.optim),
                options={k: str(v) for k, v in extra.items()}, pad_to_multiple_of=pad)
     del trainer, model
     return res
-
-
-def window_result(seconds: float, cpu_s: float, records: list, shape, peak, busy) -> dict:
-    """The same fields as harness.Window.result, from a list of (real lengths, padded width) per batch."""
-    lengths = [n for rec, _ in records for n in rec]
-    padded = sum(len(rec) * width for rec, width in records)
-    fl = flops.training_flops(shape, lengths)
-    return {"steps": len(records), "seconds": seconds, "cpu_s": cpu_s, "cpu_share": cpu_s / seconds if seconds else None,
-            "samples": len(lengths), "tokens": sum(lengths), "padded_tokens": padded,
-            "samples_per_s": len(lengths) / seconds, "tokens_per_s": sum(lengths) / seconds,
-            "samples_per_cpu_s": len(lengths) / cpu_s if cpu_s > 0 else None,
-            "padding_fraction": 1 - sum(lengths) / padded if padded else None,
-            "foreign_cores": timing.foreign_cores(busy[0], busy[1], cpu_s, seconds),
-            "model_tflops": fl / seconds / 1e12, "mfu": flops.mfu(fl / seconds, peak)}
 
 
 # --------------------------------------------------------------------------- statistics
@@ -454,8 +446,6 @@ def compare_section(plan, data_arg: str, device, args, log, workdir: Path) -> di
         cfg_of = {name: parse_argv(argv) for name, argv in argv_of.items()}  # a bad flag stops here, with its message
         base = cfg_of["ours"]
         # The very data and model the script builds, for Trainer (and the model's shape for FLOPs).
-        from distrinews_lib.training import plan as run_plan
-
         with contextlib.redirect_stdout(io.StringIO()):
             prepared = run_plan.prepare(run_plan.decide(base, log=lambda *a: None), log=lambda *a: None)
         shape = flops.model_shape(prepared.model)
@@ -599,8 +589,6 @@ def all_gpu_count() -> int:
     """GPUs this script was given (this process itself sees only the first)."""
     if not torch.cuda.is_available():
         return 0
-    import subprocess
-
     with original_cuda_devices():
         out = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
                              capture_output=True, text=True, timeout=120, env=dict(os.environ))
@@ -608,8 +596,6 @@ def all_gpu_count() -> int:
 
 
 def ddp_section(plan, args, data_arg: str, device_type: str, log, workdir: Path) -> dict:
-    from distrinews_lib.course import launch
-
     nproc = args.ddp_nproc or (all_gpu_count() or 2)
     configs = ddp_configs(plan, nproc)
     need = max((c["warmup"] + c["steps"]) * c["global_batch"] for c in configs)
@@ -708,10 +694,6 @@ def _fmt(x, digits: int = 2) -> str:
 # --------------------------------------------------------------------------- the DDP worker (runs under torchrun)
 
 def ddp_worker(spec_path: str) -> None:
-    import torch.distributed as dist
-
-    from distrinews_lib.models.build import build_model
-
     spec = json.loads(Path(spec_path).read_text())
     if not torch.cuda.is_available():
         torch.set_num_threads(1)
@@ -754,8 +736,6 @@ def ddp_worker(spec_path: str) -> None:
 
 def _worker_contender(c: dict, argv: list, device, shape, peak, gate, rank: int, world: int) -> dict:
     """One timed run of a contender on every rank; rank 0 returns the combined figures."""
-    import torch.distributed as dist
-
     W, K = c["warmup"], c["steps"]
     if c["world"] == 1:  # train_single.py on rank 0; the other ranks wait in the barrier below
         mine = None
@@ -789,18 +769,9 @@ def _worker_contender(c: dict, argv: list, device, shape, peak, gate, rank: int,
         if rank != 0:
             return {}
         parts = [g[0] for g in gathered]
-        res = dict(parts[0])  # rank 0's window: its seconds and its all-reduce timings
-        seconds = res["seconds"]
-        for k in ("samples", "tokens", "padded_tokens", "cpu_s"):
-            res[k] = sum(p[k] for p in parts)
-        total_flops = sum(p["model_tflops"] * 1e12 * p["seconds"] for p in parts)
-        res.update(samples_per_s=res["samples"] / seconds, tokens_per_s=res["tokens"] / seconds,
-                   samples_per_cpu_s=res["samples"] / res["cpu_s"] * c["world"] if res["cpu_s"] else None,
-                   padding_fraction=1 - res["tokens"] / res["padded_tokens"] if res["padded_tokens"] else None,
-                   cpu_share_per_rank=res["cpu_s"] / seconds / c["world"],
-                   model_tflops=total_flops / seconds / 1e12, mfu=flops.mfu(total_flops / seconds, peak, c["world"]))
         (_, _, b0), (_, _, b1) = gathered[0][1][W], gathered[0][1][W + K]
-        res["foreign_cores"] = timing.foreign_cores(b0, b1, res["cpu_s"], seconds)
+        # rank 0's all-reduce timings; the throughput of all ranks together
+        res = {**parts[0], **throughput.over_ranks(parts, busy=(b0, b1), peak=peak)}
         quiet = gathered[0][3]
         # With a core per rank and nobody else on it, a DDP step lasts about as long as its slowest rank's step:
         # the sum over steps of the max over ranks is a dedicated-core estimate the neighbours cannot inflate.

@@ -21,7 +21,7 @@ import argparse
 import contextlib
 import io
 import json
-import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -29,7 +29,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO))  # run from a checkout without installing
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from distrinews_lib import machine  # noqa: E402
+from distrinews_lib.bench import harness, provenance, throughput, timing  # noqa: E402
+from distrinews_lib.course import launch  # noqa: E402
 
 PAIRS = [  # (label, 1-process experiment, 2-process experiment, warm-up steps, timed steps)
     ("AG News, custom + hash", "agnews_custom_1p", "agnews_custom_2p", 5, 60),
@@ -39,12 +46,6 @@ PAIRS = [  # (label, 1-process experiment, 2-process experiment, warm-up steps, 
 
 
 def worker(spec_path: str) -> None:
-    import torch
-    import torch.distributed as dist
-
-    from distrinews_lib import machine
-    from distrinews_lib.bench import harness, timing
-
     spec = json.loads(Path(spec_path).read_text())
     torch.set_num_threads(1)
     single, ddp = REPO / "scripts" / "train_single.py", REPO / "scripts" / "train_ddp.py"
@@ -79,11 +80,11 @@ def worker(spec_path: str) -> None:
                 dist.all_gather_object(gathered, res)
                 if rank == 0:
                     parts = [g for g in gathered if g]
-                    seconds = parts[0]["seconds"]
-                    samples = sum(p["samples"] for p in parts)
+                    total = throughput.over_ranks(parts)
                     row = {"experiment": c["experiment"], "pair": c["pair"], "processes": c["processes"], "round": r,
-                           "seconds": seconds, "samples": samples, "samples_per_s": samples / seconds,
-                           "steps": c["steps"], "seconds_per_step": seconds / c["steps"],
+                           "seconds": total["seconds"], "samples": total["samples"],
+                           "samples_per_s": total["samples_per_s"], "steps": c["steps"],
+                           "seconds_per_step": total["seconds"] / c["steps"],
                            "comm_fraction": parts[0].get("comm_fraction"),
                            "allreduce_bytes_per_step": (parts[0].get("allreduce_bytes") or 0) / c["steps"] or None,
                            "foreign_cores": parts[0].get("foreign_cores"), "waited_for_quiet": quiet,
@@ -93,8 +94,6 @@ def worker(spec_path: str) -> None:
                           + (f" | all-reduce {100 * row['comm_fraction']:.0f}% of the window, "
                              f"{row['allreduce_bytes_per_step'] / 1e6:.1f} MB/step" if row["comm_fraction"] else "")
                           + f" | others {row['foreign_cores'] or 0:.2f} cores", flush=True)
-                    import shutil
-
                     shutil.rmtree(out, ignore_errors=True)
                 dist.barrier()
     if rank == 0:
@@ -149,10 +148,6 @@ def _print(pairs: list) -> None:
 
 
 def main(argv=None) -> int:
-    from distrinews_lib import machine
-    from distrinews_lib.bench import provenance, timing
-    from distrinews_lib.course import launch
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a few steps, one round, nothing recorded unless --record")
     p.add_argument("--rounds", type=int, default=3)

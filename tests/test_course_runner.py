@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -116,3 +117,22 @@ def test_the_course_notebooks_are_found_in_order():
     names = [p.name for p in runner.course_notebooks(ROOT / "notebooks")]
     assert names == sorted(names) and names, names
     assert all(n[:2].isdigit() for n in names)
+
+
+def test_the_readme_table_lists_the_chapters_the_runner_runs():
+    # the course's arc in one place each: the notebooks' numbered names; the README's table must follow them
+    runner = _load_runner()
+    stems = [p.stem for p in runner.course_notebooks(ROOT / "notebooks")]
+    rows = re.findall(r"^\| (\d\d) \| `(\d\d_\w+)` \|", (ROOT / "README.md").read_text(), flags=re.M)
+    assert [stem for _, stem in rows] == stems, "README.md's chapter table differs from notebooks/"
+    assert all(stem.startswith(number + "_") for number, stem in rows), rows
+
+
+def test_the_presets_are_the_training_configs():
+    from distrinews_lib.training.config import CONFIG_DIR, PRESETS
+
+    runner = _load_runner()
+    assert runner.parse_args(["--preset", PRESETS[0]]).preset == PRESETS[0]
+    with pytest.raises(SystemExit):
+        runner.parse_args(["--preset", "no_such_preset"])
+    assert all((CONFIG_DIR / f"{name}.yaml").is_file() for name in PRESETS), sorted(CONFIG_DIR.glob("*.yaml"))

@@ -17,6 +17,7 @@ from distrinews_lib.models.build import build_model
 from distrinews_lib.models.custom import CustomClassifier
 from distrinews_lib.serving import inference
 from distrinews_lib.serving.app import create_app
+from distrinews_lib.serving.settings import ServingSettings
 from distrinews_lib.training import checkpoint
 from distrinews_lib.training.config import RunConfig
 
@@ -115,7 +116,8 @@ def test_the_server_answers_an_imdb_checkpoint_with_negative_and_positive(imdb_r
     loaded = inference.load_checkpoint(imdb_run["checkpoint"])
     texts = ["A wonderful, moving film with a brilliant cast.", "Dull, predictable and far too long. Avoid it."]
     probs = inference.predict_proba(loaded, texts)
-    app = create_app(imdb_run["checkpoint"], device="cpu", max_batch_size=8, batch_window_ms=2, torch_threads=0)
+    app = create_app(ServingSettings(checkpoint=imdb_run["checkpoint"], device="cpu", max_batch_size=8,
+                                     batch_window_ms=2, torch_threads=0))
     with TestClient(app) as client:
         health = client.get("/health").json()
         assert health["labels"] == ["negative", "positive"] and health["checkpoint"]["model"] == "custom"

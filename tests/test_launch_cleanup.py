@@ -42,14 +42,15 @@ def _start_launcher(pid_dir: Path, *extra):
     """A parent process (standing in for a notebook kernel) that launches 2 sleeping ranks through the library."""
     code = ("import sys; from distrinews_lib.course.launch import torchrun; "
             f"torchrun({str(SLEEPER)!r}, 2, [{str(pid_dir)!r}, *sys.argv[1:]], timeout=300, echo=False)")
+    started = time.time()
     parent = subprocess.Popen([sys.executable, "-c", code, *extra], cwd=ROOT)
-    deadline = time.time() + 60
+    deadline = time.time() + 180  # a hard bound: a launch that never starts fails here, not in CI's timeout
     while len(list(pid_dir.glob("rank*.pid"))) < 2:
         assert time.time() < deadline and parent.poll() is None, "the ranks never started"
         time.sleep(0.2)
     time.sleep(0.5)
     ranks = [int(p.read_text()) for p in pid_dir.glob("rank*.pid")]
-    return parent, ranks
+    return parent, ranks, time.time() - started
 
 
 def _wait_all_gone(pids, seconds=20) -> list:
@@ -72,7 +73,7 @@ def _reap(proc):
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc and prctl (Linux)")
 def test_killing_the_launcher_leaves_no_rank_behind(tmp_path):
-    parent, ranks = _start_launcher(tmp_path)
+    parent, ranks, _ = _start_launcher(tmp_path)
     agents = [p for p in _children(parent.pid)]  # torchrun (the launcher's only child)
     parent.send_signal(signal.SIGKILL)  # like a kernel that dies: no cleanup code of ours runs in it
     _reap(parent)
@@ -85,7 +86,7 @@ def test_killing_the_launcher_leaves_no_rank_behind(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc and prctl (Linux)")
 def test_killing_torchrun_itself_takes_its_library_ranks_along(tmp_path):
-    parent, ranks = _start_launcher(tmp_path, "--library")
+    parent, ranks, _ = _start_launcher(tmp_path, "--library")
     agents = _children(parent.pid)
     assert agents, "torchrun should be running under the launcher"
     for a in agents:
@@ -99,13 +100,15 @@ def test_killing_torchrun_itself_takes_its_library_ranks_along(tmp_path):
 
 @pytest.mark.slow
 def test_an_interrupt_or_a_timeout_leaves_no_rank_behind(tmp_path):
-    parent, ranks = _start_launcher(tmp_path / "interrupt")
+    parent, ranks, launch_s = _start_launcher(tmp_path / "interrupt")
     parent.send_signal(signal.SIGINT)  # the notebook's stop button
     _reap(parent)
     assert not _wait_all_gone(ranks), "ranks survived an interrupted launch"
 
+    # The timeout must fire after both ranks started (they sleep forever): three times what starting them
+    # took on this machine just now, so a slow or busy machine still gets its ranks up before it fires.
     pid_dir = tmp_path / "timeout"
     with pytest.raises(LaunchError, match="timed out"):
-        torchrun(SLEEPER, 2, [pid_dir], timeout=12, echo=False)
+        torchrun(SLEEPER, 2, [pid_dir], timeout=max(12.0, 3 * launch_s), echo=False)
     ranks = [int(p.read_text()) for p in pid_dir.glob("rank*.pid")]
     assert len(ranks) == 2 and not _wait_all_gone(ranks, 5), "ranks survived a launch that timed out"

@@ -231,10 +231,14 @@ def bad_runs(tmp_path_factory, bad_timeouts):
 
     connect, join = bad_timeouts["connect"], bad_timeouts["join"]
 
+    cases = ["node-local snapshots", *BAD, "loopback"]
+    # Made here, not in the threads: pytest creates its base temp folder lazily, and two threads racing to do so fail.
+    works = {case: tmp_path_factory.mktemp("bad") for case in cases}
+
     def one(case):
         if case != "loopback" and not NETNS_OK:
             return case, None
-        work = tmp_path_factory.mktemp("bad")
+        work = works[case]
         t = time.time()
         if case == "node-local snapshots":
             # A collective timeout far beyond the check's time: the refusal cannot be mistaken for one, on any machine.
@@ -247,7 +251,7 @@ def bad_runs(tmp_path_factory, bad_timeouts):
         return case, (res, rec, time.time() - t, work)
 
     with ThreadPoolExecutor(len(BAD) + 2) as pool:
-        return dict(pool.map(one, ["node-local snapshots", *BAD, "loopback"]))
+        return dict(pool.map(one, cases))
 
 
 @needs_netns

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from distrinews_lib.course import demo as demo_module
-from distrinews_lib.course.demo import SharedLaunch, failure_story, sections
+from distrinews_lib.course.demo import SharedLaunch, failure_story, sections, show_fix
 from distrinews_lib.course.launch import LaunchResult, torchrun
 from distrinews_lib.distributed import choose_backend
 from distrinews_lib.errors import UserError
@@ -23,9 +23,9 @@ SCRIPTS = sorted(PITFALLS.glob("*.py")) + sorted(CONCEPTS.glob("*.py"))
 DEMO = ROOT / "distrinews_lib" / "course" / "demo.py"
 
 
-def test_there_are_thirteen_pitfalls_and_four_concepts():
+def test_there_are_thirteen_pitfalls_and_five_concepts():
     assert len([p for p in PITFALLS.glob("[0-9][0-9]_*.py")]) == 13
-    assert len(list(CONCEPTS.glob("[0-9][0-9]_*.py"))) == 4
+    assert len(list(CONCEPTS.glob("[0-9][0-9]_*.py"))) == 5
 
 
 @pytest.mark.parametrize("path", [*sorted(CONCEPTS.glob("0[2-9]_*.py")), *sorted(PITFALLS.glob("[0-9][0-9]_*.py"))],
@@ -54,6 +54,28 @@ def test_every_process_group_has_a_timeout(path):
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "init_process_group":
             assert any(k.arg == "timeout" for k in node.keywords), f"{path.name}:{node.lineno} init_process_group without timeout"
+
+
+def test_chapter_04_shows_each_pitfalls_fix_read_from_its_script():
+    """The notebook shows the BUG / FIX lines of every script through show_fix, which reads the file itself:
+    what the learner reads is what runs (no copy of the scripts to drift)."""
+    import nbformat
+
+    nb = nbformat.read(str(ROOT / "notebooks" / "04_pitfalls.ipynb"), as_version=4)
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "%%writefile" not in code
+    for path in sorted(PITFALLS.glob("[0-9][0-9]_*.py")):
+        assert f'show_fix(PITFALLS / "{path.name}")' in code, f"04 does not show {path.name}'s fix"
+        lines = show_fix(path, echo=False).splitlines()
+        assert any(line.startswith("+") for line in lines), f"{path.name}: no line marked FIX"
+        assert len(lines) <= 16, f"{path.name}: the fix should read as a few lines, not {len(lines)}"
+
+
+def test_show_fix_marks_bug_and_fix_lines_with_their_numbers(tmp_path):
+    script = tmp_path / "x.py"
+    script.write_text('"""BUG and FIX in a docstring are not marks."""\nx = 1\ny = 2  # BUG: wrong\nz = 3\nw = 4\ny = 5  # THE FIX\n')
+    assert show_fix(script, echo=False).splitlines()[1:] == [
+        "    2 x = 1", "-   3 y = 2  # BUG: wrong", "     ...", "    5 w = 4", "+   6 y = 5  # THE FIX"]
 
 
 def test_nccl_is_refused_clearly_without_a_gpu_per_rank():

@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.models.build import build_model
-from distrinews_lib.serving.app import Classifier, create_app
+from distrinews_lib.serving.app import create_app
 from distrinews_lib.serving.batching import BatcherStopped, DeadlineExceeded, MicroBatcher, Overloaded
-from distrinews_lib.serving.inference import load_checkpoint, predict_proba
+from distrinews_lib.serving.inference import Classifier, load_checkpoint, predict_proba
 from distrinews_lib.serving.schemas import MAX_BATCH_TEXTS, MAX_BODY_BYTES, MAX_TEXT_CHARS
+from distrinews_lib.serving.settings import ServingSettings
 from distrinews_lib.training.checkpoint import CheckpointError, save_checkpoint
 from distrinews_lib.training.config import RunConfig
 
@@ -59,7 +60,8 @@ def loaded(ckpt_path):
 @pytest.fixture(scope="module")
 def client(ckpt_path):
     # torch_threads=0: leave the test process's torch settings alone.
-    app = create_app(ckpt_path, device="cpu", max_batch_size=8, batch_window_ms=2, torch_threads=0)
+    app = create_app(ServingSettings(checkpoint=ckpt_path, device="cpu", max_batch_size=8, batch_window_ms=2,
+                                     torch_threads=0))
     with TestClient(app) as c:
         yield c
 
@@ -106,7 +108,7 @@ def test_health_reports_model_and_metadata(client, ckpt_path):
 
 
 def test_not_ready_gives_503(ckpt_path):
-    app = create_app(ckpt_path, torch_threads=0)
+    app = create_app(ServingSettings(checkpoint=ckpt_path, torch_threads=0))
     c = TestClient(app)  # not entered: the lifespan has not run, so no model is loaded
     r = c.get("/health")
     assert r.status_code == 503 and r.json()["model_loaded"] is False and r.json()["status"] == "loading"
@@ -333,7 +335,7 @@ def test_fuzzed_bodies_never_give_5xx(client, path, body, content_type):
 def test_missing_checkpoint_fails_startup_with_the_path(tmp_path):
     missing = tmp_path / "nope.pt"
     with pytest.raises(CheckpointError, match="nope.pt not found"):
-        with TestClient(create_app(missing, torch_threads=0)):
+        with TestClient(create_app(ServingSettings(checkpoint=missing, torch_threads=0))):
             pass
 
 
@@ -341,21 +343,30 @@ def test_corrupt_checkpoint_fails_startup_with_the_reason(tmp_path):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"definitely not a checkpoint")
     with pytest.raises(CheckpointError, match="could not be read"):
-        with TestClient(create_app(bad, torch_threads=0)):
+        with TestClient(create_app(ServingSettings(checkpoint=bad, torch_threads=0))):
             pass
 
 
 def test_checkpoint_from_environment(ckpt_path, monkeypatch):
     monkeypatch.setenv("DISTRINEWS_CHECKPOINT", str(ckpt_path))
-    with TestClient(create_app(torch_threads=0)) as c:
+    with TestClient(create_app(ServingSettings(torch_threads=0))) as c:
         assert c.get("/health").json()["checkpoint"]["file"] == ckpt_path.name
 
 
 def test_batching_can_be_switched_off_from_the_environment(ckpt_path, monkeypatch):
     monkeypatch.setenv("DISTRINEWS_BATCHING", "off")
-    with TestClient(create_app(ckpt_path, torch_threads=0)) as c:
+    with TestClient(create_app(ServingSettings(checkpoint=ckpt_path, torch_threads=0))) as c:
         assert c.get("/health").json()["batching"]["max_batch_size"] == 1
         assert c.post("/predict", json={"text": "still answers"}).status_code == 200
+
+
+def test_batching_can_be_switched_off_from_the_environment_under_the_command_line_too(monkeypatch):
+    from distrinews_lib.serving.__main__ import parse_args, settings_from
+
+    monkeypatch.setenv("DISTRINEWS_BATCHING", "off")
+    settings = settings_from(parse_args(["--device", "cpu"]))
+    assert (settings.max_batch_size, settings.batch_window_ms) == (1, 0.0)
+    assert settings_from(parse_args(["--device", "cpu", "--max-batch-size", "8"])).max_batch_size == 8  # a flag wins
 
 
 def test_bad_setting_in_the_environment_fails_startup(ckpt_path, monkeypatch):
@@ -363,7 +374,7 @@ def test_bad_setting_in_the_environment_fails_startup(ckpt_path, monkeypatch):
 
     monkeypatch.setenv("DISTRINEWS_MAX_BATCH_SIZE", "lots")
     with pytest.raises(UserError, match="DISTRINEWS_MAX_BATCH_SIZE"):
-        with TestClient(create_app(ckpt_path, torch_threads=0)):
+        with TestClient(create_app(ServingSettings(checkpoint=ckpt_path, torch_threads=0))):
             pass
 
 
@@ -585,7 +596,8 @@ def concurrently(client, requests):
 
 
 def test_full_queue_answers_503_with_retry_after(ckpt_path, loaded, slow_model):
-    app = create_app(ckpt_path, device="cpu", max_batch_size=1, torch_threads=0, max_queue=2, max_queue_texts=64)
+    app = create_app(ServingSettings(checkpoint=ckpt_path, device="cpu", max_batch_size=1, torch_threads=0, max_queue=2,
+                                     max_queue_texts=64))
     requests = [("/predict", {"text": t}) for t in TEXTS] + [("/predict/batch", {"texts": TEXTS})]
     with TestClient(app) as c:
         responses = concurrently(c, requests)
@@ -604,7 +616,8 @@ def test_full_queue_answers_503_with_retry_after(ckpt_path, loaded, slow_model):
 
 
 def test_request_past_its_deadline_gets_503_and_waiting_ones_never_reach_the_model(ckpt_path, slow_model):
-    app = create_app(ckpt_path, device="cpu", max_batch_size=1, torch_threads=0, deadline_s=0.15)
+    app = create_app(ServingSettings(checkpoint=ckpt_path, device="cpu", max_batch_size=1, torch_threads=0,
+                                     deadline_s=0.15))
     with TestClient(app) as c:
         slow_model.clear()
         responses = concurrently(c, [("/predict", {"text": t}) for t in TEXTS[:3]])
@@ -640,7 +653,8 @@ def test_every_setting_is_documented(capsys):
 
 def test_header_limits_of_the_app(ckpt_path):
     """The app's own 431 (for servers whose protocol does not limit headers), with the limits it was given."""
-    with TestClient(create_app(ckpt_path, torch_threads=0, max_headers=20, max_header_bytes=4096)) as c:
+    limits = ServingSettings(checkpoint=ckpt_path, torch_threads=0, max_headers=20, max_header_bytes=4096)
+    with TestClient(create_app(limits)) as c:
         many = {f"x-h{i}": "y" for i in range(25)}
         r = c.get("/health", headers=many)
         assert r.status_code == 431 and "20 header lines" in r.json()["detail"]

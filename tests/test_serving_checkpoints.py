@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.serving.app import create_app
+from distrinews_lib.serving.settings import ServingSettings
 from distrinews_lib.serving.inference import load_checkpoint
 from distrinews_lib.training.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
 
@@ -82,7 +83,7 @@ def test_inconsistent_checkpoint_is_refused_at_load_and_at_startup(good, tmp_pat
         assert word in str(err.value), str(err.value)
     assert str(bad) in str(err.value) and "Retrain" in str(err.value)
     with pytest.raises(CheckpointError):
-        with TestClient(create_app(bad, torch_threads=0)):
+        with TestClient(create_app(ServingSettings(checkpoint=bad, torch_threads=0))):
             pass  # the server must not start
 
 
@@ -90,14 +91,14 @@ def test_warm_up_refuses_answers_that_are_not_finite_probabilities(good, tmp_pat
     bad = tampered(good, tmp_path / "overflow.pt", huge_head)
     load_checkpoint(bad)  # every weight is a finite number: only running the model shows the problem
     with pytest.raises(CheckpointError, match="NaN or infinite probabilities"):
-        with TestClient(create_app(bad, torch_threads=0)):
+        with TestClient(create_app(ServingSettings(checkpoint=bad, torch_threads=0))):
             pass
 
 
 def test_warm_up_refuses_a_checkpoint_that_cannot_classify(tmp_path):
     bad = unclassifiable_checkpoint(tmp_path / "vocab.pt")
     with pytest.raises(CheckpointError, match="loaded but could not classify a text"):
-        with TestClient(create_app(bad, torch_threads=0)):
+        with TestClient(create_app(ServingSettings(checkpoint=bad, torch_threads=0))):
             pass
 
 

@@ -151,9 +151,10 @@ def test_a_requeued_job_resumes_from_its_snapshot_and_ends_bit_identical(cluster
     # What Slurm does to a job with --requeue when one of its nodes fails: stop it and queue it again (same id).
     cluster.sh("run", "scontrol", "requeue", job_id)
     # A requeued batch job only becomes eligible ~2 minutes later (Slurm leaves time for epilogs); start it now.
-    for _ in range(50):
-        if cluster.job(job_id)["JobState"] == "PENDING":
-            break
+    # Wait for the requeue to land (seconds on a busy machine) before moving its start time, or the update is lost.
+    deadline = time.time() + 120
+    while cluster.job(job_id)["JobState"] != "PENDING":
+        assert time.time() < deadline, f"job {job_id} not PENDING 120 s after its requeue; log:\n{_tail(log)}"
         time.sleep(0.2)
     cluster.sh("run", "scontrol", "update", f"JobId={job_id}", "StartTime=now")
     info = cluster.wait(job_id, log)

@@ -14,6 +14,11 @@ In a notebook:
     run = SharedLaunch([(script, [args], json_path), ...], nproc, timeout)
     output, data = run("02_ddp_backward.py")   the first call runs EVERY listed script in one launch
                                 (python -m distrinews_lib.course.demo A.py ARGS -- B.py ARGS ..., see run_together)
+    res, data = run_alone(script, json_path, nproc, timeout, *args)   one script, one launch
+    failing = FailingRuns(folder, [(script, [args]), ...], nproc, timeout)
+    res = failing("07_uneven_inputs.py", "--mode", "broken")   the first call starts every listed run at once
+    results(output)             the RESULT lines as dicts
+    show_fix(script)            the lines of a pitfall script marked BUG / FIX, with a line of context
     sections(res.output)        such a launch's output, split per script
     failure_story(res)          the few lines of a failed launch that say what happened
 """
@@ -26,6 +31,7 @@ import re
 import runpy
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -145,6 +151,7 @@ class SharedLaunch:
         self.runs = {Path(script).name: (Path(script), [str(a) for a in args], Path(out) if out else None)
                      for script, args, out in runs}
         self.nproc, self.timeout, self.done = nproc, timeout, {}
+        self.startup_s = None  # the last launch's cost beyond its scripts' own time: torchrun, imports, the group
 
     def _launch(self, names) -> None:
         argv, texts = [], {}
@@ -155,7 +162,10 @@ class SharedLaunch:
             argv += ["--", str(script), *args]
             texts[name] = script.read_text()
         res = torchrun("distrinews_lib.course.demo", self.nproc, argv[1:], timeout=self.timeout, module=True, echo=False)
-        print(f"[one launch ran {len(names)} script(s) on {self.nproc} ranks in {res.seconds:.1f} s]")
+        own = sum(float(t) for t in re.findall(rf"^{MARKER}done in ([\d.]+) s", res.output, re.M))
+        self.startup_s = max(0.0, res.seconds - own)
+        print(f"[one launch ran {len(names)} script(s) on {self.nproc} ranks in {res.seconds:.1f} s, "
+              f"{self.startup_s:.1f} s of it starting up]")
         outputs = sections(res.output)
         self.done.update({name: (texts[name], outputs.get(name, "")) for name in names})
 
@@ -167,6 +177,107 @@ class SharedLaunch:
         if echo:
             print(output, end="")
         return output, (json.loads(out.read_text()) if out else None)
+
+
+# Chapter 04's runs: those expected to finish share one launch; those that must fail get one each.
+def pitfall_finishing(out="outputs/pitfalls"):
+    """(script, arguments, the JSON it writes) for every pitfall run expected to finish."""
+    out = Path(out)
+    return [("01_set_epoch.py", [], out / "01_set_epoch.json"), ("02_no_sampler.py", [], out / "02_no_sampler.json"),
+            ("03_print_every_rank.py", [], None), ("04_save_wrapper.py", [], out / "04_save_wrapper.json"),
+            ("05_shared_file.py", [], out / "05_shared_file.json"), ("06_eval_padding.py", [], out / "06_eval_padding.json"),
+            ("07_uneven_inputs.py", ["--mode", "fixed"], out / "07_uneven_inputs_fixed.json"),
+            ("08_no_sync.py", [], out / "08_no_sync.json"),
+            ("09_one_rank_collective.py", ["--mode", "fixed"], out / "09_one_rank_collective_fixed.json"),
+            ("10_nccl_backend.py", ["--mode", "fixed"], out / "10_nccl_backend_fixed.json"),
+            ("11_unused_parameters.py", ["--mode", "fixed"], out / "11_unused_parameters_fixed.json"),
+            ("12_batchnorm.py", [], out / "12_batchnorm.json"), ("13_lr_scaling.py", [], out / "13_lr_scaling.json")]
+
+
+def pitfall_failing(hang_timeout_s: float):
+    """(script, arguments) for every pitfall run that must fail; the hangs end after hang_timeout_s."""
+    return [("07_uneven_inputs.py", ["--mode", "broken", "--ddp_timeout", hang_timeout_s]),
+            ("09_one_rank_collective.py", ["--mode", "broken", "--ddp_timeout", hang_timeout_s]),
+            ("10_nccl_backend.py", ["--mode", "broken"]), ("11_unused_parameters.py", ["--mode", "broken"])]
+
+
+def failing_limit(startup_s: float | None, launches: int, hang_timeout_s: float) -> float:
+    """How long a run that must fail may take before the launcher stops it, from this machine's own start-up time.
+
+    The failing runs start together, so on a CPU their start-ups share the cores: `launches` times one start-up
+    (measured by a SharedLaunch), plus a few hang timeouts (a hang can wait out its timeout more than once), doubled
+    for the noise of a busy machine. At least 60 s. A run that really hangs is still stopped."""
+    startup_s = startup_s if startup_s is not None else 30.0
+    return max(60.0, 2 * (launches * startup_s + 5 * hang_timeout_s))
+
+
+def run_alone(script, out, nproc: int, timeout: float, *args):
+    """torchrun `script` on its own (raises if it fails) and return (the launch's result, the JSON it wrote to `out`)."""
+    out = Path(out)
+    out.unlink(missing_ok=True)  # never read a stale result
+    res = torchrun(script, nproc, [str(a) for a in args], timeout=timeout, echo=False)
+    return res, json.loads(out.read_text())
+
+
+class FailingRuns:
+    """Runs that must fail, one launch each. They spend most of their time waiting (on start-up, on their
+    process group's timeout), so the first call starts every listed run at once, in the background.
+
+    failing = FailingRuns("scripts/pitfalls", [("07_uneven_inputs.py", ["--mode", "broken"]), ...], nproc, timeout)
+    res = failing("07_uneven_inputs.py", "--mode", "broken")   waits for that run; a script edited since runs again
+    """
+
+    def __init__(self, folder, runs, nproc: int, timeout: float | None = None):
+        self.folder, self.runs, self.nproc, self.timeout = Path(folder), list(runs), nproc, timeout  # set before the first call
+        self.started = {}  # (script, *arguments) -> (its text when launched, the launch's future result)
+        self.pool = ThreadPoolExecutor(max_workers=max(1, len(self.runs)))
+
+    def _start(self, script, args):
+        launch = lambda: torchrun(self.folder / script, self.nproc, [str(a) for a in args], timeout=self.timeout,
+                                  check=False, echo=False)
+        self.started[(script, *map(str, args))] = ((self.folder / script).read_text(), self.pool.submit(launch))
+
+    def __call__(self, script, *args):
+        if self.timeout is None:
+            raise ValueError("FailingRuns: set .timeout (seconds a launch may run) before the first run")
+        if not self.started:
+            for name, argv in self.runs:
+                self._start(name, argv)
+        key = (script, *map(str, args))
+        if key not in self.started or self.started[key][0] != (self.folder / script).read_text():  # new, or edited
+            self._start(script, args)
+        return self.started[key][1].result()
+
+
+def results(output: str) -> list[dict]:
+    """The RESULT lines of an output as dicts of strings: [{'rank': '0', 'mode': 'broken', ...}, ...]."""
+    return [dict(re.findall(r"(\w+)=(\S+)", line.split("RESULT ", 1)[1]))
+            for line in output.splitlines() if "RESULT rank=" in line]
+
+
+FIX_MARK = re.compile(r"#\s*(BUG|THE FIX|FIX\b)")
+
+
+def show_fix(script, context: int = 1, echo: bool = True) -> str | None:
+    """The lines of a pitfall script that make it broken or fixed: those whose comment says BUG (shown with
+    '-') or FIX (shown with '+'), each with `context` lines before it, numbered as in the file. Read from the
+    file itself, so what the notebook shows is what runs."""
+    lines = Path(script).read_text().splitlines()
+    marked = [i for i, line in enumerate(lines) if FIX_MARK.search(line) and not line.lstrip().startswith(('"', "'"))]
+    keep = sorted({j for i in marked for j in range(max(0, i - context), i + 1)})
+    out, last = [f"{Path(script).as_posix()}"], None
+    for i in keep:
+        if last is not None and i > last + 1:
+            out.append("     ...")
+        m = FIX_MARK.search(lines[i]) if i in marked else None
+        sign = " " if not m else ("-" if m[1] == "BUG" else "+")
+        out.append(f"{sign}{i + 1:>4} {lines[i]}")
+        last = i
+    text = "\n".join(out)
+    if echo:  # in a notebook cell: print it (a returned string would be shown again, quoted)
+        print(text)
+        return None
+    return text
 
 
 def sections(output: str) -> dict[str, str]:

@@ -3,17 +3,6 @@
     python -m distrinews_lib.serving --checkpoint checkpoints/distilbert_agnews.pt
     uvicorn distrinews_lib.serving.app:app --port 8000
 
-Importing this package loads no model; see app.create_app.
+app (create_app), settings (ServingSettings), lifespan, routes, handlers (errors), middleware, inference,
+batching, protocol, schemas. Importing this package loads nothing.
 """
-
-from .batching import MicroBatcher
-from .schemas import MAX_BATCH_TEXTS, MAX_BODY_BYTES, MAX_TEXT_CHARS
-
-__all__ = ["MicroBatcher", "MAX_BATCH_TEXTS", "MAX_BODY_BYTES", "MAX_TEXT_CHARS", "create_app"]
-
-
-def create_app(*args, **kwargs):
-    """distrinews_lib.serving.app.create_app (imported on first use: it pulls in FastAPI and torch)."""
-    from .app import create_app as _create_app
-
-    return _create_app(*args, **kwargs)

@@ -49,7 +49,7 @@ class DeadlineExceeded(RuntimeError):
     """The job's deadline passed before its answer was ready."""
 
 
-class ClientGone(RuntimeError):
+class JobAbandoned(RuntimeError):
     """The job's client went away; nobody waits for the answer any more."""
 
 
@@ -167,14 +167,14 @@ class MicroBatcher:
     def cancel(self, job: Job, reason: str = "abandoned") -> None:
         """The job's answer is no longer wanted ('abandoned': the client went away; 'expired': its deadline
         passed). If it has not reached the model it never will, and its place in the queue is freed now.
-        Its future gets ClientGone or DeadlineExceeded."""
+        Its future gets JobAbandoned or DeadlineExceeded."""
         if job.state == "queued":
             self._drop(job, reason)
         elif job.drop_reason is None:
             job.drop_reason = reason
         if not job.future.done():
             _fail(job.future, DeadlineExceeded("the request's deadline passed") if reason == "expired"
-                  else ClientGone("the client went away"))
+                  else JobAbandoned("the client went away"))
 
     def _drop(self, job: Job, reason: str) -> None:
         job.state, job.drop_reason = "dropped", reason

@@ -1,10 +1,14 @@
-"""Every limit of the server in one table: its environment variable, its command-line flag, its default.
+"""Everything the server is told, in one object (ServingSettings), and every limit in one table (SETTINGS):
+its environment variable, its command-line flag, its default.
 
-Two groups:
+`ServingSettings.resolve(...)` gathers a value for each field once: a given one (a command-line flag, or
+create_app's caller) wins, then the DISTRINEWS_* environment variable, then the default; each is checked.
+The command line resolves before it loads the checkpoint; create_app resolves when the server starts, so
+plain `uvicorn distrinews_lib.serving.app:app` reads the environment then.
 
-* **app** settings are read by the FastAPI app when it starts (create_app's arguments win, then the
-  environment), so they work the same under `python -m distrinews_lib.serving` and plain
-  `uvicorn distrinews_lib.serving.app:app`.
+Two groups of limits in the table:
+
+* **app** settings are applied by the FastAPI app (the model queue, batching, the app's own header limits);
 * **connection** settings belong to the HTTP server: the command line passes them to uvicorn and to
   distrinews_lib.serving.protocol.HttpProtocol.  Plain uvicorn takes the same limits from its own flags
   and from `--http distrinews_lib.serving.protocol:HttpProtocol` (see app.py's docstring).
@@ -16,16 +20,24 @@ line, a failed startup under plain uvicorn.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import UserError
+from ..training.config import DEFAULT_CHECKPOINT
+from ..training.precision import resolve_device
 from .schemas import MAX_BATCH_TEXTS
+
+ENV_CHECKPOINT = "DISTRINEWS_CHECKPOINT"
+ENV_DEVICE = "DISTRINEWS_DEVICE"
+ENV_TORCH_THREADS = "DISTRINEWS_TORCH_THREADS"
+ENV_BATCHING = "DISTRINEWS_BATCHING"  # off: one forward pass per request (the benchmark's baseline)
 
 
 @dataclass(frozen=True)
 class Setting:
-    name: str            # attribute / create_app argument
+    name: str            # field of ServingSettings
     env: str             # environment variable
     flag: str            # command-line flag of python -m distrinews_lib.serving
     kind: type           # int or float
@@ -37,7 +49,8 @@ class Setting:
 
 
 SETTINGS = [
-    # --- the model queue (app) ---
+    # --- the model queue (app); defaults chosen on the tiny CPU model (benchmarks/serving.json): a lone request
+    # never waits (collection stops when no other request is being read), 32 texts get most of the gain ---
     Setting("max_batch_size", "DISTRINEWS_MAX_BATCH_SIZE", "--max-batch-size", int, 32, 1, 4096,
             "most /predict requests run together in one forward pass (1 turns batching off)", "app"),
     Setting("batch_window_ms", "DISTRINEWS_BATCH_WINDOW_MS", "--batch-window-ms", float, 2.0, 0, 1000,
@@ -86,11 +99,11 @@ def _parse(setting: Setting, raw, source: str):
     return value
 
 
-def resolve(name: str, value=None, *, source: Optional[str] = None):
+def resolve(name: str, value=None):
     """An explicit value wins (checked), else the environment variable (checked), else the default."""
     setting = BY_NAME[name]
     if value is not None:
-        return _parse(setting, value, source or setting.flag)
+        return _parse(setting, value, setting.flag)
     raw = os.environ.get(setting.env)
     if raw is None or raw.strip() == "":
         return setting.default
@@ -100,3 +113,73 @@ def resolve(name: str, value=None, *, source: Optional[str] = None):
 def resolve_all(group: Optional[str] = None, **explicit) -> dict:
     """{name: value} for every setting (or one group); explicit non-None values win over the environment."""
     return {s.name: resolve(s.name, explicit.get(s.name)) for s in SETTINGS if group in (None, s.group)}
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # the cores this process may use (containers, taskset)
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def _torch_threads(given: Optional[int], device: str) -> int:
+    """Threads per forward pass; 0 leaves torch's own setting.
+
+    On CPU the default is one core fewer than available: the event loop needs a core to read requests and
+    write responses while the model runs, and a small model gains little from the last core anyway.
+    OMP_NUM_THREADS, when set, is respected."""
+    if given is None:
+        raw = os.environ.get(ENV_TORCH_THREADS, "").strip()
+        try:
+            given = int(raw) if raw else None
+        except ValueError:
+            raise UserError(f"environment variable {ENV_TORCH_THREADS}={raw!r} is not a valid int.") from None
+    if given is not None:
+        if given < 0:
+            raise UserError(f"the number of torch threads must be 0 (leave torch's setting) or more (got {given}).")
+        return given
+    if device != "cpu" or os.environ.get("OMP_NUM_THREADS"):
+        return 0
+    return max(1, usable_cpus() - 1)
+
+
+@dataclass(frozen=True)
+class ServingSettings:
+    """What the server is told. A field left None is filled in by resolve(): environment, else default."""
+
+    checkpoint: Optional[str | Path] = None  # $DISTRINEWS_CHECKPOINT, else checkpoints/distilbert_agnews.pt
+    device: Optional[str] = None             # auto, cpu, cuda, cuda:N; $DISTRINEWS_DEVICE, else cuda if available
+    torch_threads: Optional[int] = None      # 0: leave torch's setting; $DISTRINEWS_TORCH_THREADS, else all cores but one
+    # The table's settings (see SETTINGS for each one's meaning, range and default):
+    max_batch_size: Optional[int] = None     # 1: no batching; $DISTRINEWS_BATCHING=off gives 1 too
+    batch_window_ms: Optional[float] = None
+    max_queue: Optional[int] = None
+    max_queue_texts: Optional[int] = None
+    deadline_s: Optional[float] = None
+    limit_concurrency: Optional[int] = None
+    timeout_keep_alive: Optional[int] = None
+    header_timeout: Optional[float] = None
+    body_timeout: Optional[float] = None
+    max_header_bytes: Optional[int] = None
+    max_headers: Optional[int] = None
+
+    @classmethod
+    def resolve(cls, **given) -> "ServingSettings":
+        """Every field filled in and checked: a given (not None) value wins, then the environment, then the default."""
+        given = {k: v for k, v in given.items() if v is not None}
+        if "max_batch_size" not in given and os.environ.get(ENV_BATCHING, "").strip().lower() in ("off", "0", "false", "no"):
+            given["max_batch_size"] = 1
+        values = resolve_all(**given)
+        if values["max_batch_size"] == 1:
+            values["batch_window_ms"] = 0.0  # nothing to wait for: every request runs alone
+        device = str(resolve_device(given.get("device") or os.environ.get(ENV_DEVICE)))
+        return cls(checkpoint=Path(given.get("checkpoint") or os.environ.get(ENV_CHECKPOINT) or DEFAULT_CHECKPOINT),
+                   device=device, torch_threads=_torch_threads(given.get("torch_threads"), device), **values)
+
+    def resolved(self) -> "ServingSettings":
+        """This object's given fields, the others filled in (see resolve)."""
+        return self.resolve(**{f.name: getattr(self, f.name) for f in fields(self)})
+
+    def group(self, name: str) -> dict:
+        """{setting: value} for one group of the table ("app" or "connection")."""
+        return {s.name: getattr(self, s.name) for s in SETTINGS if s.group == name}

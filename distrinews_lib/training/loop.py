@@ -10,11 +10,13 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.distributed as dist
+from torch.utils.hooks import RemovableHandle
 from tqdm.auto import tqdm
 
 from .. import distributed as D
@@ -128,14 +130,17 @@ class NonFiniteLoss(UserError):
     """The training loss or gradient norm became NaN or infinite."""
 
 
-_BATCH_OBSERVERS: list = []
+# The loop's one observation point, for tools that watch a training script without changing it (the
+# benchmark harness counts the samples and tokens of a timed window with it). Empty in a normal run.
+_BATCH_OBSERVERS: OrderedDict = OrderedDict()  # not a dict: torch's RemovableHandle keeps a weak reference
 
 
-def observe_batches(fn: Callable[[dict], None]) -> Callable[[], None]:
-    """Call fn(cpu_batch) for every micro-batch any EpochMeter counts (the benchmarks' window of a run); returns
-    the function that removes it."""
-    _BATCH_OBSERVERS.append(fn)
-    return lambda: _BATCH_OBSERVERS.remove(fn)
+def observe_batches(fn: Callable[[dict], None]) -> RemovableHandle:
+    """Call fn(cpu_batch) for every micro-batch any EpochMeter counts, in the order the observers came;
+    like torch's own register_*_hook functions, returns a handle whose remove() stops it."""
+    handle = RemovableHandle(_BATCH_OBSERVERS)
+    _BATCH_OBSERVERS[handle.id] = fn
+    return handle
 
 
 class EpochMeter:
@@ -168,7 +173,7 @@ class EpochMeter:
     PER_RANK = ("steps", "batches")                                # every rank takes every step
 
     def add(self, loss: torch.Tensor, cpu_batch: dict) -> None:
-        for observe in _BATCH_OBSERVERS:
+        for observe in _BATCH_OBSERVERS.values():
             observe(cpu_batch)
         mask = cpu_batch["attention_mask"]
         lengths = mask.sum(1)

@@ -215,7 +215,12 @@ class Preflight(threading.Thread):
                         self.nodes[i] = json.loads(store.get(f"{prefix}/node{i}"))
                 odd = [n for n in self.nodes.values() if n["nnodes"] != me["nnodes"]]
                 if odd:
-                    self.stop.wait(2.5)  # let the other nodes read the entries too before this node's store goes
+                    # Every node that has arrived must read the entries too before this node's store may go:
+                    # each one that judged the mismatch says so; wait for all of them (hard bound: connect timeout).
+                    store.add(f"{prefix}/judged", 1)
+                    until = time.monotonic() + self.a.connect_timeout
+                    while store.add(f"{prefix}/judged", 0) < count and time.monotonic() < until:
+                        self.stop.wait(0.1)
                     raise Refused(f"the nodes disagree on --nnodes: this node ({me['host']}, {me['addr']}) has "
                                   f"--nnodes={me['nnodes']}, node {odd[0]['host']} ({odd[0]['addr']}) has "
                                   f"--nnodes={odd[0]['nnodes']}. Every node must pass the same --nnodes (and "

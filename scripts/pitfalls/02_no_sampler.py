@@ -26,7 +26,7 @@ dataset = TensorDataset(torch.arange(args.n))
 report = {}
 for mode in (["broken", "fixed"] if args.mode == "both" else [args.mode]):
     if mode == "broken":
-        loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True)  # every rank: all samples
+        loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True)  # BUG: every rank gets all samples
     else:
         sampler = DistributedSampler(dataset, shuffle=True, seed=0)             # THE FIX: a 1/N shard each
         sampler.set_epoch(0)

@@ -26,11 +26,11 @@ for mode in (["broken", "fixed"] if args.mode == "both" else [args.mode]):
         x = torch.randn(32, 8, device=ctx.device)
         loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True)).detach()
         if mode == "broken":
-            print(f"[broken] epoch {epoch} loss {loss.item():.4f}", flush=True)  # every rank prints
+            print(f"[broken] epoch {epoch} loss {loss.item():.4f}", flush=True)  # BUG: every rank prints its own loss
         else:
             dist.all_reduce(loss)             # THE FIX, part 1: the global mean...
             loss /= ctx.world
-            if ctx.rank == 0:                 # ...part 2: printed once (distrinews_lib.distributed.print0)
+            if ctx.rank == 0:                 # THE FIX, part 2: printed once (distrinews_lib.distributed.print0)
                 print(f"[fixed] epoch {epoch} loss {loss.item():.4f}", flush=True)
     dist.barrier()  # keep the two demos apart in the output
 finish()

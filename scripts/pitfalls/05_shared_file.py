@@ -48,11 +48,11 @@ for mode in (["broken", "fixed"] if args.mode == "both" else [args.mode]):
     if mode == "broken":
         # every rank appends its own row per epoch...
         for epoch, loss in enumerate(local_losses):
-            with open(log, "a") as f:
+            with open(log, "a") as f:                  # BUG: every rank appends
                 f.write(f"{epoch},{loss}\n")
         # ...and every rank writes "the" summary file (lower ranks have more to say: longer files)
         payload = json.dumps({"rank": ctx.rank, "losses": local_losses, "notes": "x" * 40 * (ctx.world - ctx.rank)})
-        f = open(summary, "w")                       # each rank truncates the file...
+        f = open(summary, "w")                       # BUG: each rank truncates the file...
         dist.barrier()
         for r in range(ctx.world):                   # ...then writes from offset 0, one after the other
             if r == ctx.rank:
@@ -62,7 +62,7 @@ for mode in (["broken", "fixed"] if args.mode == "both" else [args.mode]):
         f.close()
     else:
         losses = global_mean(local_losses)           # THE FIX: one global number per epoch...
-        if ctx.rank == 0:                            # ...written by rank 0 only, atomically
+        if ctx.rank == 0:                            # THE FIX: ...written by rank 0 only, atomically
             with open(log, "w") as f:
                 f.writelines(f"{epoch},{loss}\n" for epoch, loss in enumerate(losses))
             tmp = summary.with_name(summary.name + ".tmp")

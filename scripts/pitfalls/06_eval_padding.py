@@ -65,7 +65,7 @@ for mode in (["broken", "fixed"] if args.mode == "both" else [args.mode]):
         correct += (pred == batch["labels"]).tolist()
     if mode == "broken":
         counts = torch.tensor([sum(correct), len(correct)], dtype=torch.float64, device=dev)
-        dist.all_reduce(counts)                      # sums the padded duplicates too
+        dist.all_reduce(counts)                      # BUG: sums the padded duplicates too
         n_counted, acc = int(counts[1]), float(counts[0] / counts[1])
     else:
         pairs = dict(p for rank_pairs in gather(list(zip(idx, correct))) for p in rank_pairs)  # THE FIX:

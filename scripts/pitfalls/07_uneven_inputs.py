@@ -56,7 +56,7 @@ def train(ddp, loader) -> int:
     return steps
 
 
-manual = DataLoader(Subset(data, range(ctx.rank, N, ctx.world)), batch_size=args.batch_size)  # uneven
+manual = DataLoader(Subset(data, range(ctx.rank, N, ctx.world)), batch_size=args.batch_size)  # BUG: uneven shards
 report = {"world_size": ctx.world, "n": N, "ddp_timeout": args.ddp_timeout}
 if args.mode == "broken":
     result(ctx, mode="broken", my_batches=len(manual))
@@ -74,14 +74,14 @@ if args.mode == "broken":
         os._exit(1)  # exit now: a normal shutdown would wait on the broken process group
 else:
     # Fix (a): even shards. DistributedSampler pads the last shard, so every rank has the same batches.
-    even = DataLoader(data, batch_size=args.batch_size, sampler=DistributedSampler(data, shuffle=False))
+    even = DataLoader(data, batch_size=args.batch_size, sampler=DistributedSampler(data, shuffle=False))  # FIX (a)
     ddp = make_ddp()
     steps_even = train(ddp, even)
     dist.barrier()
     report["even"] = {"batches_per_rank": [len(even)] * ctx.world, "max_param_diff": max_param_difference(ddp)}
     # Fix (b): keep the uneven shards, but let ranks that run out "join" the others' all-reduces.
     ddp = make_ddp()
-    with Join([ddp]):
+    with Join([ddp]):                              # FIX (b)
         steps_join = train(ddp, manual)
     dist.barrier()
     steps = [None] * ctx.world

@@ -93,8 +93,8 @@ for mode in (["broken", "fixed"] if args.mode == "both" else [args.mode]):
         else:                                      # on CPU: the same maths, in the same place
             for m in model.modules():
                 if isinstance(m, torch.nn.BatchNorm1d):
-                    m.__class__ = GlooSyncBatchNorm
-    ddp = DDP(model, device_ids=ctx.device_ids)
+                    m.__class__ = GlooSyncBatchNorm  # THE FIX on gloo
+    ddp = DDP(model, device_ids=ctx.device_ids)  # BUG when the BatchNorm layers were not converted
     stats = gather(train(ddp, shard=True))
     between = max(max_diff(s["running_mean"], stats[0]["running_mean"]) for s in stats)
     to_global = max(max_diff(s["running_mean"], reference["running_mean"]) for s in stats)

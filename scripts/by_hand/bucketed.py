@@ -1,0 +1,107 @@
+"""Rung 4 of chapter 03's ladder, bucketed: gradients grouped, in reverse order, into buckets of --bucket_mb; a bucket
+leaves when its last gradient is ready, as in torch's DDP.
+
+    torchrun --standalone --nproc_per_node=2 scripts/by_hand/bucketed.py --steps 20 --bucket_mb 1 [--no-broadcast]
+"""
+import torch
+import torch.distributed as dist
+
+from distrinews_lib.course import by_hand
+from distrinews_lib.errors import UserError, main_guard
+
+
+class DataParallel:
+    """Average the gradients DURING backward(), a bucket at a time: fewer, larger messages, still overlapped."""
+
+    def __init__(self, model, bucket_mb=None, broadcast=True, timeline=None):
+        self.model, self.world = model, dist.get_world_size()
+        self.params = [p for p in model.parameters() if p.requires_grad]  # a tied weight is listed once
+        self.names = by_hand.param_names(model)
+        self.timeline = timeline or by_hand.Timeline()
+        self.collectives = 0  # collectives launched so far
+        if broadcast:  # every rank starts from rank 0's weights (the ranks seeded differently)
+            for t in [*model.parameters(), *model.buffers()]:
+                dist.broadcast(t.data, src=0)
+        self.buckets, cap, size = [[]], (bucket_mb or 25) * 2**20, 0
+        for p in reversed(self.params):  # backward produces the last layers' gradients first
+            if self.buckets[-1] and size + p.numel() * p.element_size() > cap:
+                self.buckets.append([])  # this bucket is full: start the next one
+                size = 0
+            self.buckets[-1].append(p)
+            size += p.numel() * p.element_size()
+        self.bucket_of = {p: i for i, b in enumerate(self.buckets) for p in b}
+        self.ready = [0] * len(self.buckets)  # how many of each bucket's gradients are complete
+        self.pending = {}  # bucket index -> (flat buffer, work handle), launched during this backward
+        for p in self.params:  # autograd calls the hook once p.grad holds the whole gradient (tied: both uses summed)
+            p.register_post_accumulate_grad_hook(lambda p: on_grad_ready(p, self))
+
+    def optimizer(self, lr, weight_decay):
+        return torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
+
+    def launch(self, i):
+        """Bucket i is complete: copy its gradients into one buffer and start averaging it."""
+        early = [self.names[p] for p in self.buckets[i] if p.grad is None]
+        if i in self.pending or early:  # wrong bookkeeping: a clear message on every rank, not a wrong average
+            raise UserError(f"bucket {i} launched " + ("twice" if i in self.pending else f"before its gradient "
+                            f"{early[0]} was ready") + ": launch a bucket once, when its last gradient is ready.")
+        flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]]).div_(self.world)  # divide first, as DDP
+        work = dist.all_reduce(flat, async_op=True)
+        self.pending[i] = (flat, self.timeline.comm(work, f"bucket {i}", flat.nbytes))
+
+    def sync_gradients(self):
+        missing = [i for i in range(len(self.buckets)) if i not in self.pending]
+        if missing:  # a bad bookkeeping: say so on every rank instead of waiting forever
+            i = missing[0]
+            raise UserError(f"bucket {i} was never launched ({self.ready[i]} of its {len(self.buckets[i])} gradients "
+                            f"counted ready, first {self.names[self.buckets[i][0]]}): on_grad_ready must call "
+                            "dp.launch(i) when the last gradient of bucket i is ready.")
+        for i, (flat, work) in sorted(self.pending.items()):
+            work.wait()
+            offset = 0
+            for p in self.buckets[i]:  # the averages back into the gradients
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+        self.collectives += len(self.pending)
+        self.pending, self.ready = {}, [0] * len(self.buckets)
+
+    def step(self, optimizer):
+        self.sync_gradients()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def on_grad_ready(param, dp):
+    """Called by autograd as soon as param.grad is complete: count it; the bucket's last one launches the bucket."""
+    i = dp.bucket_of[param]
+    dp.ready[i] += 1
+    if dp.ready[i] == len(dp.buckets[i]):
+        dp.launch(i)
+
+
+@main_guard
+def main():
+    args = by_hand.parse_args(__doc__)
+    rank, world = by_hand.init(args.timeout_s)
+    model = by_hand.build_model(args.model, seed=args.seed + rank)  # each rank its own random init, on purpose
+    batches = by_hand.batches(args.model, rank, world, args.steps, args.batch_size)  # its own share of the texts
+    dp = DataParallel(model, args.bucket_mb, args.broadcast)
+    optimizer = dp.optimizer(args.lr, args.weight_decay)
+    for step, batch in enumerate(batches, 1):
+        loss = model(**batch).loss
+        loss.backward()
+        dp.step(optimizer)
+        if step in (1, args.steps) and rank == 0:
+            print(f"step {step:3d} | loss {loss.item():.4f}")
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    rank0 = flat.clone()
+    dist.broadcast(rank0, src=0)
+    diff = (flat - rank0).abs().max()
+    dist.all_reduce(diff, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        print(f"after {args.steps} steps: max weight difference between the ranks {diff.item():.3g} | "
+              f"{dp.collectives / args.steps:.0f} collectives per step")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

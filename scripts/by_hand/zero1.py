@@ -1,0 +1,92 @@
+"""Rung 5 of chapter 03's ladder, ZeRO-1 by hand: the flat rung, with the optimizer sharded over the ranks: each keeps
+AdamW state for its even share of the flat buffer only, updates that share, then gathers the updated weights.
+
+    torchrun --standalone --nproc_per_node=2 scripts/by_hand/zero1.py --steps 20 [--no-broadcast]
+"""
+import torch
+import torch.distributed as dist
+
+from distrinews_lib.course import by_hand
+from distrinews_lib.errors import main_guard
+
+
+class DataParallel:
+    """One flat buffer split evenly: rank r owns elements [r * shard, (r + 1) * shard) and only updates those."""
+
+    def __init__(self, model, bucket_mb=None, broadcast=True, timeline=None):
+        self.model, self.world = model, dist.get_world_size()
+        self.params = [p for p in model.parameters() if p.requires_grad]  # a tied weight is listed once
+        self.names = by_hand.param_names(model)
+        self.timeline = timeline or by_hand.Timeline()
+        self.collectives = 0  # collectives launched so far
+        if broadcast:  # every rank starts from rank 0's weights (the ranks seeded differently)
+            for t in [*model.parameters(), *model.buffers()]:
+                dist.broadcast(t.data, src=0)
+        self.numel = sum(p.numel() for p in self.params)
+        self.shard_size = -(-self.numel // self.world)  # rounded up: padding gives every rank the same length
+        lo = dist.get_rank() * self.shard_size
+        # This rank's share of the weights, the only part its optimizer sees (and keeps AdamW state for).
+        self.shard = torch.nn.Parameter(self.flatten([p.detach() for p in self.params])[lo:lo + self.shard_size].clone())
+
+    def flatten(self, tensors):
+        flat = torch.zeros(self.shard_size * self.world)
+        torch.cat([t.reshape(-1) for t in tensors], out=flat[:self.numel])
+        return flat
+
+    def unflatten(self, flat):
+        offset = 0
+        for p in self.params:  # the gathered weights back into the model
+            p.data.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+    def optimizer(self, lr, weight_decay):
+        return torch.optim.AdamW([self.shard], lr=lr, weight_decay=weight_decay)  # state for the shard only
+
+    def step(self, optimizer):
+        sharded_step(self, optimizer)
+        self.collectives += 2  # a reduce-scatter and an all-gather
+        for p in self.params:
+            p.grad = None
+
+
+def sharded_step(dp, optimizer):
+    """Average the gradients of this rank's share only, update that share, then share the updated weights."""
+    grads = dp.flatten([p.grad for p in dp.params]).div_(dp.world)  # divide first, as torch's DDP does
+    dp.shard.grad = torch.empty_like(dp.shard)
+    with dp.timeline.span("comm_sync", "reduce-scatter"):
+        dist.reduce_scatter_tensor(dp.shard.grad, grads)  # rank r receives the SUM of elements in its share only
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    weights = torch.empty_like(grads)
+    with dp.timeline.span("comm_sync", "all-gather"):
+        dist.all_gather_into_tensor(weights, dp.shard.detach())  # every rank gets every rank's updated share
+    dp.unflatten(weights)
+
+
+@main_guard
+def main():
+    args = by_hand.parse_args(__doc__)
+    rank, world = by_hand.init(args.timeout_s)
+    model = by_hand.build_model(args.model, seed=args.seed + rank)  # each rank its own random init, on purpose
+    batches = by_hand.batches(args.model, rank, world, args.steps, args.batch_size)  # its own share of the texts
+    dp = DataParallel(model, args.bucket_mb, args.broadcast)
+    optimizer = dp.optimizer(args.lr, args.weight_decay)
+    for step, batch in enumerate(batches, 1):
+        loss = model(**batch).loss
+        loss.backward()
+        dp.step(optimizer)
+        if step in (1, args.steps) and rank == 0:
+            print(f"step {step:3d} | loss {loss.item():.4f}")
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    rank0 = flat.clone()
+    dist.broadcast(rank0, src=0)
+    diff = (flat - rank0).abs().max()
+    dist.all_reduce(diff, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        print(f"after {args.steps} steps: max weight difference between the ranks {diff.item():.3g} | "
+              f"{dp.collectives / args.steps:.0f} collectives per step")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""scripts/run_course.py --html: the executed course as a static site, checked in a real headless browser.
+
+The real runner (papermill, a real kernel) runs a tiny course of three notebooks with --html: 01 draws a
+matplotlib figure and writes its record from a cell tagged `hide`, 02 fails, 03 never runs. Chromium (Debian's,
+driven by Playwright) then opens the site from disk with every request to another host refused, and checks what a
+reader would see: no console error on any page, every image decoded, the index's table equal to the runner's
+summary.json, the hidden cell gone (browse_site() does the same on any run folder:
+`python -c "from pathlib import Path; from tests.test_course_site import browse_site; browse_site(Path('runs/TS'))"`).
+Without Playwright or chromium the browser test skips and says why
+(.ci/run installs chromium as root with apt; requirements-dev.txt has playwright). About 20 s on a 2-core CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from distrinews_lib.course.site import remote_references
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNNER = ROOT / "scripts" / "run_course.py"
+
+PARAMS = 'PRESET = "auto"\nNPROC = "auto"'
+PLOT = '''import matplotlib
+import matplotlib.pyplot as plt
+fig, ax = plt.subplots(figsize=(3, 2))
+ax.plot([1, 2, 3], [0.5, 0.7, 0.9])
+ax.set_title("accuracy per epoch")
+plt.show()
+print("VISIBLE-OUTPUT-7431")'''
+# The record cell, as every chapter's: tagged `hide`, so neither it nor what it prints reaches the page.
+RECORD = '''from distrinews_lib.course.records import write_record
+write_record("01_plot", {"accuracy": 0.8125, "samples_per_s": 363.25, "steps": 12, "data": "a tiny sample"},
+             headline=f"accuracy 81.2% with {PRESET}")  # HIDDEN-SOURCE-2207
+print("HIDDEN-PRINT-5519")'''
+
+
+def _notebook(path: Path, title: str, *cells) -> None:
+    nb = new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [new_markdown_cell(f"# {title}\n\nSome prose."),
+                new_code_cell(PARAMS, metadata={"tags": ["parameters"]}), *cells]
+    nbformat.write(nb, str(path))
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    course = tmp_path_factory.mktemp("course")
+    _notebook(course / "01_plot.ipynb", "01 A plot", new_code_cell(PLOT),
+              new_code_cell(RECORD, metadata={"tags": ["hide"]}))
+    _notebook(course / "02_fails.ipynb", "02 A failure", new_code_cell("raise ValueError('02 fails here')"))
+    _notebook(course / "03_never.ipynb", "03 Never run", new_code_cell("print('never')"))
+    runs = tmp_path_factory.mktemp("runs")
+    proc = subprocess.run([sys.executable, str(RUNNER), "--no-progress", "--notebooks-dir", str(course),
+                           "--runs-dir", str(runs), "--preset", "cpu_smoke", "--html"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out  # 02 failed; the site is rendered all the same
+    assert "site: " in out and "site not rendered" not in out, out
+    (run,) = list(runs.iterdir())
+    return run
+
+
+@pytest.mark.slow
+def test_the_site_is_written_offline_and_without_hidden_cells(run_dir):
+    site = run_dir / "site"
+    assert sorted(p.name for p in site.iterdir()) == ["01_plot.html", "02_fails.html", "index.html"]
+    for page in site.iterdir():
+        text = page.read_text()
+        assert remote_references(text) == [], page.name
+        assert "HIDDEN-" not in text, f"{page.name} shows the hide-tagged cell"
+    chapter = (site / "01_plot.html").read_text()
+    assert "VISIBLE-OUTPUT-7431" in chapter and 'src="data:image/png;base64,' in chapter
+
+
+@pytest.mark.slow
+def test_html_only_renders_an_earlier_run_again(run_dir, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    shutil.rmtree(copy / "site")
+    proc = subprocess.run([sys.executable, str(RUNNER), "--html-only", str(copy)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (copy / "site" / "index.html").read_text() == (run_dir / "site" / "index.html").read_text()
+    proc = subprocess.run([sys.executable, str(RUNNER), "--html-only", str(tmp_path / "nothing")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "no summary.json" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def _browser():
+    """(playwright context manager, chromium path), or pytest.skip with what is missing."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("no Playwright for Python: pip install -r requirements-dev.txt")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if not chromium:
+        pytest.skip("no chromium on PATH: apt-get install chromium (.ci/run does it when run as root)")
+    return sync_playwright, chromium
+
+
+def browse_site(run_dir: Path) -> dict:
+    """Open run_dir/site in chromium, offline, as a reader does: the index, then each chapter through its link.
+    Checks what holds for any run (no console error, images decoded, the index equal to summary.json, the
+    `hide`-tagged cells gone and every other cell there); returns the index's rows and each page's text and
+    image count for the caller's own checks. Skips (pytest.skip) without a browser."""
+    sync_playwright, chromium = _browser()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    index = (run_dir / "site" / "index.html").resolve().as_uri()
+    pages = {}
+    with sync_playwright() as pw:
+        try:
+            browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        except Exception as err:  # a chromium that cannot start here (missing libraries, ...)
+            pytest.skip(f"chromium at {chromium} did not start: {str(err).splitlines()[0]}")
+        page = browser.new_page()
+        problems, remote = [], []
+        page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+        page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+        page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
+
+        def offline(route):  # the site must not need the network: refuse anything that is not a local file
+            if route.request.url.startswith(("file:", "data:")):
+                route.continue_()
+            else:
+                remote.append(route.request.url)
+                route.abort()
+        page.route("**/*", offline)
+
+        page.goto(index)
+        rows = page.eval_on_selector_all("table.summary tbody tr", """rows => rows.map(r => ({
+            name: r.dataset.notebook, status: r.querySelector('td.status').textContent,
+            seconds: r.querySelector('td.seconds').textContent,
+            headline: r.querySelector('.headline').textContent,
+            link: r.querySelector('td.chapter a') ? r.querySelector('td.chapter a').getAttribute('href') : null,
+            figures: Object.fromEntries([...r.querySelectorAll('dd[data-key]')].map(
+                d => [d.dataset.key, JSON.parse(d.dataset.value)]))}))""")
+        # the index's table is the runner's summary: status, seconds as the runner prints them, key figures
+        expected = [{"name": n["name"], "status": n["status"],
+                     "seconds": f"{n['seconds']:.1f}" if n["seconds"] is not None else "-",
+                     "headline": n["headline"],
+                     "figures": {k: v for k, v in n["record"].items() if k not in ("headline", "notebook")}}
+                    for n in summary["notebooks"]]
+        assert [{k: v for k, v in r.items() if k != "link"} for r in rows] == expected
+        machine = page.inner_text("dl.machine")
+        for key in ("hostname", "processor", "torch"):
+            assert str(summary["machine"][key]) in machine, (key, machine)
+
+        for row in rows:
+            if not row["link"]:
+                assert row["status"] == "not run", row
+                continue
+            page.goto(index)
+            page.click(f'a[href="{row["link"]}"]')  # the link itself, as a reader follows it
+            page.wait_for_load_state("load")
+            assert page.url.endswith(row["link"])
+            images = page.eval_on_selector_all("img", "imgs => imgs.map(i => [i.complete, i.naturalWidth])")
+            assert all(done and width > 0 for done, width in images), f"{row['link']}: an image did not decode"
+            shown = set(page.eval_on_selector_all("[id^='cell-id=']", "els => els.map(e => e.id.slice(8))"))
+            cells = nbformat.read(str(run_dir / f"{row['name']}.ipynb"), as_version=4).cells
+            hidden = {c.id for c in cells if "hide" in c.metadata.get("tags", [])}
+            assert not hidden & shown, f"{row['link']} shows the cells tagged hide: {hidden & shown}"
+            assert {c.id for c in cells} - hidden <= shown, f"{row['link']} lost cells that are not hidden"
+            pages[row["name"]] = {"text": page.inner_text("body"), "images": len(images)}
+        browser.close()
+    assert remote == [], f"the site asked the network for {remote}"
+    assert problems == [], problems
+    return {"rows": rows, "pages": pages}
+
+
+@pytest.mark.slow
+def test_a_real_browser_reads_the_site(run_dir):
+    seen = browse_site(run_dir)
+    rows, pages = seen["rows"], seen["pages"]
+    assert [r["status"] for r in rows] == ["ok", "FAILED", "not run"]
+    assert [r["link"] for r in rows] == ["01_plot.html", "02_fails.html", None]
+    assert rows[0]["figures"]["accuracy"] == 0.8125 and rows[0]["headline"] == "accuracy 81.2% with cpu_smoke"
+    assert pages["01_plot"]["images"] == 1 and pages["02_fails"]["images"] == 0  # the matplotlib figure
+    assert "VISIBLE-OUTPUT-7431" in pages["01_plot"]["text"] and "Course index" in pages["01_plot"]["text"]
+    assert all("HIDDEN-" not in p["text"] for p in pages.values())
+    assert "02 fails here" in pages["02_fails"]["text"]  # the failing cell's error, where it happened

@@ -1,0 +1,91 @@
+"""Chapter 06's memory calculator (distrinews_lib.course.memory) and memory_footprint.py's run specs: fast, no launch."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from distrinews_lib.course import memory as M
+from distrinews_lib.data.texts import AG_NEWS_LABELS
+from distrinews_lib.models.build import build_model
+from distrinews_lib.training.config import RunConfig
+
+from .helpers import SCRIPTS
+
+
+def _footprint():
+    spec = importlib.util.spec_from_file_location("memory_footprint", SCRIPTS / "memory_footprint.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _tiny():
+    model = build_model(RunConfig(model="tiny", seed=0), AG_NEWS_LABELS)[0]
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    return model
+
+
+def test_the_shape_has_the_models_tensors():
+    model = _tiny()
+    assert sorted(M.SHAPES["tiny"].tensors()) == sorted(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("batch,seq", [(4, 32), (2, 96)])
+def test_the_activation_formula_counts_what_autograd_saves(batch, seq):
+    model = _tiny()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    ids = torch.randint(1000, 2000, (batch, seq))
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    mask[:, seq // 2:] = 0  # padded, as the course's batches are
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids, attention_mask=mask)
+    assert M.activation_bytes(M.SHAPES["tiny"], batch, seq) == pytest.approx(sum(seen.values()), rel=0.03)
+
+
+def test_zero1_split_is_greedy_by_whole_tensor():
+    assert M.zero1_split([10, 1, 1, 1], 2) == [10, 3]
+    assert M.zero1_split([4, 3, 3, 2], 2) == [6, 6]
+    tiny = M.SHAPES["tiny"]
+    assert max(M.zero1_split(tiny.tensors(), 2)) > 0.9 * tiny.n_params  # the word embeddings decide it
+
+
+def test_the_estimate_moves_the_right_way():
+    base = M.estimate("distilbert-base", 8, 64, world=2)
+    assert base.parts["DDP buckets"] == 4 * M.SHAPES["distilbert-base"].n_params
+    assert M.estimate("distilbert-base", 8, 64, world=2, bucket_view=True).peak < base.peak
+    assert M.estimate("distilbert-base", 8, 64, world=1).parts["DDP buckets"] == 0
+    big = M.estimate("distilbert-base", 64, 512, world=2)
+    assert M.estimate("distilbert-base", 64, 512, world=2, recompute=True).peak < big.peak
+    assert M.estimate("distilbert-base", 64, 512, stage=3, world=8).peak < big.peak
+    mixed = M.estimate("distilbert-base", 8, 64, precision="mixed (fp16 + fp32 master)", stage=1, world=64, impl="even")
+    assert mixed.parts["optimizer state"] == pytest.approx(12 * M.SHAPES["distilbert-base"].n_params / 64, rel=1e-6)
+    with pytest.raises(ValueError, match="ZeRO stage"):
+        M.estimate(stage=4)
+
+
+def test_the_calculator_prints_a_table_without_a_front_end(capsys):
+    assert not M.interactive()
+    text = M.calculator(overhead_mb=20.0)
+    assert "distilbert-base" in text and text in capsys.readouterr().out
+
+
+def test_run_specs_are_read_or_refused_with_the_grammar():
+    fp = _footprint()
+    assert fp.parse_run("ddp@32x128+ckpt", 8, 64) == {"name": "ddp@32x128+ckpt", "variant": "ddp", "batch": 32, "seq": 128,
+                                                      "ckpt": True, "view": False}
+    assert fp.parse_run("ddp+view", 8, 64)["view"] and fp.parse_run("zero1", 8, 64)["batch"] == 8
+    with pytest.raises(SystemExit, match=r"VARIANT\[@BATCHxSEQ\]"):
+        fp.parse_run("ddp@32", 8, 64)
