@@ -1,0 +1,291 @@
+"""Chapter 05's cost model of DDP, built from what this machine measures.
+
+    rows = time_collectives(sizes)              # on every rank of a process group: all_reduce over message sizes
+    fit = fit_alpha_beta(rows)                  # t(S) = alpha + S / bandwidth
+    with StepClock() as clock: ...              # around a training run: each optimizer step's parts, on this rank
+    parts = breakdown(every_ranks_events, first_step, steps)
+    predict_ddp_step(single_parts, n, comm_s)   # a DDP step from a 1-process step and the fit
+
+Bytes on the wire are counted, not assumed: /proc/self/io's `wchar` grows by every byte a process writes,
+sockets included, so the change around a collective is what this rank sent (gloo talks TCP).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+
+# --------------------------------------------------------------------------- collectives, measured
+
+def bytes_written() -> int | None:
+    """Bytes this process has written so far (files and sockets), or None where /proc/self/io is missing."""
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                if line.startswith("wchar:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def ring_bytes_per_rank(nbytes: float, n: int) -> float:
+    """What each rank sends in a ring all-reduce of `nbytes`: a reduce-scatter ((n-1)/n) then an all-gather ((n-1)/n)."""
+    return 2 * (n - 1) / n * nbytes
+
+
+def _timed(op, reps: int) -> tuple[float, float | None]:
+    """Median seconds of `op` over reps (the slowest rank's, each time) and the bytes this rank wrote per call."""
+    op()  # connect and warm up
+    times, written = [], []
+    for _ in range(reps):
+        dist.barrier()
+        w0, t0 = bytes_written(), time.perf_counter()
+        op()
+        t1, w1 = time.perf_counter(), bytes_written()
+        times.append(t1 - t0)
+        if w0 is not None and w1 is not None:
+            written.append(w1 - w0)
+    slowest = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a collective is over when its last rank is done
+    return statistics.median(slowest.tolist()), (statistics.median(written) if written else None)
+
+
+def reps_for(nbytes: int) -> int:
+    """More repetitions of small messages (cheap, noisy), two of the largest (a quarter of a second each)."""
+    return max(2, min(20, (1 << 26) // max(nbytes, 1)))
+
+
+def time_collectives(sizes, halves_at: int | None = None) -> list[dict]:
+    """On every rank: time all_reduce of each size (bytes of fp32), and, at `halves_at` bytes, the ring's two halves
+    (reduce_scatter and all_gather). Returns rows {op, bytes, seconds, sent} (sent: bytes this rank wrote)."""
+    n = dist.get_world_size()
+    rows = []
+    for size in sizes:
+        x = torch.ones(max(1, size // 4))
+        t, sent = _timed(lambda: dist.all_reduce(x), reps_for(size))
+        rows.append({"op": "all_reduce", "bytes": x.numel() * 4, "seconds": t, "sent": sent})
+    if halves_at:
+        x = torch.ones(halves_at // 4 // n * n)
+        part = torch.empty(x.numel() // n)
+        for op, fn in (("reduce_scatter", lambda: dist.reduce_scatter_tensor(part, x)),
+                       ("all_gather", lambda: dist.all_gather_into_tensor(x, part))):
+            t, sent = _timed(fn, reps_for(halves_at))
+            rows.append({"op": op, "bytes": x.numel() * 4, "seconds": t, "sent": sent})
+    return rows
+
+
+@dataclass
+class Fit:
+    alpha_s: float        # latency: the time of an empty all-reduce
+    beta_s_per_byte: float
+
+    @property
+    def bandwidth(self) -> float:
+        """Bytes of message per second, once latency no longer matters."""
+        return 1 / self.beta_s_per_byte
+
+    def seconds(self, nbytes: float, messages: int = 1) -> float:
+        """The time of all-reducing `nbytes` split into `messages` all-reduces, one after another."""
+        return messages * self.alpha_s + nbytes * self.beta_s_per_byte
+
+
+def fit_alpha_beta(rows) -> Fit:
+    """Least squares of t = alpha + beta S on the relative error, so that 4 KB weighs as much as 256 MB."""
+    pts = [(r["bytes"], r["seconds"]) for r in rows if r.get("op", "all_reduce") == "all_reduce"]
+    # minimise sum(((alpha + beta S) - t) / t)^2: the normal equations of a weighted linear fit
+    w = [1 / t ** 2 for _, t in pts]
+    sw, sx, sy = sum(w), sum(wi * s for wi, (s, _) in zip(w, pts)), sum(wi * t for wi, (_, t) in zip(w, pts))
+    sxx, sxy = sum(wi * s * s for wi, (s, _) in zip(w, pts)), sum(wi * s * t for wi, (s, t) in zip(w, pts))
+    det = sw * sxx - sx * sx
+    beta = (sw * sxy - sx * sy) / det
+    alpha = (sy - beta * sx) / sw
+    return Fit(max(alpha, 0.0), beta)
+
+
+# --------------------------------------------------------------------------- one rank's step, timed by hooks
+
+PARTS = ("data", "forward", "backward", "comm", "clip", "optimizer")
+
+
+class StepClock:
+    """Timestamps of each training step's events on this rank, from global hooks (the script runs unchanged):
+
+    fwd_start / fwd_end  the outermost module's forward (with gradients on: evaluation is not timed)
+    bwd_end              the autograd graph is done (a callback queued when the loss's gradient is computed)
+    bwd_return           backward() is about to return: after DDP has waited for its all-reduces
+    opt_start / opt_end  the optimizer step
+    """
+
+    def __init__(self):
+        self.events: list = []
+        self.written: list = []  # bytes this process had written at the end of each optimizer step
+        self._depth = 0
+        self._handles: list = []
+
+    def _mark(self, name):
+        self.events.append((name, time.perf_counter()))
+
+    def _pre(self, module, args):
+        if self._depth == 0 and torch.is_grad_enabled():
+            self._mark("fwd_start")
+        self._depth += 1
+
+    def _post(self, module, args, output):
+        self._depth -= 1
+        if self._depth == 0 and torch.is_grad_enabled():
+            self._mark("fwd_end")
+            loss = getattr(output, "loss", None)
+            if isinstance(loss, torch.Tensor) and loss.requires_grad:
+                loss.register_hook(self._on_loss_grad)  # the first thing backward computes
+
+    def _on_loss_grad(self, grad):
+        engine = torch.autograd.Variable._execution_engine
+        # Callbacks run in the order queued, after the graph: ours first, then DDP's (it queues its own later,
+        # during backward), which waits for the all-reduces; the one we queue from ours runs after DDP's.
+        engine.queue_callback(lambda: (self._mark("bwd_end"), engine.queue_callback(lambda: self._mark("bwd_return"))))
+
+    def __enter__(self):
+        self._handles = [register_module_forward_pre_hook(self._pre), register_module_forward_hook(self._post),
+                         register_optimizer_step_pre_hook(lambda *_: self._mark("opt_start")),
+                         register_optimizer_step_post_hook(self._step_done)]
+        return self
+
+    def _step_done(self, *_):
+        self._mark("opt_end")
+        self.written.append(bytes_written())
+
+    def written_per_step(self, first_step: int, steps: int) -> float | None:
+        """Bytes written per optimizer step over steps first_step+1 .. first_step+steps: on a DDP rank, its
+        all-reduces' traffic (the script writes nothing else while it trains)."""
+        w = self.written[first_step - 1:first_step + steps] if first_step >= 1 else []
+        if len(w) < steps + 1 or None in (w[0], w[-1]):
+            return None
+        return (w[-1] - w[0]) / steps
+
+    def __exit__(self, *exc):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+def steps_of(events) -> list[dict]:
+    """Split one rank's events into steps: {event: time}, a step ending at its optimizer step's end.
+    A step that did not see each event exactly once (accumulation, a skipped forward) is marked incomplete."""
+    steps, current, prev_end = [], {}, None
+    for name, t in events:
+        if name == "opt_end":
+            current["opt_end"] = t
+            current["prev_end"] = prev_end
+            current["complete"] = prev_end is not None and all(k in current for k in
+                                                               ("fwd_start", "fwd_end", "bwd_end", "bwd_return", "opt_start"))
+            steps.append(current)
+            current, prev_end = {}, t
+        elif name in current:
+            current["duplicate"] = True
+        else:
+            current[name] = t
+    for s in steps:
+        s["complete"] = s["complete"] and not s.pop("duplicate", False)
+    return steps
+
+
+def breakdown(ranks_events, first_step: int, steps: int) -> list[dict]:
+    """Mean seconds per step of each part on each rank, over optimizer steps first_step+1 .. first_step+steps
+    (the harness's timed window: after `first_step` warm-up steps). The parts tile the step:
+    data (end of the last optimizer step to the forward: zero_grad, the loader, the copy), forward, backward
+    (compute), comm (backward done to backward returning: DDP waiting for its all-reduces), split into `waiting`
+    (until the slowest rank had finished its backward too) and `transfer` (the rest), clip (clipping and
+    bookkeeping up to the optimizer step) and optimizer."""
+    per_rank = [steps_of(ev)[first_step:first_step + steps] for ev in ranks_events]
+    if any(len(s) < steps for s in per_rank) or not all(st["complete"] for s in per_rank for st in s):
+        raise ValueError("the step clock did not see every event of every timed step (accumulation is not supported)")
+    out = []
+    for r, rank_steps in enumerate(per_rank):
+        acc = {p: 0.0 for p in (*PARTS, "waiting", "transfer", "step")}
+        for k, st in enumerate(rank_steps):
+            last_bwd = max(other[k]["bwd_end"] for other in per_rank)  # the all-reduce's last bucket can start then
+            parts = {"data": st["fwd_start"] - st["prev_end"], "forward": st["fwd_end"] - st["fwd_start"],
+                     "backward": st["bwd_end"] - st["fwd_end"], "comm": st["bwd_return"] - st["bwd_end"],
+                     "clip": st["opt_start"] - st["bwd_return"], "optimizer": st["opt_end"] - st["opt_start"],
+                     "step": st["opt_end"] - st["prev_end"]}
+            parts["waiting"] = min(max(0.0, last_bwd - st["bwd_end"]), parts["comm"])
+            parts["transfer"] = parts["comm"] - parts["waiting"]
+            for p, v in parts.items():
+                acc[p] += v
+        out.append({p: v / steps for p, v in acc.items()})
+    return out
+
+
+# --------------------------------------------------------------------------- predictions
+
+def predict_ddp_step(single: dict, n: int, comm_s: float) -> dict:
+    """A DDP step of n ranks (each b examples) from a 1-process step of n*b examples: the per-example work
+    (data, forward, backward) splits n ways; every rank repeats the per-step work (clipping and the optimizer
+    over all parameters); the all-reduce adds its time (on one core per process it competes with compute, so
+    it is counted whole)."""
+    per_example = single["data"] + single["forward"] + single["backward"]
+    repeated = single["clip"] + single["optimizer"]
+    step = per_example / n + repeated + comm_s
+    return {"per_example": per_example / n, "repeated": repeated, "comm": comm_s, "step": step,
+            "speedup": (per_example + repeated) / step}
+
+
+def best_bucket_mb(fit: Fit, grad_bytes: float, backward_s: float, last_tensor_bytes: float, caps_mb) -> dict:
+    """Exposed communication per step for each bucket cap, in a simple model: buckets fill evenly during
+    backward; each all-reduce costs alpha + beta*bytes, one at a time; a bucket cannot start before it is
+    full, nor before the previous one is done; whatever runs past the end of backward is exposed. A tensor
+    is never split, so the last tensor the backward produces (here the embedding, the model's first layer)
+    is always a bucket of its own at the very end."""
+    out = {}
+    for cap in caps_mb:
+        cap_b = cap * 2 ** 20
+        rest = max(grad_bytes - last_tensor_bytes, 0.0)
+        sizes = [cap_b] * int(rest // cap_b) + ([rest % cap_b] if rest % cap_b else [])
+        ready, free = 0.0, 0.0
+        for s in sizes:
+            ready += backward_s * s / grad_bytes
+            free = max(free, ready) + fit.seconds(s)
+        free = max(free, backward_s) + fit.seconds(last_tensor_bytes)
+        out[cap] = free - backward_s
+    return out
+
+
+# Published peak figures (vendor data sheets); what a real run gets is a fraction of them.
+GPU_SPECS = {
+    "T4": {"tflops_fp16": 65.0, "link": "PCIe 3.0 x16", "link_gb_s": 15.75},
+    "H100 SXM": {"tflops_fp16": 989.0, "link": "NVLink 4 (per direction)", "link_gb_s": 450.0},
+}
+
+
+@dataclass
+class OverlapEstimate:
+    gpus: str
+    n: int
+    backward_ms: float   # 4 FLOPs per parameter per token (backward is twice the forward's 2), at `mfu` of peak
+    comm_ms: float       # ring bytes per GPU over the link, at its peak
+    mfu: float
+
+    @property
+    def hidden(self) -> bool:
+        """The overlap condition: communication fits inside the backward pass."""
+        return self.comm_ms <= self.backward_ms
+
+
+def overlap_estimate(gpu: str, n: int, params: float, tokens_per_gpu: int, grad_bytes_per_param: int = 4,
+                     mfu: float = 0.4) -> OverlapEstimate:
+    spec = GPU_SPECS[gpu]
+    backward_s = 4 * params * tokens_per_gpu / (spec["tflops_fp16"] * 1e12 * mfu)
+    comm_s = ring_bytes_per_rank(params * grad_bytes_per_param, n) / (spec["link_gb_s"] * 1e9)
+    return OverlapEstimate(gpu, n, 1000 * backward_s, 1000 * comm_s, mfu)
+
+
+def as_dict(x) -> dict:
+    return asdict(x)

@@ -1,0 +1,140 @@
+"""Chapter 05's cost model (distrinews_lib/course/perf_model.py): the fit, the step clock, the predictions, and
+the collectives measured on real gloo processes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from distrinews_lib.course import perf_model as pm
+from tests.helpers import ROOT
+
+
+def test_fit_recovers_latency_and_bandwidth():
+    alpha, beta = 2e-4, 1 / 1.5e9
+    rows = [{"op": "all_reduce", "bytes": s, "seconds": alpha + beta * s} for s in (4096 * 4 ** k for k in range(9))]
+    fit = pm.fit_alpha_beta(rows)
+    assert fit.alpha_s == pytest.approx(alpha, rel=1e-6)
+    assert fit.bandwidth == pytest.approx(1.5e9, rel=1e-6)
+    assert fit.seconds(2 ** 20, messages=3) == pytest.approx(3 * alpha + beta * 2 ** 20)
+
+
+def test_fit_ignores_the_ring_halves():
+    rows = [{"op": "all_reduce", "bytes": s, "seconds": 1e-4 + s / 1e9} for s in (4096, 2 ** 20, 2 ** 24)]
+    rows.append({"op": "reduce_scatter", "bytes": 2 ** 22, "seconds": 100.0})
+    assert pm.fit_alpha_beta(rows).bandwidth == pytest.approx(1e9, rel=1e-6)
+
+
+def test_ring_bytes():
+    assert pm.ring_bytes_per_rank(100, 2) == 100
+    assert pm.ring_bytes_per_rank(100, 4) == 150
+    assert pm.ring_bytes_per_rank(100, 1) == 0
+
+
+def _events(t0, parts):
+    """One rank's events for steps with the given parts (data, forward, backward, comm, clip, optimizer)."""
+    ev, t = [("opt_end", t0)], t0
+    for d, f, b, c, k, o in parts:
+        for name, dt in (("fwd_start", d), ("fwd_end", f), ("bwd_end", b), ("bwd_return", c), ("opt_start", k), ("opt_end", o)):
+            t += dt
+            ev.append((name, t))
+    return ev
+
+
+def test_breakdown_tiles_the_step_and_splits_waiting_from_transfer():
+    fast = _events(0.0, [(0.01, 0.02, 0.04, 0.06, 0.002, 0.008)] * 3)
+    slow = _events(0.0, [(0.01, 0.03, 0.06, 0.03, 0.002, 0.008)] * 3)  # finishes its backward 0.03 s later
+    fast_p, slow_p = pm.breakdown([fast, slow], first_step=1, steps=2)
+    assert fast_p["step"] == pytest.approx(0.14) and slow_p["step"] == pytest.approx(0.14)
+    assert sum(fast_p[p] for p in pm.PARTS) == pytest.approx(fast_p["step"])
+    assert fast_p["waiting"] == pytest.approx(0.03) and fast_p["transfer"] == pytest.approx(0.03)
+    assert slow_p["waiting"] == pytest.approx(0.0) and slow_p["transfer"] == pytest.approx(0.03)
+
+
+def test_breakdown_refuses_steps_it_did_not_see_whole():
+    ev = _events(0.0, [(0.01, 0.02, 0.04, 0.05, 0.002, 0.008)] * 3)
+    accumulated = ev[:3] + [("fwd_start", 0.5), ("fwd_end", 0.6)] + ev[3:]  # two forwards in one step
+    with pytest.raises(ValueError, match="every event"):
+        pm.breakdown([accumulated], first_step=0, steps=3)
+    with pytest.raises(ValueError):
+        pm.breakdown([ev], first_step=2, steps=3)  # only 3 steps were taken
+
+
+def test_step_clock_times_a_real_training_step():
+    from transformers.modeling_outputs import SequenceClassifierOutput
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 2)
+
+        def forward(self, x, y):
+            logits = self.lin(x)
+            return SequenceClassifierOutput(loss=torch.nn.functional.cross_entropy(logits, y), logits=logits)
+
+    net, opt = Net(), None
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with pm.StepClock() as clock:
+        for _ in range(3):
+            out = net(torch.randn(4, 8), torch.tensor([0, 1, 0, 1]))
+            out.loss.backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+        with torch.no_grad():
+            net(torch.randn(4, 8), torch.tensor([0, 1, 0, 1]))  # evaluation: not a training step
+    names = [n for n, _ in clock.events]
+    assert names[:6] == ["fwd_start", "fwd_end", "bwd_end", "bwd_return", "opt_start", "opt_end"]
+    assert names.count("opt_end") == 3 and names.count("fwd_start") == 3
+    parts = pm.breakdown([clock.events], first_step=1, steps=2)[0]
+    assert all(parts[p] >= 0 for p in pm.PARTS)
+    assert sum(parts[p] for p in pm.PARTS) == pytest.approx(parts["step"])
+
+
+def test_predicted_ddp_step():
+    single = {"data": 0.02, "forward": 0.1, "backward": 0.2, "clip": 0.01, "optimizer": 0.03}
+    p = pm.predict_ddp_step(single, 2, comm_s=0.01)
+    assert p["step"] == pytest.approx(0.16 + 0.04 + 0.01)
+    assert p["speedup"] == pytest.approx(0.36 / 0.21)
+
+
+def test_best_bucket_model():
+    fit = pm.Fit(alpha_s=1e-3, beta_s_per_byte=1e-9)
+    # Everything in one late tensor: the bucket size changes nothing.
+    one = pm.best_bucket_mb(fit, 8e6, 0.1, 8e6, [0.25, 25])
+    assert one[0.25] == pytest.approx(one[25])
+    # Spread gradients: tiny buckets pay alpha many times; huge ones cannot overlap.
+    spread = pm.best_bucket_mb(fit, 200e6, 0.5, 1e6, [0.05, 25, 1000])
+    assert spread[25] < spread[0.05] and spread[25] < spread[1000]
+
+
+def test_overlap_estimates_are_labelled_from_specs():
+    t4 = pm.overlap_estimate("T4", 2, params=66e6, tokens_per_gpu=32 * 128)
+    assert t4.comm_ms == pytest.approx(66e6 * 4 / 15.75e9 * 1000)
+    assert t4.backward_ms == pytest.approx(4 * 66e6 * 4096 / (65e12 * 0.4) * 1000)
+
+
+def test_collectives_on_real_gloo_processes(tmp_path):
+    """2 gloo processes: every all_reduce is timed, and each rank writes the ring's 2(N-1)/N bytes."""
+    script = tmp_path / "coll.py"
+    script.write_text(
+        "import json, sys, torch.distributed as dist\n"
+        "from distrinews_lib.course import perf_model as pm\n"
+        "dist.init_process_group('gloo')\n"
+        "rows = pm.time_collectives([4096, 1 << 20], halves_at=1 << 20)\n"
+        "if dist.get_rank() == 0: json.dump(rows, open(sys.argv[1], 'w'))\n"
+        "dist.destroy_process_group()\n")
+    out = tmp_path / "rows.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(script), str(out)], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {(r["op"], r["bytes"]): r for r in json.loads(out.read_text())}
+    big = rows[("all_reduce", 1 << 20)]
+    assert big["seconds"] > 0
+    if big["sent"] is not None:  # Linux: /proc/self/io
+        assert big["sent"] == pytest.approx(pm.ring_bytes_per_rank(1 << 20, 2), rel=0.02)
+        assert rows[("all_gather", 1 << 20)]["sent"] == pytest.approx((1 << 20) / 2, rel=0.02)
