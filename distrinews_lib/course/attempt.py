@@ -1,6 +1,6 @@
 """Grading the code a learner writes in an exercise cell, and the predictions they write down before a run.
 
-    from distrinews_lib.course.attempt import grade, judge_prediction
+    from distrinews_lib.course.attempt import grade, judge_prediction, try_exercise, NotYet
 
     def pick_snapshot(run_dir):          # the learner's cell (tagged `exercise`)
         raise NotImplementedError        # ... until they write it
@@ -11,6 +11,10 @@ A learner's mistake gets one precise sentence (which case, what came back, what 
 wall or a hang: an exception becomes its type, message and the learner's line that raised it; a call that runs
 past its time limit is interrupted. A function still raising NotImplementedError is "not attempted yet", which is
 not a failure: the notebook runs through before the learner has written anything.
+
+Two ways to grade, one module: `grade(fn, cases)` when the cases are a list of inputs and judges;
+`try_exercise(test, fn)` when one test function exercises the learner's code (raising AssertionError with the
+precise message, or NotYet for the untouched stub), e.g. a check that needs a launch.
 """
 
 from __future__ import annotations
@@ -132,3 +136,38 @@ def judge_prediction(name: str, predicted, actual, *, right: bool | None = None,
     ok = (predicted == actual) if right is None else right
     print(f"{name}: you predicted {predicted!r}, the run gave {actual!r}: {'right' if ok else 'not quite'}. {why}".rstrip())
     return ok
+
+
+class NotYet(Exception):
+    """Raised by an exercise's test when the learner's function is still the stub (returns None / Ellipsis)."""
+
+
+def try_exercise(test, fn, strict=False) -> bool:
+    """Run an exercise's `test(fn)` on the learner's function and say, in a line or two, what is wrong.
+
+    test(fn) raises AssertionError("precise message") for a wrong answer, NotYet for the untouched stub.
+    A crash in the learner's code is reported as its error and the line of the learner's cell it came
+    from, not as a traceback. strict=True (the solution cells, CI) fails the notebook when the test fails."""
+    name = getattr(fn, "__name__", "your function")
+    try:
+        test(fn)
+    except NotYet as why:
+        print(f"'{name}' is not written yet{': ' + str(why) if str(why) else ''}. Write it in the cell above, "
+              "run it, then run this cell again.")
+        if strict:
+            raise AssertionError(f"the solution of '{name}' is still a stub") from None
+        return False
+    except AssertionError as why:
+        print(f"not yet: {why}")
+        if strict:
+            raise AssertionError(f"claim failed: the solution of '{name}' passes its test ({why})") from None
+        return False
+    except Exception as err:  # the learner's code crashed: say where, in one line
+        frames = [f for f in traceback.extract_tb(err.__traceback__) if f.name == name or "ipykernel" in (f.filename or "")]
+        where = f" (line {frames[-1].lineno} of '{name}': {frames[-1].line})" if frames else ""
+        print(f"'{name}' raised {type(err).__name__}: {err}{where}")
+        if strict:
+            raise AssertionError(f"the solution of '{name}' raised {type(err).__name__}: {err}") from None
+        return False
+    print(f"checked: '{name}' passes every case of its test")
+    return True

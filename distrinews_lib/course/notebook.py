@@ -140,54 +140,6 @@ def solution(fn, flag=False):
     return fn()
 
 
-class NotYet(Exception):
-    """Raised by an exercise's test when the learner's function is still the stub (returns None / Ellipsis)."""
-
-
-def try_exercise(test, fn, strict=False) -> bool:
-    """Run an exercise's `test(fn)` on the learner's function and say, in a line or two, what is wrong.
-
-    test(fn) raises AssertionError("precise message") for a wrong answer, NotYet for the untouched stub.
-    A crash in the learner's code is reported as its error and the line of the learner's cell it came
-    from, not as a traceback. strict=True (the solution cells, CI) fails the notebook when the test fails."""
-    import traceback
-
-    name = getattr(fn, "__name__", "your function")
-    try:
-        test(fn)
-    except NotYet as why:
-        print(f"'{name}' is not written yet{': ' + str(why) if str(why) else ''}. Write it in the cell above, "
-              "run it, then run this cell again.")
-        if strict:
-            raise AssertionError(f"the solution of '{name}' is still a stub") from None
-        return False
-    except AssertionError as why:
-        print(f"not yet: {why}")
-        if strict:
-            raise AssertionError(f"claim failed: the solution of '{name}' passes its test ({why})") from None
-        return False
-    except Exception as err:  # the learner's code crashed: say where, in one line
-        frames = [f for f in traceback.extract_tb(err.__traceback__) if f.name == name or "ipykernel" in (f.filename or "")]
-        where = f" (line {frames[-1].lineno} of '{name}': {frames[-1].line})" if frames else ""
-        print(f"'{name}' raised {type(err).__name__}: {err}{where}")
-        if strict:
-            raise AssertionError(f"the solution of '{name}' raised {type(err).__name__}: {err}") from None
-        return False
-    print(f"checked: '{name}' passes every case of its test")
-    return True
-
-
-def predicted(value, name: str, actual, tolerance=0) -> bool:
-    """Compare a prediction the learner recorded before a run with what the run measured; None = not made."""
-    if value is None:
-        print(f"no prediction recorded in {name}: the run measured {actual}. Next time write your guess first.")
-        return False
-    ok = abs(value - actual) <= tolerance if isinstance(actual, (int, float)) else value == actual
-    print(f"your prediction {name} = {value}; the run measured {actual}: "
-          + ("right." if ok else "not quite - the cells above say why."))
-    return ok
-
-
 def keep_log(result, path, show=lambda line: False) -> None:
     """Write a launch's whole output to `path` (the cell shows only the lines `show` picks, and where the log is)."""
     path = Path(path)
