@@ -68,3 +68,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    by_hand.leave()  # a finished run ends cleanly (see by_hand.leave)
