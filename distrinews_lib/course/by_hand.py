@@ -7,12 +7,11 @@ plots. The data-parallel code (broadcast, hooks, buckets, the sharded optimizer)
 
 from __future__ import annotations
 
-import os
-import sys
-
 import argparse
 import json
+import os
 import re
+import sys
 import time
 from contextlib import contextmanager
 from datetime import timedelta
