@@ -226,6 +226,25 @@ def breakdown(ranks_events, first_step: int, steps: int) -> list[dict]:
 
 # --------------------------------------------------------------------------- predictions
 
+def others_cores(run: dict) -> float | None:
+    """Cores other programs kept busy during one run of scripts/bench_runs.py, from its ranks' records: the
+    machine's busy CPU over the longest rank's window, less the CPU every rank of ours used (a rank that
+    finished early sat idle for the rest of it). None where /proc/stat is missing."""
+    ranks = run["ranks"]
+    longest = max(ranks, key=lambda r: r["seconds"])
+    if longest.get("foreign_cores") is None:
+        return None
+    ours = sum(r["cpu_s"] for r in ranks if r is not longest)
+    return max(0.0, longest["foreign_cores"] - ours / longest["seconds"])
+
+
+def spread(run: dict) -> float:
+    """How far apart the ranks of one run were: the slowest rank's time over the fastest's, minus one. For the
+    `pair` runs (the same work on every rank at once) it is how differently this machine's cores ran."""
+    times = [r["seconds"] / r["steps"] for r in run["ranks"]]
+    return max(times) / min(times) - 1
+
+
 def predict_ddp_step(single: dict, n: int, comm_s: float) -> dict:
     """A DDP step of n ranks (each b examples) from a 1-process step of n*b examples: the per-example work
     (data, forward, backward) splits n ways; every rank repeats the per-step work (clipping and the optimizer
