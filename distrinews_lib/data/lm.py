@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -63,17 +62,6 @@ class VocabSubset:
         """The WordPiece tokenizer's files plus the list of kept ids: what the checkpoint stores."""
         self.tokenizer.save_pretrained(folder)
         (Path(folder) / "vocab_subset.json").write_text(json.dumps(self.ids))
-
-    @classmethod
-    def from_files(cls, files: dict) -> "VocabSubset":
-        from transformers import AutoTokenizer  # deferred: importing transformers costs seconds
-
-        with tempfile.TemporaryDirectory() as tmp:
-            for name, text in files.items():
-                if name != "vocab_subset.json":
-                    (Path(tmp) / name).write_text(text, encoding="utf-8")
-            tokenizer = AutoTokenizer.from_pretrained(tmp)
-        return cls(tokenizer, json.loads(files["vocab_subset.json"]))
 
     @property
     def name_or_path(self) -> str:

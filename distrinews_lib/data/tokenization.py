@@ -147,14 +147,6 @@ class HashTokenizer:
             raise ValueError(f"not a hash tokenizer this version can rebuild: {str(d)[:200]}")
         return cls(int(d["buckets"]), d.get("truncation", "head"), int(d.get("model_max_length", 512)))
 
-    @classmethod
-    def from_pretrained(cls, folder) -> "HashTokenizer":
-        return cls.from_dict(json.loads((Path(folder) / HASH_FILE).read_text(encoding="utf-8")))
-
-
-def is_hash_files(files: dict) -> bool:
-    """Do a checkpoint's tokenizer files hold a hash tokenizer?"""
-    return HASH_FILE in files
 
 
 # --------------------------------------------------------------------------- any tokenizer: truncation

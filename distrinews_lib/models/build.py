@@ -15,7 +15,6 @@ answer); a model missing from the cache stops the run with the cache's path and 
 
 from __future__ import annotations
 
-import inspect
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,7 +168,3 @@ def build_model(cfg, label_names: list, *, hub: bool | None = None):
         info = ModelInfo(cfg.model, source if kind != "hub" else resolved, kind, True, 0)
     info.num_parameters = sum(p.numel() for p in model.parameters())
     return model, tokenizer_obj, info
-
-
-def model_accepts_token_type_ids(model) -> bool:
-    return "token_type_ids" in inspect.signature(model.forward).parameters
