@@ -23,11 +23,8 @@ def format_user_error(err: BaseException) -> str:
 
 
 def main_guard(fn):
-    """Run a script's main(): UserError becomes one paragraph on stderr and exit code 2.
-
-    Under torchrun every rank may hit the same mistake; rank 0 prints it in full and the
-    others print one short line, so the message is not repeated N times.
-    """
+    """Run a script's main(): UserError becomes one paragraph on stderr and exit code 2, in full on rank 0 only
+    (every rank may hit the same mistake; the others print one short line)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -44,7 +41,8 @@ def main_guard(fn):
             print("interrupted", file=sys.stderr)
             sys.exit(130)
         except RuntimeError as err:  # DistBackendError is a RuntimeError too
-            if not is_collective_timeout(err):
+            text = str(err).lower()
+            if not any(s in text for s in ("timed out", "timeout", "connection closed by peer", "connection reset by peer")):
                 raise
             rank = os.environ.get("RANK", "0")
             print(format_user_error(
@@ -56,8 +54,3 @@ def main_guard(fn):
             sys.exit(COLLECTIVE_TIMEOUT_EXIT)
 
     return wrapper
-
-
-def is_collective_timeout(err: BaseException) -> bool:
-    text = str(err).lower()
-    return any(s in text for s in ("timed out", "timeout", "connection closed by peer", "connection reset by peer"))

@@ -1,9 +1,5 @@
-"""Is the Hugging Face hub reachable?  Answered in a few seconds at most, and remembered.
-
-Offline, `datasets.load_dataset("ag_news")` retries for ~25 s before failing, so every hub
-path asks this first. The probe is a real HTTPS request: a sandbox or proxy that accepts any
-TCP connection must not pass for the hub.
-"""
+"""Is the Hugging Face hub reachable (asked first: offline, load_dataset retries for ~25 s)? And its local cache.
+The probe is a real HTTPS request: a proxy that accepts any TCP connection must not pass for the hub."""
 
 from __future__ import annotations
 
@@ -18,13 +14,14 @@ HUB_URL = "https://huggingface.co/api/models/distilbert-base-uncased"
 _cached: bool | None = None
 
 
-def _env_says_offline() -> bool:
+def env_says_offline() -> bool:
+    """HF_HUB_OFFLINE / HF_DATASETS_OFFLINE / DISTRINEWS_OFFLINE set to 1: never touch the network."""
     return any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "DISTRINEWS_OFFLINE"))
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
     global _cached
-    if _env_says_offline():
+    if env_says_offline():
         return False
     if _cached is not None:
         return _cached
@@ -47,15 +44,7 @@ def hub_reachable(timeout: float = 3.0) -> bool:
     return _cached
 
 
-# ----------------------------------------------------------------------------- the local cache (offline HPC nodes)
-# Compute nodes often have no internet: users fill the Hugging Face cache on a login node, then run with
-# HF_HUB_OFFLINE=1. Then nothing is probed and everything comes from the cache, or stops with a message naming
-# the cache and the command that fills it.
-
-def env_says_offline() -> bool:
-    """HF_HUB_OFFLINE / HF_DATASETS_OFFLINE / DISTRINEWS_OFFLINE set to 1: never touch the network."""
-    return _env_says_offline()
-
+# Offline compute nodes: the cache is filled on a login node, then runs use HF_HUB_OFFLINE=1 (nothing probed).
 
 def _hf_home() -> str:
     return os.path.expanduser(os.environ.get("HF_HOME") or os.path.join(
