@@ -1,6 +1,4 @@
-"""Examples into batches: dynamic padding, batches of similar length, the single process's sampler, and the
-DataLoader the training scripts build from the fast-path flags.
-"""
+"""Examples into batches: dynamic padding, length grouping, the single process's sampler, the DataLoader."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""Language-model data on the course's DDP plumbing: the texts cut into fixed-length blocks over a vocabulary of
-frequent tokens, and the collator that (for the masked LM) picks the tokens to predict.
-
-DDP does not care about the objective: the sampler, the all-reduce, no_sync, snapshots and the rank-0 rules
-are the same lines. What changes is the data (here), the model with an LM head (models/lm.py) and the metric,
-perplexity (training/evaluation.py).
-
-Masking (MLM) is reproducible: which tokens of block i are masked in epoch e depends only on (seed, e, i).
-So a resumed run masks exactly as an uninterrupted one, each epoch masks differently, and two ranks, which
-hold different blocks, never mask the same way at the same step.
+"""Language-model data: the texts packed into fixed-length blocks over a vocabulary of frequent tokens, and
+the collator that (MLM) picks the tokens to predict. Masking depends only on (seed, epoch, block), so a
+resumed run masks like an uninterrupted one and no two ranks mask alike. DDP's lines do not change with the
+objective.
 """
 
 from __future__ import annotations

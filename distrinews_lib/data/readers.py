@@ -1,7 +1,5 @@
-"""Reading datasets from files: the headerless CSV of Zhang et al. 2015 (ag_news_csv, amazon_review_polarity_csv,
-yelp_review_polarity_csv; AG News also as the Kaggle CSV with a header), a CSV with a header (IMDB's
-id,rating,label,text, or any text and label columns), a folder holding the train and test files, and csv:PATH.
-Every mistake in a file is named with its path and line.
+"""Reading datasets from files: the headerless CSV of Zhang et al. 2015 (AG News also as the Kaggle CSV), a CSV
+with a header, a folder of train and test files, csv:PATH. Every mistake in a file is named with its path and line.
 """
 
 from __future__ import annotations

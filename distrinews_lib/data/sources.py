@@ -1,30 +1,8 @@
-"""The datasets of the course: where they come from, tokenized once, batched with dynamic padding.
-
-What (`--dataset`):
-  ag_news (default), imdb, amazon_polarity, yelp_polarity   known datasets: hub ids through `datasets`, or a
-             local copy in their usual layout (--data FOLDER); label names known (IMDB: negative/positive)
-  hub:OWNER/NAME                 any text-classification dataset on the hub (columns: --text_column/--label_column)
-  FOLDER                         train/test files in one of the layouts below, recognised by their first row
-  csv:PATH                       a CSV with a header (PATH: a folder with train.csv and test.csv, or one file whose
-                                 test split is 10% held out), text and label taken from --text_column/--label_column
-Layouts read from a folder:
-  Zhang et al. 2015 CSV          no header, "class 1..K","field",...: ag_news_csv, amazon_review_polarity_csv,
-                                 yelp_review_polarity_csv (a classes.txt beside them names the classes); AG News
-                                 also as the Kaggle CSV with header `Class Index,Title,Description`
-  a CSV with a header            IMDB's `id,rating,label,text` (label 0 negative, 1 positive), or any header with
-                                 a text and a label column
-Where a known dataset comes from (`--data`), AG News:
-  hub        the Hugging Face hub through `datasets`; with HF_HUB_OFFLINE=1 (or an unreachable hub) its cache
-  <folder>   the original ag_news_csv layout (train.csv / test.csv, no header, "class","title","description",
-             optionally .gz) or the Kaggle CSV (header `Class Index,Title,Description`)
-  embedded   a real AG News sample shipped inside this package (8,000 train rows, the full 7,600-row test
-             set; assets/ag_news_sample/README.md gives its provenance): real news, offline
-  synthetic  an AG-News-shaped set generated offline, only when asked for; never mistaken for the real thing
-  auto       hub when reachable, else the folder in $DISTRINEWS_DATA_DIR, else the hub cache when it holds the
-             dataset, else embedded (decided once, on rank 0, by the run plan); for the other known datasets:
-             hub when reachable, else its cache
-Labels are 0-based indices into the dataset's label names (AG News: 0 World, 1 Sports, 2 Business, 3 Sci/Tech),
-which come from the data (a ClassLabel, classes.txt, the label values) or from --label_names.
+"""Where a dataset comes from. --dataset: a known one (ag_news, imdb, amazon_polarity, yelp_polarity),
+hub:OWNER/NAME, a FOLDER (layouts in readers.py) or csv:PATH. --data for a known one: hub (or its cache
+offline), a folder, embedded (a real AG News sample in the package), synthetic (AG News shaped, only when
+asked for), or auto: the hub when reachable, else $DISTRINEWS_DATA_DIR, else the hub cache, else embedded
+(decided once, on rank 0, by the run plan).
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
-"""Text -> token ids: the vocabulary-free hash tokenizer, and head+tail truncation for any tokenizer.
+"""Text -> token ids: the hash tokenizer (--tokenizer hash), head+tail truncation, the token cache.
 
-The hash tokenizer (--tokenizer hash) needs no vocabulary file:
-
-    text.lower() -> words and punctuation marks (regex \\w+|[^\\w\\s]) -> each token hashed into --hash_buckets ids
-
-The hash is blake2b (8 bytes) of the token's UTF-8 bytes: the same id in every process, on every machine, in
-every Python (Python's own hash() of a str is salted per process, PYTHONHASHSEED, and would give every DDP rank
-different ids). Ids 0, 1 and 2 are [PAD], [CLS] and [SEP]; a word lands in one of the other buckets - 3. Two
-words may share a bucket (a collision); with 2^15 buckets and a 30k-word working vocabulary a few percent do,
-which costs little accuracy (the model learns what the bucket means on average).
-
-It answers like a Hugging Face tokenizer where the course uses one (`tok(texts, truncation=True,
-max_length=..., padding=True, return_tensors="pt")`, `pad_token_id`, `save_pretrained`), so the training
-scripts, the checkpoint and the server take it unchanged.
-
-Truncation (--truncation): `head` keeps the first max_length tokens (the usual); `head_tail` keeps the first
-quarter and the last three quarters of the budget, dropping the middle: a long review's verdict is often in
-its last sentences (Sun et al. 2019, "How to Fine-Tune BERT for Text Classification": head 128 + tail 382
-was their best for IMDB).
+The hash tokenizer lowercases, splits into words and punctuation, and hashes each token with blake2b into
+--hash_buckets ids: the same id in every process (Python's hash() is salted per process, so every DDP rank
+would differ). It answers like a Hugging Face tokenizer where the course uses one. head_tail keeps the first
+quarter and the last three quarters of the budget: a review's verdict is often at its end (Sun et al. 2019).
 """
 
 from __future__ import annotations

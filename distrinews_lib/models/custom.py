@@ -1,15 +1,7 @@
-"""--model custom: a small transformer encoder classifier in plain PyTorch, from scratch.
-
-    token ids --> token embedding + position embedding --> N encoder layers --> mean over real tokens --> linear head
-
-Each encoder layer is pre-norm multi-head self-attention (F.scaled_dot_product_attention, padding masked out)
-and a GELU feed-forward block, each added back to its input. No dropout on the attention weights: on a CPU
-that dropout alone took a fifth of a step (torch.nn.TransformerEncoderLayer applies it), for no accuracy here.
-
-It answers like a Hugging Face classifier where the course needs it (`model(input_ids=..., attention_mask=...)
-.logits`, `model.config.num_labels`, `model.config.to_dict()`), so the training scripts, DDP, snapshots, the
-checkpoint and the server take it unchanged. With the hash tokenizer its embedding table is --hash_buckets x
-dim (4.2M parameters at 32768 x 128), a twelfth of DistilBERT-base's 23.4M: less to all-reduce per step.
+"""--model custom: a small transformer encoder classifier in plain PyTorch, from scratch: token + position
+embedding, N pre-norm encoder layers, mean over the real tokens, a linear head. No dropout on the attention
+weights: on a CPU it alone took a fifth of a step. It answers like a Hugging Face classifier where the course
+needs it.
 """
 
 from __future__ import annotations

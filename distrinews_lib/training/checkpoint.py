@@ -1,10 +1,6 @@
-"""Save and load the inference checkpoint: the *unwrapped* model, its tokenizer, labels and run metadata.
-
-One file, checkpoints/distilbert_agnews.pt: state_dict + config + labels + metadata + the tokenizer's
-files (as text). Weights and tokenizer travel together, so a crash can never pair a new tokenizer
-with old weights. Written by rank 0 only, atomically (a crash mid-write leaves the previous file
-intact), with the usual umask-respecting permissions so a server running as another user can read it.
-Loaded with torch.load(weights_only=True): the file holds tensors and plain Python values only.
+"""Save the inference checkpoint: the *unwrapped* model, its tokenizer's files, labels and run metadata in one
+file, written atomically by rank 0 and readable with torch.load(weights_only=True) (serving/inference.py reads
+it).
 """
 
 from __future__ import annotations

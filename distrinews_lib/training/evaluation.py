@@ -1,9 +1,6 @@
-"""Evaluation that is exact under DDP: each rank evaluates its shard, and the results are gathered with their
-dataset indices, so that the examples DistributedSampler repeats to even out the shards count once. The figures
-equal a single-process evaluation of the same weights, on every rank.
-
-Each task has its own result type, and each says how it is reported (the epoch line, metrics.csv, the
-experiment tracker, the checkpoint): nothing downstream asks which task it was.
+"""Evaluation that is exact under DDP: each rank evaluates its shard and the results are gathered with their
+dataset indices, so the examples DistributedSampler repeats count once. Each task's result type says how it is
+reported (epoch line, metrics.csv, tracker, checkpoint).
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
-"""FLOPs and MFU: what a training step costs, and how much of the device's peak a run achieved.
+"""FLOPs and MFU. Per token of a training step (forward + backward), for N non-embedding parameters, L layers,
+hidden size d and a text of T tokens (Kaplan et al. 2020 / PaLM appendix B, as nanoGPT's estimate_mfu):
 
-FLOPs per token (training: forward + backward)
-------------------------------------------------
-For a transformer encoder with N non-embedding parameters, L layers, hidden size d, and a sequence of
-T tokens, one training step costs per token (the formula of Kaplan et al. 2020 / PaLM appendix B, as
-nanoGPT's `estimate_mfu` uses it):
+    flops_per_token = 6 * N  +  12 * L * d * T        (6N: 2 FLOPs per weight forward, twice that backward;
+                                                       12LdT: attention's Q·Kᵀ and softmax·V, forward and backward)
 
-    flops_per_token = 6 * N  +  12 * L * d * T
-
-* 6N: every weight does one multiply-add (2 FLOPs) per token in the forward pass, and the backward pass
-  costs twice the forward (gradients w.r.t. activations and w.r.t. weights): 2N + 4N.
-* 12·L·d·T: attention's two matmuls (Q·Kᵀ and softmax·V) are T·d multiply-adds each per token and layer,
-  i.e. 4·d·T FLOPs forward, times 3 for forward + backward.
-* N excludes the embedding tables (a lookup costs no matmul FLOPs). The classification head is counted
-  as if it ran on every token although it runs on one token per text: an over-count of ~1% for
-  DistilBERT-base (0.6M of 43M), stated rather than hidden.
-* Only *model* FLOPs of real tokens count: padding is wasted work, so a run that pads more gets a lower
-  MFU. For a batch, T is each text's own length: 12·L·d·Σᵢ Tᵢ² over the texts i.
-* Elementwise work (LayerNorm, GELU, softmax, dropout, the optimizer) is not counted, as usual.
-
-MFU = achieved model FLOP/s / the device's dense peak FLOP/s for the dtype the matmuls run in
-(bf16/fp16 under AMP, fp32 or tf32 without). Peaks are NVIDIA datasheet dense (no 2:4 sparsity) figures.
-CPUs have no entry: there the benchmarks report achieved TFLOP/s and no MFU.
+Only real tokens count (padding is wasted work); the head is counted on every token (~1% over for DistilBERT);
+elementwise work is not counted. MFU divides by the device's dense datasheet peak for the matmuls' dtype; CPUs have
+no entry (no MFU there).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""What the training scripts' loop leans on but is not the lesson: the optimizer and its schedule, the
-micro-batches of each optimizer step, and the epoch's counters.
-
-The loop itself (forward, backward, clipping, the optimizer step) is written out in scripts/train_single.py
-and scripts/train_ddp.py, where a learner can read it.
-"""
+"""What the scripts' loop leans on but is not the lesson: optimizer, schedule, the micro-batches of each step
+and the epoch's counters. The loop itself is written out in the scripts."""
 
 from __future__ import annotations
 

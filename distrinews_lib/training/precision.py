@@ -1,8 +1,4 @@
-"""The device a process computes on, and the precision it computes in (mixed precision, loss scaling).
-
-    device = precision.resolve_device()            # cuda:0 when there is a GPU, else cpu (or what was asked for)
-    amp = precision.resolve_amp(cfg.amp, device)   # bf16 on A100/H100, fp16 + GradScaler on a T4, off on a CPU
-"""
+"""The device a process computes on, and the precision (AMP, loss scaling) it computes in."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
-"""Training snapshots: everything needed to continue a run exactly where it stopped.
-
-A snapshot holds the model (unwrapped), optimizer, scheduler, GradScaler, the position in the data
-(epoch and batches done), the run's metrics so far, and every rank's RNG states and partial epoch
-counters. Rank 0 writes it atomically to <run folder>/snapshots/; the last `keep` are kept so that a
-damaged newest one can fall back to the one before. The inference checkpoint is separate.
-
-Who resumes from what: rank 0 chooses the snapshot (choose(), in the run plan) and every rank loads that
-one, before DDP wraps the model. With several nodes the run folder (--output) must be on storage every
-node can read; a rank that cannot read rank 0's choice stops the run with a message saying so.
-
-Exactness: with the same world size, deterministic kernels and num_workers=0, a run resumed from a
-snapshot ends with the same weights, bit for bit, as one that never stopped.
+"""Training snapshots: everything needed to continue a run exactly where it stopped (model, optimizer, schedule,
+scaler, position in the data, metrics, every rank's RNG states and partial epoch counters), written atomically by
+rank 0 to <run folder>/snapshots/, the last `keep` kept. Rank 0 chooses the snapshot and every rank loads that one,
+so with several nodes --output must be shared storage. Same world size: the resumed run ends bit-identical.
 """
 
 from __future__ import annotations

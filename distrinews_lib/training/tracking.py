@@ -1,9 +1,6 @@
-"""Per-run metrics: metrics.csv (one row per epoch) and metrics.json (config, data, DDP, series, aggregates),
-and, with --report_to, an experiment tracker: TensorBoard event files, W&B (offline unless WANDB_MODE says
-otherwise; `wandb sync` uploads later) or Trackio (a local SQLite database).
-
-Only rank 0 writes; the files are rewritten after every epoch, so a crashed run still leaves its history.
-Every record names the data it was trained on (`data.source`, `data.title`), and so does every plot.
+"""Per-run metrics, written by rank 0 after every epoch: metrics.csv (one row per epoch), metrics.json
+(config, data, DDP, series, aggregates) and, with --report_to, TensorBoard, W&B (offline by default) or
+Trackio.
 """
 
 from __future__ import annotations
