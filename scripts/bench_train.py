@@ -464,7 +464,7 @@ def compare_section(plan, data_arg: str, device, args, log, workdir: Path) -> di
             f"{shape.n_nonembedding / 1e6:.2f}M non-embedding) | batch {B} | {W} warm-up + {K} timed steps | "
             f"{cfg['rounds']} rounds | {args.threads or torch.get_num_threads()} thread(s) | {device}")
         log(f"   {n_real} texts, mean {mean_len:.1f} tokens (max_length {args.max_length}); model FLOPs per text at the "
-            f"mean length: {flops.training_flops(shape, [round(mean_len)]) / 1e6:.1f} M; ratios quoted on {metric}")
+            f"mean length: {throughput.training_flops(shape, [round(mean_len)]) / 1e6:.1f} M; ratios quoted on {metric}")
         hf_train = hf_dataset(prepared.train_ds) if any(c["kind"] == "trainer" for c in contenders.values()) else None
         results = {name: [] for name in contenders}
         names = list(contenders)

@@ -14,7 +14,6 @@ from typing import Callable
 
 from ..errors import UserError
 from .texts import (
-    AG_NEWS_LABELS,
     DATASETS,
     IMDB_HEADER,
     DatasetSpec,
@@ -88,11 +87,6 @@ def read_zhang_csv(path: str | os.PathLike, label_names: list | None, fields: tu
     if not texts:
         raise UserError(f"{path} holds no rows.")
     return texts, labels
-
-
-def read_agnews_csv(path: str | os.PathLike) -> tuple[list, list]:
-    """(texts, labels 0..3) from one AG News CSV, with or without the Kaggle header."""
-    return read_zhang_csv(path, AG_NEWS_LABELS)
 
 
 def read_header_csv(path: str | os.PathLike, text_columns: tuple, label_column: str) -> tuple[list, list]:

@@ -85,12 +85,6 @@ def training_flops_from_sums(shape: ModelShape, tokens: int, sum_sq_len: int) ->
     return 6.0 * shape.n_nonembedding * tokens + 12.0 * shape.n_layers * shape.dim * sum_sq_len
 
 
-def training_flops(shape: ModelShape, lengths) -> float:
-    """Model FLOPs of one training pass over texts of these real lengths: Σᵢ Tᵢ·(6N + 12·L·d·Tᵢ)."""
-    lengths = [int(x) for x in lengths]
-    return training_flops_from_sums(shape, sum(lengths), sum(t * t for t in lengths))
-
-
 def mfu(flops_per_s: float, peak_tflops_value: float | None, n_devices: int = 1) -> float | None:
     """Model FLOPs utilisation in [0, 1], or None when the peak is unknown (e.g. a CPU)."""
     if not peak_tflops_value or flops_per_s <= 0:

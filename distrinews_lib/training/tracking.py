@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 import time
 from dataclasses import asdict
@@ -177,8 +176,3 @@ class RunTracker:
         w.writerows(self.rows)
         atomic_write_text(self.csv_path, table.getvalue())
         atomic_write_json(self.json_path, self.record)
-
-
-def load_metrics(run_dir) -> dict:
-    path = Path(run_dir) / "metrics.json" if Path(run_dir).is_dir() else Path(run_dir)
-    return json.loads(path.read_text())
