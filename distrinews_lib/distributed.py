@@ -27,8 +27,8 @@ def free_port() -> int:
 
 
 def torchrun_env() -> TorchrunEnv:
-    """Who this process is, as torchrun told it; changes nothing. Under plain `python`, a world of one on a free
-    local port, so that `python scripts/train_ddp.py` still runs (1 process, gloo), which helps debugging."""
+    """Who this process is, as torchrun told it; changes nothing. Under plain `python`, a world of one on a
+    free local port, so that `python scripts/train_ddp.py` still runs (1 process, gloo) for debugging."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return TorchrunEnv(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ["WORLD_SIZE"]),
                            "env://")
@@ -157,8 +157,8 @@ def all_gather_varlen(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def gather_by_index(index: torch.Tensor, *columns: torch.Tensor, device: torch.device, gather: bool = True) -> tuple:
-    """Every rank's (index, columns...) rows, ordered by dataset index, each index once: DistributedSampler pads
-    the shards with repeated examples. gather=False keeps this rank's rows (no collective); else collective."""
+    """Every rank's (index, columns...) rows by dataset index, each index once (DistributedSampler pads the
+    shards with repeats). gather=False keeps this rank's rows (no collective); else collective."""
     comm = comm_device(device)
     index, *columns = (all_gather_varlen(c, comm) if gather else c.cpu() for c in (index, *columns))
     order = torch.argsort(index, stable=True)
@@ -169,8 +169,8 @@ def gather_by_index(index: torch.Tensor, *columns: torch.Tensor, device: torch.d
 
 
 def agree(fn, *args, **kwargs):
-    """Run fn on every rank; if it raised a UserError on ANY rank, raise one on every rank (else the others would
-    wait in their next collective until the timeout). Collective."""
+    """Run fn on every rank; if it raised a UserError on ANY rank, raise one on every rank (else the others
+    would wait in their next collective until the timeout). Collective."""
     result, error = None, None
     try:
         result = fn(*args, **kwargs)

@@ -23,8 +23,8 @@ def format_user_error(err: BaseException) -> str:
 
 
 def main_guard(fn):
-    """Run a script's main(): UserError becomes one paragraph on stderr and exit code 2, in full on rank 0 only
-    (every rank may hit the same mistake; the others print one short line)."""
+    """Run a script's main(): UserError becomes one paragraph on stderr and exit code 2, in full on rank 0
+    only (every rank may hit the same mistake; the others print one short line)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -42,7 +42,7 @@ def main_guard(fn):
             sys.exit(130)
         except RuntimeError as err:  # DistBackendError is a RuntimeError too
             text = str(err).lower()
-            if not any(s in text for s in ("timed out", "timeout", "connection closed by peer", "connection reset by peer")):
+            if not any(s in text for s in ("timed out", "timeout", "closed by peer", "reset by peer")):
                 raise
             rank = os.environ.get("RANK", "0")
             print(format_user_error(

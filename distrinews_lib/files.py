@@ -1,5 +1,6 @@
-"""The one atomic writer of the package: a crash never leaves half a file, a reader sees the old file or the new.
-Every file the course writes while others may read it (checkpoints, snapshots, metrics, caches) goes through it."""
+"""The one atomic writer of the package: a crash never leaves half a file, a reader sees the old file or the
+new. Every file the course writes while others may read it (checkpoints, snapshots, metrics, caches) goes
+through it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Is the Hugging Face hub reachable (asked first: offline, load_dataset retries for ~25 s)? And its local cache.
-The probe is a real HTTPS request: a proxy that accepts any TCP connection must not pass for the hub."""
+"""Is the Hugging Face hub reachable (asked first: offline, load_dataset retries for ~25 s)? And its local
+cache. The probe is a real HTTPS request: a proxy that accepts any TCP connection must not pass for the hub."""
 
 from __future__ import annotations
 
@@ -87,8 +87,8 @@ def model_download_command(repo_id: str) -> str:
 
 
 class offline_datasets:
-    """Within it, `datasets` and huggingface_hub act as under HF_HUB_OFFLINE=1, whatever the environment said when
-    they were imported: load_dataset goes straight to the cache, with no request and no retries."""
+    """Within it, `datasets` and huggingface_hub act as under HF_HUB_OFFLINE=1, whatever the environment
+    said when they were imported."""
 
     def __enter__(self):
         import datasets.config as dc  # deferred: datasets is optional (the hub extra)

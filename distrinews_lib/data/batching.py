@@ -9,8 +9,7 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler, Sequen
 
 
 class PadCollator:
-    """Dynamic padding: pad each batch to its own longest sequence, rounded up to a multiple of 8
-    (tensor cores like multiples of 8; on CPU it costs a few pad tokens)."""
+    """Dynamic padding: each batch to its own longest sequence, rounded up to a multiple (tensor cores)."""
 
     def __init__(self, pad_id: int = 0, pad_to_multiple_of: int | None = 8):
         self.pad_id = pad_id
@@ -34,12 +33,8 @@ class PadCollator:
 
 
 class LengthGroupedBatchSampler(Sampler):
-    """Batches of similar length, drawn from whatever `sampler` yields (e.g. a DistributedSampler shard).
-
-    The sampler's order is cut into chunks of `batch_size * chunk_batches` indices; each chunk is sorted
-    by length and cut into batches; the batch order is then shuffled. Every rank regroups only its own
-    shard, so sharding stays disjoint, and each rank gets the same number of batches.
-    """
+    """Batches of similar length from what `sampler` yields (e.g. a DistributedSampler shard): chunks of
+    its order sorted by length, cut into batches, shuffled. Each rank regroups only its own shard."""
 
     def __init__(self, sampler, lengths, batch_size: int, chunk_batches: int = 50, seed: int = 0, drop_last: bool = False):
         self.sampler, self.lengths, self.batch_size = sampler, lengths, batch_size
@@ -69,11 +64,8 @@ class LengthGroupedBatchSampler(Sampler):
 
 
 class ShuffleSampler(Sampler):
-    """A random order that depends only on (seed, epoch): call set_epoch(epoch) before each epoch.
-
-    The single-process script's sampler. Like DistributedSampler with one replica, so a resumed run
-    replays the same order without storing any random state.
-    """
+    """The single process's sampler: an order that depends only on (seed, epoch), like DistributedSampler,
+    so a resumed run replays it without storing any random state."""
 
     def __init__(self, dataset, seed: int = 0):
         self.n, self.seed, self.epoch = len(dataset), seed, 0

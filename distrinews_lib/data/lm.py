@@ -17,15 +17,9 @@ from torch.utils.data import Dataset
 IGNORE = -100  # labels the loss skips: padding, and (MLM) the tokens that were not masked
 
 
-# --------------------------------------------------------------------------- a vocabulary small enough
-
 class VocabSubset:
-    """The K most frequent WordPiece tokens of the training text, renumbered 0..K-1 (specials first).
-
-    A language model's output layer costs vocabulary x width per token: with DistilBERT's 30,522 entries it
-    is most of a tiny model's compute (1.7 s per step of 2,048 tokens on one CPU core, measured). The K most
-    frequent tokens cover almost all of the text; the rest become [UNK]. It works like a tokenizer: ids in
-    (encode), text out (decode), and the checkpoint stores the list so generation can read it back."""
+    """The K most frequent WordPiece tokens of the training text, renumbered (specials first), the rest
+    [UNK]: with 30,522 entries the output layer is most of a tiny model's compute. Works like a tokenizer."""
 
     SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -67,11 +61,8 @@ class VocabSubset:
         return sum(t in self.index for ids in token_ids for t in ids) / max(total, 1)
 
 
-# --------------------------------------------------------------------------- data: fixed-length blocks
-
 def pack(token_ids: list, block_size: int, sep_id: int) -> list:
-    """Join the texts' token ids (each followed by a separator) and cut the stream into full blocks; the
-    remainder shorter than a block is dropped. Every position of every block is a real token."""
+    """Join the texts' ids (each followed by a separator) and cut the stream into full blocks."""
     stream = []
     for ids in token_ids:
         stream.extend(ids)
@@ -80,10 +71,7 @@ def pack(token_ids: list, block_size: int, sep_id: int) -> list:
 
 
 class BlockDataset(Dataset):
-    """Fixed-length blocks of token ids; each item remembers its index (exact evaluation, reproducible masking).
-
-    It knows its task, so data.make_loader gives it the right collator (collator_for): the training scripts
-    build their loaders the same way whatever they learn."""
+    """Fixed-length blocks of token ids, each item with its index; brings its own collator (collator_for)."""
 
     def __init__(self, blocks: list, task: str = "clm", vocab=None, seed: int = 0, evaluation: bool = False):
         self.blocks, self.task, self.vocab, self.seed, self.evaluation = blocks, task, vocab, seed, evaluation
@@ -100,16 +88,14 @@ class BlockDataset(Dataset):
         return {"index": i, "input_ids": self.blocks[i]}
 
 
-# --------------------------------------------------------------------------- collators
-
 def _block_generator(seed: int, epoch: int, index: int) -> torch.Generator:
     digest = hashlib.blake2b(f"{seed}:{epoch}:{index}".encode(), digest_size=8).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
 
 
 def mask_block(ids: torch.Tensor, tokenizer, seed: int, epoch: int, index: int, probability: float = 0.15):
-    """BERT's masking of one block, reproducibly: 15% of the (non-special) tokens are to be predicted; of
-    those, 80% become [MASK], 10% a random token, 10% stay. Returns (input_ids, labels)."""
+    """BERT's masking of one block, reproducibly: 15% of the non-special tokens are predicted; of those,
+    80% become [MASK], 10% a random token, 10% stay. Returns (input_ids, labels)."""
     g = _block_generator(seed, epoch, index)
     special = torch.tensor([tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id])
     candidates = ~torch.isin(ids, special)
@@ -127,10 +113,8 @@ def mask_block(ids: torch.Tensor, tokenizer, seed: int, epoch: int, index: int, 
 
 
 class LMCollator:
-    """Stacks blocks; clm: the labels are the inputs (the model shifts them); mlm: masks each block reproducibly.
-
-    The epoch comes from the sampler (set_epoch), so the masks change every epoch without any state of
-    their own; `fixed_epoch` pins it (evaluation masks the same way every time)."""
+    """Stacks blocks; clm: the labels are the inputs; mlm: masks each block for the sampler's epoch
+    (`fixed_epoch` pins it: evaluation masks the same way every time)."""
 
     def __init__(self, task: str, tokenizer, seed: int, sampler=None, fixed_epoch: int | None = None):
         self.task, self.tokenizer, self.seed, self.sampler, self.fixed_epoch = task, tokenizer, seed, sampler, fixed_epoch

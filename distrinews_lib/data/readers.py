@@ -1,5 +1,6 @@
-"""Reading datasets from files: the headerless CSV of Zhang et al. 2015 (AG News also as the Kaggle CSV), a CSV
-with a header, a folder of train and test files, csv:PATH. Every mistake in a file is named with its path and line.
+"""Reading datasets from files: the headerless CSV of Zhang et al. 2015 (AG News also as the Kaggle CSV), a
+CSV with a header, a folder of train and test files, csv:PATH. Every mistake in a file is named with its path
+and line.
 """
 
 from __future__ import annotations
@@ -52,9 +53,7 @@ def _unreadable(path: Path, err: BaseException, what: str) -> UserError:
 
 def read_zhang_csv(path: str | os.PathLike, label_names: list | None, fields: tuple = ("title", "description"),
                    what: str = "AG News", clean: Callable = clean_news) -> tuple[list, list]:
-    """(texts, 0-based labels) from a headerless CSV of the Zhang et al. 2015 layout: "class 1..K","field",...
-    (ag_news_csv, amazon_review_polarity_csv, yelp_review_polarity_csv). label_names None: any class >= 1.
-    clean: the dataset's fields -> one text."""
+    """(texts, 0-based labels) from a headerless Zhang et al. CSV: "class 1..K","field",..."""
     path = Path(path)
     n = len(fields) + 1
     k = len(label_names) if label_names else None
@@ -129,8 +128,8 @@ def read_header_csv(path: str | os.PathLike, text_columns: tuple, label_column: 
 
 
 def label_indices(raw: list, names: list | None, path) -> tuple[list, list]:
-    """Raw label values -> (0-based indices, label names). With names: each value is a name or an index 0..K-1.
-    Without: the distinct values, sorted (numbers as numbers), become the names."""
+    """Raw label values -> (0-based indices, names): each a name or an index 0..K-1; without names, the
+    distinct values, sorted, become them."""
     if names is None:
         values = sorted({v for v, _ in raw}, key=lambda v: (0, int(v), "") if _is_int(v) else (1, 0, v))
         names = values
@@ -199,8 +198,8 @@ def _classes_txt(folder: Path) -> list | None:
 
 def load_folder(folder: str | os.PathLike, spec: DatasetSpec | None = DATASETS["ag_news"],
                 opts: TextOptions = TextOptions()) -> TextSplits:
-    """train/test files of a folder, in the layout its first row shows. spec: the known dataset it holds
-    (default AG News, what --data FOLDER always meant); None: whatever the files say (--dataset FOLDER)."""
+    """The train/test files of a folder, in the layout its first row shows. spec: the known dataset it holds,
+    None: whatever the files say (--dataset FOLDER)."""
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise UserError(f"data folder {folder} does not exist. Pass a folder holding train.csv and test.csv "

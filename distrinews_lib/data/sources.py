@@ -62,9 +62,8 @@ def _no_cache_message(repo_id: str, why: str) -> str:
 
 def load_hub(name: str = HUB_DATASET, spec: DatasetSpec | None = None, opts: TextOptions = TextOptions(),
              num_samples: int | None = None, eval_samples: int | None = None, seed: int = 0) -> TextSplits:
-    """A dataset through `datasets`: from the hub when it answers; from the local cache, without any request,
-    under HF_HUB_OFFLINE=1 (or HF_DATASETS_OFFLINE=1) or when the hub does not answer. The subsets are taken before
-    the texts are cleaned (Amazon's 3.6M reviews would take minutes)."""
+    """A dataset through `datasets`: from the hub, or from its cache (offline, or the hub does not answer).
+    Subsets are taken before cleaning (Amazon's 3.6M reviews would take minutes)."""
     if spec is None:
         spec = next((s for s in DATASETS.values() if s.hub_id == name or name in s.cache_aliases), None)
     ds, offline = _open_hub_dataset(name, spec)
@@ -123,8 +122,7 @@ def _open_hub_dataset(name: str, spec: DatasetSpec | None):
 
 
 def _hub_labels(name: str, spec: DatasetSpec | None, opts: TextOptions, tr, te, label_column: str):
-    """(label names, train labels, test labels as 0-based indices): names from --label_names, the known dataset, or
-    the column's ClassLabel; label values that are names (or not numbers) are looked up in them."""
+    """(names, train labels, test labels): names from --label_names, the known dataset or a ClassLabel."""
     feature = tr.features[label_column]
     names = (list(opts.label_names) if opts.label_names else list(spec.label_names) if spec
              else list(feature.names) if hasattr(feature, "names") else None)
@@ -169,9 +167,7 @@ def resolve_dataset(dataset: str) -> str:
 
 
 def resolve_source(source: str, dataset: str = "ag_news", hub: bool | None = None) -> str:
-    """What `auto` means on this machine for a known dataset. AG News: the hub when reachable, else
-    $DISTRINEWS_DATA_DIR, else the hub cache if it holds AG News, else the embedded real sample. The others: the
-    hub when reachable, else its cache. Under DDP only rank 0 asks (plan.decide); every rank then loads what it decided."""
+    """What `auto` means on this machine for a known dataset (see the module's docstring)."""
     spec = DATASETS.get(dataset)
     if spec is None:  # a folder, csv:PATH or hub:ID: --dataset says where it is
         if source not in ("auto", "hub") and not (dataset.startswith("hub:") and source == "hub"):
@@ -203,8 +199,7 @@ def resolve_source(source: str, dataset: str = "ag_news", hub: bool | None = Non
 
 def load_dataset_splits(dataset: str, source: str, num_samples: int | None = None, eval_samples: int | None = None,
                         seed: int = 0, opts: TextOptions = TextOptions()) -> TextSplits:
-    """Load a resolved dataset (resolve_dataset) from a resolved source (resolve_source), then take class-balanced
-    subsets of train (num_samples) and test (eval_samples)."""
+    """A resolved dataset from a resolved source, with class-balanced subsets."""
     spec = DATASETS.get(dataset)
     if spec is not None:
         if opts.label_names and len(opts.label_names) != len(spec.label_names):
@@ -236,6 +231,5 @@ def load_dataset_splits(dataset: str, source: str, num_samples: int | None = Non
 
 def load_agnews(source: str, num_samples: int | None = None, eval_samples: int | None = None,
                 seed: int = 0) -> TextSplits:
-    """Load AG News from `source` (hub, embedded, synthetic, a folder, or auto), then take class-balanced subsets
-    of train (num_samples) and test (eval_samples)."""
+    """AG News from `source` (hub, embedded, synthetic, a folder, or auto), with class-balanced subsets."""
     return load_dataset_splits("ag_news", resolve_source(source), num_samples, eval_samples, seed)

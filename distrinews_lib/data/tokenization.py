@@ -75,7 +75,6 @@ class HashTokenizer:
     def __repr__(self) -> str:
         return f"HashTokenizer(buckets={self.buckets}, truncation={self.truncation!r})"
 
-    # ---------------------------------------------------------------- text -> ids
     def tokenize(self, text: str) -> list:
         return self._pattern.findall(text.lower())
 
@@ -115,7 +114,6 @@ class HashTokenizer:
             return {"input_ids": ids[0], "attention_mask": masks[0]}
         return {"input_ids": ids, "attention_mask": masks}
 
-    # ---------------------------------------------------------------- files (the checkpoint stores them as text)
     def to_dict(self) -> dict:
         return {"tokenizer_class": "HashTokenizer", "version": 1, "buckets": self.buckets, "hash": "blake2b-64",
                 "lowercase": True, "pattern": TOKEN_PATTERN, "specials": list(SPECIALS), "truncation": self.truncation,
@@ -135,8 +133,6 @@ class HashTokenizer:
 
 
 
-# --------------------------------------------------------------------------- any tokenizer: truncation
-
 def set_truncation(tokenizer, truncation: str) -> None:
     """Remember on the tokenizer how texts are cut, so the checkpoint (and so the server) cuts them the same way."""
     if truncation not in TRUNCATIONS:
@@ -154,8 +150,7 @@ def truncation_of(tokenizer) -> str:
 
 
 def encode_texts(tokenizer, texts: list, max_length: int, truncation: str | None = None) -> list:
-    """Token ids (unpadded lists) of each text, at most max_length long, cut as `truncation` says
-    (default: what the tokenizer was told with set_truncation, else head)."""
+    """Unpadded token ids of each text, at most max_length, cut as `truncation` (or the tokenizer) says."""
     truncation = truncation or truncation_of(tokenizer)
     if isinstance(tokenizer, HashTokenizer):
         if truncation == tokenizer.truncation:
@@ -190,8 +185,6 @@ def tiny_tokenizer():
     return DistilBertTokenizerFast(vocab_file=str(VOCAB_FILE), do_lower_case=True, model_max_length=512)
 
 
-# --------------------------------------------------------------------------- tokenize once, cache
-
 def cache_dir() -> Path:
     return Path(os.environ.get("DISTRINEWS_CACHE", Path.home() / ".cache" / "distrinews")) / "tokenized"
 
@@ -209,8 +202,7 @@ def _cache_key(texts: list, tokenizer, max_length: int, truncation: str = "head"
 
 
 def tokenize_texts(texts: list, tokenizer, max_length: int, use_cache: bool = True) -> list:
-    """Token ids (unpadded lists) for each text, cut as the tokenizer was told (set_truncation: head, or head_tail);
-    cached on disk so every rank and rerun reuses them."""
+    """encode_texts, cached on disk so every rank and rerun reuses the ids."""
     truncation = truncation_of(tokenizer)
     path = cache_dir() / f"{_cache_key(texts, tokenizer, max_length, truncation)}.pt"
     if use_cache and path.is_file():

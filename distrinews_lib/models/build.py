@@ -56,8 +56,7 @@ def minilm_path() -> Path:
 
 
 def resolve_model_name(name: str, hub: bool | None = None) -> str:
-    """'auto' becomes the hub model when the hub answers, else the offline tiny preset (the run plan decides
-    this once, on rank 0)."""
+    """'auto': the hub model when the hub answers, else tiny."""
     if name == "auto":
         return DEFAULT_HUB_MODEL if (hub_reachable() if hub is None else hub) else "tiny"
     return name
@@ -74,8 +73,7 @@ def quiet_transformers():
 
 
 def resolve_tokenizer(tokenizer: str, model_name: str) -> str:
-    """--tokenizer auto: hash for the custom model, the model's own (hf) for the others. hash needs a model
-    trained from scratch."""
+    """--tokenizer auto: hash for custom, else the model's own (hf); hash needs a model from scratch."""
     if tokenizer == "auto":
         return "hash" if model_name == "custom" else "hf"
     if tokenizer == "hash" and model_name not in FROM_SCRATCH:
@@ -96,12 +94,8 @@ def _model_missing_message(name: str, err: BaseException, hub: bool) -> str:
 
 
 def build_model(cfg, label_names: list, *, hub: bool | None = None):
-    """(model, tokenizer, ModelInfo) for a run's configuration: cfg.model (tiny, minilm, custom, auto, a hub id or a
-    folder), cfg.tokenizer, cfg.seed, and the custom model's and the hash tokenizer's settings; a classification head
-    with one output per label name. Raises UserError with the choices when the model can't be loaded.
-
-    hub: whether the Hugging Face hub is reachable, as the run plan decided (None: probe it here, unless the
-    environment says offline)."""
+    """(model, tokenizer, ModelInfo) for a run's configuration, one output per label name. hub: whether
+    the hub is reachable, as the plan decided (None: probe it here unless offline)."""
     # deferred: importing transformers costs seconds
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, DistilBertConfig
 

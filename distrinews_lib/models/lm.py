@@ -1,6 +1,4 @@
-"""The language models of --task clm|mlm: a small GPT-2 predicting the next token, a DistilBERT filling in masked
-tokens, both from their configs over the vocabulary of frequent tokens (data/lm.py), and their loss per token.
-"""
+"""The language models of --task clm|mlm (a small GPT-2, a DistilBERT for masked tokens) and their loss."""
 
 from __future__ import annotations
 
@@ -14,8 +12,7 @@ TINY_LM = dict(dim=128, layers=2, heads=4, ffn=512)
 
 
 def build_lm(task: str, tokenizer, block_size: int, seed: int, hub_model: str | None = None):
-    """A randomly initialised small GPT-2 (clm) or DistilBERT (mlm) over the tokenizer's vocabulary, or
-    (mlm) a pretrained hub model to continue pre-training. Returns (model, description)."""
+    """(model, description): a small random GPT-2 (clm) or DistilBERT (mlm), or a pretrained one (mlm)."""
     # deferred: importing transformers costs seconds
     from transformers import AutoModelForMaskedLM, DistilBertConfig, DistilBertForMaskedLM, GPT2Config, GPT2LMHeadModel
 

@@ -54,8 +54,7 @@ def _plain(value):
 
 def save_checkpoint(path, model, tokenizer, label_names, metadata: dict | None = None, max_length: int | None = None,
                     truncation: str | None = None) -> Path:
-    """Save the unwrapped model (no `module.` prefix) with its config, labels, metadata and tokenizer.
-    truncation: how texts longer than max_length are cut (default: what the tokenizer was told, else head)."""
+    """Save the unwrapped model (no `module.` prefix) with its config, labels, metadata and tokenizer."""
     path = Path(path)
     bare = unwrap(model)
     state = {k: v.detach().cpu().clone() for k, v in bare.state_dict().items()}

@@ -1,7 +1,7 @@
 """One typed run configuration: the defaults below < the preset (--config; auto picks by GPUs) < the flags.
 
-A preset's values are read as text (YAML's own types would make `amp: off` False and `batch_size: true` 1), then
-converted and checked exactly like the same flag, so every message speaks of what the user wrote.
+A preset's values are read as text (YAML's own types would make `amp: off` False and `batch_size: true` 1),
+then converted and checked exactly like the same flag, so every message speaks of what the user wrote.
 """
 
 from __future__ import annotations

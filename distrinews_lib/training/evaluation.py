@@ -70,9 +70,7 @@ def _cat(xs: list, dtype) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate(model, loader, *, device, amp: AmpSettings | None = None, task: str = "classify", gather: bool = True):
-    """The validation figures of a classifier (ClassifierEval) or, for --task clm/mlm, of a language model (LMEval).
-    gather=False evaluates this rank's loader alone (no collectives), e.g. a reference evaluation on rank 0 only.
-    Collective otherwise: every rank must call it."""
+    """ClassifierEval, or LMEval for --task clm/mlm. Collective, unless gather=False (this rank's alone)."""
     bare = unwrap(model)  # no DDP forward: evaluation needs no gradient sync (and no buffer broadcast)
     was_training = bare.training
     bare.eval()

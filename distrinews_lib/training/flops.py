@@ -1,12 +1,12 @@
 """FLOPs and MFU. Per token of a training step (forward + backward), for N non-embedding parameters, L layers,
 hidden size d and a text of T tokens (Kaplan et al. 2020 / PaLM appendix B, as nanoGPT's estimate_mfu):
 
-    flops_per_token = 6 * N  +  12 * L * d * T        (6N: 2 FLOPs per weight forward, twice that backward;
-                                                       12LdT: attention's Q·Kᵀ and softmax·V, forward and backward)
+    flops_per_token = 6 * N  +  12 * L * d * T
+    (6N: 2 FLOPs per weight forward, twice that backward; 12LdT: Q·Kᵀ and softmax·V, both passes)
 
 Only real tokens count (padding is wasted work); the head is counted on every token (~1% over for DistilBERT);
-elementwise work is not counted. MFU divides by the device's dense datasheet peak for the matmuls' dtype; CPUs have
-no entry (no MFU there).
+elementwise work is not counted. MFU divides by the device's dense datasheet peak for the matmuls' dtype; CPUs
+have no entry (no MFU there).
 """
 
 from __future__ import annotations

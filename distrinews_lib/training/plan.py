@@ -1,9 +1,9 @@
 """The run plan: every run-wide decision made ONCE, on rank 0, then shared with every rank.
 
 Left to themselves, ranks can disagree (one reaches the hub and another not, nodes see different snapshots or
-GPUs) and train on different data, or hang. decide() picks config, dataset and source, model and tokenizer, and
-the snapshot to resume from; prepare() loads and tokenizes that on every rank (local rank 0 first) and checks that
-every rank holds the same data; any rank's failure stops every rank with one message.
+GPUs) and train on different data, or hang. decide() picks config, dataset and source, model and tokenizer,
+and the snapshot to resume from; prepare() loads and tokenizes that on every rank (local rank 0 first) and
+checks that every rank holds the same data; any rank's failure stops every rank with one message.
 """
 
 from __future__ import annotations
@@ -47,9 +47,7 @@ class RunPlan:
 
 
 def decide(cfg: RunConfig, log=print) -> RunPlan:
-    """Rank 0 only (or a single process): look at this machine and decide for the whole run.
-
-    Under HF_HUB_OFFLINE=1 (or HF_DATASETS_OFFLINE=1) nothing is probed: hub datasets and models come from the cache."""
+    """Rank 0 only (or a single process): look at this machine and decide for the whole run."""
     if cfg.processes is not None and cfg.processes != D.get_world_size():
         raise UserError(f"experiment {cfg.experiment or ''} asks for {cfg.processes} process(es) (processes: in its YAML) "
                         f"but this launch has {D.get_world_size()}. Run it with: python scripts/run_experiment.py "
@@ -84,9 +82,7 @@ class PreparedRun:
 
 
 def prepare(plan: RunPlan, log=D.print0) -> PreparedRun:
-    """Load the plan's data and model on every rank, tokenize (local rank 0 first), and check agreement.
-
-    Collective under DDP: every rank must call it."""
+    """Load the plan's data and model on every rank, tokenize, and check agreement. Collective."""
     cfg = plan.cfg
     log(plan.describe())
     if cfg.task != "classify":

@@ -42,8 +42,7 @@ class AmpSettings:
 
 
 def native_bf16(device: torch.device) -> bool:
-    """bf16 in hardware: compute capability 8.0+ (A100, L4, H100). is_bf16_supported() also says yes on a
-    T4 (7.5), where bf16 is emulated and slow (pytorch PR #148322), so the capability decides."""
+    """Compute capability 8.0+: is_bf16_supported() also says yes on a T4, where bf16 is emulated and slow."""
     return torch.cuda.get_device_capability(device) >= (8, 0)
 
 

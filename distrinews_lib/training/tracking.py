@@ -21,8 +21,7 @@ CSV_FIELDS = ["epoch", "train_loss", "val_loss", "val_accuracy", "val_perplexity
 
 
 class Reporter:
-    """One experiment tracker: the same three calls whatever the backend. Each backend is an optional package,
-    imported only when a run asks for it."""
+    """One experiment tracker, the same three calls whatever the backend (each an optional package)."""
 
     def __init__(self, kind: str, out_dir: Path, config: dict, name: str):
         self.kind = kind
