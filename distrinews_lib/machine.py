@@ -14,7 +14,6 @@ from . import __version__
 
 
 def versions() -> dict:
-    """python, torch, CUDA and NCCL (None without them), transformers, datasets, accelerate (None if missing)."""
     out = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": None,
            "distrinews_lib": __version__}
     try:

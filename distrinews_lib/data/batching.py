@@ -93,7 +93,6 @@ def loader_options(cfg, pad_id: int | None, device) -> dict:
 def make_loader(dataset: Dataset, batch_size: int, sampler=None, *, shuffle: bool = False, seed: int = 0,
                 group_by_length: bool = False, pad_id: int = 0, pad_to_multiple_of: int | None = 8,
                 pin_memory: bool = False, num_workers: int = 0):
-    """A DataLoader with dynamic padding; with group_by_length, batches of similar length (less padding)."""
     if sampler is None:
         g = torch.Generator().manual_seed(seed)
         sampler = RandomSampler(dataset, generator=g) if shuffle else SequentialSampler(dataset)

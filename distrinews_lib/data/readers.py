@@ -176,24 +176,26 @@ def find_split_file(folder: Path, split: str) -> Path:
                     f"{split}.csv.gz (the original ag_news_csv layout, the Kaggle CSV, or a CSV with a header).")
 
 
-def sniff_layout(path: Path) -> str:
-    """'kaggle_ag' (AG News' Kaggle header), 'zhang' (no header: the first field is a class number), or 'header'."""
+def _first_row(path: Path) -> list:
     try:
         with _open_text(path) as f:
-            first = next(csv.reader(f), [])
+            return next(csv.reader(f), [])
     except (UnicodeDecodeError, gzip.BadGzipFile, EOFError, csv.Error, zlib.error, OSError) as err:
         raise _unreadable(path, err, "a CSV") from None
-    if [c.strip().lower() for c in first] == KAGGLE_HEADER:
+
+
+def sniff_layout(path: Path) -> str:
+    """'kaggle_ag' (AG News' Kaggle header), 'zhang' (no header: the first field is a class number), or 'header'."""
+    first = [c.strip() for c in _first_row(path)]
+    if [c.lower() for c in first] == KAGGLE_HEADER:
         return "kaggle_ag"
-    return "zhang" if first and _is_int(first[0].strip()) else "header"
+    return "zhang" if first and _is_int(first[0]) else "header"
 
 
 def _classes_txt(folder: Path) -> list | None:
     path = folder / "classes.txt"
-    if path.is_file():
-        names = [line.strip() for line in path.read_text(encoding="utf-8-sig").splitlines() if line.strip()]
-        return names or None
-    return None
+    text = path.read_text(encoding="utf-8-sig") if path.is_file() else ""
+    return [line.strip() for line in text.splitlines() if line.strip()] or None
 
 
 def load_folder(folder: str | os.PathLike, spec: DatasetSpec | None = DATASETS["ag_news"],
@@ -221,8 +223,7 @@ def load_folder(folder: str | os.PathLike, spec: DatasetSpec | None = DATASETS["
     names = list(opts.label_names) if opts.label_names else (list(spec.label_names) if spec else _classes_txt(folder))
     fields, what, clean = (spec.zhang_fields, spec.name, spec.clean) if spec else (None, "the dataset", clean_review)
     if fields is None:  # count the fields of the first row
-        with _open_text(train_file) as f:
-            fields = tuple(f"field{i}" for i in range(1, len(next(csv.reader(f), ["", ""]))))
+        fields = tuple(f"field{i}" for i in range(1, len(_first_row(train_file) or ["", ""])))
     tr_x, tr_y = read_zhang_csv(train_file, names, fields, what, clean)
     te_x, te_y = read_zhang_csv(test_file, names, fields, what, clean)
     if names is None:
@@ -234,7 +235,7 @@ def load_folder(folder: str | os.PathLike, spec: DatasetSpec | None = DATASETS["
 def load_header_csvs(train_file: Path, test_file: Path | None, spec: DatasetSpec | None, opts: TextOptions,
                      detail: str, source: str, seed: int = 1234, test_fraction: float = 0.1) -> TextSplits:
     """A CSV with a header per split (or one file, whose test split is a stratified 10% held out)."""
-    imdb_like = sniff_header(train_file) == IMDB_HEADER
+    imdb_like = [c.strip().lower() for c in _first_row(train_file)] == IMDB_HEADER
     if spec is None and imdb_like and not opts.text_columns and not opts.label_column:
         spec = DATASETS["imdb"]
     text_columns = opts.text_columns or ("text",)
@@ -257,11 +258,6 @@ def load_header_csvs(train_file: Path, test_file: Path | None, spec: DatasetSpec
     name = spec.name if spec else Path(train_file).name.split(".")[0] if test_file is None else Path(train_file).parent.name
     return TextSplits(tr_x, tr_y, te_x, te_y, source, detail, full_sizes={"train": len(tr_x), "test": len(te_x)},
                       label_names=names, name=name)
-
-
-def sniff_header(path: Path) -> list:
-    with _open_text(path) as f:
-        return [c.strip().lower() for c in next(csv.reader(f), [])]
 
 
 def load_csv(spec_path: str, opts: TextOptions = TextOptions()) -> TextSplits:

@@ -7,6 +7,7 @@ asked for), or auto: the hub when reachable, else $DISTRINEWS_DATA_DIR, else the
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -34,7 +35,6 @@ from .texts import (
 )
 
 EMBEDDED_DIR = Path(__file__).resolve().parent.parent / "assets" / "ag_news_sample"
-SOURCES = ("auto", "hub", "embedded", "synthetic")
 
 
 def load_embedded() -> TextSplits:
@@ -50,14 +50,6 @@ def _hub_cache_name(spec: DatasetSpec | None, repo_id: str) -> str | None:
         if dataset_cached(name):
             return name
     return None
-
-
-def _no_cache_message(repo_id: str, why: str) -> str:
-    return (f"--data hub: {why}, and the Hugging Face datasets cache at {datasets_cache_dir()} holds no copy of "
-            f"'{repo_id}'. On a machine with internet (a login node), fill that cache with: "
-            f"{dataset_download_command(repo_id)} - then run again here with HF_HUB_OFFLINE=1 (set HF_HOME or "
-            f"HF_DATASETS_CACHE the same way on both). Or use a local copy: --data <folder>"
-            + (" or --data embedded (a real AG News sample, offline)." if repo_id == HUB_DATASET else "."))
 
 
 def load_hub(name: str = HUB_DATASET, spec: DatasetSpec | None = None, opts: TextOptions = TextOptions(),
@@ -101,15 +93,16 @@ def _open_hub_dataset(name: str, spec: DatasetSpec | None):
         if load_name is None:
             why = ("the hub is not reachable (offline mode: HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set)" if env_says_offline()
                    else "the Hugging Face hub is not reachable from this machine")
-            raise UserError(_no_cache_message(name, why))
+            raise UserError(f"--data hub: {why}, and the Hugging Face datasets cache at {datasets_cache_dir()} holds "
+                            f"no copy of '{name}'. On a machine with internet (a login node), fill that cache with: "
+                            f"{dataset_download_command(name)} - then run again here with HF_HUB_OFFLINE=1 (set HF_HOME "
+                            f"or HF_DATASETS_CACHE the same way on both). Or use a local copy: --data <folder>"
+                            + (" or --data embedded (a real AG News sample, offline)." if name == HUB_DATASET else "."))
     from datasets import load_dataset  # deferred: an optional dependency (the hub extra), and a slow import
 
     try:
-        if offline:
-            with offline_datasets():
-                ds = load_dataset(load_name, cache_dir=datasets_cache_dir())
-        else:
-            ds = load_dataset(name, cache_dir=datasets_cache_dir())
+        with offline_datasets() if offline else contextlib.nullcontext():
+            ds = load_dataset(load_name, cache_dir=datasets_cache_dir())
     except Exception as err:  # network errors, renamed datasets, a damaged cache... all are the user's environment
         where = f"the cache at {datasets_cache_dir()}" if offline else "the Hugging Face hub"
         raise UserError(f"could not load '{name}' from {where} ({type(err).__name__}: "
@@ -167,7 +160,6 @@ def resolve_dataset(dataset: str) -> str:
 
 
 def resolve_source(source: str, dataset: str = "ag_news", hub: bool | None = None) -> str:
-    """What `auto` means on this machine for a known dataset (see the module's docstring)."""
     spec = DATASETS.get(dataset)
     if spec is None:  # a folder, csv:PATH or hub:ID: --dataset says where it is
         if source not in ("auto", "hub") and not (dataset.startswith("hub:") and source == "hub"):
@@ -199,7 +191,6 @@ def resolve_source(source: str, dataset: str = "ag_news", hub: bool | None = Non
 
 def load_dataset_splits(dataset: str, source: str, num_samples: int | None = None, eval_samples: int | None = None,
                         seed: int = 0, opts: TextOptions = TextOptions()) -> TextSplits:
-    """A resolved dataset from a resolved source, with class-balanced subsets."""
     spec = DATASETS.get(dataset)
     if spec is not None:
         if opts.label_names and len(opts.label_names) != len(spec.label_names):
@@ -231,5 +222,4 @@ def load_dataset_splits(dataset: str, source: str, num_samples: int | None = Non
 
 def load_agnews(source: str, num_samples: int | None = None, eval_samples: int | None = None,
                 seed: int = 0) -> TextSplits:
-    """AG News from `source` (hub, embedded, synthetic, a folder, or auto), with class-balanced subsets."""
     return load_dataset_splits("ag_news", resolve_source(source), num_samples, eval_samples, seed)

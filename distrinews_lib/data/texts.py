@@ -63,7 +63,6 @@ class TextSplits:
         return counts
 
     def balance(self) -> str:
-        """The class balance of both splits, in one line, with a warning when it is skewed."""
         parts, notes = [], []
         for split in ("train", "test"):
             counts = self.class_counts(split)
@@ -180,7 +179,6 @@ def subset_index(labels: list, n: int | None, seed: int) -> list | None:
 
 
 def take_subsets(splits: TextSplits, num_samples: int | None, eval_samples: int | None, seed: int) -> TextSplits:
-    """Class-balanced random subsets of the train (num_samples) and test (eval_samples) splits, in place."""
     for split, n in (("train", num_samples), ("test", eval_samples)):
         texts, labels = getattr(splits, f"{split}_texts"), getattr(splits, f"{split}_labels")
         idx = subset_index(labels, n, seed)

@@ -34,7 +34,6 @@ class CustomConfig:
 
     @classmethod
     def from_run(cls, cfg, num_labels: int, vocab_size: int) -> "CustomConfig":
-        """The settings of a run's configuration: its --custom_* flags and --max_length."""
         return cls(vocab_size=vocab_size, dim=cfg.custom_dim, n_layers=cfg.custom_layers, n_heads=cfg.custom_heads,
                    hidden_dim=cfg.custom_ffn, max_position_embeddings=cfg.max_length, dropout=cfg.custom_dropout,
                    pooling=cfg.custom_pooling, num_labels=num_labels)

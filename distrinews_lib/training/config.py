@@ -71,7 +71,6 @@ def experiment_name(v):
 
 
 def opt(default, help: str, *, check=None, choices=None, ddp: bool = False):
-    """A field of RunConfig: its default, its --help text, a check and (for some) the allowed choices."""
     return field(default=default, metadata={"help": help, "check": check, "choices": choices, "ddp": ddp})
 
 
@@ -170,7 +169,6 @@ _HINTS = typing.get_type_hints(RunConfig)
 
 
 def _kind(f) -> tuple[type, bool]:
-    """(base type, whether None is allowed) of a field."""
     hint = _HINTS[f.name]
     args = typing.get_args(hint)
     if args and type(None) in args:
@@ -219,7 +217,6 @@ def auto_preset() -> str:
 
 
 def preset_path(name: str) -> Path:
-    """A preset name (configs/<name>.yaml) or a path to a YAML file."""
     if name.endswith((".yaml", ".yml")) or os.sep in name:
         path = Path(name).expanduser()
     else:
@@ -277,7 +274,6 @@ def build_parser(description: str, ddp: bool = False) -> argparse.ArgumentParser
 
 
 def parse(description: str, argv=None, ddp: bool = False) -> RunConfig:
-    """The run's configuration: defaults < preset < flags, every value converted and checked once."""
     flags = vars(build_parser(description, ddp).parse_args(argv))
     given = flags.pop("config", "auto")
     preset, values = read_preset(given, ddp)

@@ -86,7 +86,6 @@ def training_flops_from_sums(shape: ModelShape, tokens: int, sum_sq_len: int) ->
 
 
 def mfu(flops_per_s: float, peak_tflops_value: float | None, n_devices: int = 1) -> float | None:
-    """Model FLOPs utilisation in [0, 1], or None when the peak is unknown (e.g. a CPU)."""
     if not peak_tflops_value or flops_per_s <= 0:
         return None
     return flops_per_s / (peak_tflops_value * 1e12 * n_devices)
@@ -102,7 +101,6 @@ def device_peak(device, amp_mode: str) -> float | None:
 
 
 def epoch_mfu(stats, shape: ModelShape, peak: float | None, n_devices: int = 1) -> float | None:
-    """MFU of a training epoch from its counters (engine.EpochStats: tokens and Σ T²)."""
     if not peak or not stats.seconds:
         return None
     return mfu(training_flops_from_sums(shape, stats.tokens, stats.sum_sq_len) / stats.seconds, peak, n_devices)

@@ -86,7 +86,6 @@ class RunTracker:
 
     @classmethod
     def for_run(cls, cfg, plan, run, *, world_size: int, backend: str | None, enabled: bool) -> "RunTracker":
-        """The tracker of a training run: its config, its data (source and sizes), DDP layout and model."""
         s = run.splits
         return cls(cfg.output, {**cfg.to_dict(), "data_resolved": plan.data_source, "model_resolved": plan.model_name},
                    data={"source": s.source, "title": s.title, "detail": s.detail, "is_synthetic": s.is_synthetic,
@@ -95,10 +94,6 @@ class RunTracker:
                    ddp={"world_size": world_size, "backend": backend,
                         "global_batch_size": cfg.batch_size * world_size * cfg.grad_accum},
                    model=asdict(run.info), enabled=enabled, report_to=cfg.report_to)
-
-    @property
-    def csv_path(self) -> Path:
-        return self.out_dir / "metrics.csv"
 
     @property
     def json_path(self) -> Path:
@@ -173,5 +168,5 @@ class RunTracker:
         w = csv.DictWriter(table, fieldnames=CSV_FIELDS)
         w.writeheader()
         w.writerows(self.rows)
-        atomic_write_text(self.csv_path, table.getvalue())
+        atomic_write_text(self.out_dir / "metrics.csv", table.getvalue())
         atomic_write_json(self.json_path, self.record)
