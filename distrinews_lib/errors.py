@@ -7,10 +7,8 @@ import os
 import sys
 import textwrap
 
-# Exit code for a user's mistake (bad flag, missing file...), as argparse uses.
-USER_ERROR_EXIT = 2
-# Exit code when a collective timed out (another rank died, hangs, or skipped a collective).
-COLLECTIVE_TIMEOUT_EXIT = 3
+USER_ERROR_EXIT = 2  # a user's mistake (bad flag, missing file...), as argparse uses
+COLLECTIVE_TIMEOUT_EXIT = 3  # a collective timed out (another rank died, hangs, or skipped a collective)
 
 
 class UserError(Exception):

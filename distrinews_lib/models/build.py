@@ -19,8 +19,7 @@ from .custom import CustomClassifier, CustomConfig
 
 DEFAULT_HUB_MODEL = "distilbert-base-uncased"
 
-# The tiny preset: DistilBERT's architecture, shrunk so a CPU epoch over a few thousand
-# headlines takes seconds.  Same vocabulary, so it tokenizes exactly like the real model.
+# The tiny preset: DistilBERT shrunk so a CPU epoch takes seconds; same vocabulary, same tokenization.
 TINY_CONFIG = dict(dim=64, n_layers=2, n_heads=2, hidden_dim=256, max_position_embeddings=512, dropout=0.1)
 
 

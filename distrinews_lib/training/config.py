@@ -141,7 +141,6 @@ class RunConfig:
     snapshot_every: int = opt(500, "optimizer steps between snapshots (0: only at epoch ends)", check=at_least(0))
     keep_snapshots: int = opt(2, "snapshots kept (2 or more, so a damaged one can fall back)", check=at_least(1))
     snapshots: bool = opt(True, "write training snapshots")
-    # DDP only
     backend: str = opt("auto", "process-group backend", choices=("auto", "nccl", "gloo"), ddp=True)
     ddp_timeout: float = opt(300.0, "seconds a collective may wait before failing", check=positive, ddp=True)
     no_sync: bool = opt(True, "skip the all-reduce on non-final accumulation micro-steps", ddp=True)
@@ -153,8 +152,7 @@ class RunConfig:
                                            check=experiment_name)
     processes: typing.Optional[int] = opt(None, "processes the experiment runs on (scripts/run_experiment.py launches "
                                           "that many; a launch with another number is refused)", check=at_least(1))
-    # Set by parse(), not options.
-    preset: str = field(default="none", metadata={"internal": True})
+    preset: str = field(default="none", metadata={"internal": True})  # set by parse()
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

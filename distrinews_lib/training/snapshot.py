@@ -85,7 +85,6 @@ class ResumeChoice:
     """Rank 0's choice of snapshot, shared with every rank in the run plan."""
 
     path: str           # as every rank should open it: relative to the run folder when found there
-    run_dir: str        # the run folder that `path` is relative to
     epoch: int
     batches_done: int
     global_step: int
@@ -126,7 +125,7 @@ def choose(run_dir, how: str | None, log=print) -> ResumeChoice | None:
             shown = str(path.relative_to(run_dir))
         except ValueError:
             shown = str(path.resolve())
-        return ResumeChoice(shown, str(run_dir), head["epoch"], head["batches_done"], head["global_step"])
+        return ResumeChoice(shown, head["epoch"], head["batches_done"], head["global_step"])
     log(f"resume auto: no readable snapshot in {run_dir / 'snapshots'}; starting from the beginning")
     return None
 
