@@ -104,7 +104,6 @@ def clean_review(*parts: str) -> str:
     return ". ".join(out)
 
 
-
 @dataclass(frozen=True)
 class DatasetSpec:
     """A dataset the course knows by name: its hub id, its label names, and how its rows become one text."""
@@ -151,7 +150,6 @@ class TextOptions:
                    split(getattr(cfg, "label_names", None)))
 
 
-
 def balanced_subset(labels: list, n: int, seed: int, proportional: bool = False) -> list:
     """Indices of a class-balanced random subset of size n; proportional: a stratified one."""
     if n >= len(labels):
@@ -172,6 +170,7 @@ def balanced_subset(labels: list, n: int, seed: int, proportional: bool = False)
         picked += idx[:want]
     rng.shuffle(picked)
     return picked
+
 
 def subset_index(labels: list, n: int | None, seed: int) -> list | None:
     """The rows of a class-balanced subset of n (the course's --num_samples / --eval_samples), or None to keep all."""

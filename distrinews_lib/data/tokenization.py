@@ -132,7 +132,6 @@ class HashTokenizer:
         return cls(int(d["buckets"]), d.get("truncation", "head"), int(d.get("model_max_length", 512)))
 
 
-
 def set_truncation(tokenizer, truncation: str) -> None:
     """Remember on the tokenizer how texts are cut, so the checkpoint (and so the server) cuts them the same way."""
     if truncation not in TRUNCATIONS:
@@ -152,11 +151,9 @@ def truncation_of(tokenizer) -> str:
 def encode_texts(tokenizer, texts: list, max_length: int, truncation: str | None = None) -> list:
     """Unpadded token ids of each text, at most max_length, cut as `truncation` (or the tokenizer) says."""
     truncation = truncation or truncation_of(tokenizer)
-    if isinstance(tokenizer, HashTokenizer):
-        if truncation == tokenizer.truncation:
-            return tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
-        return HashTokenizer(tokenizer.buckets, truncation)(texts, truncation=True, max_length=max_length)["input_ids"]
-    if truncation == "head":
+    if isinstance(tokenizer, HashTokenizer) and truncation != tokenizer.truncation:
+        tokenizer = HashTokenizer(tokenizer.buckets, truncation)
+    if isinstance(tokenizer, HashTokenizer) or truncation == "head":
         return tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
     # head_tail with a Hugging Face tokenizer: the whole text, its special tokens ([CLS] ... [SEP], whatever the
     # model's template) kept, and the words between them cut.

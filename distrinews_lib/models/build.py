@@ -65,10 +65,7 @@ def quiet_transformers():
     from transformers.utils import logging as hf_logging  # deferred: importing transformers costs seconds
 
     hf_logging.set_verbosity_error()
-    try:
-        hf_logging.disable_progress_bar()
-    except AttributeError:  # older transformers
-        pass
+    hf_logging.disable_progress_bar()  # in every transformers >= 4.40 (the lower bound)
 
 
 def resolve_tokenizer(tokenizer: str, model_name: str) -> str:

@@ -91,8 +91,6 @@ def mfu(flops_per_s: float, peak_tflops_value: float | None, n_devices: int = 1)
     return flops_per_s / (peak_tflops_value * 1e12 * n_devices)
 
 
-
-
 def device_peak(device, amp_mode: str) -> float | None:
     """The device's dense peak TFLOP/s for the dtype its matmuls run in; None on a CPU or an unknown GPU."""
     if device.type != "cuda":
