@@ -125,12 +125,6 @@ class HashTokenizer:
         path.write_text(json.dumps(self.to_dict(), indent=1), encoding="utf-8")
         return [str(path)]
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "HashTokenizer":
-        if d.get("tokenizer_class") != "HashTokenizer" or d.get("hash") != "blake2b-64" or d.get("pattern") != TOKEN_PATTERN:
-            raise ValueError(f"not a hash tokenizer this version can rebuild: {str(d)[:200]}")
-        return cls(int(d["buckets"]), d.get("truncation", "head"), int(d.get("model_max_length", 512)))
-
 
 def set_truncation(tokenizer, truncation: str) -> None:
     """Remember on the tokenizer how texts are cut, so the checkpoint (and so the server) cuts them the same way."""

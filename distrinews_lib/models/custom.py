@@ -6,7 +6,7 @@ needs it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
@@ -37,14 +37,6 @@ class CustomConfig:
         return cls(vocab_size=vocab_size, dim=cfg.custom_dim, n_layers=cfg.custom_layers, n_heads=cfg.custom_heads,
                    hidden_dim=cfg.custom_ffn, max_position_embeddings=cfg.max_length, dropout=cfg.custom_dropout,
                    pooling=cfg.custom_pooling, num_labels=num_labels)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "CustomConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown custom model settings: {', '.join(unknown)}")
-        return cls(**d)
 
 
 @dataclass

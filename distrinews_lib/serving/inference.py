@@ -8,14 +8,14 @@ from __future__ import annotations
 import inspect
 import json
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..data.lm import VocabSubset
-from ..data.tokenization import HASH_FILE, TRUNCATIONS, HashTokenizer, encode_texts, set_truncation
+from ..data.tokenization import HASH_FILE, TOKEN_PATTERN, TRUNCATIONS, HashTokenizer, encode_texts, set_truncation
 from ..errors import UserError
 from ..models.build import quiet_transformers
 from ..models.custom import MODEL_TYPE as CUSTOM_MODEL_TYPE
@@ -64,13 +64,26 @@ def read_checkpoint(path) -> dict:
 
 def tokenizer_from_files(files: dict):
     if HASH_FILE in files:  # the vocabulary-free hash tokenizer: its settings are all it needs
-        return HashTokenizer.from_dict(json.loads(files[HASH_FILE]))
+        return _hash_tokenizer(json.loads(files[HASH_FILE]))
     from transformers import AutoTokenizer  # deferred: importing transformers costs seconds
 
     with tempfile.TemporaryDirectory() as tmp:
         for name, text in files.items():
             (Path(tmp) / Path(name).name).write_text(text, encoding="utf-8")
         return AutoTokenizer.from_pretrained(tmp)
+
+
+def _hash_tokenizer(d: dict) -> HashTokenizer:
+    if d.get("tokenizer_class") != "HashTokenizer" or d.get("hash") != "blake2b-64" or d.get("pattern") != TOKEN_PATTERN:
+        raise ValueError(f"not a hash tokenizer this version can rebuild: {str(d)[:200]}")
+    return HashTokenizer(int(d["buckets"]), d.get("truncation", "head"), int(d.get("model_max_length", 512)))
+
+
+def _custom_config(d: dict) -> CustomConfig:
+    unknown = sorted(set(d) - {f.name for f in fields(CustomConfig)})
+    if unknown:
+        raise ValueError(f"unknown custom model settings: {', '.join(unknown)}")
+    return CustomConfig(**d)
 
 
 def vocab_from_files(files: dict) -> VocabSubset:
@@ -146,7 +159,7 @@ def load_checkpoint(path=DEFAULT_CHECKPOINT, device: str | torch.device = "cpu")
     model_type = cfg_dict.pop("model_type", payload["model_type"])
     if model_type == CUSTOM_MODEL_TYPE:  # --model custom: plain PyTorch, rebuilt from its own config
         try:
-            model = CustomClassifier(CustomConfig.from_dict(cfg_dict))
+            model = CustomClassifier(_custom_config(cfg_dict))
         except (TypeError, ValueError) as err:
             raise CheckpointError(f"checkpoint {path} has a custom model config this version cannot build ({err}); "
                                   "retrain it.") from None
