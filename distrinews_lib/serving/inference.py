@@ -15,7 +15,14 @@ from typing import Any
 import torch
 
 from ..data.lm import VocabSubset
-from ..data.tokenization import HASH_FILE, TOKEN_PATTERN, TRUNCATIONS, HashTokenizer, encode_texts, set_truncation
+from ..data.tokenization import (
+    HASH_FILE,
+    TOKEN_PATTERN,
+    TRUNCATIONS,
+    HashTokenizer,
+    encode_texts,
+    set_truncation,
+)
 from ..errors import UserError
 from ..models.build import quiet_transformers
 from ..models.custom import MODEL_TYPE as CUSTOM_MODEL_TYPE
