@@ -80,7 +80,7 @@ def _counted_training_flops(model, lengths) -> int:
 
 
 def test_mfu_formula_against_torch_flop_counter():
-    """flops.training_flops vs FlopCounterMode on the tiny model, forward + backward, texts of different lengths.
+    """throughput.training_flops vs FlopCounterMode on the tiny model, forward + backward, texts of different lengths.
 
     FlopCounterMode counts matmuls (and attention), 2 FLOPs per multiply-add, the backward as gradients w.r.t.
     inputs and weights. It agrees with the formula EXACTLY once two known simplifications of the formula are
