@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .checkpoint import unwrap
+
 # Dense peak TFLOP/s per dtype, from NVIDIA's datasheets (sparsity figures halved away). Order matters:
 # the first key whose every word occurs in torch.cuda.get_device_name() wins, so specific names go first.
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
@@ -70,8 +72,7 @@ class ModelShape:
 
 def model_shape(model) -> ModelShape:
     """Parameter counts and (layers, hidden size) of a Hugging Face encoder (DistilBERT, BERT, MiniLM...)."""
-    bare = getattr(model, "module", model)
-    bare = getattr(bare, "_orig_mod", bare)  # torch.compile wrapper
+    bare = unwrap(model)
     n_params = sum(p.numel() for p in bare.parameters())
     n_emb = sum(m.weight.numel() for m in bare.modules() if isinstance(m, torch.nn.Embedding))
     cfg = bare.config

@@ -50,12 +50,8 @@ class Reporter:
         if self.kind == "tensorboard":
             for key, value in values.items():
                 self.writer.add_scalar(key, value, step)
-        elif self.kind == "wandb":
+        else:  # wandb's and trackio's runs log alike
             self.run.log(values, step=step)
-        else:
-            import trackio
-
-            trackio.log(values, step=step)
 
     def finish(self) -> None:
         if self.kind == "tensorboard":
