@@ -3,6 +3,7 @@ cache. The probe is a real HTTPS request: a proxy that accepts any TCP connectio
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
@@ -86,21 +87,16 @@ def model_download_command(repo_id: str) -> str:
     return f"HF_HOME={_hf_home()} hf download {repo_id}"
 
 
-class offline_datasets:
+@contextlib.contextmanager
+def offline_datasets():
     """Within it, `datasets` and huggingface_hub act as under HF_HUB_OFFLINE=1, whatever the environment
     said when they were imported."""
+    import datasets.config as dc  # deferred: datasets is optional (the hub extra)
+    import huggingface_hub.constants as hc
 
-    def __enter__(self):
-        import datasets.config as dc  # deferred: datasets is optional (the hub extra)
-        import huggingface_hub.constants as hc
-
-        self._saved = (dc.HF_HUB_OFFLINE, dc.HF_DATASETS_OFFLINE, hc.HF_HUB_OFFLINE)
-        dc.HF_HUB_OFFLINE = dc.HF_DATASETS_OFFLINE = hc.HF_HUB_OFFLINE = True
-        return self
-
-    def __exit__(self, *exc):
-        import datasets.config as dc
-        import huggingface_hub.constants as hc
-
-        dc.HF_HUB_OFFLINE, dc.HF_DATASETS_OFFLINE, hc.HF_HUB_OFFLINE = self._saved
-        return False
+    saved = (dc.HF_HUB_OFFLINE, dc.HF_DATASETS_OFFLINE, hc.HF_HUB_OFFLINE)
+    dc.HF_HUB_OFFLINE = dc.HF_DATASETS_OFFLINE = hc.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        dc.HF_HUB_OFFLINE, dc.HF_DATASETS_OFFLINE, hc.HF_HUB_OFFLINE = saved
