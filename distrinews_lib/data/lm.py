@@ -88,15 +88,11 @@ class BlockDataset(Dataset):
         return {"index": i, "input_ids": self.blocks[i]}
 
 
-def _block_generator(seed: int, epoch: int, index: int) -> torch.Generator:
-    digest = hashlib.blake2b(f"{seed}:{epoch}:{index}".encode(), digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
-
-
 def mask_block(ids: torch.Tensor, tokenizer, seed: int, epoch: int, index: int, probability: float = 0.15):
     """BERT's masking of one block, reproducibly: 15% of the non-special tokens are predicted; of those,
     80% become [MASK], 10% a random token, 10% stay. Returns (input_ids, labels)."""
-    g = _block_generator(seed, epoch, index)
+    digest = hashlib.blake2b(f"{seed}:{epoch}:{index}".encode(), digest_size=8).digest()
+    g = torch.Generator().manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
     special = torch.tensor([tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id])
     candidates = ~torch.isin(ids, special)
     chosen = (torch.rand(ids.shape, generator=g) < probability) & candidates
