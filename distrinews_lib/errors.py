@@ -9,6 +9,7 @@ import textwrap
 
 USER_ERROR_EXIT = 2  # a user's mistake (bad flag, missing file...), as argparse uses
 COLLECTIVE_TIMEOUT_EXIT = 3  # a collective timed out (another rank died, hangs, or skipped a collective)
+_TIMEOUT_SIGNS = ("timed out", "timeout", "connection closed by peer", "connection reset by peer")
 
 
 class UserError(Exception):
@@ -39,8 +40,7 @@ def main_guard(fn):
             print("interrupted", file=sys.stderr)
             sys.exit(130)
         except RuntimeError as err:  # DistBackendError is a RuntimeError too
-            text = str(err).lower()
-            if not any(s in text for s in ("timed out", "timeout", "closed by peer", "reset by peer")):
+            if not any(s in str(err).lower() for s in _TIMEOUT_SIGNS):
                 raise
             rank = os.environ.get("RANK", "0")
             print(format_user_error(
