@@ -1,8 +1,5 @@
 """Helpers around torch.distributed that are not the lesson: env reading, backend choice, rank-0 I/O.
-
-The training script still calls init_process_group / DDP / destroy_process_group itself; this
-module only answers the questions around them (which backend and why, which device, am I rank 0).
-"""
+The scripts still call init_process_group / DDP / destroy_process_group themselves."""
 
 from __future__ import annotations
 
@@ -29,16 +26,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launched_by_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
 def torchrun_env() -> TorchrunEnv:
-    """Who this process is, as torchrun told it (RANK, LOCAL_RANK, WORLD_SIZE); changes nothing.
-
-    Started with plain `python` instead, it is a world of one that meets on a free local port, so that
-    `python scripts/train_ddp.py` still runs (1 process, gloo), which helps debugging."""
-    if launched_by_torchrun():
+    """Who this process is, as torchrun told it; changes nothing. Under plain `python`, a world of one on a
+    free local port, so that `python scripts/train_ddp.py` still runs (1 process, gloo) for debugging."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return TorchrunEnv(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ["WORLD_SIZE"]),
                            "env://")
     return TorchrunEnv(0, 0, 1, f"tcp://127.0.0.1:{free_port()}")
@@ -166,11 +157,8 @@ def all_gather_varlen(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def gather_by_index(index: torch.Tensor, *columns: torch.Tensor, device: torch.device, gather: bool = True) -> tuple:
-    """Every rank's (index, columns...) rows, ordered by dataset index, each index once.
-
-    DistributedSampler pads the shards with repeated examples so that every rank takes the same number of
-    steps; an evaluation that counted them would be wrong. gather=False keeps this rank's rows only (no
-    collective). Collective otherwise: every rank must call it."""
+    """Every rank's (index, columns...) rows by dataset index, each index once (DistributedSampler pads the
+    shards with repeats). gather=False keeps this rank's rows (no collective); else collective."""
     comm = comm_device(device)
     index, *columns = (all_gather_varlen(c, comm) if gather else c.cpu() for c in (index, *columns))
     order = torch.argsort(index, stable=True)
@@ -181,11 +169,8 @@ def gather_by_index(index: torch.Tensor, *columns: torch.Tensor, device: torch.d
 
 
 def agree(fn, *args, **kwargs):
-    """Run fn on every rank; if it raised a UserError on ANY rank, raise one on every rank.
-
-    Without this, the rank that failed exits while the others wait in their next collective until
-    the timeout. Collective: every rank must call it.
-    """
+    """Run fn on every rank; if it raised a UserError on ANY rank, raise one on every rank (else the others
+    would wait in their next collective until the timeout). Collective."""
     result, error = None, None
     try:
         result = fn(*args, **kwargs)
@@ -218,9 +203,8 @@ def same_on_all_ranks(value, what: str, hint: str = "") -> None:
 
 
 def local_main_first(fn, *args, **kwargs):
-    """Run fn on this node's local rank 0 first, then on the other local ranks (which then find its cache).
-
-    The barrier is reached even when fn fails, so a failure cannot turn into a hang."""
+    """Run fn on this node's local rank 0 first, then on the others (which find its cache). The barrier is
+    reached even when fn fails, so a failure cannot turn into a hang."""
     first = int(os.environ.get("LOCAL_RANK", 0)) == 0
     if not first:
         barrier()

@@ -7,10 +7,9 @@ import os
 import sys
 import textwrap
 
-# Exit code for a user's mistake (bad flag, missing file...), as argparse uses.
-USER_ERROR_EXIT = 2
-# Exit code when a collective timed out (another rank died, hangs, or skipped a collective).
-COLLECTIVE_TIMEOUT_EXIT = 3
+USER_ERROR_EXIT = 2  # a user's mistake (bad flag, missing file...), as argparse uses
+COLLECTIVE_TIMEOUT_EXIT = 3  # a collective timed out (another rank died, hangs, or skipped a collective)
+_TIMEOUT_SIGNS = ("timed out", "timeout", "connection closed by peer", "connection reset by peer")
 
 
 class UserError(Exception):
@@ -23,11 +22,8 @@ def format_user_error(err: BaseException) -> str:
 
 
 def main_guard(fn):
-    """Run a script's main(): UserError becomes one paragraph on stderr and exit code 2.
-
-    Under torchrun every rank may hit the same mistake; rank 0 prints it in full and the
-    others print one short line, so the message is not repeated N times.
-    """
+    """Run a script's main(): UserError becomes one paragraph on stderr and exit code 2, in full on rank 0
+    only (every rank may hit the same mistake; the others print one short line)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -44,7 +40,7 @@ def main_guard(fn):
             print("interrupted", file=sys.stderr)
             sys.exit(130)
         except RuntimeError as err:  # DistBackendError is a RuntimeError too
-            if not is_collective_timeout(err):
+            if not any(s in str(err).lower() for s in _TIMEOUT_SIGNS):
                 raise
             rank = os.environ.get("RANK", "0")
             print(format_user_error(
@@ -56,8 +52,3 @@ def main_guard(fn):
             sys.exit(COLLECTIVE_TIMEOUT_EXIT)
 
     return wrapper
-
-
-def is_collective_timeout(err: BaseException) -> bool:
-    text = str(err).lower()
-    return any(s in text for s in ("timed out", "timeout", "connection closed by peer", "connection reset by peer"))

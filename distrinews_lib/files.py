@@ -1,10 +1,6 @@
-"""Writing files so that a crash never leaves half of one: the one atomic writer of the package.
-
-Every file the course writes while others may read it (checkpoints, snapshots, metrics, the tokenizer cache, the
-notebooks' records) goes through atomic_write: the bytes go to a temporary file in the same folder, are flushed to
-disk (fsync), get the permissions a plain open() would give (mkstemp's 0600 would hide them from a server running as
-another user), and the temporary file is renamed over the target. A reader sees the old file or the new one.
-"""
+"""The one atomic writer of the package: a crash never leaves half a file, a reader sees the old file or the
+new. Every file the course writes while others may read it (checkpoints, snapshots, metrics, caches) goes
+through it."""
 
 from __future__ import annotations
 
@@ -17,15 +13,10 @@ from typing import Any, Callable
 import torch
 
 
-def umask_mode(mode: int = 0o666) -> int:
-    """The permissions a plain open() would give under this process's umask."""
-    current = os.umask(0)
-    os.umask(current)
-    return mode & ~current
-
-
 def atomic_write(path: str | os.PathLike, write: Callable[[Any], None]) -> Path:
     """Call write(binary file) on a temporary file beside `path`, fsync it, then rename it over `path`."""
+    umask = os.umask(0)
+    os.umask(umask)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
@@ -34,7 +25,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None]) -> Path:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, umask_mode())
+        os.chmod(tmp, 0o666 & ~umask)  # what a plain open() gives: mkstemp's 0600 would hide it from a server
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

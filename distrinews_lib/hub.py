@@ -1,12 +1,9 @@
-"""Is the Hugging Face hub reachable?  Answered in a few seconds at most, and remembered.
-
-Offline, `datasets.load_dataset("ag_news")` retries for ~25 s before failing, so every hub
-path asks this first. The probe is a real HTTPS request: a sandbox or proxy that accepts any
-TCP connection must not pass for the hub.
-"""
+"""Is the Hugging Face hub reachable (asked first: offline, load_dataset retries for ~25 s)? And its local
+cache. The probe is a real HTTPS request: a proxy that accepts any TCP connection must not pass for the hub."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
@@ -18,13 +15,14 @@ HUB_URL = "https://huggingface.co/api/models/distilbert-base-uncased"
 _cached: bool | None = None
 
 
-def _env_says_offline() -> bool:
+def env_says_offline() -> bool:
+    """HF_HUB_OFFLINE / HF_DATASETS_OFFLINE / DISTRINEWS_OFFLINE set to 1: never touch the network."""
     return any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "DISTRINEWS_OFFLINE"))
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
     global _cached
-    if _env_says_offline():
+    if env_says_offline():
         return False
     if _cached is not None:
         return _cached
@@ -47,15 +45,7 @@ def hub_reachable(timeout: float = 3.0) -> bool:
     return _cached
 
 
-# ----------------------------------------------------------------------------- the local cache (offline HPC nodes)
-# Compute nodes often have no internet: users fill the Hugging Face cache on a login node, then run with
-# HF_HUB_OFFLINE=1. Then nothing is probed and everything comes from the cache, or stops with a message naming
-# the cache and the command that fills it.
-
-def env_says_offline() -> bool:
-    """HF_HUB_OFFLINE / HF_DATASETS_OFFLINE / DISTRINEWS_OFFLINE set to 1: never touch the network."""
-    return _env_says_offline()
-
+# Offline compute nodes: the cache is filled on a login node, then runs use HF_HUB_OFFLINE=1 (nothing probed).
 
 def _hf_home() -> str:
     return os.path.expanduser(os.environ.get("HF_HOME") or os.path.join(
@@ -97,21 +87,16 @@ def model_download_command(repo_id: str) -> str:
     return f"HF_HOME={_hf_home()} hf download {repo_id}"
 
 
-class offline_datasets:
-    """Within it, `datasets` and huggingface_hub act as under HF_HUB_OFFLINE=1, whatever the environment said when
-    they were imported: load_dataset goes straight to the cache, with no request and no retries."""
+@contextlib.contextmanager
+def offline_datasets():
+    """Within it, `datasets` and huggingface_hub act as under HF_HUB_OFFLINE=1, whatever the environment
+    said when they were imported."""
+    import datasets.config as dc  # deferred: datasets is optional (the hub extra)
+    import huggingface_hub.constants as hc
 
-    def __enter__(self):
-        import datasets.config as dc  # deferred: datasets is optional (the hub extra)
-        import huggingface_hub.constants as hc
-
-        self._saved = (dc.HF_HUB_OFFLINE, dc.HF_DATASETS_OFFLINE, hc.HF_HUB_OFFLINE)
-        dc.HF_HUB_OFFLINE = dc.HF_DATASETS_OFFLINE = hc.HF_HUB_OFFLINE = True
-        return self
-
-    def __exit__(self, *exc):
-        import datasets.config as dc
-        import huggingface_hub.constants as hc
-
-        dc.HF_HUB_OFFLINE, dc.HF_DATASETS_OFFLINE, hc.HF_HUB_OFFLINE = self._saved
-        return False
+    saved = (dc.HF_HUB_OFFLINE, dc.HF_DATASETS_OFFLINE, hc.HF_HUB_OFFLINE)
+    dc.HF_HUB_OFFLINE = dc.HF_DATASETS_OFFLINE = hc.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        dc.HF_HUB_OFFLINE, dc.HF_DATASETS_OFFLINE, hc.HF_HUB_OFFLINE = saved

@@ -14,7 +14,6 @@ from . import __version__
 
 
 def versions() -> dict:
-    """python, torch, CUDA and NCCL (None without them), transformers, datasets, accelerate (None if missing)."""
     out = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": None,
            "distrinews_lib": __version__}
     try:
@@ -55,10 +54,3 @@ def machine_info() -> dict:
     if torch.cuda.is_available():
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return info
-
-
-def load_average() -> list | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None

@@ -33,7 +33,6 @@ from distrinews_lib.bench import provenance
 from distrinews_lib.course import launch  # noqa: E402
 from distrinews_lib.data import sources
 from distrinews_lib.errors import UserError, main_guard  # noqa: E402
-from distrinews_lib.machine import load_average  # noqa: E402
 
 FULL = dict(model="minilm", num_samples=12000, eval_samples=7600, epochs=2, global_batch=32, lr=1e-4, max_length=64,
             amp="bf16", warmup_ratio=0.06)
@@ -208,7 +207,7 @@ def main(argv=None) -> int:
         result["targets"]["accuracy"] = {"target": f">= {args.target}% ({s['model']})", "single": round(a1, 3),
                                          "ddp": round(a2, 3), "met": min(a1, a2) >= args.target}
     result["same_eval_set"] = result["single"]["eval_examples"] == result["ddp"]["eval_examples"]
-    result["load_average_at_end"] = load_average()
+    result["load_average_at_end"] = provenance.load_average()
     result["headline"] = headline(result)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     if out_path.is_file():  # other benchmarks keep their own sections in the same file (e.g. custom_hash)

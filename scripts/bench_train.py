@@ -65,7 +65,6 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
 
-from distrinews_lib import machine  # noqa: E402
 from distrinews_lib.bench import harness, provenance, throughput, timing  # noqa: E402
 from distrinews_lib.course import launch  # noqa: E402
 from distrinews_lib.data import batching, sources, texts, tokenization  # noqa: E402
@@ -465,13 +464,13 @@ def compare_section(plan, data_arg: str, device, args, log, workdir: Path) -> di
             f"{shape.n_nonembedding / 1e6:.2f}M non-embedding) | batch {B} | {W} warm-up + {K} timed steps | "
             f"{cfg['rounds']} rounds | {args.threads or torch.get_num_threads()} thread(s) | {device}")
         log(f"   {n_real} texts, mean {mean_len:.1f} tokens (max_length {args.max_length}); model FLOPs per text at the "
-            f"mean length: {flops.training_flops(shape, [round(mean_len)]) / 1e6:.1f} M; ratios quoted on {metric}")
+            f"mean length: {throughput.training_flops(shape, [round(mean_len)]) / 1e6:.1f} M; ratios quoted on {metric}")
         hf_train = hf_dataset(prepared.train_ds) if any(c["kind"] == "trainer" for c in contenders.values()) else None
         results = {name: [] for name in contenders}
         names = list(contenders)
         gate = timing.QuietGate(args.quiet_cores, args.quiet_timeout, args.quiet_budget / 2 / len(plan["compare"]))
         for r in range(cfg["rounds"]):
-            log(f"  round {r + 1}/{cfg['rounds']} (load average {machine.load_average()})")
+            log(f"  round {r + 1}/{cfg['rounds']} (load average {provenance.load_average()})")
             for name in rotate(names, r):
                 c = contenders[name]
                 if c["kind"] == "ours":
@@ -709,14 +708,14 @@ def ddp_worker(spec_path: str) -> None:
             print(f"   worker: {world} ranks | {why} | {torch.get_num_threads()} thread(s) each", flush=True)
         for r in range(spec["rounds"]):
             if rank == 0:
-                print(f"  round {r + 1}/{spec['rounds']} (load average {machine.load_average()})", flush=True)
+                print(f"  round {r + 1}/{spec['rounds']} (load average {provenance.load_average()})", flush=True)
             for c in rotate(spec["configs"], r):
                 argv = worker_argv(spec, c, device.type)
                 amp = precision.resolve_amp(parse_argv(argv, ddp=c["world"] > 1).amp, device)
                 peak = spec["peak_tflops"] or (flops.peak_tflops(gpu, flops.matmul_dtype(amp.mode, device.type)) if gpu else None)
                 res = _worker_contender(c, argv, device, shape, peak, gate, rank, world)
                 if rank == 0:
-                    res.update(name=c["name"], round=r, world=c["world"], load_average=machine.load_average(),
+                    res.update(name=c["name"], round=r, world=c["world"], load_average=provenance.load_average(),
                                command=("python scripts/train_single.py " if c["world"] == 1
                                         else f"torchrun --nproc_per_node={world} scripts/train_ddp.py ") + " ".join(argv))
                     results.append(res)
@@ -1014,7 +1013,7 @@ def main(argv=None):
                            "plan": bench_plan, "models": args.models, "sections": sorted(sections), "data": data_arg}}
     log = lambda s: print(s, flush=True)  # noqa: E731
     log(f"bench_train: {result['machine']} | {device} | torch {torch.__version__} | git {result['git_commit']} | "
-        f"load average {machine.load_average()}")
+        f"load average {provenance.load_average()}")
     splits = sources.load_agnews(data_arg)
     result["data"] = {"source": splits.source, "detail": splits.detail, "is_synthetic": splits.is_synthetic,
                       "train_texts": len(splits.train_texts), "note": data_note(splits), "script_argument": data_arg}
@@ -1033,7 +1032,7 @@ def main(argv=None):
     result["targets"] = targets(result)
     result["headline"] = headline(result)
     result["seconds_total"] = round(time.time() - started, 1)
-    result["load_average_at_end"] = machine.load_average()
+    result["load_average_at_end"] = provenance.load_average()
     out_path.parent.mkdir(parents=True, exist_ok=True)
     if args.plots:
         result["plots"] = [str(f.relative_to(REPO)) if f.is_relative_to(REPO) else str(f)

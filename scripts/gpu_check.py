@@ -306,10 +306,11 @@ def _http(url: str, body: dict | None = None) -> dict:
 # --------------------------------------------------------------------------- the T4 estimate
 
 def flops_per_text(data_arg: str, max_length: int = 128) -> dict:
-    """Training FLOPs of DistilBERT-base per AG News text (flops.training_flops over the real lengths)."""
+    """Training FLOPs of DistilBERT-base per AG News text (throughput.training_flops over the real lengths)."""
     import torch
     from transformers import AutoModelForSequenceClassification, DistilBertConfig
 
+    from distrinews_lib.bench import throughput
     from distrinews_lib.data.tokenization import tiny_tokenizer
     from distrinews_lib.training import flops
 
@@ -317,7 +318,7 @@ def flops_per_text(data_arg: str, max_length: int = 128) -> dict:
     lengths = [len(x) for x in tokenization.tokenize_texts(splits.train_texts, tiny_tokenizer(), max_length)]
     with torch.device("meta"):
         shape = flops.model_shape(AutoModelForSequenceClassification.from_config(DistilBertConfig(num_labels=4)))
-    return {"flops_per_text": flops.training_flops(shape, lengths) / len(lengths), "texts": len(lengths),
+    return {"flops_per_text": throughput.training_flops(shape, lengths) / len(lengths), "texts": len(lengths),
             "mean_tokens": sum(lengths) / len(lengths), "max_length": max_length, "data": splits.source}
 
 

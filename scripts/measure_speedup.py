@@ -88,7 +88,7 @@ def worker(spec_path: str) -> None:
                            "comm_fraction": parts[0].get("comm_fraction"),
                            "allreduce_bytes_per_step": (parts[0].get("allreduce_bytes") or 0) / c["steps"] or None,
                            "foreign_cores": parts[0].get("foreign_cores"), "waited_for_quiet": quiet,
-                           "load_average": machine.load_average()}
+                           "load_average": provenance.load_average()}
                     results.append(row)
                     print(f"  round {r + 1} {c['experiment']:18s} {row['samples_per_s']:7.1f} samples/s"
                           + (f" | all-reduce {100 * row['comm_fraction']:.0f}% of the window, "
@@ -180,7 +180,7 @@ def main(argv=None) -> int:
             "quiet_timeout": 0 if a.quick else 20, "quiet_budget": 0 if a.quick else 300,
             "num_samples": 512 if a.quick else None}
     (tmp / "spec.json").write_text(json.dumps(spec))
-    load_before, started = machine.load_average(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    load_before, started = provenance.load_average(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
     res = launch.torchrun(Path(__file__), 2, ["--worker", tmp / "spec.json"], timeout=3600, cwd=REPO,
                           env={"OMP_NUM_THREADS": "1"})
     raw = json.loads((tmp / "raw.json").read_text())
@@ -195,7 +195,7 @@ def main(argv=None) -> int:
             "command": "python scripts/measure_speedup.py" + (f" --rounds {a.rounds}" if a.rounds != 3 else ""),
             "started": started, "seconds": round(res.seconds, 1), "machine": machine.machine_info(),
             "versions": machine.versions(), "git_commit": machine.git_commit(),
-            "load_average_before": load_before, "load_average_after": machine.load_average(),
+            "load_average_before": load_before, "load_average_after": provenance.load_average(),
             "backend": raw["backend"], "threads_per_process": 1, "rounds": spec["rounds"],
             "pairs": pairs, "rows": raw["results"]})
         Path(record).write_text(json.dumps(doc, indent=1))

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from distrinews_lib.bench import provenance, timing
+from distrinews_lib.bench import provenance, throughput, timing
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.errors import UserError
 from distrinews_lib.training import flops
@@ -54,9 +54,9 @@ def test_training_flops_formula():
     # 6 N ΣT + 12 L d ΣT²
     lengths = [3, 5, 10]
     expected = 6 * 60 * 18 + 12 * 2 * 8 * (9 + 25 + 100)
-    assert flops.training_flops(shape, lengths) == expected
+    assert throughput.training_flops(shape, lengths) == expected
     assert flops.training_flops_from_sums(shape, 18, 134) == expected
-    assert flops.training_flops(shape, []) == 0
+    assert throughput.training_flops(shape, []) == 0
 
 
 def _linear_weights(module) -> int:
@@ -80,7 +80,7 @@ def _counted_training_flops(model, lengths) -> int:
 
 
 def test_mfu_formula_against_torch_flop_counter():
-    """flops.training_flops vs FlopCounterMode on the tiny model, forward + backward, texts of different lengths.
+    """throughput.training_flops vs FlopCounterMode on the tiny model, forward + backward, texts of different lengths.
 
     FlopCounterMode counts matmuls (and attention), 2 FLOPs per multiply-add, the backward as gradients w.r.t.
     inputs and weights. It agrees with the formula EXACTLY once two known simplifications of the formula are
@@ -98,7 +98,7 @@ def test_mfu_formula_against_torch_flop_counter():
     shape = flops.model_shape(model)
     lengths = [5, 17, 40, 64]
     counted = _counted_training_flops(model, lengths)
-    formula = flops.training_flops(shape, lengths)
+    formula = throughput.training_flops(shape, lengths)
 
     layers = _linear_weights(model.distilbert.transformer)          # matmul weights, run on every token
     head = _linear_weights(model) - layers                           # pre_classifier + classifier: one token per text
@@ -122,7 +122,7 @@ def test_mfu_formula_overcount_is_small_on_distilbert_base():
     model.train()
     lengths = [24, 48]
     counted = _counted_training_flops(model, lengths)
-    formula = flops.training_flops(flops.model_shape(model), lengths)
+    formula = throughput.training_flops(flops.model_shape(model), lengths)
     assert 0 < formula / counted - 1 < 0.02
 
 

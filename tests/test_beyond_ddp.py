@@ -12,7 +12,7 @@ from distrinews_lib.course.plots import read_tensorboard
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.models.build import build_model
 from distrinews_lib.training.config import RunConfig
-from distrinews_lib.training.tracking import load_metrics
+from distrinews_lib.course.plots import load_metrics
 
 from .helpers import ROOT, SCRIPTS
 

@@ -102,15 +102,15 @@ def test_imdb_run_reports_balance_and_resumes_bit_identically(imdb_run):
     resumed = run_script([SCRIPTS / "train_single.py", *imdb_run["args"], "--resume", "auto", "--output", tmp / "cut",
                           "--checkpoint", tmp / "resumed.pt"], timeout=240)
     assert resumed.returncode == 0 and "resumed from" in resumed.stdout, resumed.stderr[-2000:]
-    a = checkpoint.read_checkpoint(imdb_run["checkpoint"])["state_dict"]
-    b = checkpoint.read_checkpoint(tmp / "resumed.pt")["state_dict"]
+    a = inference.read_checkpoint(imdb_run["checkpoint"])["state_dict"]
+    b = inference.read_checkpoint(tmp / "resumed.pt")["state_dict"]
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 @pytest.mark.slow
 @needs_imdb
 def test_the_server_answers_an_imdb_checkpoint_with_negative_and_positive(imdb_run):
-    raw = checkpoint.read_checkpoint(imdb_run["checkpoint"])
+    raw = inference.read_checkpoint(imdb_run["checkpoint"])
     assert raw["model_type"] == "distrinews_custom" and raw["label_names"] == ["negative", "positive"]
     assert raw["truncation"] == "head_tail" and "distrinews_hash_tokenizer.json" in raw["tokenizer_files"]
     loaded = inference.load_checkpoint(imdb_run["checkpoint"])

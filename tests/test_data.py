@@ -29,14 +29,14 @@ KAGGLE = "Class Index,Title,Description\n1,Peace talks,Diplomats met in Geneva\n
 
 
 def test_reads_original_layout_gzipped_and_cleans_text(tmp_path):
-    texts, labels = readers.read_agnews_csv(write(tmp_path / "train.csv.gz", ORIGINAL, gz=True))
+    texts, labels = readers.read_zhang_csv(write(tmp_path / "train.csv.gz", ORIGINAL, gz=True), AG_NEWS_LABELS)
     assert labels == [2, 3]
     assert texts[0] == "Wall St. Bears Claw Back. Reuters - Short-sellers are seeing green again."
     assert "chip's" in texts[1] and "\\" not in texts[1] and "#39;" not in texts[1] and "quot;" not in texts[1]
 
 
 def test_reads_kaggle_csv_with_header(tmp_path):
-    texts, labels = readers.read_agnews_csv(write(tmp_path / "train.csv", KAGGLE))
+    texts, labels = readers.read_zhang_csv(write(tmp_path / "train.csv", KAGGLE), AG_NEWS_LABELS)
     assert labels == [0, 1]
     assert texts[0].startswith("Peace talks")
 
@@ -51,13 +51,13 @@ def test_folder_finds_split_files(tmp_path):
 def test_malformed_row_names_file_and_line(tmp_path):
     bad = write(tmp_path / "train.csv", ORIGINAL + '"1","only two fields"\n')
     with pytest.raises(UserError, match=r"train\.csv, line 3: expected 3 fields"):
-        readers.read_agnews_csv(bad)
+        readers.read_zhang_csv(bad, AG_NEWS_LABELS)
 
 
 def test_label_outside_1_to_4_is_refused(tmp_path):
     bad = write(tmp_path / "test.csv", '"5","Title","Desc"\n')
     with pytest.raises(UserError, match=r"line 1: class 5 is outside 1..4"):
-        readers.read_agnews_csv(bad)
+        readers.read_zhang_csv(bad, AG_NEWS_LABELS)
 
 
 def test_missing_folder_says_what_to_do(tmp_path):
@@ -115,7 +115,7 @@ def test_corrupt_or_odd_files_get_a_clear_message(tmp_path):
         flipped[where] ^= 0xFF
         (tmp_path / "bad.csv.gz").write_bytes(bytes(flipped))
         with pytest.raises(UserError, match="bad.csv.gz"):  # a message naming the file, never a traceback
-            readers.read_agnews_csv(tmp_path / "bad.csv.gz")
+            readers.read_zhang_csv(tmp_path / "bad.csv.gz", AG_NEWS_LABELS)
     folder = tmp_path / "f"
     folder.mkdir()
     write(folder / "train.csv", KAGGLE)
@@ -131,7 +131,7 @@ def test_corrupt_or_odd_files_get_a_clear_message(tmp_path):
 def test_a_csv_with_a_byte_order_mark_is_read(tmp_path):
     bom = tmp_path / "train.csv"
     bom.write_bytes("\ufeff".encode() + KAGGLE.encode())  # as Excel saves "CSV UTF-8"
-    texts, labels = readers.read_agnews_csv(bom)
+    texts, labels = readers.read_zhang_csv(bom, AG_NEWS_LABELS)
     assert labels == [0, 1] and texts[0].startswith("Peace talks")
 
 

@@ -160,11 +160,11 @@ def test_checkpoint_roundtrip_and_atomic_write(tmp_path, monkeypatch):
 
 
 def test_corrupt_or_missing_checkpoint_is_a_clear_error(tmp_path):
-    with pytest.raises(checkpoint.CheckpointError, match="not found.*Train one first"):
+    with pytest.raises(inference.CheckpointError, match="not found.*Train one first"):
         inference.load_checkpoint(tmp_path / "none.pt")
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"\x00" * 100)
-    with pytest.raises(checkpoint.CheckpointError, match="could not be read"):
+    with pytest.raises(inference.CheckpointError, match="could not be read"):
         inference.load_checkpoint(bad)
 
 

@@ -19,10 +19,10 @@ from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.models.build import build_model
 from distrinews_lib.serving.app import create_app
 from distrinews_lib.serving.batching import BatcherStopped, DeadlineExceeded, MicroBatcher, Overloaded
-from distrinews_lib.serving.inference import Classifier, load_checkpoint, predict_proba
+from distrinews_lib.serving.inference import CheckpointError, Classifier, load_checkpoint, predict_proba
 from distrinews_lib.serving.schemas import MAX_BATCH_TEXTS, MAX_BODY_BYTES, MAX_TEXT_CHARS
 from distrinews_lib.serving.settings import ServingSettings
-from distrinews_lib.training.checkpoint import CheckpointError, save_checkpoint
+from distrinews_lib.training.checkpoint import save_checkpoint
 from distrinews_lib.training.config import RunConfig
 
 METADATA = {"data_source": "synthetic", "final_accuracy": 0.5, "world_size": 2, "model": "tiny",

@@ -7,7 +7,7 @@ import torch
 
 from distrinews_lib.course.launch import torchrun
 from distrinews_lib.serving import inference
-from distrinews_lib.training import checkpoint, loop
+from distrinews_lib.training import loop
 
 from .helpers import AG_NEWS, ROOT, SCRIPTS, run_script
 
@@ -29,7 +29,7 @@ def test_single_process_run_on_synthetic_data(tmp_path):
     assert len(csv_lines) == 2
     loaded = inference.load_checkpoint(ck)
     assert loaded.metadata["data_source"] == "synthetic" and loaded.metadata["world_size"] == 1
-    assert "tokenizer_files" in checkpoint.read_checkpoint(ck)
+    assert "tokenizer_files" in inference.read_checkpoint(ck)
 
 
 @pytest.mark.slow
@@ -44,7 +44,7 @@ def test_ddp_run_two_gloo_processes(tmp_path):
     assert m["ddp"]["world_size"] == 2 and m["ddp"]["backend"] == "gloo"
     assert m["aggregates"]["params_max_difference"] == 0.0
     assert m["epochs"][0]["train_samples"] == 400  # the shards together cover the subset once
-    raw = checkpoint.read_checkpoint(ck)
+    raw = inference.read_checkpoint(ck)
     assert not any(k.startswith("module.") for k in raw["state_dict"])
     assert raw["metadata"]["world_size"] == 2
 

@@ -15,7 +15,14 @@ from pathlib import Path
 
 import torch
 
-from ..machine import cpu_name, git_commit, load_average, machine_info, versions
+from ..machine import cpu_name, git_commit, machine_info, versions
+
+
+def load_average() -> list | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def machine_slug() -> str:

@@ -12,6 +12,12 @@ from ..training import flops
 from .timing import foreign_cores
 
 
+def training_flops(shape: flops.ModelShape, lengths) -> float:
+    """Model FLOPs of one training pass over texts of these real lengths: Σᵢ Tᵢ·(6N + 12·L·d·Tᵢ)."""
+    lengths = [int(x) for x in lengths]
+    return flops.training_flops_from_sums(shape, sum(lengths), sum(t * t for t in lengths))
+
+
 def window(steps: int, seconds: float, cpu_s: float, batches: list, *, busy=(None, None), shape=None, peak=None,
            n_devices: int = 1) -> dict:
     """One process's figures. batches: (real lengths, padded width) of each batch in the window; busy: the
@@ -26,7 +32,7 @@ def window(steps: int, seconds: float, cpu_s: float, batches: list, *, busy=(Non
            "padding_fraction": 1 - sum(lengths) / padded if padded else None,
            "foreign_cores": foreign_cores(busy[0], busy[1], cpu_s, seconds)}
     if shape is not None:
-        fl = flops.training_flops(shape, lengths)
+        fl = training_flops(shape, lengths)
         out["model_tflops"] = fl / seconds / 1e12
         out["mfu"] = flops.mfu(fl / seconds, peak, n_devices)
     return out

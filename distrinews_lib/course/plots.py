@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
 
-from ..training.tracking import load_metrics
+
+def load_metrics(run_dir) -> dict:
+    path = Path(run_dir) / "metrics.json" if Path(run_dir).is_dir() else Path(run_dir)
+    return json.loads(path.read_text())
 
 
 def _pyplot():

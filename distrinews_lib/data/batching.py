@@ -1,18 +1,15 @@
-"""Examples into batches: dynamic padding, batches of similar length, the single process's sampler, and the
-DataLoader the training scripts build from the fast-path flags.
-"""
+"""Examples into batches: dynamic padding, length grouping, the single process's sampler, the DataLoader."""
 
 from __future__ import annotations
 
 import random
 
 import torch
-from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler, SequentialSampler
+from torch.utils.data import DataLoader, Dataset, Sampler, SequentialSampler
 
 
 class PadCollator:
-    """Dynamic padding: pad each batch to its own longest sequence, rounded up to a multiple of 8
-    (tensor cores like multiples of 8; on CPU it costs a few pad tokens)."""
+    """Dynamic padding: each batch to its own longest sequence, rounded up to a multiple (tensor cores)."""
 
     def __init__(self, pad_id: int = 0, pad_to_multiple_of: int | None = 8):
         self.pad_id = pad_id
@@ -36,17 +33,13 @@ class PadCollator:
 
 
 class LengthGroupedBatchSampler(Sampler):
-    """Batches of similar length, drawn from whatever `sampler` yields (e.g. a DistributedSampler shard).
+    """Batches of similar length from what `sampler` yields (e.g. a DistributedSampler shard): chunks of
+    its order sorted by length, cut into batches, shuffled. Each rank regroups only its own shard."""
 
-    The sampler's order is cut into chunks of `batch_size * chunk_batches` indices; each chunk is sorted
-    by length and cut into batches; the batch order is then shuffled. Every rank regroups only its own
-    shard, so sharding stays disjoint, and each rank gets the same number of batches.
-    """
-
-    def __init__(self, sampler, lengths, batch_size: int, chunk_batches: int = 50, seed: int = 0, drop_last: bool = False):
+    def __init__(self, sampler, lengths, batch_size: int, chunk_batches: int = 50, seed: int = 0):
         self.sampler, self.lengths, self.batch_size = sampler, lengths, batch_size
         self.chunk = batch_size * chunk_batches
-        self.seed, self.drop_last, self.epoch = seed, drop_last, 0
+        self.seed, self.epoch = seed, 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -60,22 +53,16 @@ class LengthGroupedBatchSampler(Sampler):
         for s in range(0, len(order), self.chunk):
             chunk = sorted(order[s:s + self.chunk], key=lambda i: self.lengths[i])
             batches += [chunk[b:b + self.batch_size] for b in range(0, len(chunk), self.batch_size)]
-        if self.drop_last and batches and len(batches[-1]) < self.batch_size:
-            batches.pop()
         random.Random(self.seed * 1_000_003 + epoch).shuffle(batches)
         return iter(batches)
 
     def __len__(self):
-        n = len(self.sampler)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        return -(-len(self.sampler) // self.batch_size)
 
 
 class ShuffleSampler(Sampler):
-    """A random order that depends only on (seed, epoch): call set_epoch(epoch) before each epoch.
-
-    The single-process script's sampler. Like DistributedSampler with one replica, so a resumed run
-    replays the same order without storing any random state.
-    """
+    """The single process's sampler: an order that depends only on (seed, epoch), like DistributedSampler,
+    so a resumed run replays it without storing any random state."""
 
     def __init__(self, dataset, seed: int = 0):
         self.n, self.seed, self.epoch = len(dataset), seed, 0
@@ -100,19 +87,15 @@ def loader_options(cfg, pad_id: int | None, device) -> dict:
     return dict(pad_id=pad_id or 0, pad_to_multiple_of=multiple, pin_memory=pin)
 
 
-def make_loader(dataset: Dataset, batch_size: int, sampler=None, *, shuffle: bool = False, seed: int = 0,
-                group_by_length: bool = False, pad_id: int = 0, pad_to_multiple_of: int | None = 8,
-                pin_memory: bool = False, num_workers: int = 0):
-    """A DataLoader with dynamic padding; with group_by_length, batches of similar length (less padding)."""
+def make_loader(dataset: Dataset, batch_size: int, sampler=None, *, seed: int = 0, group_by_length: bool = False,
+                pad_id: int = 0, pad_to_multiple_of: int | None = 8, pin_memory: bool = False):
     if sampler is None:
-        g = torch.Generator().manual_seed(seed)
-        sampler = RandomSampler(dataset, generator=g) if shuffle else SequentialSampler(dataset)
+        sampler = SequentialSampler(dataset)
     # A dataset that knows how its batches are made (language-model blocks) brings its own collator.
     collate = dataset.collator_for(sampler) if hasattr(dataset, "collator_for") else PadCollator(pad_id, pad_to_multiple_of)
     # Its own generator: creating an iterator then leaves the global torch RNG (dropout) untouched,
     # which a resumed run needs to replay the same random numbers.
-    common = dict(collate_fn=collate, pin_memory=pin_memory, num_workers=num_workers,
-                  persistent_workers=num_workers > 0, generator=torch.Generator().manual_seed(seed))
+    common = dict(collate_fn=collate, pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed))
     if group_by_length:
         batch_sampler = LengthGroupedBatchSampler(sampler, dataset.lengths, batch_size, seed=seed)
         return DataLoader(dataset, batch_sampler=batch_sampler, **common)

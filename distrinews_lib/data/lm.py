@@ -1,20 +1,13 @@
-"""Language-model data on the course's DDP plumbing: the texts cut into fixed-length blocks over a vocabulary of
-frequent tokens, and the collator that (for the masked LM) picks the tokens to predict.
-
-DDP does not care about the objective: the sampler, the all-reduce, no_sync, snapshots and the rank-0 rules
-are the same lines. What changes is the data (here), the model with an LM head (models/lm.py) and the metric,
-perplexity (training/evaluation.py).
-
-Masking (MLM) is reproducible: which tokens of block i are masked in epoch e depends only on (seed, e, i).
-So a resumed run masks exactly as an uninterrupted one, each epoch masks differently, and two ranks, which
-hold different blocks, never mask the same way at the same step.
+"""Language-model data: the texts packed into fixed-length blocks over a vocabulary of frequent tokens, and
+the collator that (MLM) picks the tokens to predict. Masking depends only on (seed, epoch, block), so a
+resumed run masks like an uninterrupted one and no two ranks mask alike. DDP's lines do not change with the
+objective.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -24,15 +17,9 @@ from torch.utils.data import Dataset
 IGNORE = -100  # labels the loss skips: padding, and (MLM) the tokens that were not masked
 
 
-# --------------------------------------------------------------------------- a vocabulary small enough
-
 class VocabSubset:
-    """The K most frequent WordPiece tokens of the training text, renumbered 0..K-1 (specials first).
-
-    A language model's output layer costs vocabulary x width per token: with DistilBERT's 30,522 entries it
-    is most of a tiny model's compute (1.7 s per step of 2,048 tokens on one CPU core, measured). The K most
-    frequent tokens cover almost all of the text; the rest become [UNK]. It works like a tokenizer: ids in
-    (encode), text out (decode), and the checkpoint stores the list so generation can read it back."""
+    """The K most frequent WordPiece tokens of the training text, renumbered (specials first), the rest
+    [UNK]: with 30,522 entries the output layer is most of a tiny model's compute. Works like a tokenizer."""
 
     SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -64,17 +51,6 @@ class VocabSubset:
         self.tokenizer.save_pretrained(folder)
         (Path(folder) / "vocab_subset.json").write_text(json.dumps(self.ids))
 
-    @classmethod
-    def from_files(cls, files: dict) -> "VocabSubset":
-        from transformers import AutoTokenizer  # deferred: importing transformers costs seconds
-
-        with tempfile.TemporaryDirectory() as tmp:
-            for name, text in files.items():
-                if name != "vocab_subset.json":
-                    (Path(tmp) / name).write_text(text, encoding="utf-8")
-            tokenizer = AutoTokenizer.from_pretrained(tmp)
-        return cls(tokenizer, json.loads(files["vocab_subset.json"]))
-
     @property
     def name_or_path(self) -> str:
         return f"WordPiece, {len(self.ids)} most frequent tokens"
@@ -85,11 +61,8 @@ class VocabSubset:
         return sum(t in self.index for ids in token_ids for t in ids) / max(total, 1)
 
 
-# --------------------------------------------------------------------------- data: fixed-length blocks
-
 def pack(token_ids: list, block_size: int, sep_id: int) -> list:
-    """Join the texts' token ids (each followed by a separator) and cut the stream into full blocks; the
-    remainder shorter than a block is dropped. Every position of every block is a real token."""
+    """Join the texts' ids (each followed by a separator) and cut the stream into full blocks."""
     stream = []
     for ids in token_ids:
         stream.extend(ids)
@@ -98,10 +71,7 @@ def pack(token_ids: list, block_size: int, sep_id: int) -> list:
 
 
 class BlockDataset(Dataset):
-    """Fixed-length blocks of token ids; each item remembers its index (exact evaluation, reproducible masking).
-
-    It knows its task, so data.make_loader gives it the right collator (collator_for): the training scripts
-    build their loaders the same way whatever they learn."""
+    """Fixed-length blocks of token ids, each item with its index; brings its own collator (collator_for)."""
 
     def __init__(self, blocks: list, task: str = "clm", vocab=None, seed: int = 0, evaluation: bool = False):
         self.blocks, self.task, self.vocab, self.seed, self.evaluation = blocks, task, vocab, seed, evaluation
@@ -118,17 +88,11 @@ class BlockDataset(Dataset):
         return {"index": i, "input_ids": self.blocks[i]}
 
 
-# --------------------------------------------------------------------------- collators
-
-def _block_generator(seed: int, epoch: int, index: int) -> torch.Generator:
-    digest = hashlib.blake2b(f"{seed}:{epoch}:{index}".encode(), digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
-
-
 def mask_block(ids: torch.Tensor, tokenizer, seed: int, epoch: int, index: int, probability: float = 0.15):
-    """BERT's masking of one block, reproducibly: 15% of the (non-special) tokens are to be predicted; of
-    those, 80% become [MASK], 10% a random token, 10% stay. Returns (input_ids, labels)."""
-    g = _block_generator(seed, epoch, index)
+    """BERT's masking of one block, reproducibly: 15% of the non-special tokens are predicted; of those,
+    80% become [MASK], 10% a random token, 10% stay. Returns (input_ids, labels)."""
+    digest = hashlib.blake2b(f"{seed}:{epoch}:{index}".encode(), digest_size=8).digest()
+    g = torch.Generator().manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
     special = torch.tensor([tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id])
     candidates = ~torch.isin(ids, special)
     chosen = (torch.rand(ids.shape, generator=g) < probability) & candidates
@@ -145,10 +109,8 @@ def mask_block(ids: torch.Tensor, tokenizer, seed: int, epoch: int, index: int, 
 
 
 class LMCollator:
-    """Stacks blocks; clm: the labels are the inputs (the model shifts them); mlm: masks each block reproducibly.
-
-    The epoch comes from the sampler (set_epoch), so the masks change every epoch without any state of
-    their own; `fixed_epoch` pins it (evaluation masks the same way every time)."""
+    """Stacks blocks; clm: the labels are the inputs; mlm: masks each block for the sampler's epoch
+    (`fixed_epoch` pins it: evaluation masks the same way every time)."""
 
     def __init__(self, task: str, tokenizer, seed: int, sampler=None, fixed_epoch: int | None = None):
         self.task, self.tokenizer, self.seed, self.sampler, self.fixed_epoch = task, tokenizer, seed, sampler, fixed_epoch

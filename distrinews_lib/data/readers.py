@@ -1,7 +1,6 @@
-"""Reading datasets from files: the headerless CSV of Zhang et al. 2015 (ag_news_csv, amazon_review_polarity_csv,
-yelp_review_polarity_csv; AG News also as the Kaggle CSV with a header), a CSV with a header (IMDB's
-id,rating,label,text, or any text and label columns), a folder holding the train and test files, and csv:PATH.
-Every mistake in a file is named with its path and line.
+"""Reading datasets from files: the headerless CSV of Zhang et al. 2015 (AG News also as the Kaggle CSV), a
+CSV with a header, a folder of train and test files, csv:PATH. Every mistake in a file is named with its path
+and line.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from typing import Callable
 
 from ..errors import UserError
 from .texts import (
-    AG_NEWS_LABELS,
     DATASETS,
     IMDB_HEADER,
     DatasetSpec,
@@ -55,9 +53,7 @@ def _unreadable(path: Path, err: BaseException, what: str) -> UserError:
 
 def read_zhang_csv(path: str | os.PathLike, label_names: list | None, fields: tuple = ("title", "description"),
                    what: str = "AG News", clean: Callable = clean_news) -> tuple[list, list]:
-    """(texts, 0-based labels) from a headerless CSV of the Zhang et al. 2015 layout: "class 1..K","field",...
-    (ag_news_csv, amazon_review_polarity_csv, yelp_review_polarity_csv). label_names None: any class >= 1.
-    clean: the dataset's fields -> one text."""
+    """(texts, 0-based labels) from a headerless Zhang et al. CSV: "class 1..K","field",..."""
     path = Path(path)
     n = len(fields) + 1
     k = len(label_names) if label_names else None
@@ -90,11 +86,6 @@ def read_zhang_csv(path: str | os.PathLike, label_names: list | None, fields: tu
     if not texts:
         raise UserError(f"{path} holds no rows.")
     return texts, labels
-
-
-def read_agnews_csv(path: str | os.PathLike) -> tuple[list, list]:
-    """(texts, labels 0..3) from one AG News CSV, with or without the Kaggle header."""
-    return read_zhang_csv(path, AG_NEWS_LABELS)
 
 
 def read_header_csv(path: str | os.PathLike, text_columns: tuple, label_column: str) -> tuple[list, list]:
@@ -137,8 +128,8 @@ def read_header_csv(path: str | os.PathLike, text_columns: tuple, label_column: 
 
 
 def label_indices(raw: list, names: list | None, path) -> tuple[list, list]:
-    """Raw label values -> (0-based indices, label names). With names: each value is a name or an index 0..K-1.
-    Without: the distinct values, sorted (numbers as numbers), become the names."""
+    """Raw label values -> (0-based indices, names): each a name or an index 0..K-1; without names, the
+    distinct values, sorted, become them."""
     if names is None:
         values = sorted({v for v, _ in raw}, key=lambda v: (0, int(v), "") if _is_int(v) else (1, 0, v))
         names = values
@@ -185,30 +176,32 @@ def find_split_file(folder: Path, split: str) -> Path:
                     f"{split}.csv.gz (the original ag_news_csv layout, the Kaggle CSV, or a CSV with a header).")
 
 
-def sniff_layout(path: Path) -> str:
-    """'kaggle_ag' (AG News' Kaggle header), 'zhang' (no header: the first field is a class number), or 'header'."""
+def _first_row(path: Path) -> list:
     try:
         with _open_text(path) as f:
-            first = next(csv.reader(f), [])
+            return next(csv.reader(f), [])
     except (UnicodeDecodeError, gzip.BadGzipFile, EOFError, csv.Error, zlib.error, OSError) as err:
         raise _unreadable(path, err, "a CSV") from None
-    if [c.strip().lower() for c in first] == KAGGLE_HEADER:
+
+
+def sniff_layout(path: Path) -> str:
+    """'kaggle_ag' (AG News' Kaggle header), 'zhang' (no header: the first field is a class number), or 'header'."""
+    first = [c.strip() for c in _first_row(path)]
+    if [c.lower() for c in first] == KAGGLE_HEADER:
         return "kaggle_ag"
-    return "zhang" if first and _is_int(first[0].strip()) else "header"
+    return "zhang" if first and _is_int(first[0]) else "header"
 
 
 def _classes_txt(folder: Path) -> list | None:
     path = folder / "classes.txt"
-    if path.is_file():
-        names = [line.strip() for line in path.read_text(encoding="utf-8-sig").splitlines() if line.strip()]
-        return names or None
-    return None
+    text = path.read_text(encoding="utf-8-sig") if path.is_file() else ""
+    return [line.strip() for line in text.splitlines() if line.strip()] or None
 
 
 def load_folder(folder: str | os.PathLike, spec: DatasetSpec | None = DATASETS["ag_news"],
                 opts: TextOptions = TextOptions()) -> TextSplits:
-    """train/test files of a folder, in the layout its first row shows. spec: the known dataset it holds
-    (default AG News, what --data FOLDER always meant); None: whatever the files say (--dataset FOLDER)."""
+    """The train/test files of a folder, in the layout its first row shows. spec: the known dataset it holds,
+    None: whatever the files say (--dataset FOLDER)."""
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise UserError(f"data folder {folder} does not exist. Pass a folder holding train.csv and test.csv "
@@ -230,8 +223,7 @@ def load_folder(folder: str | os.PathLike, spec: DatasetSpec | None = DATASETS["
     names = list(opts.label_names) if opts.label_names else (list(spec.label_names) if spec else _classes_txt(folder))
     fields, what, clean = (spec.zhang_fields, spec.name, spec.clean) if spec else (None, "the dataset", clean_review)
     if fields is None:  # count the fields of the first row
-        with _open_text(train_file) as f:
-            fields = tuple(f"field{i}" for i in range(1, len(next(csv.reader(f), ["", ""]))))
+        fields = tuple(f"field{i}" for i in range(1, len(_first_row(train_file) or ["", ""])))
     tr_x, tr_y = read_zhang_csv(train_file, names, fields, what, clean)
     te_x, te_y = read_zhang_csv(test_file, names, fields, what, clean)
     if names is None:
@@ -243,7 +235,7 @@ def load_folder(folder: str | os.PathLike, spec: DatasetSpec | None = DATASETS["
 def load_header_csvs(train_file: Path, test_file: Path | None, spec: DatasetSpec | None, opts: TextOptions,
                      detail: str, source: str, seed: int = 1234, test_fraction: float = 0.1) -> TextSplits:
     """A CSV with a header per split (or one file, whose test split is a stratified 10% held out)."""
-    imdb_like = sniff_header(train_file) == IMDB_HEADER
+    imdb_like = [c.strip().lower() for c in _first_row(train_file)] == IMDB_HEADER
     if spec is None and imdb_like and not opts.text_columns and not opts.label_column:
         spec = DATASETS["imdb"]
     text_columns = opts.text_columns or ("text",)
@@ -266,11 +258,6 @@ def load_header_csvs(train_file: Path, test_file: Path | None, spec: DatasetSpec
     name = spec.name if spec else Path(train_file).name.split(".")[0] if test_file is None else Path(train_file).parent.name
     return TextSplits(tr_x, tr_y, te_x, te_y, source, detail, full_sizes={"train": len(tr_x), "test": len(te_x)},
                       label_names=names, name=name)
-
-
-def sniff_header(path: Path) -> list:
-    with _open_text(path) as f:
-        return [c.strip().lower() for c in next(csv.reader(f), [])]
 
 
 def load_csv(spec_path: str, opts: TextOptions = TextOptions()) -> TextSplits:

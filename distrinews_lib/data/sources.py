@@ -1,34 +1,13 @@
-"""The datasets of the course: where they come from, tokenized once, batched with dynamic padding.
-
-What (`--dataset`):
-  ag_news (default), imdb, amazon_polarity, yelp_polarity   known datasets: hub ids through `datasets`, or a
-             local copy in their usual layout (--data FOLDER); label names known (IMDB: negative/positive)
-  hub:OWNER/NAME                 any text-classification dataset on the hub (columns: --text_column/--label_column)
-  FOLDER                         train/test files in one of the layouts below, recognised by their first row
-  csv:PATH                       a CSV with a header (PATH: a folder with train.csv and test.csv, or one file whose
-                                 test split is 10% held out), text and label taken from --text_column/--label_column
-Layouts read from a folder:
-  Zhang et al. 2015 CSV          no header, "class 1..K","field",...: ag_news_csv, amazon_review_polarity_csv,
-                                 yelp_review_polarity_csv (a classes.txt beside them names the classes); AG News
-                                 also as the Kaggle CSV with header `Class Index,Title,Description`
-  a CSV with a header            IMDB's `id,rating,label,text` (label 0 negative, 1 positive), or any header with
-                                 a text and a label column
-Where a known dataset comes from (`--data`), AG News:
-  hub        the Hugging Face hub through `datasets`; with HF_HUB_OFFLINE=1 (or an unreachable hub) its cache
-  <folder>   the original ag_news_csv layout (train.csv / test.csv, no header, "class","title","description",
-             optionally .gz) or the Kaggle CSV (header `Class Index,Title,Description`)
-  embedded   a real AG News sample shipped inside this package (8,000 train rows, the full 7,600-row test
-             set; assets/ag_news_sample/README.md gives its provenance): real news, offline
-  synthetic  an AG-News-shaped set generated offline, only when asked for; never mistaken for the real thing
-  auto       hub when reachable, else the folder in $DISTRINEWS_DATA_DIR, else the hub cache when it holds the
-             dataset, else embedded (decided once, on rank 0, by the run plan); for the other known datasets:
-             hub when reachable, else its cache
-Labels are 0-based indices into the dataset's label names (AG News: 0 World, 1 Sports, 2 Business, 3 Sci/Tech),
-which come from the data (a ClassLabel, classes.txt, the label values) or from --label_names.
+"""Where a dataset comes from. --dataset: a known one (ag_news, imdb, amazon_polarity, yelp_polarity),
+hub:OWNER/NAME, a FOLDER (layouts in readers.py) or csv:PATH. --data for a known one: hub (or its cache
+offline), a folder, embedded (a real AG News sample in the package), synthetic (AG News shaped, only when
+asked for), or auto: the hub when reachable, else $DISTRINEWS_DATA_DIR, else the hub cache, else embedded
+(decided once, on rank 0, by the run plan).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -56,7 +35,6 @@ from .texts import (
 )
 
 EMBEDDED_DIR = Path(__file__).resolve().parent.parent / "assets" / "ag_news_sample"
-SOURCES = ("auto", "hub", "embedded", "synthetic")
 
 
 def load_embedded() -> TextSplits:
@@ -74,19 +52,10 @@ def _hub_cache_name(spec: DatasetSpec | None, repo_id: str) -> str | None:
     return None
 
 
-def _no_cache_message(repo_id: str, why: str) -> str:
-    return (f"--data hub: {why}, and the Hugging Face datasets cache at {datasets_cache_dir()} holds no copy of "
-            f"'{repo_id}'. On a machine with internet (a login node), fill that cache with: "
-            f"{dataset_download_command(repo_id)} - then run again here with HF_HUB_OFFLINE=1 (set HF_HOME or "
-            f"HF_DATASETS_CACHE the same way on both). Or use a local copy: --data <folder>"
-            + (" or --data embedded (a real AG News sample, offline)." if repo_id == HUB_DATASET else "."))
-
-
 def load_hub(name: str = HUB_DATASET, spec: DatasetSpec | None = None, opts: TextOptions = TextOptions(),
              num_samples: int | None = None, eval_samples: int | None = None, seed: int = 0) -> TextSplits:
-    """A dataset through `datasets`: from the hub when it answers; from the local cache, without any request,
-    under HF_HUB_OFFLINE=1 (or HF_DATASETS_OFFLINE=1) or when the hub does not answer. The subsets are taken before
-    the texts are cleaned (Amazon's 3.6M reviews would take minutes)."""
+    """A dataset through `datasets`: from the hub, or from its cache (offline, or the hub does not answer).
+    Subsets are taken before cleaning (Amazon's 3.6M reviews would take minutes)."""
     if spec is None:
         spec = next((s for s in DATASETS.values() if s.hub_id == name or name in s.cache_aliases), None)
     ds, offline = _open_hub_dataset(name, spec)
@@ -124,15 +93,16 @@ def _open_hub_dataset(name: str, spec: DatasetSpec | None):
         if load_name is None:
             why = ("the hub is not reachable (offline mode: HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set)" if env_says_offline()
                    else "the Hugging Face hub is not reachable from this machine")
-            raise UserError(_no_cache_message(name, why))
+            raise UserError(f"--data hub: {why}, and the Hugging Face datasets cache at {datasets_cache_dir()} holds "
+                            f"no copy of '{name}'. On a machine with internet (a login node), fill that cache with: "
+                            f"{dataset_download_command(name)} - then run again here with HF_HUB_OFFLINE=1 (set HF_HOME "
+                            f"or HF_DATASETS_CACHE the same way on both). Or use a local copy: --data <folder>"
+                            + (" or --data embedded (a real AG News sample, offline)." if name == HUB_DATASET else "."))
     from datasets import load_dataset  # deferred: an optional dependency (the hub extra), and a slow import
 
     try:
-        if offline:
-            with offline_datasets():
-                ds = load_dataset(load_name, cache_dir=datasets_cache_dir())
-        else:
-            ds = load_dataset(name, cache_dir=datasets_cache_dir())
+        with offline_datasets() if offline else contextlib.nullcontext():
+            ds = load_dataset(load_name, cache_dir=datasets_cache_dir())
     except Exception as err:  # network errors, renamed datasets, a damaged cache... all are the user's environment
         where = f"the cache at {datasets_cache_dir()}" if offline else "the Hugging Face hub"
         raise UserError(f"could not load '{name}' from {where} ({type(err).__name__}: "
@@ -145,8 +115,7 @@ def _open_hub_dataset(name: str, spec: DatasetSpec | None):
 
 
 def _hub_labels(name: str, spec: DatasetSpec | None, opts: TextOptions, tr, te, label_column: str):
-    """(label names, train labels, test labels as 0-based indices): names from --label_names, the known dataset, or
-    the column's ClassLabel; label values that are names (or not numbers) are looked up in them."""
+    """(names, train labels, test labels): names from --label_names, the known dataset or a ClassLabel."""
     feature = tr.features[label_column]
     names = (list(opts.label_names) if opts.label_names else list(spec.label_names) if spec
              else list(feature.names) if hasattr(feature, "names") else None)
@@ -191,9 +160,6 @@ def resolve_dataset(dataset: str) -> str:
 
 
 def resolve_source(source: str, dataset: str = "ag_news", hub: bool | None = None) -> str:
-    """What `auto` means on this machine for a known dataset. AG News: the hub when reachable, else
-    $DISTRINEWS_DATA_DIR, else the hub cache if it holds AG News, else the embedded real sample. The others: the
-    hub when reachable, else its cache. Under DDP only rank 0 asks (plan.decide); every rank then loads what it decided."""
     spec = DATASETS.get(dataset)
     if spec is None:  # a folder, csv:PATH or hub:ID: --dataset says where it is
         if source not in ("auto", "hub") and not (dataset.startswith("hub:") and source == "hub"):
@@ -225,8 +191,6 @@ def resolve_source(source: str, dataset: str = "ag_news", hub: bool | None = Non
 
 def load_dataset_splits(dataset: str, source: str, num_samples: int | None = None, eval_samples: int | None = None,
                         seed: int = 0, opts: TextOptions = TextOptions()) -> TextSplits:
-    """Load a resolved dataset (resolve_dataset) from a resolved source (resolve_source), then take class-balanced
-    subsets of train (num_samples) and test (eval_samples)."""
     spec = DATASETS.get(dataset)
     if spec is not None:
         if opts.label_names and len(opts.label_names) != len(spec.label_names):
@@ -258,6 +222,4 @@ def load_dataset_splits(dataset: str, source: str, num_samples: int | None = Non
 
 def load_agnews(source: str, num_samples: int | None = None, eval_samples: int | None = None,
                 seed: int = 0) -> TextSplits:
-    """Load AG News from `source` (hub, embedded, synthetic, a folder, or auto), then take class-balanced subsets
-    of train (num_samples) and test (eval_samples)."""
     return load_dataset_splits("ag_news", resolve_source(source), num_samples, eval_samples, seed)

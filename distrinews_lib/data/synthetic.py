@@ -1,6 +1,5 @@
-"""An AG-News-shaped dataset generated offline, only when asked for (--data synthetic): headlines built from
-per-class topic words. Every log, metrics file, checkpoint and plot says SYNTHETIC: it is never mistaken for news.
-"""
+"""An AG-News-shaped dataset generated offline, only when asked for (--data synthetic). Every log, metrics
+file, checkpoint and plot says SYNTHETIC: it is never mistaken for news."""
 
 from __future__ import annotations
 
@@ -26,10 +25,7 @@ _COMMON = ("the a new on in after over with for to as says report week year firs
 
 
 def synthetic_agnews(n_train: int = 10_000, n_test: int = 2_000, seed: int = 1234) -> TextSplits:
-    """Headlines built from per-class topic words, common words, and some off-topic words.
-
-    About one word in five comes from another class, so the task is learnable but not trivial.
-    """
+    """Headlines of per-class topic words, common words and, one word in five, another class's words."""
     rng = random.Random(seed)
 
     def make(n):

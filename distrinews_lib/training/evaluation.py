@@ -1,9 +1,6 @@
-"""Evaluation that is exact under DDP: each rank evaluates its shard, and the results are gathered with their
-dataset indices, so that the examples DistributedSampler repeats to even out the shards count once. The figures
-equal a single-process evaluation of the same weights, on every rank.
-
-Each task has its own result type, and each says how it is reported (the epoch line, metrics.csv, the
-experiment tracker, the checkpoint): nothing downstream asks which task it was.
+"""Evaluation that is exact under DDP: each rank evaluates its shard and the results are gathered with their
+dataset indices, so the examples DistributedSampler repeats count once. Each task's result type says how it is
+reported (epoch line, metrics.csv, tracker, checkpoint).
 """
 
 from __future__ import annotations
@@ -73,9 +70,7 @@ def _cat(xs: list, dtype) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate(model, loader, *, device, amp: AmpSettings | None = None, task: str = "classify", gather: bool = True):
-    """The validation figures of a classifier (ClassifierEval) or, for --task clm/mlm, of a language model (LMEval).
-    gather=False evaluates this rank's loader alone (no collectives), e.g. a reference evaluation on rank 0 only.
-    Collective otherwise: every rank must call it."""
+    """ClassifierEval, or LMEval for --task clm/mlm. Collective, unless gather=False (this rank's alone)."""
     bare = unwrap(model)  # no DDP forward: evaluation needs no gradient sync (and no buffer broadcast)
     was_training = bare.training
     bare.eval()

@@ -1,27 +1,12 @@
-"""FLOPs and MFU: what a training step costs, and how much of the device's peak a run achieved.
-
-FLOPs per token (training: forward + backward)
-------------------------------------------------
-For a transformer encoder with N non-embedding parameters, L layers, hidden size d, and a sequence of
-T tokens, one training step costs per token (the formula of Kaplan et al. 2020 / PaLM appendix B, as
-nanoGPT's `estimate_mfu` uses it):
+"""FLOPs and MFU. Per token of a training step (forward + backward), for N non-embedding parameters, L layers,
+hidden size d and a text of T tokens (Kaplan et al. 2020 / PaLM appendix B, as nanoGPT's estimate_mfu):
 
     flops_per_token = 6 * N  +  12 * L * d * T
+    (6N: 2 FLOPs per weight forward, twice that backward; 12LdT: Q·Kᵀ and softmax·V, both passes)
 
-* 6N: every weight does one multiply-add (2 FLOPs) per token in the forward pass, and the backward pass
-  costs twice the forward (gradients w.r.t. activations and w.r.t. weights): 2N + 4N.
-* 12·L·d·T: attention's two matmuls (Q·Kᵀ and softmax·V) are T·d multiply-adds each per token and layer,
-  i.e. 4·d·T FLOPs forward, times 3 for forward + backward.
-* N excludes the embedding tables (a lookup costs no matmul FLOPs). The classification head is counted
-  as if it ran on every token although it runs on one token per text: an over-count of ~1% for
-  DistilBERT-base (0.6M of 43M), stated rather than hidden.
-* Only *model* FLOPs of real tokens count: padding is wasted work, so a run that pads more gets a lower
-  MFU. For a batch, T is each text's own length: 12·L·d·Σᵢ Tᵢ² over the texts i.
-* Elementwise work (LayerNorm, GELU, softmax, dropout, the optimizer) is not counted, as usual.
-
-MFU = achieved model FLOP/s / the device's dense peak FLOP/s for the dtype the matmuls run in
-(bf16/fp16 under AMP, fp32 or tf32 without). Peaks are NVIDIA datasheet dense (no 2:4 sparsity) figures.
-CPUs have no entry: there the benchmarks report achieved TFLOP/s and no MFU.
+Only real tokens count (padding is wasted work); the head is counted on every token (~1% over for DistilBERT);
+elementwise work is not counted. MFU divides by the device's dense datasheet peak for the matmuls' dtype; CPUs
+have no entry (no MFU there).
 """
 
 from __future__ import annotations
@@ -30,6 +15,8 @@ import re
 from dataclasses import dataclass
 
 import torch
+
+from .checkpoint import unwrap
 
 # Dense peak TFLOP/s per dtype, from NVIDIA's datasheets (sparsity figures halved away). Order matters:
 # the first key whose every word occurs in torch.cuda.get_device_name() wins, so specific names go first.
@@ -85,8 +72,7 @@ class ModelShape:
 
 def model_shape(model) -> ModelShape:
     """Parameter counts and (layers, hidden size) of a Hugging Face encoder (DistilBERT, BERT, MiniLM...)."""
-    bare = getattr(model, "module", model)
-    bare = getattr(bare, "_orig_mod", bare)  # torch.compile wrapper
+    bare = unwrap(model)
     n_params = sum(p.numel() for p in bare.parameters())
     n_emb = sum(m.weight.numel() for m in bare.modules() if isinstance(m, torch.nn.Embedding))
     cfg = bare.config
@@ -100,19 +86,10 @@ def training_flops_from_sums(shape: ModelShape, tokens: int, sum_sq_len: int) ->
     return 6.0 * shape.n_nonembedding * tokens + 12.0 * shape.n_layers * shape.dim * sum_sq_len
 
 
-def training_flops(shape: ModelShape, lengths) -> float:
-    """Model FLOPs of one training pass over texts of these real lengths: Σᵢ Tᵢ·(6N + 12·L·d·Tᵢ)."""
-    lengths = [int(x) for x in lengths]
-    return training_flops_from_sums(shape, sum(lengths), sum(t * t for t in lengths))
-
-
 def mfu(flops_per_s: float, peak_tflops_value: float | None, n_devices: int = 1) -> float | None:
-    """Model FLOPs utilisation in [0, 1], or None when the peak is unknown (e.g. a CPU)."""
     if not peak_tflops_value or flops_per_s <= 0:
         return None
     return flops_per_s / (peak_tflops_value * 1e12 * n_devices)
-
-
 
 
 def device_peak(device, amp_mode: str) -> float | None:
@@ -123,7 +100,6 @@ def device_peak(device, amp_mode: str) -> float | None:
 
 
 def epoch_mfu(stats, shape: ModelShape, peak: float | None, n_devices: int = 1) -> float | None:
-    """MFU of a training epoch from its counters (engine.EpochStats: tokens and Σ T²)."""
     if not peak or not stats.seconds:
         return None
     return mfu(training_flops_from_sums(shape, stats.tokens, stats.sum_sq_len) / stats.seconds, peak, n_devices)

@@ -1,9 +1,5 @@
-"""What the training scripts' loop leans on but is not the lesson: the optimizer and its schedule, the
-micro-batches of each optimizer step, and the epoch's counters.
-
-The loop itself (forward, backward, clipping, the optimizer step) is written out in scripts/train_single.py
-and scripts/train_ddp.py, where a learner can read it.
-"""
+"""What the scripts' loop leans on but is not the lesson: optimizer, schedule, the micro-batches of each step
+and the epoch's counters. The loop itself is written out in the scripts."""
 
 from __future__ import annotations
 
@@ -33,8 +29,7 @@ def fused_adamw_available(device_type: str) -> bool:
 
 
 def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float = 0.01, fused: bool | None = None):
-    """AdamW without weight decay on biases and LayerNorm weights; the fused kernel where torch has one
-    (fused=None), or as asked."""
+    """AdamW without weight decay on biases and LayerNorm weights; fused where torch has it (fused=None)."""
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
@@ -63,8 +58,6 @@ def steps_per_epoch(batches_per_epoch: int, grad_accum: int, limit: int | None =
     return min(steps, limit) if limit else steps
 
 
-# --------------------------------------------------------------------------- the epoch's batches
-
 def to_device(batch: dict, device: torch.device, non_blocking: bool = False) -> dict:
     return {k: v.to(device, non_blocking=non_blocking) for k, v in batch.items()}
 
@@ -80,12 +73,8 @@ def _progress(iterable, total: int, enabled: bool, desc: str):
 
 def accumulate(loader, grad_accum: int, *, skip: int = 0, limit: int | None = None, progress: bool = False,
                desc: str = "train"):
-    """Yield the micro-batches of each optimizer step: lists of `grad_accum` batches (the last may be shorter).
-
-    skip: batches already trained on before a resume (a multiple of grad_accum: snapshots are taken
-    between optimizer steps). limit: stop after this many optimizer steps (benchmarks).
-    The progress bar (rank 0 only) counts optimizer steps.
-    """
+    """Yield the micro-batches of each optimizer step, `grad_accum` at a time (the last may be shorter).
+    skip: batches trained on before a resume; limit: optimizer steps (benchmarks)."""
     if skip % grad_accum:
         raise UserError(f"cannot resume {skip} batches into an epoch with --grad_accum {grad_accum}: that is inside "
                         "an accumulation group. Resume with the --grad_accum the snapshot was taken with.")
@@ -107,8 +96,6 @@ def accumulate(loader, grad_accum: int, *, skip: int = 0, limit: int | None = No
 
     yield from _progress(groups(), total - skip // grad_accum, progress and D.is_main(), desc)
 
-
-# --------------------------------------------------------------------------- the epoch's counters
 
 @dataclass
 class EpochStats:
@@ -136,21 +123,15 @@ _BATCH_OBSERVERS: OrderedDict = OrderedDict()  # not a dict: torch's RemovableHa
 
 
 def observe_batches(fn: Callable[[dict], None]) -> RemovableHandle:
-    """Call fn(cpu_batch) for every micro-batch any EpochMeter counts, in the order the observers came;
-    like torch's own register_*_hook functions, returns a handle whose remove() stops it."""
+    """Call fn(cpu_batch) for every micro-batch any EpochMeter counts; remove() on the handle stops it."""
     handle = RemovableHandle(_BATCH_OBSERVERS)
     _BATCH_OBSERVERS[handle.id] = fn
     return handle
 
 
 class EpochMeter:
-    """The epoch's counters, kept so that the loop never waits for the GPU.
-
-    add(loss, cpu_batch) after each micro-batch: the loss is summed on the device (no sync) and samples
-    and tokens are counted on the batch's CPU copy. step(grad_norm) after each optimizer step. finish()
-    reads everything back once and sums it over ranks. A NaN/inf loss (or, without a GradScaler, a
-    non-finite gradient norm) is remembered with its step and raised by check_finite() or finish().
-    """
+    """The epoch's counters, kept so that the loop never waits for the GPU: losses summed on the device,
+    samples and tokens counted on the CPU copy, read back and summed over ranks once, in finish()."""
 
     def __init__(self, device: torch.device, amp: AmpSettings, epoch: int, state: dict | None = None):
         self.device, self.epoch = device, epoch
@@ -223,9 +204,8 @@ class EpochMeter:
 
     @classmethod
     def merged(cls, states: list, first: bool, batches_done: int, ratio: float) -> dict:
-        """The counters to resume with on another world size, from the old ranks' states: the first new rank carries
-        the sums (the others start at zero), so the epoch's totals over ranks stay right; steps per rank scale by
-        `ratio` (old world / new world); the time is the old ranks' mean."""
+        """Counters to resume with on another world size: the first new rank carries the sums, steps scale by
+        `ratio` (old world / new world), the time is the old ranks' mean."""
         merged = {k: (sum(s[k] for s in states) if first else 0) for k in cls.SUMMED}
         merged.update(steps=int(round(states[0]["steps"] * ratio)), batches=batches_done,
                       seconds=sum(s["seconds"] for s in states) / len(states))

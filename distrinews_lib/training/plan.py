@@ -1,20 +1,9 @@
 """The run plan: every run-wide decision made ONCE, on rank 0, then shared with every rank.
 
-Left to themselves, ranks can disagree: one reaches the Hugging Face hub and another does not, one
-node has $DISTRINEWS_DATA_DIR and another not, each node sees different snapshots on its own disk, two
-nodes with different GPUs pick different presets. A DDP run built on such disagreement trains on
-different data per rank, or hangs. So:
-
-    plan = [plan.decide(cfg) if rank == 0 else None]     # rank 0 decides...
-    dist.broadcast_object_list(plan, src=0)              # ...and every rank receives its decisions
-    run = plan.prepare(plan[0])                          # every rank loads exactly that
-
-decide() answers: which config (rank 0's preset and flags), which dataset and data source, which model and
-tokenizer, whether the hub is reachable, and which snapshot to resume from. prepare() loads the data and the model and
-tokenizes (local rank 0 first, so the others read its cache instead of racing it), then checks that
-every rank holds the same data; any rank's failure stops every rank with one message, never a hang.
-The label names come from the data (or --label_names): the model's head, the snapshot's fingerprint and the
-checkpoint (and so the server's answers) all take them from run.label_names.
+Left to themselves, ranks can disagree (one reaches the hub and another not, nodes see different snapshots or
+GPUs) and train on different data, or hang. decide() picks config, dataset and source, model and tokenizer,
+and the snapshot to resume from; prepare() loads and tokenizes that on every rank (local rank 0 first) and
+checks that every rank holds the same data; any rank's failure stops every rank with one message.
 """
 
 from __future__ import annotations
@@ -58,9 +47,7 @@ class RunPlan:
 
 
 def decide(cfg: RunConfig, log=print) -> RunPlan:
-    """Rank 0 only (or a single process): look at this machine and decide for the whole run.
-
-    Under HF_HUB_OFFLINE=1 (or HF_DATASETS_OFFLINE=1) nothing is probed: hub datasets and models come from the cache."""
+    """Rank 0 only (or a single process): look at this machine and decide for the whole run."""
     if cfg.processes is not None and cfg.processes != D.get_world_size():
         raise UserError(f"experiment {cfg.experiment or ''} asks for {cfg.processes} process(es) (processes: in its YAML) "
                         f"but this launch has {D.get_world_size()}. Run it with: python scripts/run_experiment.py "
@@ -95,9 +82,7 @@ class PreparedRun:
 
 
 def prepare(plan: RunPlan, log=D.print0) -> PreparedRun:
-    """Load the plan's data and model on every rank, tokenize (local rank 0 first), and check agreement.
-
-    Collective under DDP: every rank must call it."""
+    """Load the plan's data and model on every rank, tokenize, and check agreement. Collective."""
     cfg = plan.cfg
     log(plan.describe())
     if cfg.task != "classify":

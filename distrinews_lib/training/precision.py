@@ -1,8 +1,4 @@
-"""The device a process computes on, and the precision it computes in (mixed precision, loss scaling).
-
-    device = precision.resolve_device()            # cuda:0 when there is a GPU, else cpu (or what was asked for)
-    amp = precision.resolve_amp(cfg.amp, device)   # bf16 on A100/H100, fp16 + GradScaler on a T4, off on a CPU
-"""
+"""The device a process computes on, and the precision (AMP, loss scaling) it computes in."""
 
 from __future__ import annotations
 
@@ -46,8 +42,7 @@ class AmpSettings:
 
 
 def native_bf16(device: torch.device) -> bool:
-    """bf16 in hardware: compute capability 8.0+ (A100, L4, H100). is_bf16_supported() also says yes on a
-    T4 (7.5), where bf16 is emulated and slow (pytorch PR #148322), so the capability decides."""
+    """Compute capability 8.0+: is_bf16_supported() also says yes on a T4, where bf16 is emulated and slow."""
     return torch.cuda.get_device_capability(device) >= (8, 0)
 
 

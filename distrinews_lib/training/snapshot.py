@@ -1,16 +1,8 @@
-"""Training snapshots: everything needed to continue a run exactly where it stopped.
-
-A snapshot holds the model (unwrapped), optimizer, scheduler, GradScaler, the position in the data
-(epoch and batches done), the run's metrics so far, and every rank's RNG states and partial epoch
-counters. Rank 0 writes it atomically to <run folder>/snapshots/; the last `keep` are kept so that a
-damaged newest one can fall back to the one before. The inference checkpoint is separate.
-
-Who resumes from what: rank 0 chooses the snapshot (choose(), in the run plan) and every rank loads that
-one, before DDP wraps the model. With several nodes the run folder (--output) must be on storage every
-node can read; a rank that cannot read rank 0's choice stops the run with a message saying so.
-
-Exactness: with the same world size, deterministic kernels and num_workers=0, a run resumed from a
-snapshot ends with the same weights, bit for bit, as one that never stopped.
+"""Training snapshots: everything needed to continue a run exactly where it stopped (model, optimizer,
+schedule, scaler, position in the data, metrics, every rank's RNG states and partial epoch counters), written
+atomically by rank 0 to <run folder>/snapshots/, the last `keep` kept. Rank 0 chooses the snapshot and every
+rank loads that one, so with several nodes --output must be shared storage. Same world size: the resumed run
+ends bit-identical.
 """
 
 from __future__ import annotations
@@ -40,8 +32,6 @@ class SnapshotError(UserError):
     pass
 
 
-# ------------------------------------------------------------------ RNG states, as weights_only-safe values
-
 def rng_state() -> dict:
     """This process's RNG states as plain lists: picklable for all_gather_object, loadable with weights_only."""
     version, internal, gauss = random.getstate()
@@ -70,8 +60,6 @@ def fingerprint(model, label_names) -> dict:
     return {"config": {k: cfg[k] for k in _FINGERPRINT_KEYS if k in cfg}, "label_names": list(label_names)}
 
 
-# ------------------------------------------------------------------ files
-
 def list_snapshots(run_dir) -> list[Path]:
     """Snapshots of a run folder, oldest first (ordered by epoch, then batches done)."""
     folder = Path(run_dir) / "snapshots"
@@ -97,7 +85,6 @@ class ResumeChoice:
     """Rank 0's choice of snapshot, shared with every rank in the run plan."""
 
     path: str           # as every rank should open it: relative to the run folder when found there
-    run_dir: str        # the run folder that `path` is relative to
     epoch: int
     batches_done: int
     global_step: int
@@ -108,8 +95,8 @@ class ResumeChoice:
 
 
 def choose(run_dir, how: str | None, log=print) -> ResumeChoice | None:
-    """--resume auto: the newest readable snapshot in <run_dir>/snapshots (a damaged one is skipped with a
-    warning); --resume PATH: that file (or the newest in that folder); off/None: none. Rank 0 calls this."""
+    """--resume auto: the newest readable snapshot (a damaged one is skipped); PATH: that file (or the newest
+    in that folder); off/None: none. Rank 0 calls this."""
     if not how or how == "off":
         return None
     run_dir = Path(run_dir)
@@ -138,7 +125,7 @@ def choose(run_dir, how: str | None, log=print) -> ResumeChoice | None:
             shown = str(path.relative_to(run_dir))
         except ValueError:
             shown = str(path.resolve())
-        return ResumeChoice(shown, str(run_dir), head["epoch"], head["batches_done"], head["global_step"])
+        return ResumeChoice(shown, head["epoch"], head["batches_done"], head["global_step"])
     log(f"resume auto: no readable snapshot in {run_dir / 'snapshots'}; starting from the beginning")
     return None
 
@@ -159,14 +146,7 @@ class ResumePoint:
 
 
 class Snapshotter:
-    """Saves snapshots during training and restores one at start. Every rank makes one; rank 0 writes.
-
-    In the scripts:
-        snap = Snapshotter(cfg, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, tracker=tracker)
-        start = snap.resume(plan.resume)           # before DDP wraps the model
-        ... after each optimizer step:  snap.step(epoch, meter)
-        ... after each epoch:           snap.epoch_end(epoch)
-    """
+    """Saves snapshots during training and restores one at start. Every rank makes one; rank 0 writes."""
 
     def __init__(self, cfg, *, model, optimizer, scheduler, scaler, tracker, label_names, log=D.print0):
         self.run_dir = Path(cfg.output)
@@ -177,7 +157,6 @@ class Snapshotter:
         self.world_size, self.rank = D.get_world_size(), D.get_rank()
         self.global_step = 0
 
-    # -------------------------------------------------------------- saving
     def step(self, epoch: int, meter) -> Path | None:
         """After every optimizer step: count it, and snapshot every `every` steps (collective)."""
         self.global_step += 1
@@ -219,7 +198,6 @@ class Snapshotter:
         D.barrier()  # nobody races ahead (or dies) before the snapshot is on disk
         return path
 
-    # -------------------------------------------------------------- resuming
     def resume(self, choice: ResumeChoice | None) -> ResumePoint:
         """Load rank 0's choice on every rank (call it BEFORE wrapping the model in DDP). Collective."""
         if choice is None:
@@ -270,8 +248,8 @@ class Snapshotter:
         return ResumePoint(epoch, done, {epoch: meter} if meter else {})
 
     def _rescale_schedule(self, ratio: float) -> None:
-        """Steps count per-rank batches: with a different world size, the same number of samples is
-        ratio times as many steps. Move the LR schedule (and the step counter) to that position."""
+        """Steps count per-rank batches: on another world size the same samples are `ratio` times as many
+        steps. Move the LR schedule (and the step counter) there."""
         self.global_step = int(round(self.global_step * ratio))
         sched = self.scheduler
         if sched is None or not hasattr(sched, "lr_lambdas"):

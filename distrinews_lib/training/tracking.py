@@ -1,16 +1,12 @@
-"""Per-run metrics: metrics.csv (one row per epoch) and metrics.json (config, data, DDP, series, aggregates),
-and, with --report_to, an experiment tracker: TensorBoard event files, W&B (offline unless WANDB_MODE says
-otherwise; `wandb sync` uploads later) or Trackio (a local SQLite database).
-
-Only rank 0 writes; the files are rewritten after every epoch, so a crashed run still leaves its history.
-Every record names the data it was trained on (`data.source`, `data.title`), and so does every plot.
+"""Per-run metrics, written by rank 0 after every epoch: metrics.csv (one row per epoch), metrics.json
+(config, data, DDP, series, aggregates) and, with --report_to, TensorBoard, W&B (offline by default) or
+Trackio.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 import time
 from dataclasses import asdict
@@ -25,8 +21,7 @@ CSV_FIELDS = ["epoch", "train_loss", "val_loss", "val_accuracy", "val_perplexity
 
 
 class Reporter:
-    """One experiment tracker: the same three calls whatever the backend. Each backend is an optional package,
-    imported only when a run asks for it."""
+    """One experiment tracker, the same three calls whatever the backend (each an optional package)."""
 
     def __init__(self, kind: str, out_dir: Path, config: dict, name: str):
         self.kind = kind
@@ -55,12 +50,8 @@ class Reporter:
         if self.kind == "tensorboard":
             for key, value in values.items():
                 self.writer.add_scalar(key, value, step)
-        elif self.kind == "wandb":
+        else:  # wandb's and trackio's runs log alike
             self.run.log(values, step=step)
-        else:
-            import trackio
-
-            trackio.log(values, step=step)
 
     def finish(self) -> None:
         if self.kind == "tensorboard":
@@ -91,7 +82,6 @@ class RunTracker:
 
     @classmethod
     def for_run(cls, cfg, plan, run, *, world_size: int, backend: str | None, enabled: bool) -> "RunTracker":
-        """The tracker of a training run: its config, its data (source and sizes), DDP layout and model."""
         s = run.splits
         return cls(cfg.output, {**cfg.to_dict(), "data_resolved": plan.data_source, "model_resolved": plan.model_name},
                    data={"source": s.source, "title": s.title, "detail": s.detail, "is_synthetic": s.is_synthetic,
@@ -100,10 +90,6 @@ class RunTracker:
                    ddp={"world_size": world_size, "backend": backend,
                         "global_batch_size": cfg.batch_size * world_size * cfg.grad_accum},
                    model=asdict(run.info), enabled=enabled, report_to=cfg.report_to)
-
-    @property
-    def csv_path(self) -> Path:
-        return self.out_dir / "metrics.csv"
 
     @property
     def json_path(self) -> Path:
@@ -178,10 +164,5 @@ class RunTracker:
         w = csv.DictWriter(table, fieldnames=CSV_FIELDS)
         w.writeheader()
         w.writerows(self.rows)
-        atomic_write_text(self.csv_path, table.getvalue())
+        atomic_write_text(self.out_dir / "metrics.csv", table.getvalue())
         atomic_write_json(self.json_path, self.record)
-
-
-def load_metrics(run_dir) -> dict:
-    path = Path(run_dir) / "metrics.json" if Path(run_dir).is_dir() else Path(run_dir)
-    return json.loads(path.read_text())

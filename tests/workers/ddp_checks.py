@@ -68,7 +68,7 @@ try:
 
         path = os.path.join(out_dir, "ddp_model.pt")
         checkpoint.save_checkpoint(path, ddp, tok, AG_NEWS_LABELS, {"world_size": world}, 32)
-        raw = checkpoint.read_checkpoint(path)
+        raw = inference.read_checkpoint(path)
         result["checkpoint_module_keys"] = sum(k.startswith("module.") for k in raw["state_dict"])
         loaded = inference.load_checkpoint(path)
         texts = splits.test_texts[:7]
