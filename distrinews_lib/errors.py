@@ -21,6 +21,13 @@ def format_user_error(err: BaseException) -> str:
     return "error: " + textwrap.fill(text, width=100, subsequent_indent="       ")
 
 
+def _say(text: str) -> None:
+    """One write of the whole paragraph and its newline: the ranks share one pipe, and a line written in two
+    pieces can have another rank's line land in the middle of it."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
 def main_guard(fn):
     """Run a script's main(): UserError becomes one paragraph on stderr and exit code 2, in full on rank 0
     only (every rank may hit the same mistake; the others print one short line)."""
@@ -32,9 +39,9 @@ def main_guard(fn):
         except UserError as err:
             rank = os.environ.get("RANK", "0")
             if rank in ("0", ""):
-                print(format_user_error(err), file=sys.stderr, flush=True)
+                _say(format_user_error(err))
             else:
-                print(f"[rank {rank}] stopped: {str(err).splitlines()[0][:120]}", file=sys.stderr, flush=True)
+                _say(f"[rank {rank}] stopped: {str(err).splitlines()[0][:120]}")
             sys.exit(USER_ERROR_EXIT)
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
@@ -43,12 +50,12 @@ def main_guard(fn):
             if not any(s in str(err).lower() for s in _TIMEOUT_SIGNS):
                 raise
             rank = os.environ.get("RANK", "0")
-            print(format_user_error(
+            _say(format_user_error(
                 f"[rank {rank}] a collective operation could not complete: it waited longer than the process "
                 f"group's timeout (--ddp_timeout), or a peer's connection dropped. Likely cause: another rank died, "
                 f"hangs, or skipped a collective "
                 f"(uneven numbers of batches per rank, a collective inside `if rank == 0:`, a rank stuck in I/O). "
-                f"Look above for the first rank that failed. ({str(err).splitlines()[0][:160]})"), file=sys.stderr, flush=True)
+                f"Look above for the first rank that failed. ({str(err).splitlines()[0][:160]})"))
             sys.exit(COLLECTIVE_TIMEOUT_EXIT)
 
     return wrapper

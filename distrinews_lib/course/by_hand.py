@@ -173,7 +173,8 @@ def run_race(args: list, out_json, *, timeout: float = 300, echo: bool = False) 
                  env={"OMP_NUM_THREADS": 1})
     except LaunchError as err:
         # The scripts' own one-paragraph messages (main_guard); else the exception lines of the ranks' tracebacks.
-        lines = err.result.lines
+        # A paragraph may start mid-line, after another rank's unfinished line on the same pipe.
+        lines = [l[l.index("error: "):] if "error: " in l else l for l in err.result.lines]
         errors = [l for i, l in enumerate(lines) if l.startswith("error:")
                   or (l.startswith("       ") and i and lines[i - 1].startswith(("error:", "       ")))]
         errors = errors or [l for l in lines if re.match(r"^(\[rank\d+\]: )?\w+(Error|Exception)\b", l)]
