@@ -217,10 +217,15 @@ class Preflight(threading.Thread):
                 if odd:
                     # Every node that has arrived must read the entries too before this node's store may go:
                     # each one that judged the mismatch says so; wait for all of them (hard bound: connect timeout).
-                    store.add(f"{prefix}/judged", 1)
-                    until = time.monotonic() + self.a.connect_timeout
-                    while store.add(f"{prefix}/judged", 0) < count and time.monotonic() < until:
-                        self.stop.wait(0.1)
+                    # The verdict stands even if the store goes meanwhile: node 0 stops its torchrun (the store's
+                    # host) as soon as it has counted every node's verdict, maybe before this node's next look.
+                    try:
+                        store.add(f"{prefix}/judged", 1)
+                        until = time.monotonic() + self.a.connect_timeout
+                        while store.add(f"{prefix}/judged", 0) < count and time.monotonic() < until:
+                            self.stop.wait(0.1)
+                    except Exception:
+                        pass
                     raise Refused(f"the nodes disagree on --nnodes: this node ({me['host']}, {me['addr']}) has "
                                   f"--nnodes={me['nnodes']}, node {odd[0]['host']} ({odd[0]['addr']}) has "
                                   f"--nnodes={odd[0]['nnodes']}. Every node must pass the same --nnodes (and "
