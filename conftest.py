@@ -32,6 +32,10 @@ except ImportError:
         group.addoption("--nbval-cell-timeout", default=None)
 
     def pytest_configure(config):
+        # Only when the nbval options are in force (pyproject's addopts): a run of named test files with
+        # `-o addopts=` (scripts/gpu_check.py on a GPU image without Jupyter) needs no nbval.
+        if not (config.getoption("--nbval-lax") or config.getoption("--nbval-current-env")):
+            return
         raise pytest.UsageError(
             "nbval is not installed, and the test suite runs every notebook through it. Install the test tools "
             "with `bash scripts/setup_env.sh` (or `pip install -r requirements-dev.txt`), or run only the Python "

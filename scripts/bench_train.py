@@ -279,6 +279,10 @@ def trainer_available() -> str | None:
         from transformers import Trainer  # noqa: F401
     except ImportError as err:
         return f"transformers.Trainer needs accelerate ({err}); pip install accelerate"
+    try:
+        import datasets  # noqa: F401  (hf_dataset: Trainer is fed a datasets.Dataset, as its users do)
+    except ImportError as err:
+        return f"the Trainer contenders read a datasets.Dataset ({err}); pip install datasets"
     return None
 
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..training.flops import mfu_percent
+
 
 def sync(device) -> None:
     """Wait for queued GPU work so a wall-clock reading means what it says (no-op on CPU)."""
@@ -158,5 +160,5 @@ def format_rate(samples_per_s: float, tokens_per_s: float, tflops: float | None 
     if tflops is not None:
         out += f" | {tflops:.3f} TFLOP/s"
     if mfu_value is not None:
-        out += f" | MFU {100 * mfu_value:.1f}%"
+        out += f" | MFU {mfu_percent(mfu_value)}"
     return out

@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from .. import distributed as D
 from ..errors import UserError
+from .flops import mfu_percent
 from .precision import AmpSettings
 
 
@@ -231,5 +232,5 @@ def epoch_line(epoch: int, epochs: int, train: EpochStats, val, mfu: float | Non
     """One line per epoch; `val` is an evaluation.ClassifierEval or LMEval, which says its own metric."""
     return (f"epoch {epoch}/{epochs} | train loss {train.loss:.4f} | val loss {val.loss:.4f} | "
             f"{val.metric_line()} | {train.seconds:.1f}s | "
-            f"{train.samples_per_s:.0f} samples/s" + (f" | MFU {100 * mfu:.1f}%" if mfu is not None else "")
+            f"{train.samples_per_s:.0f} samples/s" + (f" | MFU {mfu_percent(mfu)}" if mfu is not None else "")
             + (" | resumed mid-epoch" if train.resumed else ""))
