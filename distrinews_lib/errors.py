@@ -6,6 +6,7 @@ import functools
 import os
 import sys
 import textwrap
+import traceback
 
 USER_ERROR_EXIT = 2  # a user's mistake (bad flag, missing file...), as argparse uses
 COLLECTIVE_TIMEOUT_EXIT = 3  # a collective timed out (another rank died, hangs, or skipped a collective)
@@ -59,3 +60,22 @@ def main_guard(fn):
             sys.exit(COLLECTIVE_TIMEOUT_EXIT)
 
     return wrapper
+
+
+def exit_code_of(fn) -> int:
+    """Run fn() and return the exit code Python would have ended with: sys.exit's rules for its return value or
+    a SystemExit (None is 0, an int is itself, anything else is printed and is 1), and 1 after an uncaught
+    exception, whose traceback is printed first."""
+    try:
+        code = fn()
+    except SystemExit as exit_:
+        code = exit_.code
+    except BaseException:  # noqa: BLE001  (printed like Python's own handler; the caller exits non-zero)
+        traceback.print_exc()
+        return 1
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    sys.stderr.write(f"{code}\n")
+    return 1

@@ -15,7 +15,6 @@ times all_reduce over those message sizes instead (perf_model.time_collectives).
 """
 import contextlib
 import json
-import os
 import sys
 import time
 
@@ -25,6 +24,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from distrinews_lib.bench import harness, throughput
 from distrinews_lib.course import perf_model
+from distrinews_lib.distributed import end_process
 
 
 @contextlib.contextmanager
@@ -94,9 +94,4 @@ with harness.shared_process_group():
             json.dump(results, f, indent=1)
 
 
-# Everything is written. gloo's threads, which ran the future callbacks of the async collectives, can abort a rank at
-# interpreter exit ("terminate called without an active exception", seen 1 run in 4 here): leave without running
-# the C++ static destructors, so a finished run never ends with a crash.
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(0)
+end_process(0)  # everything is written; end without the interpreter's teardown, where gloo's threads can abort a rank

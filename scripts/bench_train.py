@@ -67,6 +67,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E40
 
 from distrinews_lib.bench import harness, provenance, throughput, timing  # noqa: E402
 from distrinews_lib.course import launch  # noqa: E402
+from distrinews_lib.distributed import run_and_end  # noqa: E402
 from distrinews_lib.data import batching, sources, texts, tokenization  # noqa: E402
 from distrinews_lib.data.texts import AG_NEWS_LABELS  # noqa: E402
 from distrinews_lib.data.tokenization import tiny_tokenizer  # noqa: E402
@@ -1049,4 +1050,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_and_end(main)  # ends without the interpreter's teardown (its --ddp-worker ranks join a gloo group)

@@ -37,6 +37,7 @@ import torch.distributed as dist  # noqa: E402
 from distrinews_lib import machine  # noqa: E402
 from distrinews_lib.bench import harness, provenance, throughput, timing  # noqa: E402
 from distrinews_lib.course import launch  # noqa: E402
+from distrinews_lib.distributed import run_and_end  # noqa: E402
 
 PAIRS = [  # (label, 1-process experiment, 2-process experiment, warm-up steps, timed steps)
     ("AG News, custom + hash", "agnews_custom_1p", "agnews_custom_2p", 5, 60),
@@ -204,4 +205,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_and_end(main)  # ends without the interpreter's teardown (its --worker ranks join a gloo group)

@@ -47,6 +47,7 @@ from distrinews_lib.course.harden import die_with_parent
 from distrinews_lib.data import batching, sources, tokenization
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.data.tokenization import tiny_tokenizer
+from distrinews_lib.distributed import run_and_end
 from distrinews_lib.models.build import build_model
 from distrinews_lib.training.config import RunConfig
 
@@ -420,4 +421,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_and_end(main)  # end without the interpreter's teardown, where gloo's threads can abort a finished rank

@@ -109,4 +109,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    D.run_and_end(main)  # end without the interpreter's teardown, where gloo's threads can abort a finished rank

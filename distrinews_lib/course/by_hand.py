@@ -268,11 +268,3 @@ def rung_summary(res: dict) -> dict:
         out[rung] = {"step_time_ratio_vs_ddp": res["timing"]["ratio_vs_ddp"][rung], "max_weight_diff": max(diffs),
                      "allreduces_per_step": res["timing"]["collectives_per_step"][rung]}
     return out
-
-
-def leave() -> None:
-    """End a finished run without C++ static destructors: gloo's threads can abort a rank at interpreter exit
-    ("terminate called without an active exception", about 1 run in 4 here) after everything is written."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)

@@ -8,7 +8,7 @@ In a script (started by torchrun):
     result(ctx, key=value)      print one `RESULT rank=R key=value ...` line (one write: ranks never interleave)
     gather(obj)                 a Python object from every rank (a list, one entry per rank)
     write_json(path, data, ctx.rank)   rank 0 writes the numbers the notebook checks, atomically
-    finish()                    free dead DDP models, barrier, destroy the process group
+    finish()                    free dead DDP models, barrier, destroy the process group, end the process
 
 In a notebook:
     run = SharedLaunch([(script, [args], json_path), ...], nproc, timeout)
@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..distributed import choose_backend, device_for, torchrun_env
+from ..distributed import choose_backend, device_for, end_process, torchrun_env
 from ..files import atomic_write_json
 from .launch import torchrun
 
@@ -93,12 +93,17 @@ def write_json(path, data, rank: int) -> None:
 
 
 def finish() -> None:
+    """The demo is done: free dead DDP models, wait for every rank, and (run alone) destroy the group and END the
+    process through end_process, so that gloo's threads cannot abort it at interpreter exit. Inside
+    run_together the group stays for the next script, and so does the process."""
     if dist.is_initialized():
         gc.collect()    # free dead DDP models now: one collected after the group is gone can abort the exit
         sys.stdout.flush()
         dist.barrier()  # nobody tears down while a partner is still talking to it
         if not _shared:
             dist.destroy_process_group()
+    if not _shared:
+        end_process(0)
 
 
 def run_together(argv: list[str]) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import codecs
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -51,6 +52,7 @@ class LaunchResult:
     timed_out: bool = False
     lines: list = field(default_factory=list)
     ranks: int | None = None  # how many ranks really started (accelerate_launch counts them)
+    rank_tails: dict = field(default_factory=dict)  # a failed launch: {rank: its own last lines}, ranks killed by a signal
 
     @property
     def ok(self) -> bool:
@@ -70,7 +72,38 @@ def default_nproc() -> int:
     return D.gpu_count() or 2
 
 
+# torchrun's report of a failed rank: "rank : 1 (local_rank: 1)" then "exitcode : -6 (pid: 123)  (SIGABRT)"
+_VERDICT = re.compile(r"^\s*rank\s*:\s*(\d+).*\n\s*exitcode\s*:\s*(-?\d+)[^\n]*?(?:\((SIG\w+)\))?\s*$", re.M)
+RANK_TAIL_LINES = 15
+
+
+def signalled_ranks(output: str) -> dict:
+    """{rank: signal name} for every rank torchrun reports killed by a signal, the first failure first."""
+    root = output.find("Root Cause")
+    found = [(m.start() < root if root >= 0 else True, int(m[1]), m[3] or f"signal {-int(m[2])}")
+             for m in _VERDICT.finditer(output) if int(m[2]) < 0]
+    ordered = [(rank, sig) for _, rank, sig in sorted(found)]  # the root cause (after "Root Cause") sorts first
+    # SIGTERM after the first failure is torchrun stopping the others: only the root cause's is worth showing
+    return {rank: sig for i, (rank, sig) in enumerate(ordered) if i == 0 or sig != "SIGTERM"}
+
+
+def _rank_tails(output: str, logs: Path) -> dict:
+    tails = {}
+    for rank in signalled_ranks(output):
+        log = logs / f"rank{rank}.log"
+        if log.is_file():
+            lines = log.read_text(errors="replace").splitlines()
+            tails[rank] = [line.rsplit("\r", 1)[-1] for line in lines[-RANK_TAIL_LINES:]]
+    return tails
+
+
 def _run(cmd, *, timeout, env, cwd, echo, check, what) -> LaunchResult:
+    with tempfile.TemporaryDirectory(prefix="rank_logs_") as logs:
+        return _run_logged(cmd, timeout=timeout, env={**(env or {}), "DISTRINEWS_RANK_LOGS": logs}, cwd=cwd, echo=echo,
+                           check=check, what=what, logs=Path(logs))
+
+
+def _run_logged(cmd, *, timeout, env, cwd, echo, check, what, logs: Path) -> LaunchResult:
     full_env = dict(os.environ)
     full_env["PYTHONUNBUFFERED"] = "1"
     # Idle OpenMP threads sleep instead of spinning: on a shared CPU, spinning threads of one process
@@ -117,15 +150,20 @@ def _run(cmd, *, timeout, env, cwd, echo, check, what) -> LaunchResult:
         _kill_group(proc)
         family.kill()
         raise
+    reader.join(timeout=1)  # a rank's `tee` (course/harden.py) writes its last bytes as the rank ends
     family.kill()  # torchrun has exited; any rank it left behind goes too
     reader.join(timeout=5)
     output = "".join(chunks)
     result = LaunchResult(list(map(str, cmd)), proc.returncode if not timed_out else -9, output,
                           time.time() - start, timed_out, output.splitlines())
+    if not result.ok:
+        result.rank_tails = _rank_tails(output, logs)
     if check and not result.ok:
         why = f"timed out after {timeout:.0f} s and was stopped" if timed_out else f"exited with code {result.returncode}"
         last = "\n".join(line.rsplit("\r", 1)[-1] for line in result.lines[-40:]).rstrip()
-        raise LaunchError(f"{what} {why}.\n--- last lines of its output ---\n{last}", result)
+        own = "".join(f"\n--- rank {rank}'s own last lines (it was killed by {sig}) ---\n" + "\n".join(result.rank_tails[rank])
+                      for rank, sig in signalled_ranks(output).items() if rank in result.rank_tails)
+        raise LaunchError(f"{what} {why}.\n--- last lines of its output ---\n{last}{own}", result)
     return result
 
 

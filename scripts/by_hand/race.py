@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from distrinews_lib.bench.timing import cpu_busy_seconds, wait_for_quiet
 from distrinews_lib.course import by_hand
+from distrinews_lib.distributed import run_and_end
 from distrinews_lib.errors import UserError, main_guard
 from distrinews_lib.files import atomic_write_json
 
@@ -312,5 +313,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
-    by_hand.leave()  # a finished run ends cleanly (see by_hand.leave)
+    run_and_end(main)  # end without the interpreter's teardown, where gloo's threads can abort a finished rank

@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 from distrinews_lib.course import by_hand
+from distrinews_lib.distributed import run_and_end
 from distrinews_lib.errors import main_guard
 
 
@@ -89,5 +90,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
-    by_hand.leave()  # a finished run ends cleanly (see by_hand.leave)
+    run_and_end(main)  # end without the interpreter's teardown, where gloo's threads can abort a finished rank

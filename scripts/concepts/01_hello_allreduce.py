@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from distrinews_lib.distributed import choose_backend
+from distrinews_lib.distributed import choose_backend, end_process
 
 rank = int(os.environ["RANK"])              # 0 .. WORLD_SIZE-1, unique over all machines
 local_rank = int(os.environ["LOCAL_RANK"])  # 0 .. (processes on THIS machine)-1: picks the GPU
@@ -70,3 +70,4 @@ try:
         out.write_text(json.dumps({"backend_reason": why, "ranks": everyone}, indent=1))
 finally:
     dist.destroy_process_group()
+end_process(0)  # end without the interpreter's teardown, where gloo's threads can abort a finished rank
