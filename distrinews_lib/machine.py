@@ -48,6 +48,31 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+# bf16 in hardware on a CPU: x86's AVX-512 BF16 dot products or AMX tiles (Linux names them in /proc/cpuinfo's
+# flags); Arm's BF16 extension ("bf16" in Features). Without them torch converts to fp32 and back: slower than fp32.
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str] | None:
+    """The CPU's feature flags (x86 'flags', Arm 'Features'), or None where /proc/cpuinfo cannot tell (not Linux)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return set(value.split())
+    return None
+
+
+def cpu_native_bf16(flags: set[str] | None = None) -> bool | None:
+    """True / False when the flags say whether this CPU computes bf16 in hardware; None when they cannot be read."""
+    flags = cpu_flags() if flags is None else flags
+    return None if flags is None else any(f in flags for f in BF16_CPU_FLAGS)
+
+
 def machine_info() -> dict:
     info = {"hostname": socket.gethostname(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
             "processor": cpu_name()}
