@@ -10,6 +10,11 @@ Exercises: every chapter ends with a few. Each has a solution cell that defines 
 something and asserts what it found) and hands it to solution(): skipped by default so the learner can
 try first, run when the notebook's SOLUTIONS parameter is True (scripts/run_course.py --solutions) or
 when DISTRINEWS_SOLUTIONS=1 is set (CI, through conftest.py).
+
+Answers stay off the page: the code a learner is asked to write has its reference version in
+notebooks/answers/<chapter>.py, which only answer() reads, and answer() only inside a solution that runs. The
+solution cells are collapsed in the notebook (metadata jupyter.source_hidden) and behind "show the solution" on the
+site.
 """
 
 from __future__ import annotations
@@ -138,6 +143,31 @@ def solution(fn, flag=False):
         return None
     print(f"--- solution '{fn.__name__}' ---")
     return fn()
+
+
+ANSWERS = Path(__file__).resolve().parent.parent.parent / "notebooks" / "answers"
+
+
+def answer(chapter: str, name: str, flag=False):
+    """The reference answer `name` of a chapter (notebooks/answers/<chapter>.py), for its solution cell. Loaded only
+    when solutions are enabled: a learner's run never imports the answers."""
+    if not solutions_enabled(flag):
+        raise RuntimeError(f"answer({chapter!r}, {name!r}) is for solution cells, which run only with SOLUTIONS = True")
+    import importlib.util
+
+    path = ANSWERS / f"{chapter}.py"
+    spec = importlib.util.spec_from_file_location(f"distrinews_answers_{chapter}", path)
+    if spec is None or not path.is_file():
+        raise FileNotFoundError(f"no answers file {path}")
+    module = sys.modules.get(spec.name)
+    if module is None:
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        raise AttributeError(f"{path} has no answer named {name!r}") from None
 
 
 def keep_log(result, path, show=lambda line: False) -> None:
