@@ -264,11 +264,11 @@ def run_deepspeed(run, args, template, my_batches, world):
 
 
 def one_run(run, index, args, template, ds, pad_id, rank, world, scratch: Path) -> dict:
-    """Runs in a fresh child process of this rank: joins the other ranks' children, trains, measures."""
-    store = (dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, False,
-                           timedelta(seconds=args.timeout), wait_for_workers=False) if world > 1 else dist.HashStore())
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"memory_run_{index}", store), rank=rank, world_size=world,
-                            timeout=timedelta(seconds=args.timeout))
+    """Runs in a fresh child process of this rank: joins the other ranks' children, trains, measures.
+    They meet in a FileStore (a file of this run's own): no store server, so the parent never holds a thread
+    that a fork could catch holding a lock (a TCPStore in the parent hung a child under load)."""
+    store = dist.FileStore(str(scratch / f"store_{index}"), world) if world > 1 else dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=args.timeout))
     try:
         my_batches = batches(ds, pad_id, run, args.steps, rank, world)
         dist.barrier()
@@ -385,12 +385,9 @@ def main(argv=None) -> None:
     scratch = Path(os.environ.get("DISTRINEWS_MEMORY_SCRATCH") or tempfile.gettempdir()) / (
         f"memory_footprint_{os.environ.get('TORCHELASTIC_RUN_ID', os.getpid())}")
     scratch.mkdir(parents=True, exist_ok=True)
-    host = None
-    if world > 1 and rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        # the store every run's children meet in (each run under a prefix of its own); torchrun's agent hosts it
-        # when it shares its own, else rank 0 does, as init_process_group("env://") would
-        host = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, True,
-                             timedelta(seconds=args.timeout), wait_for_workers=False)
+    if world > 1 and int(os.environ.get("LOCAL_WORLD_SIZE", world)) != world:
+        raise SystemExit("memory_footprint.py: every rank must run on this machine (its runs meet in a file under "
+                         f"{scratch.parent}); launch it with torchrun --standalone --nproc_per_node=N")
     results = {}
     for index, run in enumerate(args.parsed):
         if run["variant"].startswith("deepspeed") and deepspeed_version is None:
@@ -401,9 +398,9 @@ def main(argv=None) -> None:
         results[run["name"]] = result
         if rank == 0:
             r = max(result["per_rank"], key=lambda x: x["peak_rss_above_start_mb"])
-            print(f"{run['name']:<22} params {r['params'] / 2**20:7.2f} MB | grads {r['grads'] / 2**20:7.2f} MB | "
-                  f"optimizer {r['optimizer_state'] / 2**20:7.2f} MB | activations {r['activations_saved'] / 2**20:7.2f} MB"
-                  f" | peak RSS +{r['peak_rss_above_start_mb']:7.1f} MB | {1000 * r['seconds_per_step']:6.0f} ms/step | "
+            print(f"{run['name']:<22} params {r['params'] / 2**20:7.2f} MiB | grads {r['grads'] / 2**20:7.2f} MiB | "
+                  f"optimizer {r['optimizer_state'] / 2**20:7.2f} MiB | activations {r['activations_saved'] / 2**20:7.2f} MiB"
+                  f" | peak RSS +{r['peak_rss_above_start_mb']:7.1f} MiB | {1000 * r['seconds_per_step']:6.0f} ms/step | "
                   f"weights vs first {r['max_weight_diff_vs_first']:.1e}", flush=True)
     if rank == 0:
         n_params = sum(v.numel() for v in template.values() if v.is_floating_point())
@@ -412,8 +409,8 @@ def main(argv=None) -> None:
                "start_rss_mb": baseline_mb, "results": results}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(out, indent=1, default=str))
-        for f in scratch.glob("reference_*.pt"):
-            f.unlink()
+        for f in [*scratch.glob("reference_*.pt"), *scratch.glob("store_*")]:
+            f.unlink(missing_ok=True)
         try:
             scratch.rmdir()
         except OSError:
