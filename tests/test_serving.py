@@ -631,24 +631,32 @@ def test_request_past_its_deadline_gets_503_and_waiting_ones_never_reach_the_mod
 
 
 def test_every_setting_is_documented(capsys):
-    """Each limit's flag and environment variable appear in the app's docstring, the command line's help and
-    the README's Serving section, with its default."""
+    """Each default is written once (settings.SETTINGS and OPTIONS): app.py's docstring and the README's table are
+    generated from them and say the same, and every flag and variable is in --help and the README."""
     from pathlib import Path
 
     from distrinews_lib.serving import app as app_module
     from distrinews_lib.serving.__main__ import parse_args
-    from distrinews_lib.serving.settings import SETTINGS
+    from distrinews_lib.serving.settings import OPTIONS, SETTINGS, settings_markdown, settings_table
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     serving = readme[readme.index("## Serving"):readme.index("## Benchmarks")]
     with pytest.raises(SystemExit):
         parse_args(["--help"])
     help_text = capsys.readouterr().out
+    assert settings_markdown() in serving, "README's table of limits differs from settings.settings_markdown()"
+    assert settings_table() in app_module.__doc__ and "{" not in app_module.__doc__
     for s in SETTINGS:
         for where, text in (("app.py's docstring", app_module.__doc__), ("README", serving), ("--help", help_text)):
             assert s.flag in text and s.env in text, f"{s.flag} / {s.env} missing from {where}"
         row = next(line for line in app_module.__doc__.splitlines() if s.env in line)
         assert f" {s.default:g} " in row or f" {s.default} " in row, row
+    for o in OPTIONS:
+        assert o.env in app_module.__doc__ and (o.flag in help_text if o.flag else o.env in serving), o
+    # The defaults app.py's prose quotes are filled in from the table too.
+    defaults = {s.name: s.default for s in SETTINGS}
+    assert (f"--limit-concurrency {defaults['limit_concurrency']} --timeout-keep-alive {defaults['timeout_keep_alive']}"
+            in " ".join(app_module.__doc__.split()))
 
 
 def test_header_limits_of_the_app(ckpt_path):

@@ -19,38 +19,22 @@ deadline gets 503, and work for a client that went away (or whose deadline passe
 reaches the model.  /health shows the queue and its counters.
 
 Settings (settings.ServingSettings), read when the server starts (create_app's settings and the CLI's flags win
-over the environment):
+over the environment); this table is generated from settings.OPTIONS and settings.SETTINGS, where each default is
+written once:
 
-  environment variable          CLI flag               default  meaning
-  DISTRINEWS_CHECKPOINT         --checkpoint           checkpoints/distilbert_agnews.pt
-  DISTRINEWS_DEVICE             --device               cuda if available, else cpu
-  DISTRINEWS_MAX_BATCH_SIZE     --max-batch-size       32       most /predict requests per forward pass
-  DISTRINEWS_BATCH_WINDOW_MS    --batch-window-ms      2        longest wait for more requests to batch
-  DISTRINEWS_BATCHING=off                                       one forward pass per request (the benchmark's baseline)
-  DISTRINEWS_TORCH_THREADS      --torch-threads        all CPU cores but one
-  DISTRINEWS_MAX_QUEUE          --max-queue            128      most requests waiting for the model
-  DISTRINEWS_MAX_QUEUE_TEXTS    --max-queue-texts      512      most texts waiting for the model (>= 64)
-  DISTRINEWS_DEADLINE_S         --deadline             10       seconds a request may wait for its answer
+{settings}
 
-Connection limits (the HTTP server's; see protocol.py):
-
-  DISTRINEWS_LIMIT_CONCURRENCY  --limit-concurrency    512      most open connections / requests in progress
-  DISTRINEWS_TIMEOUT_KEEP_ALIVE --timeout-keep-alive   5        seconds an idle keep-alive connection stays open
-  DISTRINEWS_HEADER_TIMEOUT     --header-timeout       10       seconds to send a request's line and headers (408)
-  DISTRINEWS_BODY_TIMEOUT       --body-timeout         30       seconds to send a request's body (408)
-  DISTRINEWS_MAX_HEADER_BYTES   --max-header-bytes     32768    largest request line + headers (431)
-  DISTRINEWS_MAX_HEADERS        --max-headers          100      most header lines (431)
-
+The connection limits (limit_concurrency to max_headers) belong to the HTTP server: see protocol.py.
 `python -m distrinews_lib.serving` applies all of them.  Plain uvicorn needs its own flags for the
 connection limits:
 
     uvicorn distrinews_lib.serving.app:app --http distrinews_lib.serving.protocol:HttpProtocol \\
-        --limit-concurrency 512 --timeout-keep-alive 5
+        --limit-concurrency {limit_concurrency} --timeout-keep-alive {timeout_keep_alive}
 
 (--http ...:HttpProtocol brings the header/body timeouts, the header limits, JSON 503s with Retry-After at
 the connection limit, and reads the DISTRINEWS_* connection variables above.)  Without it, uvicorn has no
 header or body timeout; this app still answers 431 to requests over the header limits, but only after
-uvicorn has read them whole.  With `--http h11`, add `--h11-max-incomplete-event-size 32768`.
+uvicorn has read them whole.  With `--http h11`, add `--h11-max-incomplete-event-size {max_header_bytes}`.
 """
 
 from __future__ import annotations
@@ -68,8 +52,9 @@ from .lifespan import serving_lifespan
 from .middleware import BodySizeLimit, ClientGoneLogging, HeaderLimits, StartupFailureMessage
 from .routes import openapi_with_unique_ids, router
 from .schemas import MAX_BATCH_TEXTS, MAX_BODY_BYTES, MAX_TEXT_CHARS
-from .settings import ServingSettings
+from .settings import ServingSettings, with_defaults
 
+__doc__ = with_defaults(__doc__)  # the table and the defaults above, from the one list of them
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 

@@ -1,5 +1,7 @@
 """Everything the server is told, in one object (ServingSettings), and every limit in one table (SETTINGS):
-its environment variable, its command-line flag, its default.
+its environment variable, its command-line flag, its default. The settings that are not numbers (checkpoint,
+device, threads) are listed in OPTIONS. These two lists are the only place the defaults are written:
+app.py's docstring, `--help` and the README's table are generated from them (settings_table, settings_markdown).
 
 `ServingSettings.resolve(...)` gathers a value for each field once: a given one (a command-line flag, or
 create_app's caller) wins, then the DISTRINEWS_* environment variable, then the default; each is checked.
@@ -46,40 +48,100 @@ class Setting:
     high: float          # largest allowed value
     help: str
     group: str           # "app" or "connection"
+    short: str           # the meaning in a few words, for the tables (settings_table, settings_markdown)
 
 
 SETTINGS = [
     # --- the model queue (app); defaults chosen on the tiny CPU model (benchmarks/serving.json): a lone request
     # never waits (collection stops when no other request is being read), 32 texts get most of the gain ---
     Setting("max_batch_size", "DISTRINEWS_MAX_BATCH_SIZE", "--max-batch-size", int, 32, 1, 4096,
-            "most /predict requests run together in one forward pass (1 turns batching off)", "app"),
+            "most /predict requests run together in one forward pass (1 turns batching off)", "app",
+            "most /predict requests per forward pass (1: no batching)"),
     Setting("batch_window_ms", "DISTRINEWS_BATCH_WINDOW_MS", "--batch-window-ms", float, 2.0, 0, 1000,
-            "longest wait, in ms, for more requests to join a batch", "app"),
+            "longest wait, in ms, for more requests to join a batch", "app",
+            "longest wait, in ms, for more requests to batch"),
     Setting("max_queue", "DISTRINEWS_MAX_QUEUE", "--max-queue", int, 128, 1, 1_000_000,
-            "most requests waiting for the model; more are refused at once with 503 and Retry-After", "app"),
+            "most requests waiting for the model; more are refused at once with 503 and Retry-After", "app",
+            "most requests waiting for the model"),
     Setting("max_queue_texts", "DISTRINEWS_MAX_QUEUE_TEXTS", "--max-queue-texts", int, 512, MAX_BATCH_TEXTS, 10_000_000,
             f"most texts waiting for the model (a /predict/batch call counts its texts; at least {MAX_BATCH_TEXTS}); "
-            "more are refused with 503 and Retry-After", "app"),
+            "more are refused with 503 and Retry-After", "app",
+            f"most texts waiting for the model (at least {MAX_BATCH_TEXTS})"),
     Setting("deadline_s", "DISTRINEWS_DEADLINE_S", "--deadline", float, 10.0, 0.001, 3600,
             "seconds a request may wait for its answer; later it gets 503, and if it had not reached the model "
-            "yet, the model never sees it", "app"),
+            "yet, the model never sees it", "app",
+            "seconds a request may wait for its answer"),
     # --- connections (uvicorn) ---
     Setting("limit_concurrency", "DISTRINEWS_LIMIT_CONCURRENCY", "--limit-concurrency", int, 512, 1, 1_000_000,
             "most open connections (and requests in progress); past it a request gets 503 and Retry-After and its "
-            "connection is closed", "connection"),
+            "connection is closed", "connection",
+            "most open connections / requests in progress"),
     Setting("timeout_keep_alive", "DISTRINEWS_TIMEOUT_KEEP_ALIVE", "--timeout-keep-alive", int, 5, 1, 3600,
-            "seconds an idle keep-alive connection stays open", "connection"),
+            "seconds an idle keep-alive connection stays open", "connection",
+            "seconds an idle keep-alive connection stays open"),
     Setting("header_timeout", "DISTRINEWS_HEADER_TIMEOUT", "--header-timeout", float, 10.0, 0.1, 3600,
             "seconds a client has to send a request's line and headers (from connecting, or from the request's "
-            "first byte); then 408 and the connection is closed", "connection"),
+            "first byte); then 408 and the connection is closed", "connection",
+            "seconds to send a request's line and headers (408)"),
     Setting("body_timeout", "DISTRINEWS_BODY_TIMEOUT", "--body-timeout", float, 30.0, 0.1, 3600,
-            "seconds a client has to send a request's body once its headers are in; then 408 and close", "connection"),
+            "seconds a client has to send a request's body once its headers are in; then 408 and close",
+            "connection",
+            "seconds to send a request's body (408)"),
     Setting("max_header_bytes", "DISTRINEWS_MAX_HEADER_BYTES", "--max-header-bytes", int, 32 * 1024, 1024, 16 * 1024 * 1024,
-            "largest request line plus headers, in bytes; larger gets 431", "connection"),
+            "largest request line plus headers, in bytes; larger gets 431", "connection",
+            "largest request line + headers, in bytes (431)"),
     Setting("max_headers", "DISTRINEWS_MAX_HEADERS", "--max-headers", int, 100, 4, 100_000,
-            "most header lines in a request; more gets 431", "connection"),
+            "most header lines in a request; more gets 431", "connection",
+            "most header lines (431)"),
 ]
 BY_NAME = {s.name: s for s in SETTINGS}
+
+
+@dataclass(frozen=True)
+class Option:
+    """A setting that is not a bounded number: documented with the table, resolved by ServingSettings.resolve."""
+
+    env: str
+    flag: str
+    default: str    # as written in the docs
+    help: str
+
+
+OPTIONS = [
+    Option(ENV_CHECKPOINT, "--checkpoint", str(DEFAULT_CHECKPOINT), "the checkpoint file to serve"),
+    Option(ENV_DEVICE, "--device", "cuda if available, else cpu", "cpu, cuda or cuda:N"),
+    Option(ENV_TORCH_THREADS, "--torch-threads", "all CPU cores but one",
+           "threads per forward pass (0 keeps torch's own setting)"),
+    Option(ENV_BATCHING, "", "on", "off: one forward pass per request (the benchmark's baseline)"),
+]
+
+
+def settings_table() -> str:
+    """Every setting as a plain-text table (app.py's docstring): variable, flag, default, meaning."""
+    rows = [(o.env, o.flag, o.default, o.help) for o in OPTIONS]
+    rows += [(s.env, s.flag, f"{s.default:g}" if s.kind is float else str(s.default), s.short) for s in SETTINGS]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    head = ("environment variable", "CLI flag", "default", "meaning")
+    widths = [max(w, len(h)) for w, h in zip(widths, head)]
+    return "\n".join("  " + "  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3]
+                     for r in [head, *rows])
+
+
+def with_defaults(text: str) -> str:
+    """`text` with {settings} replaced by settings_table() and each {name} of SETTINGS by its default."""
+    text = text.replace("{settings}", settings_table())
+    for s in SETTINGS:
+        text = text.replace("{" + s.name + "}", f"{s.default:g}" if s.kind is float else str(s.default))
+    return text
+
+
+def settings_markdown() -> str:
+    """The limits (SETTINGS) as the README's Markdown table: flag, environment variable, default, limit."""
+    lines = ["| flag | environment variable | default | limit |", "|---|---|---|---|"]
+    for s in SETTINGS:
+        default = f"{s.default:g}" if s.kind is float else str(s.default)
+        lines.append(f"| `{s.flag}` | `{s.env}` | {default} | {s.short} |")
+    return "\n".join(lines)
 
 
 def _parse(setting: Setting, raw, source: str):
