@@ -22,7 +22,7 @@ from ..errors import USER_ERROR_EXIT, UserError, main_guard
 from ..training.config import DEFAULT_CHECKPOINT
 from .app import create_app
 from .inference import check_for_serving
-from .settings import ENV_CHECKPOINT, ENV_DEVICE, ENV_TORCH_THREADS, SETTINGS, ServingSettings
+from .settings import ENV_CHECKPOINT, ENV_DEVICE, ENV_QUANTIZE, ENV_TORCH_THREADS, SETTINGS, ServingSettings
 
 try:
     from .protocol import HttpProtocol
@@ -45,6 +45,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--torch-threads", type=int, default=None,
                    help=f"threads per forward pass (default: ${ENV_TORCH_THREADS}, else all CPU cores but one, "
                         "leaving one for the web server; 0 keeps torch's own setting)")
+    p.add_argument("--quantize", default=None, metavar="{none,int8}",
+                   help=f"int8: the Linear layers in dynamic int8, on the CPU; refused at start-up for a model it does "
+                        f"not apply to (default: ${ENV_QUANTIZE}, else none)")
     for s in SETTINGS:
         # Read as text and checked by ServingSettings.resolve, so a flag and its variable give the same message.
         p.add_argument(s.flag, dest=s.name, default=None, metavar="N",
@@ -57,7 +60,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def settings_from(args: argparse.Namespace) -> ServingSettings:
     """Flags win, then DISTRINEWS_* variables, then defaults: gathered and checked once, here."""
     return ServingSettings.resolve(checkpoint=args.checkpoint, device=args.device, torch_threads=args.torch_threads,
-                                   **{s.name: getattr(args, s.name) for s in SETTINGS})
+                                   quantize=args.quantize, **{s.name: getattr(args, s.name) for s in SETTINGS})
 
 
 def log_config(level: str) -> dict:
@@ -74,7 +77,7 @@ def main(argv=None) -> None:
         raise UserError(f"--port {args.port} is not a TCP port (0..65535).")
     settings = settings_from(args)
     # Missing, empty, corrupt, inconsistent, or answering NaN: CheckpointError -> one message, exit 2.
-    loaded = check_for_serving(settings.checkpoint, settings.device)
+    loaded = check_for_serving(settings.checkpoint, settings.device, settings.quantize)
     app = create_app(settings, loaded=loaded)
     connection = settings.group("connection")
     config = uvicorn.Config(
@@ -83,8 +86,8 @@ def main(argv=None) -> None:
         limit_concurrency=connection["limit_concurrency"], timeout_keep_alive=connection["timeout_keep_alive"],
         h11_max_incomplete_event_size=connection["max_header_bytes"],
     )
-    print(f"DistriNews: serving {settings.checkpoint} on {settings.device} at http://{args.host}:{args.port} "
-          f"(API docs: http://{args.host}:{args.port}/docs)", file=sys.stderr, flush=True)
+    print(f"DistriNews: serving {settings.checkpoint} on {settings.device} in {loaded.precision} "
+          f"at http://{args.host}:{args.port} (API docs: http://{args.host}:{args.port}/docs)", file=sys.stderr, flush=True)
     if HttpProtocol is None:
         print("DistriNews: httptools is not installed (pip install 'uvicorn[standard]'), so the header and body "
               "timeouts are off; h11 still limits the header size.", file=sys.stderr, flush=True)

@@ -10,7 +10,7 @@ import json
 import tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -112,6 +112,8 @@ class LoadedCheckpoint:
     max_length: int
     path: Path
     truncation: str = "head"  # how texts longer than max_length are cut: head, or head_tail
+    precision: str = "fp32"   # what the model computes in: fp32, or int8 (quantize.quantize_int8)
+    quantization: Optional[dict] = None  # int8: how (method, engine, layers, share, probe drift)
 
 
 def check_servable(path, payload: dict, model: torch.nn.Module) -> None:
@@ -237,10 +239,16 @@ def check_predictions(loaded: LoadedCheckpoint) -> torch.Tensor:
     return probs
 
 
-def load_for_serving(path, device: str) -> LoadedCheckpoint:
-    """load_checkpoint, with any failure turned into a CheckpointError that names the path."""
+def load_for_serving(path, device: str, quantize: str = "none") -> LoadedCheckpoint:
+    """load_checkpoint (then int8 with quantize="int8"), with any failure turned into a CheckpointError that names
+    the path."""
     try:
-        return load_checkpoint(path, device=device)
+        loaded = load_checkpoint(path, device=device)
+        if quantize == "int8":
+            from .quantize import quantize_int8  # deferred: it imports this module
+
+            loaded = quantize_int8(loaded)
+        return loaded
     except CheckpointError as err:
         if Path(path).is_absolute():
             raise
@@ -253,9 +261,10 @@ def load_for_serving(path, device: str) -> LoadedCheckpoint:
         raise CheckpointError(f"checkpoint {path} could not be loaded ({type(err).__name__}: {first}).") from None
 
 
-def check_for_serving(path, device: str) -> LoadedCheckpoint:
-    """Load the checkpoint and make sure it answers finite probabilities; CheckpointError otherwise."""
-    loaded = load_for_serving(path, device)
+def check_for_serving(path, device: str, quantize: str = "none") -> LoadedCheckpoint:
+    """Load the checkpoint (int8 with quantize="int8") and make sure it answers finite probabilities;
+    CheckpointError otherwise."""
+    loaded = load_for_serving(path, device, quantize)
     check_predictions(loaded)
     return loaded
 

@@ -19,7 +19,8 @@ from fastapi import FastAPI
 
 from .batching import MicroBatcher
 from .inference import Classifier, LoadedCheckpoint, check_predictions, load_for_serving
-from .settings import ServingSettings
+from .quantize import quantize_int8
+from .settings import QUANTIZE_CHOICES, ServingSettings
 
 log = logging.getLogger("distrinews.serving")
 
@@ -38,9 +39,12 @@ def serving_lifespan(given: ServingSettings, loaded: Optional[LoadedCheckpoint] 
         settings = given_now.resolved()
         if loaded is not None:
             ckpt = loaded
+            if ckpt.precision != QUANTIZE_CHOICES[settings.quantize]:  # given fp32, asked for int8
+                ckpt = await asyncio.to_thread(quantize_int8, ckpt)
         else:
-            log.info("loading checkpoint %s on %s", settings.checkpoint, settings.device)
-            ckpt = await asyncio.to_thread(load_for_serving, settings.checkpoint, settings.device)
+            log.info("loading checkpoint %s on %s (%s)", settings.checkpoint, settings.device,
+                     QUANTIZE_CHOICES[settings.quantize])
+            ckpt = await asyncio.to_thread(load_for_serving, settings.checkpoint, settings.device, settings.quantize)
         previous_threads = torch.get_num_threads()
         if settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
@@ -62,10 +66,10 @@ def serving_lifespan(given: ServingSettings, loaded: Optional[LoadedCheckpoint] 
             gc.collect()
             gc.freeze()
             state.classifier, state.batcher, state.settings, state.status = classifier, batcher, settings, "ok"
-            log.info("serving %s (labels %s) on %s (%d torch threads), max batch %d, window %.1f ms, queue %d requests / "
-                     "%d texts, deadline %g s", Path(ckpt.path).name, ", ".join(classifier.labels), settings.device,
-                     torch.get_num_threads(), settings.max_batch_size, settings.batch_window_ms, batcher.max_queue,
-                     batcher.max_queue_texts, batcher.deadline_s)
+            log.info("serving %s (labels %s) on %s in %s (%d torch threads), max batch %d, window %.1f ms, queue %d "
+                     "requests / %d texts, deadline %g s", Path(ckpt.path).name, ", ".join(classifier.labels),
+                     settings.device, ckpt.precision, torch.get_num_threads(), settings.max_batch_size,
+                     settings.batch_window_ms, batcher.max_queue, batcher.max_queue_texts, batcher.deadline_s)
             yield
         finally:
             state.status = "stopping"

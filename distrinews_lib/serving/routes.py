@@ -28,6 +28,7 @@ from .schemas import (
     CheckpointInfo,
     ErrorResponse,
     HealthResponse,
+    QuantizationInfo,
     Prediction,
     PredictRequest,
     QueueInfo,
@@ -140,6 +141,8 @@ async def health(request: Request):
         status="ok" if ok else st.status,
         model_loaded=clf is not None and ok,
         device=clf.device if clf else None,
+        precision=clf.loaded.precision if clf else None,
+        quantization=QuantizationInfo(**clf.loaded.quantization) if clf and clf.loaded.quantization else None,
         labels=clf.labels if clf else [],
         checkpoint=clf.info() if clf else CheckpointInfo(),
         batching=BatchingInfo(

@@ -141,6 +141,17 @@ class QueueInfo(BaseModel):
     texts_unused: int = Field(0, description="Texts classified although nobody waited for the answer any more.")
 
 
+class QuantizationInfo(BaseModel):
+    """How an int8 server quantized its model (--quantize int8), checked against fp32 when it started."""
+
+    method: str = Field(..., description="What was quantized, and how.")
+    engine: str = Field(..., description="torch's quantized engine on this CPU.", examples=["x86"])
+    linear_layers: int = Field(..., description="Linear layers now computing in int8.")
+    linear_share: float = Field(..., description="Their share of the weights outside the embeddings (0..1).")
+    probe_drift: float = Field(..., description="Largest change of a class probability, int8 against fp32, on the "
+                                                "server's probe texts at start-up.")
+
+
 class Limits(BaseModel):
     max_text_chars: int = MAX_TEXT_CHARS
     max_batch_texts: int = MAX_BATCH_TEXTS
@@ -154,6 +165,9 @@ class HealthResponse(BaseModel):
                         examples=["ok"])
     model_loaded: bool
     device: Optional[str] = Field(None, examples=["cpu"])
+    precision: Optional[str] = Field(None, description='What the model computes in: "fp32", or "int8" '
+                                                       "(--quantize int8).", examples=["fp32"])
+    quantization: Optional[QuantizationInfo] = Field(None, description="With --quantize int8: how.")
     labels: list[str] = Field(default_factory=list, examples=[["World", "Sports", "Business", "Sci/Tech"]])
     checkpoint: CheckpointInfo = Field(default_factory=CheckpointInfo)
     batching: Optional[BatchingInfo] = None

@@ -1,6 +1,6 @@
 """Everything the server is told, in one object (ServingSettings), and every limit in one table (SETTINGS):
 its environment variable, its command-line flag, its default. The settings that are not numbers (checkpoint,
-device, threads) are listed in OPTIONS. These two lists are the only place the defaults are written:
+device, threads, precision) are listed in OPTIONS. These two lists are the only place the defaults are written:
 app.py's docstring, `--help` and the README's table are generated from them (settings_table, settings_markdown).
 
 `ServingSettings.resolve(...)` gathers a value for each field once: a given one (a command-line flag, or
@@ -35,6 +35,10 @@ ENV_CHECKPOINT = "DISTRINEWS_CHECKPOINT"
 ENV_DEVICE = "DISTRINEWS_DEVICE"
 ENV_TORCH_THREADS = "DISTRINEWS_TORCH_THREADS"
 ENV_BATCHING = "DISTRINEWS_BATCHING"  # off: one forward pass per request (the benchmark's baseline)
+ENV_QUANTIZE = "DISTRINEWS_QUANTIZE"
+# --quantize: what the server computes in. none: the checkpoint's own fp32 weights; int8: dynamic int8 for the
+# Linear layers (weights int8 once, activations quantized per batch), CPU only (see quantize.py).
+QUANTIZE_CHOICES = {"none": "fp32", "int8": "int8"}  # flag value -> the precision /health reports
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,8 @@ OPTIONS = [
     Option(ENV_DEVICE, "--device", "cuda if available, else cpu", "cpu, cuda or cuda:N"),
     Option(ENV_TORCH_THREADS, "--torch-threads", "all CPU cores but one",
            "threads per forward pass (0 keeps torch's own setting)"),
+    Option(ENV_QUANTIZE, "--quantize", "none",
+           "int8: dynamic int8 Linear layers (CPU only)"),
     Option(ENV_BATCHING, "", "on", "off: one forward pass per request (the benchmark's baseline)"),
 ]
 
@@ -184,6 +190,21 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def _quantize(given: Optional[str], device: str) -> str:
+    """The --quantize value (flag, else $DISTRINEWS_QUANTIZE, else none), checked against the device."""
+    source = "--quantize"
+    if given is None:
+        given, source = os.environ.get(ENV_QUANTIZE, "").strip() or "none", f"environment variable {ENV_QUANTIZE}"
+    value = str(given).strip().lower()
+    if value not in QUANTIZE_CHOICES:
+        raise UserError(f"{source}={given!r} is not a precision this server offers: none (the checkpoint's fp32 "
+                        "weights, the default) or int8 (dynamic int8 for the Linear layers, on the CPU).")
+    if value == "int8" and device != "cpu":
+        raise UserError(f"{source}=int8 runs on the CPU only (torch's dynamic int8 kernels are CPU kernels), but this "
+                        f"server would run on {device}. Serve with --device cpu, or leave out --quantize on a GPU.")
+    return value
+
+
 def _torch_threads(given: Optional[int], device: str) -> int:
     """Threads per forward pass; 0 leaves torch's own setting.
 
@@ -212,6 +233,7 @@ class ServingSettings:
     checkpoint: Optional[str | Path] = None  # $DISTRINEWS_CHECKPOINT, else checkpoints/distilbert_agnews.pt
     device: Optional[str] = None             # auto, cpu, cuda, cuda:N; $DISTRINEWS_DEVICE, else cuda if available
     torch_threads: Optional[int] = None      # 0: leave torch's setting; $DISTRINEWS_TORCH_THREADS, else all cores but one
+    quantize: Optional[str] = None           # none or int8; $DISTRINEWS_QUANTIZE, else none
     # The table's settings (see SETTINGS for each one's meaning, range and default):
     max_batch_size: Optional[int] = None     # 1: no batching; $DISTRINEWS_BATCHING=off gives 1 too
     batch_window_ms: Optional[float] = None
@@ -236,7 +258,8 @@ class ServingSettings:
             values["batch_window_ms"] = 0.0  # nothing to wait for: every request runs alone
         device = str(resolve_device(given.get("device") or os.environ.get(ENV_DEVICE)))
         return cls(checkpoint=Path(given.get("checkpoint") or os.environ.get(ENV_CHECKPOINT) or DEFAULT_CHECKPOINT),
-                   device=device, torch_threads=_torch_threads(given.get("torch_threads"), device), **values)
+                   device=device, torch_threads=_torch_threads(given.get("torch_threads"), device),
+                   quantize=_quantize(given.get("quantize"), device), **values)
 
     def resolved(self) -> "ServingSettings":
         """This object's given fields, the others filled in (see resolve)."""
