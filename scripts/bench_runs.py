@@ -11,7 +11,8 @@ steps per rank, PREFIX_rank<r>.json). A run with "world": 1 is scripts/train_sin
 (the other ranks wait: one device), or with "every_rank": true on every rank at once, each on its own
 (what sharing the machine costs, without any communication); any other run is scripts/train_ddp.py on every rank, with every
 gradient bucket's all-reduce timed and every byte sent counted. A run {"collectives": {"sizes": [...]}}
-times all_reduce over those message sizes instead (perf_model.time_collectives).
+times all_reduce over those message sizes instead (perf_model.time_collectives). Inside scripts/cluster/box.py a run's
+"link": RATE first dials every node's link to that rate (course/link.py).
 """
 import contextlib
 import json
@@ -23,7 +24,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from distrinews_lib.bench import harness, throughput
-from distrinews_lib.course import perf_model
+from distrinews_lib.course import link, perf_model
 from distrinews_lib.distributed import end_process
 
 
@@ -46,6 +47,11 @@ results = {}
 with harness.shared_process_group():
     rank, world = dist.get_rank(), dist.get_world_size()
     for name, run in runs.items():
+        if run.get("link"):  # inside scripts/cluster/box.py: every link dialed to this rate before the run
+            dist.barrier()
+            if rank == 0:
+                link.dial(run["link"])
+            dist.barrier()
         if "collectives" in run:
             rows = perf_model.time_collectives(**run["collectives"])
             sent = [None] * world

@@ -37,12 +37,36 @@ TRAIN = ["--config", "cpu_smoke", "--data", "embedded", "--epochs", "1", "--num_
          "64", "--batch_size", "16", "--no-progress", "--no-snapshots", "--threads", "1"]
 
 
+BENCH_RUNS = ("ddp", "single", "ddp_again")  # several runs: a script that ended the launch early would lose the rest
+
+
 def bench_runs_specs(tmp: Path) -> list:
-    runs = {"ddp": {"world": 2, "warmup": 1, "steps": 2, "flags": ["--config", "cpu_smoke", "--data", "embedded",
-                                                                      "--num_samples", "256", "--batch_size", "16"]}}
+    flags = ["--config", "cpu_smoke", "--data", "embedded", "--num_samples", "256", "--batch_size", "16",
+             "--epochs", "1", "--no-progress", "--no-snapshots", "--threads", "1"]
+    runs = {name: {"world": 1 if name == "single" else 2, "warmup": 1, "steps": 2,
+                   "flags": [*flags, "--output", str(tmp / name), "--checkpoint", str(tmp / name / "m.pt")]}
+            for name in BENCH_RUNS}
     spec = tmp / "runs.json"
     spec.write_text(json.dumps(runs))
     return [tmp / "results.json", spec]
+
+
+def produced(name: str, tmp: Path) -> str | None:
+    """None when the launch left what its script must write; else what is missing (an exit code 0 is not enough:
+    a script that ends its process too early exits 0 too)."""
+    need = {"train_ddp": tmp / "ddp" / "m.pt", "train_accelerate": tmp / "acc" / "m.pt",
+            "race": tmp / "race" / "race.json", "pitfalls_shared": tmp / "pit" / "08.json",
+            "concept_alone": tmp / "concept" / "02.json", "memory_footprint": tmp / "mem" / "two.json",
+            "bench_runs": tmp / "bench" / "results.json", "multinode_node": tmp / "multi" / "shared" / "run" / "model.pt",
+            "by_hand_bucketed": None}.get(name)
+    if need is None:
+        return None
+    if not need.exists():
+        return f"{need.name} was not written"
+    if name == "bench_runs":
+        missing = set(BENCH_RUNS) - set(json.loads(need.read_text()))
+        return f"results.json lacks {sorted(missing)}" if missing else None
+    return None
 
 
 def entry_points(tmp: Path) -> dict:
@@ -183,6 +207,8 @@ def main(argv=None) -> int:
         for i in range(args.times):
             for name in names:
                 rec = classify(*Watched(points[name], args.timeout)(), args.timeout)
+                if rec["state"] == "ok" and (why := produced(name, Path(tmp))):
+                    rec.update(state="failed", last_lines=[f"exit code 0, but {why}"])
                 launches[name].append(rec)
                 print(f"{i + 1:3d}/{args.times} {name:<18} {rec['state']:<8} {rec['seconds']:6.1f} s", flush=True)
                 if rec["state"] != "ok":
