@@ -189,13 +189,18 @@ def _has_cuda() -> bool:
         return False
 
 
+# The kernel logs to this terminal, not to the notebook: at ERROR only, or every chapter would print ipykernel's
+# warning that its local TCP sockets are unencrypted (papermill's kernel listens on 127.0.0.1 only).
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
+
+
 def run_one(nb: Path, out: Path, args) -> None:
     import papermill as pm
 
     pm.execute_notebook(str(nb), str(out), parameters={"PRESET": args.preset, "NPROC": args.nproc, "SOLUTIONS": args.solutions},
                         kernel_name=args.kernel, cwd=str(nb.parent), progress_bar=not args.no_progress,
                         log_output=args.log_output, execution_timeout=args.cell_timeout,
-                        request_save_on_cell_execute=True)
+                        request_save_on_cell_execute=True, extra_arguments=KERNEL_ARGUMENTS)
 
 
 def the_machine() -> dict:

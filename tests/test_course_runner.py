@@ -75,6 +75,8 @@ def test_a_failing_launch_stops_the_course_with_a_clear_message(tiny_course, tmp
     assert "LaunchError" in out and "python broken_train.py exited with code 3" in out, out
     assert "training step 1" in out, "the launched script's last lines are shown"
     assert "the notebook must not get here" not in out
+    # the kernels' own log stays out of the learner's console (ipykernel warns about unencrypted local TCP)
+    assert "IPKernelApp" not in out and "without encryption" not in out, out
     # progress lines and the summary table
     assert "[1/3] 01_ok.ipynb started" in out and "[1/3] 01_ok.ipynb ok" in out, out
     summary = out[out.index("course summary"):]
