@@ -1,13 +1,17 @@
 """scripts/run_course.py --html: the executed course as a static site, checked in a real headless browser.
 
 The real runner (papermill, a real kernel) runs a tiny course of three notebooks with --html: 01 draws a
-matplotlib figure and writes its record from a cell tagged `hide`, 02 fails, 03 never runs. Chromium (Debian's,
-driven by Playwright) then opens the site from disk with every request to another host refused, and checks what a
-reader would see: no console error on any page, every image decoded, the index's table equal to the runner's
-summary.json, the hidden cell gone (browse_site() does the same on any run folder:
-`python -c "from pathlib import Path; from tests.test_course_site import browse_site; browse_site(Path('runs/TS'))"`).
+matplotlib figure, prints the machine's own folders and a line too long for a phone, holds a wide table and a
+solution cell, and writes its record from a cell tagged `hide`; 02 fails; 03 never runs. Chromium (Debian's, driven
+by Playwright) then opens the site from disk with every request to another host refused, and checks what a reader
+would see: no console error on any page, every image decoded, the index's table equal to the runner's summary.json,
+the hidden cell and papermill's injected parameters cell gone, the sidebar listing the chapters and the page's
+sections, the solution folded, the code highlighted, no local folder anywhere, and nothing wider than the window at
+a phone's width (390 px) and a desktop's (1280 px). browse_site() does the same on any run folder, and
+screenshot_site() takes the pictures in docs/site/:
+`python -c "from pathlib import Path; from tests.test_course_site import browse_site; browse_site(Path('runs/TS'))"`.
 Without Playwright or chromium the browser test skips and says why
-(.ci/run installs chromium as root with apt; requirements-dev.txt has playwright). About 20 s on a 2-core CPU.
+(.ci/run installs chromium as root with apt; requirements-dev.txt has playwright). About 30 s on a 2-core CPU.
 """
 
 from __future__ import annotations
@@ -35,6 +39,21 @@ ax.plot([1, 2, 3], [0.5, 0.7, 0.9])
 ax.set_title("accuracy per epoch")
 plt.show()
 print("VISIBLE-OUTPUT-7431")'''
+# What a page must not show as it is: the machine's folders, printed the way chapters do (setup() prints the project).
+PATHS = '''import os
+from pathlib import Path
+print("cwd", os.getcwd())
+print("run", Path(os.environ["DISTRINEWS_COURSE_RECORDS"]).parent)
+print("home", Path.home())
+print("LONG-" + "x" * 400)   # no space to break at: it must wrap inside the cell, not widen the page
+# a code line much longer than a phone is wide, which must wrap inside its cell too ............................................................. end'''
+WIDE_TABLE = "## A wide table\n\n| " + " | ".join(f"column {i}" for i in range(14)) + " |\n|" + "---|" * 14 + "\n| " + \
+    " | ".join(f"value-{i}-0123456789" for i in range(14)) + " |"
+SOLUTION = '''def exercise_1():
+    print("SOLUTION-CODE-3318")   # folded on the page behind "show the solution"
+
+
+exercise_1()'''
 # The record cell, as every chapter's: tagged `hide`, so neither it nor what it prints reaches the page.
 RECORD = '''from distrinews_lib.course.records import write_record
 write_record("01_plot", {"accuracy": 0.8125, "samples_per_s": 363.25, "steps": 12, "data": "a tiny sample"},
@@ -53,7 +72,10 @@ def _notebook(path: Path, title: str, *cells) -> None:
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     course = tmp_path_factory.mktemp("course")
-    _notebook(course / "01_plot.ipynb", "01 A plot", new_code_cell(PLOT),
+    _notebook(course / "01_plot.ipynb", "01 A plot", new_markdown_cell("## The plot"), new_code_cell(PLOT),
+              new_markdown_cell("## Where it ran"), new_code_cell(PATHS), new_markdown_cell(WIDE_TABLE),
+              new_markdown_cell("## Exercises"),
+              new_code_cell(SOLUTION, metadata={"tags": ["solution"], "jupyter": {"source_hidden": True}}),
               new_code_cell(RECORD, metadata={"tags": ["hide"]}))
     _notebook(course / "02_fails.ipynb", "02 A failure", new_code_cell("raise ValueError('02 fails here')"))
     _notebook(course / "03_never.ipynb", "03 Never run", new_code_cell("print('never')"))
@@ -106,22 +128,48 @@ def _browser():
     return sync_playwright, chromium
 
 
+# What a phone and a desktop show; at both, nothing on any page may be wider than the window.
+WIDTHS = {"phone": (390, 844), "desktop": (1280, 800)}
+HIDDEN_TAGS = {"hide", "injected-parameters"}   # cells the site leaves out (the parameters are said in one line)
+
+_WIDER_THAN_WINDOW = """() => [...document.querySelectorAll('body *')]
+    .filter(e => e.getBoundingClientRect().right > window.innerWidth + 0.5)
+    .slice(0, 5).map(e => e.tagName.toLowerCase() + '.' + String(e.className).split(' ')[0])"""
+
+
+# Code and text outputs wrap: a <pre> that scrolls or clips sideways hides part of its line from the reader.
+_UNWRAPPED = """() => [...document.querySelectorAll('pre')]
+    .filter(p => Math.max(p.scrollWidth, p.getBoundingClientRect().width) > (p.closest('.jp-Cell') || document.body).clientWidth + 1)
+    .slice(0, 3).map(p => p.textContent.slice(0, 60))"""
+
+
+def _overflow(page) -> str | None:
+    """None when the page fits the window's width and every <pre> wraps; else what sticks out."""
+    width, window = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+    if width > window:
+        return f"{width} px wide in a {window} px window: {page.evaluate(_WIDER_THAN_WINDOW)}"
+    unwrapped = page.evaluate(_UNWRAPPED)
+    return f"lines that do not wrap: {unwrapped}" if unwrapped else None
+
+
 def browse_site(run_dir: Path) -> dict:
-    """Open run_dir/site in chromium, offline, as a reader does: the index, then each chapter through its link.
-    Checks what holds for any run (no console error, images decoded, the index equal to summary.json, the
-    `hide`-tagged cells gone and every other cell there); returns the index's rows and each page's text and
-    image count for the caller's own checks. Skips (pytest.skip) without a browser."""
+    """Open run_dir/site in chromium, offline, as a reader does: the index, then each chapter through its link, at a
+    phone's width and at a desktop's. Checks what holds for any run (no console error, images decoded, the index equal
+    to summary.json, the `hide`-tagged and injected-parameters cells gone and every other cell there, solutions folded,
+    the sidebar's links, no local folder, nothing wider than the window); returns the index's rows and each page's
+    text, image count and sidebar for the caller's own checks. Skips (pytest.skip) without a browser."""
     sync_playwright, chromium = _browser()
     summary = json.loads((run_dir / "summary.json").read_text())
     index = (run_dir / "site" / "index.html").resolve().as_uri()
+    local = {str(p) for p in (run_dir, run_dir.resolve(), ROOT, Path.home())}
     pages = {}
     with sync_playwright() as pw:
         try:
             browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
         except Exception as err:  # a chromium that cannot start here (missing libraries, ...)
             pytest.skip(f"chromium at {chromium} did not start: {str(err).splitlines()[0]}")
-        page = browser.new_page()
-        problems, remote = [], []
+        page = browser.new_page(viewport=dict(zip(("width", "height"), WIDTHS["desktop"])))
+        problems, remote, overflows = [], [], []
         page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
         page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
         page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
@@ -152,31 +200,78 @@ def browse_site(run_dir: Path) -> dict:
         machine = page.inner_text("dl.machine")
         for key in ("hostname", "processor", "torch"):
             assert str(summary["machine"][key]) in machine, (key, machine)
+        linked = [r["link"] for r in rows if r["link"]]
+        sidebar_links = page.eval_on_selector_all("nav.course-sidebar details.chapters a", "as => as.map(a => a.getAttribute('href'))")
+        assert sidebar_links == linked, f"the index's sidebar links {sidebar_links}, its table {linked}"
 
         for row in rows:
             if not row["link"]:
                 assert row["status"] == "not run", row
                 continue
             page.goto(index)
-            page.click(f'a[href="{row["link"]}"]')  # the link itself, as a reader follows it
+            page.click(f'table.summary a[href="{row["link"]}"]')  # the link itself, as a reader follows it
             page.wait_for_load_state("load")
             assert page.url.endswith(row["link"])
             images = page.eval_on_selector_all("img", "imgs => imgs.map(i => [i.complete, i.naturalWidth])")
             assert all(done and width > 0 for done, width in images), f"{row['link']}: an image did not decode"
             shown = set(page.eval_on_selector_all("[id^='cell-id=']", "els => els.map(e => e.id.slice(8))"))
             cells = nbformat.read(str(run_dir / f"{row['name']}.ipynb"), as_version=4).cells
-            hidden = {c.id for c in cells if "hide" in c.metadata.get("tags", [])}
-            assert not hidden & shown, f"{row['link']} shows the cells tagged hide: {hidden & shown}"
+            hidden = {c.id for c in cells if HIDDEN_TAGS & set(c.metadata.get("tags", []))}
+            assert not hidden & shown, f"{row['link']} shows the cells tagged {HIDDEN_TAGS}: {hidden & shown}"
             assert {c.id for c in cells} - hidden <= shown, f"{row['link']} lost cells that are not hidden"
-            pages[row["name"]] = {"text": page.inner_text("body"), "images": len(images)}
+            solutions = {c.id for c in cells if "solution" in c.metadata.get("tags", [])}
+            folded = set(page.eval_on_selector_all(
+                "details.solution:not([open]) > [id^='cell-id=']", "els => els.map(e => e.id.slice(8))"))
+            assert folded == solutions, f"{row['link']}: solution cells {solutions}, folded behind 'show the solution' {folded}"
+            sidebar = page.evaluate("""() => ({
+                chapters: [...document.querySelectorAll('nav.course-sidebar details.chapters a')].map(a => a.getAttribute('href')),
+                current: [...document.querySelectorAll('nav.course-sidebar li.current a')].map(a => a.getAttribute('href')),
+                sections: [...document.querySelectorAll('nav.course-sidebar details.sections a')].map(a => [a.getAttribute('href'), a.textContent]),
+                headings: [...document.querySelectorAll('main h2[id]')].map(h => ['#' + h.id, h.textContent])})""")
+            assert sidebar["chapters"] == linked and sidebar["current"] == [row["link"]], (row["link"], sidebar)
+            assert sidebar["sections"] == sidebar["headings"], f"{row['link']}: the sidebar's sections are not the page's: {sidebar}"
+            source = page.content()
+            leaked = sorted(p for p in local if p in source)
+            assert not leaked, f"{row['link']} shows local folders: {leaked}"
+            pages[row["name"]] = {"text": page.inner_text("body"), "images": len(images), "sidebar": sidebar, "html": source}
+
+        for name, (width, height) in WIDTHS.items():  # a phone's width and a desktop's: nothing sticks out
+            page.set_viewport_size({"width": width, "height": height})
+            for link in ["index.html", *linked]:
+                page.goto((run_dir / "site" / link).resolve().as_uri())
+                wide = _overflow(page)
+                if wide:
+                    overflows.append(f"{link} at {name} width: {wide}")
         browser.close()
     assert remote == [], f"the site asked the network for {remote}"
     assert problems == [], problems
+    assert overflows == [], overflows
     return {"rows": rows, "pages": pages}
 
 
+def screenshot_site(run_dir: Path, out: Path, chapter: str) -> list[Path]:
+    """The index and one chapter's page at a phone's width and at a desktop's: the top of each page, as PNGs in `out`
+    (docs/site/ holds the course's: `python -c "from pathlib import Path; from tests.test_course_site import
+    screenshot_site; screenshot_site(Path('runs/TS'), Path('docs/site'), '02_ddp_training')"`)."""
+    sync_playwright, chromium = _browser()
+    out.mkdir(parents=True, exist_ok=True)
+    shots = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        for name, (width, height) in WIDTHS.items():
+            page = browser.new_page(viewport={"width": width, "height": height})
+            for stem, file in (("index", "index.html"), (chapter, f"{chapter}.html")):
+                page.goto((run_dir / "site" / file).resolve().as_uri())
+                assert _overflow(page) is None, f"{file} at {name} width: {_overflow(page)}"
+                shots.append(out / f"{stem}-{name}.png")
+                page.screenshot(path=str(shots[-1]))
+            page.close()
+        browser.close()
+    return shots
+
+
 @pytest.mark.slow
-def test_a_real_browser_reads_the_site(run_dir):
+def test_a_real_browser_reads_the_site(run_dir, tmp_path):
     seen = browse_site(run_dir)
     rows, pages = seen["rows"], seen["pages"]
     assert [r["status"] for r in rows] == ["ok", "FAILED", "not run"]
@@ -186,3 +281,19 @@ def test_a_real_browser_reads_the_site(run_dir):
     assert "VISIBLE-OUTPUT-7431" in pages["01_plot"]["text"] and "Course index" in pages["01_plot"]["text"]
     assert all("HIDDEN-" not in p["text"] for p in pages.values())
     assert "02 fails here" in pages["02_fails"]["text"]  # the failing cell's error, where it happened
+    plot = pages["01_plot"]
+    # the sidebar: every chapter that ran, and this page's sections in order
+    assert [text for _, text in plot["sidebar"]["sections"]] == ["The plot", "Where it ran", "A wide table", "Exercises"]
+    # the solution is on the page, folded: its code is in the HTML but not shown until the reader opens it
+    assert "SOLUTION-CODE-3318" in plot["html"] and "SOLUTION-CODE-3318" not in plot["text"]
+    assert "show the solution" in plot["text"]
+    # the parameters papermill injected: said once, in the page's header line, not as a second cell
+    assert plot["text"].count('PRESET = "auto"') == 1 and "Executed with" in plot["text"] and "'cpu_smoke'" in plot["text"]
+    # the machine's folders have names instead
+    for shown in ("cwd <notebooks>", "run <run>", "home ~"):
+        assert shown in plot["text"], (shown, plot["text"][:2000])
+    # code is highlighted: pygments' classes on the tokens (a keyword, a string)
+    assert '<span class="kn">import</span>' in plot["html"] and '<span class="s2">' in plot["html"]
+    shots = screenshot_site(run_dir, tmp_path, "01_plot")
+    assert [p.name for p in shots] == ["index-phone.png", "01_plot-phone.png", "index-desktop.png", "01_plot-desktop.png"]
+    assert all(p.stat().st_size > 1000 for p in shots)

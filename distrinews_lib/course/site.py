@@ -8,6 +8,12 @@ folder as the runner leaves it: the executed notebooks and summary.json (status,
 machine of every chapter). The pages are nbconvert's JupyterLab look with every script that nbconvert would load
 from the internet (require.js, MathJax, mermaid) left out, the plots embedded as data: URIs, and the cells tagged
 `hide` (the chapters' record cells: plumbing, not lesson) removed. Nothing on a page refers to another host.
+
+What a reader gets besides nbconvert's page: a sidebar with the chapters and the current chapter's sections (beside the
+page on a wide screen, folded above it on a phone); each cell tagged `solution` folded behind "show the solution";
+code and outputs wrapped inside their cell (nothing runs past the page at any width); the parameters papermill ran the
+chapter with said in one line, not in a second parameters cell; and no folder of the machine it ran on: the project,
+the run and the home folder read `<project>`, `<run>` and `~`.
 """
 
 from __future__ import annotations
@@ -22,35 +28,149 @@ from pathlib import Path
 import nbformat
 from jinja2 import DictLoader
 from nbconvert import HTMLExporter
+from nbconvert.preprocessors import Preprocessor
+from traitlets import List
 from traitlets.config import Config
 
+PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
+
 HIDDEN_TAG = "hide"
+SOLUTION_TAG = "solution"
+# papermill's copy of the parameters it injected: the page names them once, in its header, instead of a second cell
+INJECTED_TAG = "injected-parameters"
+
+# Shared by the index and the chapters: a sidebar beside the page on a wide screen, above it on a phone; code and
+# outputs wrap inside their cell; wide tables and figures scroll or shrink inside the page, never past it.
+_CSS = """
+html { overflow-wrap: anywhere; }
+body.course-page { margin: 0; }
+nav.course-sidebar { font-family: sans-serif; font-size: 14px; line-height: 1.35; background: #f6f7f9;
+  border-bottom: 1px solid #ddd; padding: 10px 14px; box-sizing: border-box; }
+nav.course-sidebar a { color: #1a5fb4; text-decoration: none; }
+nav.course-sidebar a:hover { text-decoration: underline; }
+nav.course-sidebar .home { font-weight: bold; display: block; margin-bottom: 6px; }
+nav.course-sidebar summary { cursor: pointer; color: #555; font-weight: bold; margin: 6px 0 2px; }
+nav.course-sidebar ol { margin: 2px 0 8px; padding-left: 1.6em; }
+nav.course-sidebar li { margin: 3px 0; }
+nav.course-sidebar li.current > a { color: #222; font-weight: bold; }
+nav.course-sidebar li.not-run { color: #888; }
+nav.course-sidebar .label { color: #555; font-weight: bold; margin: 10px 0 2px; }
+main.course-main { box-sizing: border-box; padding: 0 12px 24px; max-width: 1100px; }
+nav.course-nav { font-family: sans-serif; padding: 10px 0; display: flex; flex-wrap: wrap; gap: 4px 1.5em; }
+nav.course-nav a { color: #1a5fb4; text-decoration: underline; }
+p.course-run { font-family: sans-serif; color: #555; font-size: 13px; margin: 0 0 8px; }
+details.solution { border-left: 3px solid #e0a800; margin: 8px 0; padding-left: 6px; }
+details.solution > summary { cursor: pointer; font-family: sans-serif; color: #8a6100; padding: 4px 0; }
+.jp-InputArea-editor pre, .jp-OutputArea-output pre, pre { white-space: pre-wrap; overflow-wrap: anywhere; }
+.jp-Cell, .jp-Cell-inputWrapper, .jp-Cell-outputWrapper, .jp-InputArea, .jp-OutputArea-child,
+.jp-OutputArea-output, .jp-InputArea-editor { min-width: 0; max-width: 100%; }
+.jp-OutputArea-output img, .jp-RenderedHTMLCommon img { max-width: 100%; height: auto; }
+.jp-RenderedHTMLCommon table, table.summary { display: block; overflow-x: auto; max-width: 100%; }
+@media (min-width: 900px) {
+  nav.course-sidebar { position: fixed; top: 0; bottom: 0; left: 0; width: 250px; overflow-y: auto;
+    border-bottom: none; border-right: 1px solid #ddd; }
+  main.course-main { margin-left: 250px; padding: 0 28px 32px; }
+}
+@media (max-width: 700px) {
+  .jp-InputPrompt, .jp-OutputPrompt { display: none; }
+  .jp-Cell { padding: 2px 0; }
+}
+"""
+
+# Open the sidebar's lists where there is room for them (on a phone they start folded above the page).
+_JS = """<script>
+if (window.matchMedia("(min-width: 900px)").matches)
+  document.querySelectorAll("nav.course-sidebar details").forEach(function (d) { d.open = true; });
+</script>"""
+
+_SIDEBAR_SLOT = "<!--course-sidebar-->"
 
 # nbconvert's lab template with its CDN scripts taken out (the course's markdown has no maths or mermaid
-# diagrams; a page that waited on a CDN would show nothing offline), and a bar to move between the chapters.
+# diagrams; a page that waited on a CDN would show nothing offline), the sidebar and the bars to move between
+# chapters, and each solution cell folded behind "show the solution".
 _TEMPLATE = """{%- extends 'index.html.j2' -%}
 {%- block html_head_js -%}{%- endblock html_head_js -%}
 {%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
 {%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
 {%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
-{%- block extra_css -%}
-<style type="text/css">
-nav.course-nav { font-family: sans-serif; padding: 8px 16px; border-bottom: 1px solid #ddd; }
-nav.course-nav a { margin-right: 1.5em; color: #1a5fb4; text-decoration: underline; }
-</style>
-{%- endblock extra_css -%}
+{%- block html_head_css -%}
+<style type="text/css">{{ resources.course_css }}</style>
+{%- endblock html_head_css -%}
 {%- block body_header -%}
-{{ super() }}
+<body class="jp-Notebook course-page" data-jp-theme-light="true" data-jp-theme-name="JupyterLab Light">
+""" + _SIDEBAR_SLOT + """
+<main class="course-main">
 {{ resources.course_nav }}
+{{ resources.course_run }}
 {%- endblock body_header -%}
+{%- block any_cell -%}
+{%- if '""" + SOLUTION_TAG + """' in cell.metadata.get('tags', []) -%}
+<details class="solution"><summary>show the solution</summary>
+{{ super() }}
+</details>
+{%- else -%}
+{{ super() }}
+{%- endif -%}
+{%- endblock any_cell -%}
+{%- block body_footer -%}
+{{ resources.course_nav }}
+</main>
+{{ resources.course_js }}
+</body>
+{%- endblock body_footer -%}
 """
 
 
-def _exporter() -> HTMLExporter:
+class _LocalPaths(Preprocessor):
+    """Replaces the machine's own folders (the project, the run, the notebooks' folder, the home) in every cell's
+    source and text output by a name: a page shows `<project>/scripts/...`, never `/home/someone/...`."""
+
+    replacements = List(default_value=[]).tag(config=True)   # (absolute path, what to show instead), longest first
+
+    def scrub(self, text):
+        if isinstance(text, list):
+            return [self.scrub(t) for t in text]
+        if not isinstance(text, str):
+            return text
+        for path, name in self.replacements:
+            text = text.replace(path, name)
+        return text
+
+    def preprocess_cell(self, cell, resources, index):
+        cell.source = self.scrub(cell.source)
+        for out in cell.get("outputs", []):
+            if "text" in out:
+                out["text"] = self.scrub(out["text"])
+            if "traceback" in out:
+                out["traceback"] = self.scrub(out["traceback"])
+            if "evalue" in out:
+                out["evalue"] = self.scrub(out["evalue"])
+            for mime in ("text/plain", "text/html", "text/markdown", "text/latex", "application/javascript"):
+                if mime in out.get("data", {}):
+                    out["data"][mime] = self.scrub(out["data"][mime])
+        return cell, resources
+
+
+def local_paths(run_dir: Path, nb=None) -> list[tuple[str, str]]:
+    """The folders a page must not show, each with the name it shows instead, longest first (so a run folder inside
+    the project reads `<run>`, and the project's other files `<project>/...`)."""
+    named = [(PROJECT_ROOT, "<project>"), (Path(run_dir), "<run>"), (Path.home(), "~")]
+    source = (nb.metadata.get("papermill") or {}).get("input_path") if nb is not None else None
+    if source and Path(source).is_absolute():
+        named.append((Path(source).parent, "<notebooks>"))  # a course outside the project (the tests' tiny one)
+    pairs = {}
+    for path, name in named:
+        for form in (str(path), str(path.resolve())):
+            if len(form) > 1:  # never "/" itself
+                pairs.setdefault(form, name)
+    return sorted(pairs.items(), key=lambda pair: -len(pair[0]))
+
+
+def _exporter(replacements) -> HTMLExporter:
     c = Config()
     c.TagRemovePreprocessor.enabled = True
-    c.TagRemovePreprocessor.remove_cell_tags = {HIDDEN_TAG}
-    c.HTMLExporter.preprocessors = ["nbconvert.preprocessors.TagRemovePreprocessor"]
+    c.TagRemovePreprocessor.remove_cell_tags = {HIDDEN_TAG, INJECTED_TAG}
+    c.HTMLExporter.preprocessors = ["nbconvert.preprocessors.TagRemovePreprocessor", _LocalPaths(replacements=replacements)]
     return HTMLExporter(config=c, template_name="lab", extra_loaders=[DictLoader({"course.html.j2": _TEMPLATE})],
                         template_file="course.html.j2", embed_images=True, exclude_anchor_links=True)
 
@@ -74,7 +194,57 @@ def _nav(prev: tuple[str, str] | None, nxt: tuple[str, str] | None) -> str:
     return '<nav class="course-nav">' + "".join(links) + "</nav>"
 
 
+def _run_line(nb) -> str:
+    """What the chapter ran with (papermill's injected parameters), in one line instead of a second cell."""
+    params = (nb.metadata.get("papermill") or {}).get("parameters") or {}
+    if not params:
+        return ""
+    shown = ", ".join(f"{k} = {v!r}" for k, v in params.items())
+    return f'<p class="course-run">Executed with {html.escape(shown)}</p>'
+
+
+_HEADING = re.compile(r"<h2>(.*?)</h2>", re.S)
+
+
+def _add_section_ids(body: str) -> tuple[str, list[tuple[str, str]]]:
+    """Give every h2 of the page an id; return the page and its sections (id, heading text)."""
+    sections, used = [], set()
+
+    def named(match):
+        text = re.sub(r"<[^>]+>", "", match.group(1)).strip()
+        slug = re.sub(r"[^a-z0-9]+", "-", html.unescape(text).lower()).strip("-") or "section"
+        base, n = slug, 2
+        while slug in used:
+            slug, n = f"{base}-{n}", n + 1
+        used.add(slug)
+        sections.append((slug, text))
+        return f'<h2 id="{slug}">{match.group(1)}</h2>'
+
+    return _HEADING.sub(named, body), sections
+
+
+def _sidebar(chapters: list[dict], current: str | None, sections: list[tuple[str, str]]) -> str:
+    """The course's chapters (the current one marked) and the current chapter's sections."""
+    items = []
+    for ch in chapters:
+        title = html.escape(ch["title"] or ch["name"])
+        if ch["page"]:
+            cls = ' class="current"' if ch["name"] == current else ""
+            aria = ' aria-current="page"' if ch["name"] == current else ""
+            items.append(f'<li{cls}><a href="{html.escape(ch["page"])}"{aria}>{title}</a></li>')
+        else:
+            items.append(f'<li class="not-run">{title} (not run)</li>')
+    parts = ['<nav class="course-sidebar" aria-label="course">', '<a class="home" href="index.html">DistriNews course</a>',
+             f'<details class="chapters"><summary>Chapters</summary><ol>{"".join(items)}</ol></details>']
+    if sections:
+        links = "".join(f'<li><a href="#{slug}">{text}</a></li>' for slug, text in sections)
+        parts.append(f'<details class="sections"><summary>On this page</summary><ol>{links}</ol></details>')
+    parts.append("</nav>")
+    return "\n".join(parts)
+
+
 class _RemoteRefs(HTMLParser):
+
     def __init__(self):
         super().__init__()
         self.found: list[str] = []
@@ -131,18 +301,31 @@ def _index_page(summary: dict, chapters: list[dict]) -> str:
 <meta name="viewport" content="width=device-width, initial-scale=1.0">
 <title>DistriNews course: executed run</title>
 <style>
-body {{ font-family: sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }}
+{_CSS}
+body {{ font-family: sans-serif; color: #222; }}
+main.course-main {{ padding-top: 1em; }}
 table {{ border-collapse: collapse; width: 100%; }}
 th, td {{ border-bottom: 1px solid #ddd; padding: 6px 8px; text-align: left; vertical-align: top; }}
 td.seconds {{ text-align: right; font-variant-numeric: tabular-nums; }}
 tr.failed td.status {{ color: #b00; font-weight: bold; }}
 tr.not-run {{ color: #888; }}
 .stem {{ font-size: 80%; color: #888; }}
-dl {{ display: grid; grid-template-columns: max-content auto; gap: 2px 1em; margin: 0.5em 0; }}
-dt {{ color: #555; }} dd {{ margin: 0; }}
+dl {{ display: grid; grid-template-columns: max-content minmax(0, 1fr); gap: 2px 1em; margin: 0.5em 0; }}
+dt {{ color: #555; }} dd {{ margin: 0; min-width: 0; }}
+@media (max-width: 700px) {{
+  table.summary, table.summary tbody, table.summary tr, table.summary td {{ display: block; width: auto; }}
+  table.summary thead {{ display: none; }}
+  table.summary tr {{ border-bottom: 1px solid #ccc; padding: 6px 0; }}
+  table.summary td {{ border: none; padding: 2px 0; text-align: left; }}
+  table.summary td.status::before {{ content: "status: "; color: #555; }}
+  table.summary td.seconds::before {{ content: "seconds: "; color: #555; }}
+  dl {{ grid-template-columns: minmax(0, 1fr); }}
+}}
 </style>
 </head>
-<body>
+<body class="course-page">
+{_sidebar(chapters, None, [])}
+<main class="course-main">
 <h1>DistriNews: the executed course</h1>
 <p class="run">{run}</p>
 <table class="summary">
@@ -153,6 +336,8 @@ dt {{ color: #555; }} dd {{ margin: 0; }}
 </table>
 <h2>The machine it ran on</h2>
 {machine_html}
+</main>
+{_JS}
 </body>
 </html>
 """
@@ -179,15 +364,19 @@ def render_site(run_dir: Path, site_dir: Path | None = None) -> Path:
                          "title": chapter_title(nb) if nb else "", "nb": nb,
                          "page": f"{entry['name']}.html" if nb else None})
     pages = [ch for ch in chapters if ch["page"]]
-    exporter = _exporter()
     for i, ch in enumerate(pages):
         prev = (pages[i - 1]["page"], pages[i - 1]["title"] or pages[i - 1]["name"]) if i > 0 else None
         nxt = (pages[i + 1]["page"], pages[i + 1]["title"] or pages[i + 1]["name"]) if i + 1 < len(pages) else None
-        ch["nb"].metadata["title"] = ch["title"] or ch["name"]
-        body, _ = exporter.from_notebook_node(ch["nb"], resources={"course_nav": _nav(prev, nxt)})
-        _write_offline(site / ch["page"], body)
+        nb = ch["nb"]
+        nb.metadata["title"] = ch["title"] or ch["name"]
+        scrub = local_paths(run_dir, nb)
+        body, _ = _exporter(scrub).from_notebook_node(nb, resources={
+            "course_nav": _nav(prev, nxt), "course_run": _LocalPaths(replacements=scrub).scrub(_run_line(nb)),
+            "course_css": _CSS, "course_js": _JS})
+        body, sections = _add_section_ids(body)
+        _write_offline(site / ch["page"], body.replace(_SIDEBAR_SLOT, _sidebar(chapters, ch["name"], sections), 1))
     index = site / "index.html"
-    _write_offline(index, _index_page(summary, chapters))
+    _write_offline(index, _LocalPaths(replacements=local_paths(run_dir)).scrub(_index_page(summary, chapters)))
     return index
 
 
