@@ -132,9 +132,10 @@ def compare_main(args) -> None:
     levels = parse_levels(args.levels)
 
     with tempfile.TemporaryDirectory(prefix="distrinews-bench-") as tmp:
-        checkpoint = args.checkpoint or make_checkpoint(Path(tmp))
-        if args.checkpoint is not None and not args.checkpoint.is_file():
-            raise UserError(f"--checkpoint {args.checkpoint} does not exist")
+        given = args.checkpoint[0] if args.checkpoint else None  # --checkpoint may be repeated for --int8 only
+        checkpoint = given or make_checkpoint(Path(tmp))
+        if given is not None and not given.is_file():
+            raise UserError(f"--checkpoint {given} does not exist")
         batched_extra = []
         if args.max_batch_size is not None:
             batched_extra += ["--max-batch-size", str(args.max_batch_size)]
@@ -147,7 +148,7 @@ def compare_main(args) -> None:
             wanted["baseline (no batching)"] = ["--max-batch-size", "1"]
         configs = measure(wanted, checkpoint, levels, duration, warmup, rounds)
         model = model_description(checkpoint)
-        if args.checkpoint is None:
+        if given is None:
             model["checkpoint"] = ("tiny random DistilBERT made by this script (build_model(RunConfig(model='tiny', "
                                    "seed=0), AG_NEWS_LABELS), max_length 64)")
 

@@ -4,8 +4,10 @@ the checkpoints they serve, and what a run records about its machine and code.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import platform
+import signal
 import socket
 import subprocess
 import sys
@@ -39,25 +41,29 @@ def make_checkpoint(folder: Path) -> Path:
 
 
 class Server:
-    """`python -m distrinews_lib.serving` in a child process, stopped on exit."""
+    """`python -m distrinews_lib.serving` (or `cmd`, such as the LitServe competitor) in a child process of its own
+    session, stopped on exit with every process it started."""
 
-    def __init__(self, checkpoint: Path, port: int, extra: list[str], tree: Path = REPO):
-        self.cmd = [sys.executable, "-m", "distrinews_lib.serving", "--checkpoint", str(checkpoint),
-                    "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *extra]
+    def __init__(self, checkpoint: Path, port: int, extra: list[str], tree: Path = REPO, cmd: list[str] | None = None,
+                 ready_s: float = 300):
+        self.cmd = cmd or [sys.executable, "-m", "distrinews_lib.serving", "--checkpoint", str(checkpoint),
+                           "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *extra]
         self.port = port
         self.tree = tree  # the checkout whose distrinews_lib serves (--overload --before: an older commit's)
+        self.ready_s = ready_s  # LitServe spawns processes that import torch again: minutes on a busy machine
         self.proc = None
         self.log = tempfile.TemporaryFile(mode="w+")
 
     def launch(self):
         env = dict(os.environ, PYTHONPATH=str(self.tree) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        self.proc = subprocess.Popen(self.cmd, cwd=self.tree, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.cmd, cwd=self.tree, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
         return self
 
     def __enter__(self):
         if self.proc is None:
             self.launch()
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + self.ready_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self.log.seek(0)
@@ -66,18 +72,34 @@ class Server:
             if asyncio.run(http_health(self.port)):
                 return self
             time.sleep(0.2)
-        raise UserError("the server did not answer GET /health within 120 s")
+        raise UserError(f"the server did not answer GET /health within {self.ready_s:g} s")
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds (user + system) of every live process of the server's session (Linux /proc)."""
+        total = 0.0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == self.proc.pid:  # the session id: the server and all it started
+                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return total
 
     def __exit__(self, *exc):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            # The whole group, even when the server itself has gone: LitServe's workers outlive it otherwise.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGCONT)  # a paused server (the race) cannot handle SIGTERM
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except ProcessLookupError:
+                    break  # nothing of it is left
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=15)
+                time.sleep(0.5)  # the others of the group finish their shutdown, or get SIGKILL next
         self.log.close()
-
 
 
 def cpu_name() -> str:
