@@ -194,6 +194,7 @@ def main(argv=None) -> int:
     p.add_argument("--only", default=",".join(DEFAULT), help="comma-separated entry points (memory_footprint too)")
     p.add_argument("--timeout", type=float, default=240, help="seconds after which a launch counts as hung")
     p.add_argument("--out", default=None, help="JSON with the counts and every launch")
+    p.add_argument("--pause-file", default=None, help="while this file exists, wait between two launches")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="stress_") as tmp:
         points = entry_points(Path(tmp))
@@ -206,6 +207,8 @@ def main(argv=None) -> int:
         started = time.time()
         for i in range(args.times):
             for name in names:
+                while args.pause_file and Path(args.pause_file).exists():  # someone needs a quiet machine for a while
+                    time.sleep(5)
                 rec = classify(*Watched(points[name], args.timeout)(), args.timeout)
                 if rec["state"] == "ok" and (why := produced(name, Path(tmp))):
                     rec.update(state="failed", last_lines=[f"exit code 0, but {why}"])
