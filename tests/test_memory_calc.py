@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 import torch
@@ -89,3 +90,45 @@ def test_run_specs_are_read_or_refused_with_the_grammar():
     assert fp.parse_run("ddp+view", 8, 64)["view"] and fp.parse_run("zero1", 8, 64)["batch"] == 8
     with pytest.raises(SystemExit, match=r"VARIANT\[@BATCHxSEQ\]"):
         fp.parse_run("ddp@32", 8, 64)
+
+
+def test_adamw_temporaries_follow_the_implementation():
+    base = M.SHAPES["distilbert-base"]
+    temps = {k: M.estimate("distilbert-base", adamw=k).parts["AdamW temporaries"] for k in M.ADAMW}
+    assert temps == {"for-loop": 8 * max(base.tensors()), "foreach": 4 * base.n_params, "fused": 0}
+    # foreach spans the parameters this rank updates: its shard under full sharding
+    assert M.estimate("distilbert-base", stage=3, world=4, adamw="foreach").parts["AdamW temporaries"] == base.n_params
+    with pytest.raises(ValueError, match="for-loop, foreach, fused"):
+        M.estimate(adamw="sgd")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="reads the peak from Linux's /proc")
+def test_measured_adamw_temporaries_match_the_calculator():
+    measured = M.measure_adamw_temporaries("tiny")
+    for impl in M.ADAMW:
+        assert abs(measured[impl] - M.estimate("tiny", adamw=impl).parts["AdamW temporaries"]) <= M.MiB, (impl, measured)
+
+
+def test_a_peak_prediction_is_judged_by_the_part_it_got_wrong():
+    runtime = 20.0
+    right = M.estimate("tiny", 16, 512, overhead_mb=runtime).peak_mb
+    assert M.judge_peak_prediction(right, "tiny", 16, 512, overhead_mb=runtime) == \
+        (True, "right: the activations set the peak at this setting")
+    ok, why = M.judge_peak_prediction(right - runtime, "tiny", 16, 512, overhead_mb=runtime)
+    assert not ok and "runtime" in why
+    ok, why = M.judge_peak_prediction(right, "tiny", 16, 512, recompute=True, overhead_mb=runtime)
+    assert not ok and "recomputation keeps only" in why
+    ok, why = M.judge_peak_prediction(right / 5, "tiny", 16, 512, overhead_mb=runtime)
+    assert not ok and "below the calculator" in why
+    assert M.judge_peak_prediction("150", "tiny", 16, 512) == (False, "write a positive number of MiB, not '150'")
+
+
+def test_preimport_imports_first_then_runs_the_script_as_main(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "probe.py"
+    script.write_text("import sys\nprint(__name__, 'wave' in sys.modules, sys.argv[1:])\n")
+    out = subprocess.run([sys.executable, M.__file__, "preimport", "wave", str(script), "--x", "1"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "__main__ True ['--x', '1']", out.stdout + out.stderr
