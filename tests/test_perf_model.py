@@ -172,3 +172,22 @@ def test_collectives_on_real_gloo_processes(tmp_path):
     if big["sent"] is not None:  # Linux: /proc/self/io
         assert big["sent"] == pytest.approx(pm.ring_bytes_per_rank(1 << 20, 2), rel=0.02)
         assert rows[("all_gather", 1 << 20)]["sent"] == pytest.approx((1 << 20) / 2, rel=0.02)
+
+
+@pytest.mark.parametrize("name, fn, words", [
+    ("right", lambda s, n, a, g: a + 2 * (n - 1) / n * s / (g * 1e9) * 1000, None),
+    ("no ring factor", lambda s, n, a, g: a + s / (g * 1e9) * 1000, "the ring factor 2(n-1)/n is missing"),
+    ("no alpha", lambda s, n, a, g: 2 * (n - 1) / n * s / (g * 1e9) * 1000, "alpha is missing"),
+    ("seconds, not ms", lambda s, n, a, g: (a + 2 * (n - 1) / n * s / (g * 1e9) * 1000) / 1000, "the units"),
+    ("alpha per rank", lambda s, n, a, g: n * a + 2 * (n - 1) / n * s / (g * 1e9) * 1000, "alpha (ms) once"),
+    ("raises", lambda s, n, a, g: 1 / 0, "raised ZeroDivisionError"),
+])
+def test_exercise_1_checker_names_each_mistake(name, fn, words):
+    fits = {2: pm.Fit(alpha_s=1e-3, beta_s_per_byte=1 / 0.5e9), 4: pm.Fit(alpha_s=2e-3, beta_s_per_byte=1.5 / 0.5e9)}
+    got = pm.grade_allreduce_ms(fn, fits, [2 ** 24, 2 ** 26])
+    if words is None:
+        assert got is None
+    else:
+        assert got is not None and words in got and got.count("\n") == 0, (name, got)
+    if name == "no ring factor":  # at n = 2 alone the mistake is invisible: it is caught at n = 4
+        assert pm.grade_allreduce_ms(fn, {2: fits[2]}, [2 ** 24]) is None and "n=4" in got

@@ -277,6 +277,37 @@ def best_bucket_mb(fit: Fit, grad_bytes: float, backward_s: float, last_tensor_b
     return out
 
 
+# --------------------------------------------------------------------------- chapter 05's exercise 1
+
+def grade_allreduce_ms(fn, fits: dict, sizes: list[int]) -> str | None:
+    """The learner's allreduce_ms(nbytes, n, alpha_ms, gb_per_s) against the fitted model at every n of `fits`
+    ({n: Fit}) and every size: None if it matches, else one line naming the mistake. gb_per_s is what each rank's link
+    carries, so the fit's bandwidth of message is 2(n-1)/n times smaller: at n = 2 the factor is 1, which is why n = 4
+    is checked too."""
+    for n, f in sorted(fits.items()):
+        gb_s = ring_bytes_per_rank(1, n) * f.bandwidth / 1e9
+        for nbytes in sizes:
+            try:
+                yours = fn(nbytes, n, 1000 * f.alpha_s, gb_s)
+            except Exception as err:  # noqa: BLE001  (a learner's bug: named, not a traceback)
+                return f"exercise 1: allreduce_ms raised {type(err).__name__}: {err}"
+            want = 1000 * f.seconds(nbytes)
+            if yours is None or abs(yours - want) <= 0.01 * want + 1e-6:
+                continue
+            alpha_ms, bytes_ms = 1000 * f.alpha_s, 1000 * (f.seconds(nbytes) - f.alpha_s)
+            close = lambda a, b: abs(a - b) <= 0.02 * abs(b) + 1e-6  # noqa: E731
+            if close(yours, alpha_ms + bytes_ms / ring_bytes_per_rank(1, n)):
+                why = "the ring factor 2(n-1)/n is missing (at n = 2 it is 1, so it only shows at n = 4)"
+            elif close(yours, bytes_ms):
+                why = "alpha is missing: every all-reduce pays it once, whatever its size"
+            elif any(close(yours / want, k) for k in (1e3, 1e-3, 2 ** 30 / 1e9, 1e9 / 2 ** 30)):
+                why = "the units: gb_per_s is 1e9 bytes per second, and the answer is in milliseconds"
+            else:
+                why = "alpha (ms) once, plus 2(n-1)/n x nbytes over gb_per_s"
+            return f"exercise 1: allreduce_ms({nbytes} bytes, n={n}) = {yours:.3f} ms, the fit says {want:.3f} ms: {why}"
+    return None
+
+
 # --------------------------------------------------------------------------- from the box to a cluster, on paper
 # The same model as the box's (a ring all-reduce of the gradients, bucket by bucket, overlapped with backward),
 # fed published figures instead of measured ones. What each figure is and where it comes from is written next to
