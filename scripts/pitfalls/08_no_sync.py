@@ -76,7 +76,7 @@ class Variant:
             self.bytes.append(self.state.bytes - bytes0)
 
     def report(self) -> dict:
-        return {"allreduce_per_step": statistics.mean(self.calls), "mb_per_step": statistics.mean(self.bytes) / 2**20,
+        return {"allreduce_per_step": statistics.mean(self.calls), "mib_per_step": statistics.mean(self.bytes) / 2**20,
                 "ms_per_step": 1000 * min(self.times)}  # the fastest step: other programs can only add time
 
 
