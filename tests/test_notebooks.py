@@ -3,11 +3,14 @@
 - every `%%writefile` cell is byte-identical to the file it writes (scripts/sync_notebooks.py);
 - committed without outputs or execution counts;
 - the first code cell is tagged `parameters` and sets PRESET and NPROC; the next one calls setup();
-- torchrun is only ever launched through distrinews_lib.course.launch (a bare `!torchrun` cannot fail a notebook).
+- torchrun is only ever launched through distrinews_lib.course.launch (a bare `!torchrun` cannot fail a notebook);
+- a chapter with reference answers (notebooks/answers/<chapter>.py) keeps them off its page: only its solution cells load
+  them, through answer(), no cell defines them, and its solution cells are collapsed.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import re
 import subprocess
@@ -167,3 +170,69 @@ def test_every_chapter_ends_with_exercises_and_runnable_solutions(path):
     assert len(solutions) >= 2, f"{path.name}: {len(solutions)} solution cell(s) after the exercises; at least 2"
     for c in solutions:
         assert "solution(" in c.source and "check(" in c.source, f"{path.name}: a solution must run and check something"
+
+
+ANSWERS = ROOT / "notebooks" / "answers"
+WITH_ANSWERS = [p for p in NOTEBOOKS if (ANSWERS / f"{p.stem}.py").is_file()]
+
+
+def _defined_functions(source: str) -> set[str]:
+    """The names of the functions a cell (or file) defines at any depth; cells with IPython magics define none."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    return {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def _answer_calls(source: str) -> list[tuple[str, str, bool]]:
+    """(chapter, name, inside a function) for every answer("chapter", "name", ...) call with literal arguments."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    calls = []
+
+    def visit(node, in_function):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "answer" and len(node.args) >= 2 \
+                and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args[:2]):
+            calls.append((node.args[0].value, node.args[1].value, in_function))
+        for child in ast.iter_child_nodes(node):
+            visit(child, in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(tree, False)
+    return calls
+
+
+@pytest.mark.parametrize("path", WITH_ANSWERS, ids=[p.stem for p in WITH_ANSWERS])
+def test_answers_stay_off_the_page(path):
+    """#31: a learner who writes nothing sees 'not attempted yet' and no answer. The code an exercise asks for lives in
+    notebooks/answers/<chapter>.py; the chapter loads its answers with answer() only inside functions (the solutions,
+    run by solution() when SOLUTIONS is on), only its own and only ones that exist; no cell but the exercise's own stub
+    defines a function of an answer's name; solution cells are collapsed in Jupyter (metadata jupyter.source_hidden)."""
+    tree = ast.parse((ANSWERS / f"{path.stem}.py").read_text())
+    answers = {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")}
+    defined = answers | {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    loaded = []
+    for i, c in enumerate(c for c in nbformat.read(str(path), as_version=4).cells if c.cell_type == "code"):
+        tags = set(c.metadata.get("tags", []))
+        for chapter, name, in_function in _answer_calls(c.source):
+            assert in_function, f"{path.name} code cell {i} loads answer {name!r} outside a function: it would run for every learner"
+            assert chapter == path.stem, f"{path.name} code cell {i} loads {chapter}'s answer {name!r}"
+            loaded.append(name)
+        if "exercise" not in tags:
+            shown = _defined_functions(c.source) & answers
+            assert not shown, f"{path.name} code cell {i} defines {sorted(shown)}, whose reference is in notebooks/answers/"
+        if "solution" in tags:
+            assert c.metadata.get("jupyter", {}).get("source_hidden") is True, f"{path.name} code cell {i}: a solution cell not collapsed"
+    assert loaded, f"{path.name} has an answers file but never loads it"
+    assert set(loaded) <= defined, f"{path.name} loads {sorted(set(loaded) - defined)}, which notebooks/answers/{path.stem}.py lacks"
+
+
+def test_the_answers_check_finds_an_answer_on_the_page():
+    """The checks above can fail: an answer defined in a cell, or loaded outside a function, is seen."""
+    cell = "def exercise_1():\n    def average_gradients(model, world):\n        pass\n"
+    assert _defined_functions(cell) == {"exercise_1", "average_gradients"}
+    assert _defined_functions("%%writefile x.py\ndef f(): pass") == set()
+    assert _answer_calls('f = answer("00_concepts", "f", SOLUTIONS)') == [("00_concepts", "f", False)]
+    assert _answer_calls('def g():\n    return answer("00_concepts", "f")') == [("00_concepts", "f", True)]
