@@ -189,3 +189,16 @@ def test_a_crashing_rank_shows_its_root_cause(tmp_path):
                    timeout=120, echo=False, check=False)
     assert res.returncode != 0
     assert "Root Cause" in res.output and "injected failure on rank 1 after step 2" in res.output
+
+
+def test_a_quoted_error_cut_mid_word_is_shown_in_whole_sentences():
+    gloo = ("error: [rank 0] a collective operation could not complete (uneven numbers of batches per rank, a rank stuck "
+            "in I/O). Look above. ([/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+            "[127.0.0.1]:27011: Connection reset by peer. This is typically caused by a rem)")
+    lines = faults.tidy(["before", *__import__("textwrap").wrap(gloo, 100, subsequent_indent="       "), "after"])
+    text = " ".join(x.strip() for x in lines)
+    assert lines[0] == "before" and lines[-1] == "after" and all(len(x) <= 100 for x in lines)
+    assert text.endswith("Connection reset by peer. …) after") and "a rem" not in text
+    assert "(uneven numbers of batches per rank, a rank stuck in I/O)" in text  # no full stop inside: kept whole
+    assert faults.whole_words("val acc 53.50% (400 texts)") == "val acc 53.50% (400 texts)"
+    assert faults.whole_words("(" + "x" * 70 + ". done.)") == "(" + "x" * 70 + ". done.)"

@@ -9,6 +9,8 @@ Nothing in the training path knows about faults.
     raise:rank=0:step=3    rank 0 raises an exception after step 3
     hang:rank=1:step=2     rank 1 stops joining collectives (sleeps) after step 2
 
+    faults.tidy(result.lines)   # the scripts' error/warning paragraphs, in whole sentences, for a notebook to show
+
 A fault fires once per run, so a run restarted by `torchrun --max-restarts` goes on, as it would after a
 real preemption: not on a restarted attempt (TORCHELASTIC_RESTART_COUNT > 0), and, when the script has an
 --output folder, not after a marker there says it fired. The marker matters on several nodes: a replacement
@@ -18,9 +20,11 @@ node starts a fresh agent whose restart count is 0 again (the folder is shared: 
 from __future__ import annotations
 
 import os
+import re
 import runpy
 import signal
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -86,6 +90,42 @@ def install(fault: dict, marker: Path | None = None) -> None:
         time.sleep(3600)  # hang: the other ranks wait in their next collective until --ddp_timeout
 
     register_optimizer_step_post_hook(after_step)
+
+
+def whole_words(text: str, min_len: int = 60) -> str:
+    """`text` with each long parenthesis that stops mid-sentence ended at its last whole sentence, marked "…": the
+    scripts quote the first line of a library's error cut to a length, so "(... reset by peer. This is typi)"
+    becomes "(... reset by peer. …)". Short parentheses, and those without a full stop inside, stay as they are."""
+    def end(m):
+        inner = m.group(1)
+        if len(inner) < min_len or inner.rstrip().endswith((".", "!", "?")) or ". " not in inner:
+            return m.group(0)
+        return "(" + inner[: inner.rindex(". ") + 1] + " …)"
+
+    return re.sub(r"\(([^()]*)\)", end, text)
+
+
+def tidy(lines, width: int = 100) -> list[str]:
+    """Output lines with each `error:`/`warning:` paragraph (its first line, then lines indented by 7 spaces) joined,
+    passed through whole_words and wrapped again as the scripts wrap it; every other line unchanged."""
+    out: list[str] = []
+    para: list[str] | None = None
+
+    def flush():
+        if para:
+            out.extend(textwrap.wrap(whole_words(" ".join(x.strip() for x in para)), width=width,
+                                     subsequent_indent="       "))
+
+    for line in lines:
+        if para is not None and line.startswith("       ") and line.strip():
+            para.append(line)
+            continue
+        flush()
+        para = [line] if line.startswith(("error:", "warning:")) else None
+        if para is None:
+            out.append(line)
+    flush()
+    return out
 
 
 def main(argv=None) -> None:
