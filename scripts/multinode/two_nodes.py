@@ -193,7 +193,7 @@ class Cluster:
             self.bytes = self.traffic()
             if self.bytes:
                 say("bytes sent over each interface: " + ", ".join(
-                    f"{k} {v['tx_bytes'] / 1e6:.1f} MB" for k, v in self.bytes.items()))
+                    f"{k} {v['tx_bytes'] / 2**20:.1f} MiB" for k, v in self.bytes.items()))
             subprocess.run(["bash", str(NETNS), "down", self.prefix], capture_output=True, text=True, timeout=60)
             self.netns = False
             say(f"namespaces {self.prefix}-node0/1 deleted")
