@@ -287,7 +287,11 @@ def _adamw_step_peaks(model: str) -> dict:
         line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field))
         return int(line.split()[1]) * 1024
 
-    ctypes.CDLL(None).mallopt(-3, 128 * 1024)  # freed tensors go back to Linux at once, as in memory_footprint.py
+    # Every block of 4 KiB or more gets pages of its own (M_MMAP_THRESHOLD) and the heap never shrinks (M_TRIM_THRESHOLD):
+    # a small tensor's temporary can then neither reuse freed heap nor hide behind a trim, and the peak counts it
+    libc = ctypes.CDLL(None)
+    libc.mallopt(-3, 4096)
+    libc.mallopt(-1, 1 << 30)
     torch.set_num_threads(1)
     sizes = SHAPES[model].tensors()
     out = {}
