@@ -17,6 +17,18 @@ class UserError(Exception):
     """A mistake the user can fix. The message says what is wrong and what to do."""
 
 
+def first_line(err: BaseException, limit: int) -> str:
+    """An error's first line, at most `limit` characters, cut at a sentence or word boundary and marked "…" when cut:
+    a quoted library error must not end mid-word ("caused by a remo")."""
+    line = (str(err).splitlines() or [""])[0].strip()
+    if len(line) <= limit:
+        return line
+    cut = line[:limit]
+    end = cut.rfind(". ")
+    cut = cut[:end + 1] if end >= limit // 2 else cut[:cut.rfind(" ")] if " " in cut else cut
+    return cut.rstrip() + " …"
+
+
 def format_user_error(err: BaseException) -> str:
     text = " ".join(str(err).split())
     return "error: " + textwrap.fill(text, width=100, subsequent_indent="       ")
@@ -42,7 +54,7 @@ def main_guard(fn):
             if rank in ("0", ""):
                 _say(format_user_error(err))
             else:
-                _say(f"[rank {rank}] stopped: {str(err).splitlines()[0][:120]}")
+                _say(f"[rank {rank}] stopped: {first_line(err, 120)}")
             sys.exit(USER_ERROR_EXIT)
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
@@ -56,7 +68,7 @@ def main_guard(fn):
                 f"group's timeout (--ddp_timeout), or a peer's connection dropped. Likely cause: another rank died, "
                 f"hangs, or skipped a collective "
                 f"(uneven numbers of batches per rank, a collective inside `if rank == 0:`, a rank stuck in I/O). "
-                f"Look above for the first rank that failed. ({str(err).splitlines()[0][:160]})"))
+                f"Look above for the first rank that failed. ({first_line(err, 160)})"))
             sys.exit(COLLECTIVE_TIMEOUT_EXIT)
 
     return wrapper

@@ -229,3 +229,16 @@ def test_launcher_raises_on_failure_and_timeout(tmp_path):
         run_python(slow, timeout=2, echo=False)
     r = run_python(slow, timeout=2, echo=False, check=False)
     assert r.timed_out and "started" in r.output
+
+
+@pytest.mark.parametrize("text, limit, want", [
+    ("Connection closed by peer [10.0.0.2]:1234. This is typically caused by a remote process crashing.", 80,
+     "Connection closed by peer [10.0.0.2]:1234. …"),
+    ("a b c d e f g h i j k l m n o p q r s t", 12, "a b c d e f …"),
+    ("short enough", 40, "short enough"),
+    ("first line\nsecond line", 40, "first line"),
+])
+def test_a_quoted_error_is_cut_at_a_boundary_never_mid_word(text, limit, want):
+    from distrinews_lib.errors import first_line
+
+    assert first_line(RuntimeError(text), limit) == want

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from .. import distributed as D
-from ..errors import UserError
+from ..errors import UserError, first_line
 from ..files import atomic_torch_save
 from .loop import EpochMeter
 
@@ -73,7 +73,7 @@ def read_snapshot(path, mmap: bool = False) -> dict:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as err:
-        raise SnapshotError(f"snapshot {path} is unreadable ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
+        raise SnapshotError(f"snapshot {path} is unreadable ({type(err).__name__}: {first_line(err, 120)}); "
                             "it is probably truncated (the run died while copying it?)") from None
     if not isinstance(payload, dict) or payload.get("snapshot_version") != SNAPSHOT_VERSION:
         raise SnapshotError(f"{path} is not a DistriNews training snapshot (version {SNAPSHOT_VERSION}).")
