@@ -209,6 +209,33 @@ def test_corrupt_or_missing_checkpoint_is_a_clear_error(tmp_path):
         inference.load_checkpoint(bad)
 
 
+def test_the_checkpoint_format_names_an_older_newer_or_foreign_file(tmp_path):
+    """training/checkpoint.py owns the format: read_checkpoint says what a file that is not this version's is."""
+    model, tok, _ = build_model(RunConfig(model="tiny", seed=0), AG_NEWS_LABELS)
+    good = checkpoint.save_checkpoint(tmp_path / "m.pt", model, tok, AG_NEWS_LABELS, {}, 32)
+    payload = checkpoint.read_checkpoint(good)
+    assert payload["format_version"] == checkpoint.FORMAT_VERSION and payload["task"] == "classify"
+
+    def variant(name, change):
+        p = dict(payload)
+        change(p)
+        torch.save(p, tmp_path / name)
+        return tmp_path / name
+
+    cases = [(variant("new.pt", lambda p: p.update(format_version=checkpoint.FORMAT_VERSION + 1)), "newer DistriNews"),
+             (variant("old.pt", lambda p: p.pop("format_version")), "older DistriNews \\(format 1"),
+             (variant("ddp.pt", lambda p: p.update(state_dict={"module." + k: v for k, v in p["state_dict"].items()})),
+              "'module.' prefix"),
+             (variant("snap.pt", lambda p: p.update(snapshot_version=2)), "is a training snapshot"),
+             ]
+    torch.save(model.state_dict(), tmp_path / "bare.pt")
+    cases.append((tmp_path / "bare.pt", "not a DistriNews checkpoint .*bare weights"))
+    for path, message in cases:
+        with pytest.raises(checkpoint.CheckpointError, match=message):
+            checkpoint.read_checkpoint(path)
+    assert inference.read_checkpoint is checkpoint.read_checkpoint  # the server only calls the format's module
+
+
 def test_unknown_model_lists_choices_quickly():
     import time
 

@@ -27,46 +27,9 @@ from ..errors import UserError
 from ..models.build import quiet_transformers
 from ..models.custom import MODEL_TYPE as CUSTOM_MODEL_TYPE
 from ..models.custom import CustomClassifier, CustomConfig
-from ..training.checkpoint import FORMAT_VERSION, position_limit
+from ..training.checkpoint import CheckpointError, position_limit, read_checkpoint  # the format's one module
 from ..training.config import DEFAULT_CHECKPOINT
 from .schemas import CheckpointInfo
-
-
-class CheckpointError(UserError):
-    """The checkpoint is missing, truncated, or not one of ours."""
-
-
-def read_checkpoint(path) -> dict:
-    """The raw payload, checked. Raises CheckpointError saying which path and why."""
-    path = Path(path)
-    if path.is_dir():
-        found = sorted(p.name for p in path.glob("*.pt"))
-        hint = (f"It holds {', '.join(found[:5])}{' ...' if len(found) > 5 else ''}: pass one of those files."
-                if found else "Pass the .pt file itself, for example checkpoints/distilbert_agnews.pt.")
-        raise CheckpointError(f"checkpoint {path} is a folder, not a checkpoint file. {hint}")
-    if not path.is_file():
-        raise CheckpointError(
-            f"checkpoint {path} not found. Train one first (python scripts/train_single.py, or notebook 01/02), "
-            "or point to it with --checkpoint / DISTRINEWS_CHECKPOINT."
-        )
-    if path.stat().st_size == 0:
-        raise CheckpointError(f"checkpoint {path} is empty (0 bytes): the copy or the write that made it was cut short. "
-                              "Retrain it or restore a complete copy.")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # truncated zip, random bytes, pickled code...
-        reason = (str(err).splitlines() or [""])[0][:150]
-        raise CheckpointError(
-            f"checkpoint {path} could not be read ({type(err).__name__}{': ' + reason if reason else ''}). "
-            "It may be truncated or not a DistriNews checkpoint; retrain or restore it."
-        ) from None
-    missing = [k for k in ("model_type", "model_config", "state_dict", "label_names") if not isinstance(payload, dict) or k not in payload]
-    if missing:
-        raise CheckpointError(f"checkpoint {path} is not a DistriNews checkpoint (missing {', '.join(missing)}).")
-    if payload.get("format_version", 1) < FORMAT_VERSION or not isinstance(payload.get("tokenizer_files"), dict):
-        raise CheckpointError(f"checkpoint {path} was written by an older DistriNews (format {payload.get('format_version', 1)}, "
-                              f"tokenizer in a separate folder); retrain it to get format {FORMAT_VERSION}.")
-    return payload
 
 
 def tokenizer_from_files(files: dict):
@@ -175,11 +138,8 @@ def load_checkpoint(path=DEFAULT_CHECKPOINT, device: str | torch.device = "cpu")
     else:
         config = AutoConfig.for_model(model_type, **cfg_dict)
         model = AutoModelForSequenceClassification.from_config(config)
-    state = payload["state_dict"]
-    if any(k.startswith("module.") for k in state):
-        raise CheckpointError(f"checkpoint {path} holds a DDP wrapper's keys ('module.' prefix); save unwrap(model) instead.")
     try:
-        model.load_state_dict(state, strict=True)
+        model.load_state_dict(payload["state_dict"], strict=True)
     except RuntimeError as err:
         raise CheckpointError(f"checkpoint {path} does not match its own model config: {str(err).splitlines()[0][:200]}") from None
     check_servable(path, payload, model)

@@ -1,6 +1,7 @@
-"""Save the inference checkpoint: the *unwrapped* model, its tokenizer's files, labels and run metadata in one
-file, written atomically by rank 0 and readable with torch.load(weights_only=True) (serving/inference.py reads
-it).
+"""The inference checkpoint's format, in one place: save_checkpoint writes it (the *unwrapped* model, its tokenizer's
+files, labels and run metadata in one file, written atomically by rank 0) and read_checkpoint reads and validates
+it (torch.load(weights_only=True)), with a version field and a message that says what an older, newer or foreign
+file is. The server (serving/inference.py) and the language models (distrinews_lib.lm) only call it.
 """
 
 from __future__ import annotations
@@ -11,9 +12,15 @@ from pathlib import Path
 import torch
 
 from ..data.tokenization import truncation_of
+from ..errors import UserError
 from ..files import atomic_torch_save
 
 FORMAT_VERSION = 2  # 2: the tokenizer travels inside the file (1 kept it in a folder beside it)
+REQUIRED_KEYS = ("model_type", "model_config", "state_dict", "label_names")
+
+
+class CheckpointError(UserError):
+    """The checkpoint is missing, truncated, or not one of ours."""
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -52,8 +59,15 @@ def _plain(value):
     return str(value)
 
 
-def save_checkpoint(path, model, tokenizer, label_names, metadata: dict | None = None, max_length: int | None = None,
-                    truncation: str | None = None) -> Path:
+def save_checkpoint(
+    path,
+    model,
+    tokenizer,
+    label_names,
+    metadata: dict | None = None,
+    max_length: int | None = None,
+    truncation: str | None = None,
+) -> Path:
     """Save the unwrapped model (no `module.` prefix) with its config, labels, metadata and tokenizer."""
     path = Path(path)
     bare = unwrap(model)
@@ -68,10 +82,73 @@ def save_checkpoint(path, model, tokenizer, label_names, metadata: dict | None =
         "metadata": _plain(metadata or {}),
         "tokenizer_files": tokenizer_files(tokenizer),
         "truncation": truncation or truncation_of(tokenizer),
-        "task": (metadata or {}).get("task", "classify"),  # clm / mlm: a language model (serving.inference.load_lm)
+        "task": (metadata or {}).get("task", "classify"),  # the task that trained it, and whose loader reads it
     }
     atomic_torch_save(payload, path)
     return path
+
+
+def read_checkpoint(path) -> dict:
+    """The payload of a checkpoint written by save_checkpoint, checked. Raises CheckpointError saying which path and
+    why: missing, empty, a folder, unreadable, another kind of file, or another version of the format."""
+    path = Path(path)
+    if path.is_dir():
+        found = sorted(p.name for p in path.glob("*.pt"))
+        hint = (
+            f"It holds {', '.join(found[:5])}{' ...' if len(found) > 5 else ''}: pass one of those files."
+            if found
+            else "Pass the .pt file itself, for example checkpoints/distilbert_agnews.pt."
+        )
+        raise CheckpointError(f"checkpoint {path} is a folder, not a checkpoint file. {hint}")
+    if not path.is_file():
+        raise CheckpointError(
+            f"checkpoint {path} not found. Train one first (python scripts/train_single.py, or notebook 01/02), "
+            "or point to it with --checkpoint / DISTRINEWS_CHECKPOINT."
+        )
+    if path.stat().st_size == 0:
+        raise CheckpointError(
+            f"checkpoint {path} is empty (0 bytes): the copy or the write that made it was cut short. "
+            "Retrain it or restore a complete copy."
+        )
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated zip, random bytes, pickled code...
+        reason = (str(err).splitlines() or [""])[0][:150]
+        raise CheckpointError(
+            f"checkpoint {path} could not be read ({type(err).__name__}{': ' + reason if reason else ''}). "
+            "It may be truncated or not a DistriNews checkpoint; retrain or restore it."
+        ) from None
+    _check_format(path, payload)
+    return payload
+
+
+def _check_format(path: Path, payload) -> None:
+    """A foreign file, or another version of the format, gets a message that says which."""
+    if isinstance(payload, dict) and "snapshot_version" in payload:
+        raise CheckpointError(
+            f"{path} is a training snapshot (what --resume continues from), not a checkpoint: the "
+            "checkpoint is the file a finished run saves at --checkpoint."
+        )
+    missing = [k for k in REQUIRED_KEYS if not isinstance(payload, dict) or k not in payload]
+    if missing:
+        bare = isinstance(payload, dict) and payload and all(torch.is_tensor(v) for v in payload.values())
+        what = " It holds bare weights (a state_dict) without the model's config, labels or tokenizer." if bare else ""
+        raise CheckpointError(f"checkpoint {path} is not a DistriNews checkpoint (missing {', '.join(missing)}).{what}")
+    if any(str(k).startswith("module.") for k in payload["state_dict"]):
+        raise CheckpointError(
+            f"checkpoint {path} holds a DDP wrapper's keys ('module.' prefix); save unwrap(model) instead."
+        )
+    version = payload.get("format_version", 1)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"checkpoint {path} was written by a newer DistriNews (format {version!r}); this one reads "
+            f"format {FORMAT_VERSION}. Update distrinews_lib, or retrain it with this version."
+        )
+    if version < FORMAT_VERSION or not isinstance(payload.get("tokenizer_files"), dict):
+        raise CheckpointError(
+            f"checkpoint {path} was written by an older DistriNews (format {version}, "
+            f"tokenizer in a separate folder); retrain it to get format {FORMAT_VERSION}."
+        )
 
 
 def position_limit(model: torch.nn.Module) -> int | None:
