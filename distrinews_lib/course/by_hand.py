@@ -1,8 +1,11 @@
 """Chapter 03 (DDP by hand): what every rung of scripts/by_hand/ shares that is not data parallelism itself.
 
-The models and real AG News batches the rungs train on, the process group with a short timeout, a timeline of
-gradient-ready and all-reduce events (for the Gantt charts), and, for the notebook, the exercise checker and the
-plots. The data-parallel code (broadcast, hooks, buckets, the sharded optimizer) stays in the scripts, in sight.
+The models and real AG News batches the rungs train on, the process group with a short timeout (and a control
+group for the rungs' one agreement: does every rank have every gradient?), a timeline of gradient-ready and
+all-reduce events (for the Gantt charts), the ring's bytes per collective, the peak resident memory of a block of
+code, and, for the notebook, the race's launcher, the plots and the exercise checker's entry points (the checker
+itself: course/by_hand_check.py). The data-parallel code (broadcast, hooks, buckets, the sharded optimizer, the
+sharded weights) stays in the scripts, in sight.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import json
 import os
 import re
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from datetime import timedelta
@@ -23,14 +27,16 @@ import torch.distributed as dist
 from ..errors import UserError
 
 SCRIPTS = Path(__file__).resolve().parent.parent.parent / "scripts" / "by_hand"
-RUNGS = ("naive", "flat", "overlapped", "bucketed", "zero1")
+RUNGS = ("naive", "flat", "overlapped", "bucketed", "zero1", "zero2", "zero3")
 # The models the ladder trains (all on the same real AG News texts):
 #   tiny  the course's classifier (DistilBERT dim 64, 2 layers, DistilBERT's 30,522-word vocabulary): 93% of its
 #         gradient bytes are the word embedding, the gradient that backward produces LAST;
 #   wide  a DistilBERT classifier with 4 layers of dim 128 over a 4,096-id hash vocabulary: its bytes are spread over
 #         the layers, so buckets can leave while backward still runs (the overlap and timing model);
-#   tied  a small GPT-2 whose LM head IS its token embedding: one parameter receives two gradient contributions.
-MODELS = ("tiny", "wide", "tied")
+#   tied  a small GPT-2 whose LM head IS its token embedding: one parameter receives two gradient contributions;
+#   twoheads  two equal heads on one trunk, computed in a rank-dependent order: each rank's gradients become ready in a
+#         different order (what a launch in readiness order gets wrong); `unused` leaves head b out, on rank 1 or all.
+MODELS = ("tiny", "wide", "tied", "twoheads")
 SEQ_LEN = 64
 HASH_VOCAB = 4096
 
@@ -41,8 +47,41 @@ def tokenizer_for(kind: str):
     return tiny_tokenizer() if kind == "tiny" else HashTokenizer(HASH_VOCAB, "head", model_max_length=512)
 
 
-def build_model(kind: str, seed: int):
-    """A fresh model of `kind`, initialised from `seed`."""
+class Output(dict):
+    """A model's output as a dict (torch's DDP looks for the tensors in it) whose values read as attributes."""
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class TwoHeads(torch.nn.Module):
+    """A bag-of-words trunk and two heads of the same shape (1 MiB of weights each, so each fills a 1 MiB bucket):
+    rank 0 computes head a first, rank 1 head b first, so backward completes their gradients in opposite orders.
+    unused="rank1": rank 1 never uses head b; unused="all": no rank does."""
+
+    def __init__(self, unused: str | None = None):
+        super().__init__()
+        self.embed = torch.nn.Embedding(HASH_VOCAB, 64)
+        self.trunk = torch.nn.Linear(64, 256)
+        self.head_a, self.head_b = torch.nn.Linear(256, 1024), torch.nn.Linear(256, 1024)
+        self.unused = unused
+
+    def forward(self, input_ids, attention_mask, labels):
+        mask = attention_mask.unsqueeze(-1).to(self.embed.weight.dtype)
+        h = torch.tanh(self.trunk((self.embed(input_ids) * mask).sum(1) / mask.sum(1).clamp(min=1)))
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        heads = [self.head_a, self.head_b] if rank % 2 == 0 else [self.head_b, self.head_a]
+        if self.unused == "all" or (self.unused == "rank1" and rank == 1):
+            heads = [self.head_a]
+        loss = sum(torch.nn.functional.cross_entropy(head(h), labels) for head in heads)
+        return Output(loss=loss)
+
+
+def build_model(kind: str, seed: int, unused: str | None = None):
+    """A fresh model of `kind`, initialised from `seed` (`unused`: see TwoHeads)."""
     from transformers import DistilBertConfig, DistilBertForSequenceClassification, GPT2Config, GPT2LMHeadModel
 
     from ..models.build import TINY_CONFIG, quiet_transformers
@@ -60,6 +99,8 @@ def build_model(kind: str, seed: int):
         cfg = GPT2Config(vocab_size=HASH_VOCAB, n_positions=SEQ_LEN, n_embd=64, n_layer=2, n_head=2, n_inner=256,
                          tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)
         return GPT2LMHeadModel(cfg)
+    if kind == "twoheads":
+        return TwoHeads(unused)
     raise UserError(f"unknown model {kind!r}: choose one of {', '.join(MODELS)}")
 
 
@@ -104,16 +145,88 @@ def parse_args(doc: str, argv=None):
     return p.parse_args(argv)
 
 
-def init(timeout_s: float = 30) -> tuple[int, int]:
-    """Join the gloo process group torchrun set up, with a short timeout: a rank that skips a collective makes the
-    others fail with a message after `timeout_s`, instead of hanging."""
+def init(timeout_s: float = 30, store=None) -> tuple[int, int]:
+    """Join the gloo process group torchrun set up (or meet in `store`), with a short timeout: a rank that skips a
+    collective makes the others fail with a message after `timeout_s`, instead of hanging. Also makes the control
+    group, whose timeout leaves room for a rank stuck that long in the default group to arrive."""
     from ..distributed import torchrun_env
 
+    global _CONTROL
     rank, _, world, init_method = torchrun_env()
     torch.set_num_threads(1)  # one core per rank: the two ranks share a 2-core machine
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=timeout_s))
+    where = {"store": store} if store is not None else {"init_method": init_method}
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s), **where)
+    _CONTROL = dist.new_group(backend="gloo", timeout=timedelta(seconds=2 * timeout_s + 5))
     return rank, world
+
+
+_CONTROL = None  # the control group (init() makes it): see stop_unless_every_rank_has
+
+
+def control_group():
+    """A second process group for the rungs' small agreements. Its collectives never pair with the gradients' own,
+    which may still be in flight (and unmatched) on the default group when something went wrong."""
+    if _CONTROL is None:
+        raise RuntimeError("by_hand.init() makes the control group: call it first")
+    return _CONTROL
+
+
+def stop_unless_every_rank_has(dp, missing) -> None:
+    """Every rank says which of dp.params got no gradient in this step (`missing`); if any rank misses one, EVERY rank
+    stops here with the same message, instead of one rank raising while the others wait in a collective it will
+    never join (then crash when it exits). One all-reduce of a bit per rank and parameter, on the control group."""
+    index = {id(p): i for i, p in enumerate(dp.params)}
+    bits = torch.zeros(len(dp.params), dtype=torch.int64)
+    for p in missing:
+        bits[index[id(p)]] = 1 << dist.get_rank()  # the SUM of one distinct bit per rank is their OR
+    dist.all_reduce(bits, group=control_group())
+    holes = bits.nonzero().flatten().tolist()
+    if holes:
+        first = int(bits[holes[0]])
+        ranks = [r for r in range(dist.get_world_size()) if first >> r & 1]
+        more = f" (and {len(holes) - 1} more)" if len(holes) > 1 else ""
+        raise UserError(f"an unused parameter: {dp.names[dp.params[holes[0]]]}{more} got no gradient in this step on "
+                        f"rank {', '.join(map(str, ranks))} of {dist.get_world_size()}: it took no part in the loss "
+                        "there. Every rank stops here. Use every parameter in forward on every rank (torch's DDP "
+                        "needs find_unused_parameters=True for a model that does not).")
+
+
+def one_dtype(params) -> torch.dtype:
+    """The parameters' one dtype (a flat buffer holds one); a clear error for a model that mixes them."""
+    dtypes = {p.dtype for p in params}
+    if len(dtypes) != 1:
+        raise UserError(f"the parameters mix dtypes {sorted(map(str, dtypes))}: one flat buffer holds one dtype")
+    return dtypes.pop()
+
+
+def layers(model) -> list:
+    """The model's stack of transformer layers, in forward order (ZeRO-3's blocks); [] for a model without one."""
+    for name in ("distilbert.transformer.layer", "transformer.h"):
+        module = model
+        for part in name.split("."):
+            module = getattr(module, part, None)
+        if isinstance(module, torch.nn.ModuleList):
+            return list(module)
+    return []
+
+
+def first_tensor_needing_grad(out):
+    """The first tensor in a module's output (a tensor, tuple, list or dict) that autograd will send a gradient to."""
+    if torch.is_tensor(out):
+        return out if out.requires_grad else None
+    values = out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else ()
+    return next((t for t in map(first_tensor_needing_grad, values) if t is not None), None)
+
+
+# Bytes each rank sends for one collective on a buffer of `nbytes` (the whole tensor, as every rank sees it), in the
+# bandwidth-optimal ring: an all-reduce is a reduce-scatter then an all-gather, each moving (N-1)/N of the buffer.
+RING_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
+               "all_gather": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
+
+
+def wire_bytes(op: str, nbytes: int, world: int) -> float:
+    """Bytes one rank sends for collective `op` on a buffer of `nbytes` among `world` ranks (a ring); 0 alone."""
+    return 0.0 if world <= 1 else RING_FACTOR[op](world) * nbytes
 
 
 class Timeline:
@@ -146,8 +259,69 @@ class Timeline:
         if self.on:
             event = {"kind": "comm", "name": name, "start": self.now(), "end": None, "bytes": nbytes}
             self.events.append(event)
-            work.get_future().then(lambda fut: event.__setitem__("end", self.now()))
+            when_done(work, lambda: event.__setitem__("end", self.now()))
         return work
+
+
+def when_done(work, callback) -> None:
+    """callback() once `work` has completed: through its future, or (gloo's reduce-scatter has none) a thread that
+    waits for it."""
+    try:
+        future = work.get_future()
+    except RuntimeError:
+        def wait_then_call():
+            try:
+                work.wait()
+            except Exception:  # noqa: BLE001  (a failed collective: whoever waits for it in the rung reports it)
+                return
+            callback()
+
+        threading.Thread(target=wait_then_call, daemon=True).start()
+        return
+    future.then(lambda fut: callback())
+
+
+class PeakMemory:
+    """This process's peak resident memory during a block of code, above its resident memory just before (Linux:
+    VmHWM, reset through /proc/self/clear_refs; None elsewhere). Chapter 06's way of measuring (memory_footprint.py):
+    settle_allocator() first, so that freed tensors go back to Linux instead of staying in glibc's heap."""
+
+    def __enter__(self):
+        import gc
+
+        gc.collect()
+        self.before, self.peak_mb = _status_mb("VmRSS"), None
+        try:
+            Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) starts again from now
+        except OSError:
+            self.before = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.before is not None:
+            self.peak_mb = _status_mb("VmHWM") - self.before
+        return False
+
+
+def _status_mb(field: str) -> float | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def settle_allocator() -> None:
+    """glibc: every allocation of 128 KiB or more gets pages of its own, returned to Linux when freed (by default the
+    threshold rises after the first large free, and freed tensors then stay resident in the heap)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD (fixing it turns the dynamic threshold off)
+    except (OSError, AttributeError):
+        pass
 
 
 def param_names(model) -> dict:
@@ -182,42 +356,20 @@ def run_race(args: list, out_json, *, timeout: float = 300, echo: bool = False) 
     return json.loads(out_json.read_text())
 
 
-def is_blank(path) -> bool:
-    """True while an exercise file still holds the blank (the learner has not written the code yet)."""
-    return "raise NotImplementedError" in Path(path).read_text()
+def check_exercise(rung: str, path, out_dir="outputs/by_hand", *, strict: bool = False, timeout: float = 300,
+                   probes: bool = True) -> dict:
+    """The learner's `rung` (the file at `path`) through the race's check and the checker's cases, against torch's
+    DDP: prints what passed and, in one line, the first mistake (course/by_hand_check.py)."""
+    from .by_hand_check import check_exercise as check
+
+    return check(rung, path, out_dir, strict=strict, timeout=timeout, probes=probes)
 
 
-def check_exercise(rung: str, path, out_dir="outputs/by_hand", *, timeout: float = 180) -> dict | None:
-    """Run rung `rung` with the function written in `path` instead of the script's own, on the tiny and the tied
-    model, against torch's DDP: prints which parameter first differs at which step, or that every weight is equal.
-    Returns the race's JSON (None while the exercise is blank). Raises AssertionError with the reason when the
-    learner's code fails or differs."""
-    from .launch import LaunchError
+def hint(rung: str, n: int = 1) -> None:
+    """Print hint n of exercise `rung` (and no other): by_hand.hint("bucketed", 2)."""
+    from .by_hand_check import hint as show
 
-    if is_blank(path):
-        print(f"{path}: still the blank (raise NotImplementedError). Write your code in the cell above, run it, "
-              "then run this cell again.")
-        return None
-    out = Path(out_dir) / f"exercise_{rung}.json"
-    try:
-        res = run_race(["--rungs", rung, "--exercise", f"{rung}:{path}", "--check_only", "--timeout_s", 20], out,
-                       timeout=timeout)
-    except LaunchError as err:
-        raise AssertionError(f"your {rung} code did not run to the end:\n{err}") from None
-    problems = []
-    for model, rungs in res["check"].items():
-        r = rungs[rung]
-        if r["first_diff"]:
-            d = r["first_diff"]
-            problems.append(f"{model} model: step {d['step']}, parameter {d['param']} differs from torch's DDP by "
-                            f"{d['diff']:.3g} (every earlier step was equal)" if d["step"] > 1 else
-                            f"{model} model: already at step 1, parameter {d['param']} differs by {d['diff']:.3g}")
-        else:
-            print(f"{model:>5} model: {res['steps']} steps, every weight equal to torch's DDP "
-                  f"(max difference {r['max_weight_diff']:.3g}), {r['allreduces_per_step']:.0f} collectives per step")
-    if problems:
-        raise AssertionError(f"your {rung} code trains, but not like torch's DDP:\n  " + "\n  ".join(problems))
-    return res
+    show(rung, n)
 
 
 def plot_gantt(timelines: dict, save_to=None):
@@ -260,11 +412,27 @@ def overlap_fraction(events: list) -> float:
     return inside / total
 
 
-def rung_summary(res: dict) -> dict:
-    """The benchmark's shape: {rung: {step_time_ratio_vs_ddp, max_weight_diff, allreduces_per_step}}."""
+def rung_summary(res: dict, zero: dict | None = None) -> dict:
+    """The benchmark's shape: {contender: {step_time_ratio_vs_ddp, max_weight_diff, collectives_per_step,
+    peak_mb_per_rank, ...}} for every rung, and torch's FSDP2 when a race ran the zero section. `res` is a race's
+    JSON (its check and timing sections); `zero` the zero section's, when another launch ran it (default: res)."""
+    zero = zero or res
+    sharding = (zero.get("sharding") or {}).get("contenders", {})
+    timings = [t for t in (res.get("timing"), zero.get("zero_timing")) if t]
     out = {}
-    for rung in res["rungs"]:
-        diffs = [res["check"][m][rung]["max_weight_diff"] for m in res["check"] if rung in res["check"][m]]
-        out[rung] = {"step_time_ratio_vs_ddp": res["timing"]["ratio_vs_ddp"][rung], "max_weight_diff": max(diffs),
-                     "allreduces_per_step": res["timing"]["collectives_per_step"][rung]}
+    for name in [*res["rungs"], *(["fsdp2"] if "fsdp2" in sharding else [])]:
+        diffs = [res["check"][m][name]["max_weight_diff"] for m in res["check"] if name in res["check"][m]]
+        if name == "fsdp2" and zero.get("zero_check"):
+            diffs.append(zero["zero_check"]["max_weight_diff"])
+        timed = next((t for t in timings if name in t["ratio_vs_ddp"]), None)
+        s = sharding.get(name, {})
+        peaks = s.get("peak_mb_per_rank") or []
+        out[name] = {"step_time_ratio_vs_ddp": timed and timed["ratio_vs_ddp"][name],
+                     "max_weight_diff": max(diffs) if diffs else None,
+                     "collectives_per_step": timed and timed["collectives_per_step"][name],
+                     "peak_mb_per_rank": max(peaks) if peaks and None not in peaks else None,
+                     "timed_with_foreign_cores": timed and timed["foreign_cores"]}
+        if s:
+            out[name].update({"bytes_per_step": s["bytes_per_step"], "calculator_mb": s["calculator_mb"],
+                              "max_weight_diff_vs_fsdp2": s.get("max_weight_diff_vs_fsdp2")})
     return out

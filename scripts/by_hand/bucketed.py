@@ -1,5 +1,5 @@
-"""Rung 4 of chapter 03's ladder, bucketed: gradients grouped, in reverse order, into buckets of --bucket_mb; a bucket
-leaves when its last gradient is ready, as in torch's DDP.
+"""Rung 4 of chapter 03's ladder, bucketed: gradients grouped, in reverse order, into buckets of --bucket_mb MiB (closed
+once they hold at least that, as torch's DDP's are); a bucket leaves once complete, in the same order on every rank.
 
     torchrun --standalone --nproc_per_node=2 scripts/by_hand/bucketed.py --steps 20 --bucket_mb 1 [--no-broadcast]
 """
@@ -23,60 +23,68 @@ class DataParallel:
         if broadcast:  # every rank starts from rank 0's weights (the ranks seeded differently)
             for t in [*model.parameters(), *model.buffers()]:
                 dist.broadcast(t.data, src=0)
-        self.buckets, cap, size = [[]], (bucket_mb or 25) * 2**20, 0
-        for p in reversed(self.params):  # backward produces the last layers' gradients first
-            if self.buckets[-1] and size + p.numel() * p.element_size() > cap:
-                self.buckets.append([])  # this bucket is full: start the next one
-                size = 0
-            self.buckets[-1].append(p)
-            size += p.numel() * p.element_size()
+        self.buckets = make_buckets(self.params, (bucket_mb or 25) * 2**20)
+        self.register_hooks()
+
+    def register_hooks(self):
+        """What the hooks keep, and a hook per parameter."""
         self.bucket_of = {p: i for i, b in enumerate(self.buckets) for p in b}
-        self.ready = [0] * len(self.buckets)  # how many of each bucket's gradients are complete
-        self.pending = {}  # bucket index -> (flat buffer, work handle), launched during this backward
+        self.ready = [0] * len(self.buckets)  # how many of each bucket's gradients this backward has completed
+        self.pending = []  # (flat buffer, work handle), launched in bucket order (0, 1, 2...) on every rank
         for p in self.params:  # autograd calls the hook once p.grad holds the whole gradient (tied: both uses summed)
             p.register_post_accumulate_grad_hook(lambda p: on_grad_ready(p, self))
 
-    def optimizer(self, lr, weight_decay):
-        return torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
-
     def launch(self, i):
         """Bucket i is complete: copy its gradients into one buffer and start averaging it."""
-        early = [self.names[p] for p in self.buckets[i] if p.grad is None]
-        if i in self.pending or early:  # wrong bookkeeping: a clear message on every rank, not a wrong average
-            raise UserError(f"bucket {i} launched " + ("twice" if i in self.pending else f"before its gradient "
-                            f"{early[0]} was ready") + ": launch a bucket once, when its last gradient is ready.")
         flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]]).div_(self.world)  # divide first, as DDP
         work = dist.all_reduce(flat, async_op=True)
-        self.pending[i] = (flat, self.timeline.comm(work, f"bucket {i}", flat.nbytes))
+        self.pending.append((flat, self.timeline.comm(work, f"bucket {i}", flat.nbytes)))
 
     def sync_gradients(self):
-        missing = [i for i in range(len(self.buckets)) if i not in self.pending]
-        if missing:  # a bad bookkeeping: say so on every rank instead of waiting forever
-            i = missing[0]
-            raise UserError(f"bucket {i} was never launched ({self.ready[i]} of its {len(self.buckets[i])} gradients "
-                            f"counted ready, first {self.names[self.buckets[i][0]]}): on_grad_ready must call "
-                            "dp.launch(i) when the last gradient of bucket i is ready.")
-        for i, (flat, work) in sorted(self.pending.items()):
+        if len(self.pending) != len(self.buckets):  # a bad bookkeeping: say so on every rank instead of waiting forever
+            raise UserError(f"bucket {len(self.pending)} was never launched: on_grad_ready must launch bucket i once "
+                            "its last gradient is ready.")
+        for i, (flat, work) in enumerate(self.pending):
             work.wait()
             offset = 0
             for p in self.buckets[i]:  # the averages back into the gradients
                 p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
                 offset += p.numel()
         self.collectives += len(self.pending)
-        self.pending, self.ready = {}, [0] * len(self.buckets)
+        self.pending, self.ready = [], [0] * len(self.buckets)
+
+    def optimizer(self, lr, weight_decay):
+        return torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
 
     def step(self, optimizer):
+        by_hand.stop_unless_every_rank_has(self, [p for p in self.params if p.grad is None])  # on every rank, not one
         self.sync_gradients()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
 
+def make_buckets(params, cap):
+    """The parameters in reverse (the order backward usually completes them), cut into buckets: a bucket closes once
+    it holds at least `cap` bytes (torch's DDP's rule, and chapter 00's)."""
+    buckets, size = [[]], 0
+    for p in reversed(params):
+        buckets[-1].append(p)
+        size += p.numel() * p.element_size()
+        if size >= cap:
+            buckets.append([])
+            size = 0
+    return [b for b in buckets if b]
+
+
 def on_grad_ready(param, dp):
-    """Called by autograd as soon as param.grad is complete: count it; the bucket's last one launches the bucket."""
+    """Called by autograd as soon as param.grad is complete: count it; launch every bucket now complete, in order."""
     i = dp.bucket_of[param]
     dp.ready[i] += 1
-    if dp.ready[i] == len(dp.buckets[i]):
-        dp.launch(i)
+    if dp.ready[i] > len(dp.buckets[i]):  # more gradients than the bucket holds: a second backward before the step
+        raise UserError(f"a second backward() before step(): bucket {i} had already been averaged. This rung averages "
+                        "one backward per step: call step() after each backward().")
+    while len(dp.pending) < len(dp.buckets) and dp.ready[len(dp.pending)] == len(dp.buckets[len(dp.pending)]):
+        dp.launch(len(dp.pending))  # the next bucket in the fixed order is complete: launch it (the same on every rank)
 
 
 @main_guard

@@ -37,6 +37,7 @@ class DataParallel:
             offset += p.numel()
 
     def step(self, optimizer):
+        by_hand.stop_unless_every_rank_has(self, [p for p in self.params if p.grad is None])  # on every rank, not one
         self.sync_gradients()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -34,6 +34,7 @@ class DataParallel:
             self.collectives += 1
 
     def step(self, optimizer):
+        by_hand.stop_unless_every_rank_has(self, [p for p in self.params if p.grad is None])  # on every rank, not one
         self.sync_gradients()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

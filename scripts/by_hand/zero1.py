@@ -23,14 +23,18 @@ class DataParallel:
         if broadcast:  # every rank starts from rank 0's weights (the ranks seeded differently)
             for t in [*model.parameters(), *model.buffers()]:
                 dist.broadcast(t.data, src=0)
+        self.dtype = by_hand.one_dtype(self.params)  # the flat buffers keep it: float64 trains in float64
         self.numel = sum(p.numel() for p in self.params)
         self.shard_size = -(-self.numel // self.world)  # rounded up: padding gives every rank the same length
+        self.shard = self.make_shard()
+
+    def make_shard(self):
+        """This rank's share of the weights, the only part its optimizer sees (and keeps AdamW state for)."""
         lo = dist.get_rank() * self.shard_size
-        # This rank's share of the weights, the only part its optimizer sees (and keeps AdamW state for).
-        self.shard = torch.nn.Parameter(self.flatten([p.detach() for p in self.params])[lo:lo + self.shard_size].clone())
+        return torch.nn.Parameter(self.flatten([p.detach() for p in self.params])[lo:lo + self.shard_size].clone())
 
     def flatten(self, tensors):
-        flat = torch.zeros(self.shard_size * self.world)
+        flat = torch.zeros(self.shard_size * self.world, dtype=self.dtype)
         torch.cat([t.reshape(-1) for t in tensors], out=flat[:self.numel])
         return flat
 
@@ -44,6 +48,7 @@ class DataParallel:
         return torch.optim.AdamW([self.shard], lr=lr, weight_decay=weight_decay)  # state for the shard only
 
     def step(self, optimizer):
+        by_hand.stop_unless_every_rank_has(self, [p for p in self.params if p.grad is None])  # on every rank, not one
         sharded_step(self, optimizer)
         self.collectives += 2  # a reduce-scatter and an all-gather
         for p in self.params:
