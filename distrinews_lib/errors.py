@@ -75,16 +75,19 @@ def main_guard(fn):
 
 
 def exit_code_of(fn) -> int:
-    """Run fn() and return the exit code Python would have ended with: sys.exit's rules for its return value or
-    a SystemExit (None is 0, an int is itself, anything else is printed and is 1), and 1 after an uncaught
-    exception, whose traceback is printed first."""
+    """Run fn() and return the exit code Python would have ended with. fn's return value is the code when it is
+    an int (None is 0); any other value is a result (bench_train's main returns its JSON), not a failure, so 0,
+    as `main()` in a script ends. A SystemExit follows sys.exit's rules (anything but None or an int is printed
+    and is 1), and an uncaught exception is 1 after its traceback is printed."""
     try:
-        code = fn()
+        returned = fn()
     except SystemExit as exit_:
         code = exit_.code
     except BaseException:  # noqa: BLE001  (printed like Python's own handler; the caller exits non-zero)
         traceback.print_exc()
         return 1
+    else:
+        return returned if isinstance(returned, int) and not isinstance(returned, bool) else 0
     if code is None:
         return 0
     if isinstance(code, int):

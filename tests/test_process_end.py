@@ -93,3 +93,19 @@ def test_every_entry_point_that_joins_a_group_ends_through_end_process():
     assert not missing, f"these entry points end without end_process: {missing}"
     assert {"train_ddp.py", "train_accelerate.py", "race.py", "bench_runs.py", "memory_footprint.py",
             "07_uneven_inputs.py", "01_hello_allreduce.py"} <= set(joined)  # the search finds what it must
+
+
+def test_exit_code_of_reads_a_main_as_a_script_would_end(capsys):
+    from distrinews_lib.errors import exit_code_of
+
+    def fail_with(message):
+        raise SystemExit(message)
+
+    assert exit_code_of(lambda: None) == 0
+    assert exit_code_of(lambda: 3) == 3
+    assert exit_code_of(lambda: {"headline": 1.2}) == 0  # a main that returns its result (bench_train) succeeded
+    assert exit_code_of(lambda: fail_with("stopped: bad input")) == 1
+    assert "stopped: bad input" in capsys.readouterr().err
+    assert exit_code_of(lambda: fail_with(4)) == 4
+    assert exit_code_of(lambda: 1 / 0) == 1
+    assert "ZeroDivisionError" in capsys.readouterr().err
