@@ -102,7 +102,7 @@ def test_a_blank_exercise_is_not_attempted_and_launches_nothing(tmp_path, capsys
     for rung in EXERCISES:
         path = tmp_path / f"{rung}.py"
         path.write_text(by_hand_check.skeleton(rung))
-        v = by_hand.check_exercise(rung, path, out_dir=tmp_path)
+        v = by_hand_check.check_exercise(rung, path, out_dir=tmp_path)
         assert v["ok"] is None and v["passed"] == []
     out = capsys.readouterr().out
     assert out.count("not attempted yet") == len(EXERCISES)
@@ -115,7 +115,7 @@ def test_an_unfinished_exercise_names_what_is_left(tmp_path, capsys):
                         'def make_buckets(params, cap):\n    """The rule."""\n    raise NotImplementedError\n\n\n')
     path = tmp_path / "partial.py"
     path.write_text(text)
-    v = by_hand.check_exercise("bucketed", path, out_dir=tmp_path)
+    v = by_hand_check.check_exercise("bucketed", path, out_dir=tmp_path)
     assert v["ok"] is False and v["mistake"] == "not_written"
     assert capsys.readouterr().out.strip() == "✗ still to write: make_buckets raises NotImplementedError"
 
@@ -123,7 +123,7 @@ def test_an_unfinished_exercise_names_what_is_left(tmp_path, capsys):
 def test_a_file_that_does_not_parse_is_one_line(tmp_path, capsys):
     path = tmp_path / "broken.py"
     path.write_text(by_hand_check.skeleton("zero1").replace("    def make_shard(self):", "    def make_shard(self)"))
-    v = by_hand.check_exercise("zero1", path, out_dir=tmp_path)
+    v = by_hand_check.check_exercise("zero1", path, out_dir=tmp_path)
     assert v["ok"] is False and v["message"].startswith("your code raised SyntaxError: ")
     assert capsys.readouterr().out.count("\n") == 1
 
@@ -158,7 +158,7 @@ def test_the_notebook_exercise_cells_are_the_skeletons():
 def test_hints_come_one_at_a_time(capsys):
     for rung, hints in by_hand_check.HINTS.items():
         assert len(hints) >= 3
-        by_hand.hint(rung, 2)
+        by_hand_check.hint(rung, 2)
         out = capsys.readouterr().out
         assert out.startswith(f"hint 2 of {len(hints)} ({rung}): ") and hints[1] in out
         assert hints[0] not in out and hints[2] not in out

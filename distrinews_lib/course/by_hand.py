@@ -356,22 +356,6 @@ def run_race(args: list, out_json, *, timeout: float = 300, echo: bool = False) 
     return json.loads(out_json.read_text())
 
 
-def check_exercise(rung: str, path, out_dir="outputs/by_hand", *, strict: bool = False, timeout: float = 300,
-                   probes: bool = True) -> dict:
-    """The learner's `rung` (the file at `path`) through the race's check and the checker's cases, against torch's
-    DDP: prints what passed and, in one line, the first mistake (course/by_hand_check.py)."""
-    from .by_hand_check import check_exercise as check
-
-    return check(rung, path, out_dir, strict=strict, timeout=timeout, probes=probes)
-
-
-def hint(rung: str, n: int = 1) -> None:
-    """Print hint n of exercise `rung` (and no other): by_hand.hint("bucketed", 2)."""
-    from .by_hand_check import hint as show
-
-    show(rung, n)
-
-
 def plot_gantt(timelines: dict, save_to=None):
     """One row pair per rung: backward (and each gradient's ready time) above, the collectives below."""
     from .plots import _pyplot

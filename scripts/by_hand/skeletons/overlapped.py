@@ -2,7 +2,7 @@
 
 The class around the synchronisation is given; each function that raises NotImplementedError is yours to write.
 The checker runs your DataParallel in place of scripts/by_hand/overlapped.py's, on 2 ranks, against torch's DDP,
-and names the first mistake it finds. Stuck? by_hand.hint("overlapped", 1) shows the first of 4 hints.
+and names the first mistake it finds. Stuck? by_hand_check.hint("overlapped", 1) shows the first of 4 hints.
 """
 import torch
 import torch.distributed as dist

@@ -4,7 +4,7 @@ The weights themselves are sharded: the model is cut into blocks (each transform
 everything outside the layers), and a rank keeps only its shard of each block's flat buffer. The whole rung is
 given except gather() and free() at the end: the rung calls gather() just before a block's forward and again before
 its backward (the next block's already in flight), and free() after each. The checker runs your two functions in
-a copy of scripts/by_hand/zero3.py, on 2 ranks, against torch's DDP. Stuck? by_hand.hint("zero3", 1).
+a copy of scripts/by_hand/zero3.py, on 2 ranks, against torch's DDP. Stuck? by_hand_check.hint("zero3", 1).
 """
 import torch
 import torch.distributed as dist
