@@ -62,6 +62,8 @@ def main():
     p.add_argument("--round_steps", type=int, default=3)
     p.add_argument("--sweep", default="0.25,1,25", help="bucket sizes (MiB) for the sweep; empty: no sweep")
     p.add_argument("--sweep_rounds", type=int, default=3)
+    p.add_argument("--facts", action=argparse.BooleanOptionalAction, default=True,
+                   help="after the timing: DDP's buckets and rebuild, gradient_as_bucket_view, each collective's bytes")
     p.add_argument("--zero_steps", type=int, default=20, help="steps of ZeRO-2 and ZeRO-3 against FSDP2")
     p.add_argument("--zero_batch", type=int, default=8, help="texts per rank and step in the zero section")
     p.add_argument("--zero_rounds", type=int, default=3, help="timing rounds of DDP, ZeRO-2, ZeRO-3 and FSDP2")
@@ -123,7 +125,8 @@ def main():
     if "timing" in sections:
         names = ["ddp", *[c for c in contenders if kinds[c] in args.timing_rungs.split(",")]]
         res["timing"], runners, batches = timing(names, mods, args, rank, world, args.rounds, bool(args.benchmark))
-        res["facts"].update(ddp_facts(runners, batches, names, args, mods, rank, world))
+        if args.facts:
+            res["facts"].update(ddp_facts(runners, batches, names, args, mods, rank, world))
         sweep = [float(x) for x in args.sweep.split(",") if x]
         if sweep and "bucketed" in rungs:
             res["sweep"] = bucket_sweep(sweep, batches, args, mods, rank)
