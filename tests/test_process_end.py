@@ -109,3 +109,31 @@ def test_exit_code_of_reads_a_main_as_a_script_would_end(capsys):
     assert exit_code_of(lambda: fail_with(4)) == 4
     assert exit_code_of(lambda: 1 / 0) == 1
     assert "ZeroDivisionError" in capsys.readouterr().err
+
+
+def test_a_launch_whose_store_port_was_taken_starts_again(monkeypatch, capsys):
+    """torchrun --standalone's port taken between choosing and binding it (seen in the stress run): launched again."""
+    from distrinews_lib.course import launch
+
+    taken = ("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
+             "address. port: 42663, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
+    outcomes = [launch.LaunchResult(["torchrun"], 1, taken, 1.0, False, [taken]),
+                launch.LaunchResult(["torchrun"], 0, "ok", 1.0, False, ["ok"])]
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        result = outcomes[len(calls) - 1]
+        if kw["check"] and not result.ok:
+            raise launch.LaunchError("failed", result)
+        return result
+
+    monkeypatch.setattr(launch, "_run", fake_run)
+    assert launch.torchrun(ENDING, 2, ["ok"], echo=False).ok and len(calls) == 2
+    assert "the launch starts again (2 of 3)" in capsys.readouterr().out
+    calls.clear()
+    outcomes[:] = [launch.LaunchResult(["torchrun"], 1, "ValueError: boom", 1.0, False, ["ValueError: boom"])]
+    with pytest.raises(LaunchError):
+        launch.torchrun(ENDING, 2, ["ok"], echo=False)  # any other failure is not retried
+    assert len(calls) == 1
+    assert launch.port_taken(taken) and not launch.port_taken("ValueError: boom")

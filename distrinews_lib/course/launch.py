@@ -258,8 +258,31 @@ def torchrun(script, nproc: int | str = "auto", args=(), *, timeout: float = 900
         cmd.append("--standalone")
     cmd += [*map(str, torchrun_args), f"--nproc_per_node={nproc}", "-m", HARDEN, *(["-m"] if module else []),
             str(script), *map(str, args)]
-    return _run(cmd, timeout=timeout, env=_rank_env(env, cpu_threads), cwd=cwd, echo=echo, check=check,
-                what=f"torchrun of {Path(str(script)).name} with {nproc} process(es)")
+    what = f"torchrun of {Path(str(script)).name} with {nproc} process(es)"
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        try:
+            result = _run(cmd, timeout=timeout, env=_rank_env(env, cpu_threads), cwd=cwd, echo=echo, check=check,
+                          what=what)
+        except LaunchError as err:
+            if not (standalone and attempt < PORT_ATTEMPTS and port_taken(err.result.output)):
+                raise
+            result = err.result
+        if result.ok or not (standalone and attempt < PORT_ATTEMPTS and port_taken(result.output)):
+            return result
+        print(f"[launch] torchrun's port was taken by another process before its store could bind it; nothing ran "
+              f"yet, so the launch starts again ({attempt + 1} of {PORT_ATTEMPTS})", flush=True)
+    return result
+
+
+# torchrun --standalone picks a free port, releases it and binds it again for its rendezvous store; another process
+# (any outgoing connection takes an ephemeral port) can take it in between: seen once in 240 launches beside other
+# jobs. The agent fails before it starts a rank, so launching again is safe.
+PORT_ATTEMPTS = 3
+
+
+def port_taken(output: str) -> bool:
+    """Did the launch fail because its rendezvous store could not bind its port (before any rank started)?"""
+    return "EADDRINUSE" in output and "server socket has failed to listen" in output
 
 
 ACCELERATE_CONFIG = Path(__file__).resolve().parent.parent.parent / "configs" / "accelerate" / "multi_process.yaml"
