@@ -188,6 +188,24 @@ def classify(res, seconds: float, stacks, timeout: float) -> dict:
     return rec
 
 
+def tally(launches: dict) -> dict:
+    return {n: {s: sum(r["state"] == s for r in recs) for s in ("ok", "aborted", "hung", "failed")}
+            | {"launches": len(recs), "median_seconds": sorted(r["seconds"] for r in recs)[len(recs) // 2]}
+            for n, recs in launches.items() if recs}
+
+
+def write(out, launches: dict, args, started: float, done: bool) -> dict:
+    from distrinews_lib.bench.provenance import provenance
+
+    summary = tally(launches)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps({"benchmark": "launch_stress", **provenance(), "times": args.times,
+                                     "finished": done, "timeout_s": args.timeout,
+                                     "minutes": round((time.time() - started) / 60, 1),
+                                     "summary": summary, "launches": launches}, indent=1, default=str))
+    return summary
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--times", type=int, default=30, help="launches per entry point")
@@ -209,27 +227,27 @@ def main(argv=None) -> int:
             for name in names:
                 while args.pause_file and Path(args.pause_file).exists():  # someone needs a quiet machine for a while
                     time.sleep(5)
-                rec = classify(*Watched(points[name], args.timeout)(), args.timeout)
+                res, seconds, stacks = Watched(points[name], args.timeout)()
+                rec = classify(res, seconds, stacks, args.timeout)
                 if rec["state"] == "ok" and (why := produced(name, Path(tmp))):
                     rec.update(state="failed", last_lines=[f"exit code 0, but {why}"])
+                if rec["state"] != "ok" and args.out and res is not None:  # the whole output: the cause may be early
+                    log = Path(args.out).with_suffix("") / f"{name}_{i + 1}.log"
+                    log.parent.mkdir(parents=True, exist_ok=True)
+                    log.write_text(res.output)
+                    rec["log"] = str(log)
                 launches[name].append(rec)
+                if args.out:  # after every launch: a run stopped half-way keeps what it counted
+                    write(args.out, launches, args, started, done=False)
                 print(f"{i + 1:3d}/{args.times} {name:<18} {rec['state']:<8} {rec['seconds']:6.1f} s", flush=True)
                 if rec["state"] != "ok":
                     print("    " + "\n    ".join(rec.get("abort_lines") or rec.get("last_lines", [])[-6:]), flush=True)
-    summary = {n: {s: sum(r["state"] == s for r in recs) for s in ("ok", "aborted", "hung", "failed")}
-               | {"launches": len(recs), "median_seconds": sorted(r["seconds"] for r in recs)[len(recs) // 2]}
-               for n, recs in launches.items()}
+    summary = write(args.out, launches, args, started, done=True) if args.out else tally(launches)
     print(f"\n{'entry point':<18} {'launches':>8} {'ok':>5} {'aborted':>8} {'hung':>5} {'failed':>7} {'median s':>9}")
     for n, s in summary.items():
         print(f"{n:<18} {s['launches']:8d} {s['ok']:5d} {s['aborted']:8d} {s['hung']:5d} {s['failed']:7d} "
               f"{s['median_seconds']:9.1f}")
     if args.out:
-        from distrinews_lib.bench.provenance import provenance
-
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"benchmark": "launch_stress", **provenance(), "times": args.times,
-                                              "timeout_s": args.timeout, "minutes": round((time.time() - started) / 60, 1),
-                                              "summary": summary, "launches": launches}, indent=1, default=str))
         print(f"wrote {args.out}")
     bad = sum(s["aborted"] + s["hung"] + s["failed"] for s in summary.values())
     return 1 if bad else 0
