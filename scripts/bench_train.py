@@ -139,20 +139,7 @@ def ablation_flags(device: torch.device, wanted) -> list:
 def resolve_data(choice: str) -> str:
     """What the scripts get as --data. auto: $DISTRINEWS_DATA_DIR, else the real AG News sample embedded in
     distrinews_lib (never the hub: a benchmark must not depend on the network)."""
-    if choice == "auto":
-        env_dir = os.environ.get("DISTRINEWS_DATA_DIR")
-        if env_dir:
-            if not Path(env_dir).expanduser().is_dir():
-                raise UserError(f"DISTRINEWS_DATA_DIR={env_dir} is not a folder. Point it at a folder with train.csv and "
-                                "test.csv (.gz ok), or unset it to benchmark on the embedded AG News sample.")
-            return str(Path(env_dir).expanduser())
-        return "embedded"
-    if choice in ("embedded", "synthetic", "hub"):
-        return choice
-    if not Path(choice).expanduser().is_dir():
-        raise UserError(f"--data {choice}: no such folder. Use auto, embedded, synthetic, hub, or a folder with "
-                        "train.csv and test.csv (.gz ok).")
-    return str(Path(choice).expanduser().resolve())
+    return sources.offline_source(choice, ("embedded", "synthetic", "hub"))
 
 
 def data_note(splits: texts.TextSplits) -> str:

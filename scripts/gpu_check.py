@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -83,15 +82,7 @@ def choose_model(hub: bool) -> tuple[str, str]:
 
 def choose_data(data_dir: str | None) -> str:
     """--data for every stage: a carried folder, $DISTRINEWS_DATA_DIR, else the embedded real sample."""
-    choice = data_dir or os.environ.get("DISTRINEWS_DATA_DIR")
-    if not choice:
-        return "embedded"
-    path = Path(choice).expanduser()
-    if not path.is_dir():
-        raise UserError(f"AG News folder {choice} (from --data-dir or $DISTRINEWS_DATA_DIR) does not exist. Carry a folder "
-                        "with train.csv and test.csv (.gz ok) to the GPU machine, or leave both unset to use the real AG News "
-                        "sample embedded in distrinews_lib.")
-    return str(path.resolve())
+    return sources.data_dir(data_dir, "--data-dir") or "embedded"
 
 
 def train_argv(model: str, data_arg: str, out: Path, amp: str, s: dict) -> list:
