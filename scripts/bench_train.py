@@ -47,6 +47,7 @@ latter also runs each rank of the --ddp-worker launch) and train_report (plots, 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -64,6 +65,7 @@ from distrinews_lib.bench.train_compare import compare_section  # noqa: E402
 from distrinews_lib.bench.train_report import headline, ordered, plot, refresh, targets  # noqa: E402
 from distrinews_lib.bench.train_scaling import ddp_section, ddp_worker, one_gpu_for_this_process  # noqa: E402
 from distrinews_lib.bench.train_setup import MODELS, data_note, full_plan, resolve_data  # noqa: E402
+from distrinews_lib.course import launch  # noqa: E402
 from distrinews_lib.data import sources  # noqa: E402
 from distrinews_lib.distributed import run_and_end  # noqa: E402
 from distrinews_lib.errors import UserError, main_guard  # noqa: E402
@@ -157,7 +159,8 @@ def main(argv=None):
         if "compare" in sections:
             result["compare"] = compare_section(bench_plan, data_arg, device, args, log, workdir)
         if "ddp" in sections:
-            result["ddp"] = ddp_section(bench_plan["ddp"], args, data_arg, device.type, log, workdir, Path(__file__))
+            result["ddp"] = ddp_section(bench_plan["ddp"], args, data_arg, device.type, log, workdir,
+                                         functools.partial(launch.torchrun, Path(__file__)))
     result["targets"] = targets(result)
     result["headline"] = headline(result)
     result["seconds_total"] = round(time.time() - started, 1)

@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..course import launch
 from ..data.texts import AG_NEWS_LABELS
 from ..errors import UserError
 from ..models.build import build_model
@@ -87,8 +86,9 @@ def all_gpu_count() -> int:
     return int(out.stdout.strip() or 1)
 
 
-def ddp_section(plan, args, data_arg: str, device_type: str, log, workdir: Path, worker_script: Path) -> dict:
-    """The section, from the parent: its ranks are `worker_script --ddp-worker SPEC` (scripts/bench_train.py)."""
+def ddp_section(plan, args, data_arg: str, device_type: str, log, workdir: Path, torchrun) -> dict:
+    """The section, from the parent. torchrun(nproc, argv, **options) launches the entry script's ranks with argv
+    (--ddp-worker SPEC): scripts/bench_train.py passes course.launch.torchrun bound to itself."""
     nproc = args.ddp_nproc or (all_gpu_count() or 2)
     configs = ddp_configs(plan, nproc)
     need = max((c["warmup"] + c["steps"]) * c["global_batch"] for c in configs)
@@ -108,8 +108,8 @@ def ddp_section(plan, args, data_arg: str, device_type: str, log, workdir: Path,
         f"{len(configs)} contenders x {plan['rounds']} rounds in one torchrun launch")
     t = time.time()
     with original_cuda_devices():
-        res = launch.torchrun(worker_script, nproc, ["--ddp-worker", str(spec_path)], timeout=args.ddp_timeout,
-                              echo=True, cpu_threads=1, cwd=REPO)
+        res = torchrun(nproc, ["--ddp-worker", str(spec_path)], timeout=args.ddp_timeout, echo=True, cpu_threads=1,
+                       cwd=REPO)
     raw = json.loads(Path(spec["out"]).read_text())
     raw["launch_seconds"] = round(time.time() - t, 1)
     raw["launch_command"] = " ".join(res.command[res.command.index("-m"):])
