@@ -42,8 +42,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from distrinews_lib.bench.fresh import in_child
 from distrinews_lib.bench.provenance import provenance
+from distrinews_lib.course.fresh import in_child
 from distrinews_lib.data import batching, sources, tokenization
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.data.tokenization import tiny_tokenizer

@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from ..course.harden import die_with_parent
+from .harden import die_with_parent
 
 
 def in_child(fn, what: str = "a run"):
