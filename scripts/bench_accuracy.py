@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -46,15 +45,7 @@ def find_data(choice: str) -> str:
     if choice == "synthetic":
         raise UserError("--data synthetic: an accuracy on synthetic texts says nothing about AG News. Use auto, embedded "
                         "(the real AG News sample inside distrinews_lib) or a folder with train.csv and test.csv.")
-    if choice == "auto":
-        choice = os.environ.get("DISTRINEWS_DATA_DIR") or "embedded"
-    if choice == "embedded":
-        return choice
-    path = Path(choice).expanduser()
-    if not path.is_dir():
-        raise UserError(f"--data {choice}: no such folder (from --data or $DISTRINEWS_DATA_DIR). Pass a folder with "
-                        "train.csv and test.csv (.gz ok), or --data embedded for the real AG News sample in distrinews_lib.")
-    return str(path.resolve())
+    return sources.offline_source(choice, ("embedded",))
 
 
 def train_args(s: dict, data_dir: str, batch: int, out: Path, threads: int, seed: int, ddp: bool) -> list:

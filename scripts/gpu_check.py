@@ -29,30 +29,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import shutil
-import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from distrinews_lib.bench import provenance
-from distrinews_lib.data import sources, tokenization  # noqa: E402
+from distrinews_lib.bench import provenance  # noqa: E402
+from distrinews_lib.bench.gpu_estimate import flops_per_text, t4_epoch_estimate  # noqa: E402
+from distrinews_lib.bench.gpu_stages import PARSERS, serving_stage  # noqa: E402
+from distrinews_lib.data import sources  # noqa: E402
 from distrinews_lib.errors import UserError, main_guard  # noqa: E402
 from distrinews_lib.training import config  # noqa: E402
 
 STAGES = ("env", "cuda_tests", "train_fp16", "train_bf16", "ddp_nccl", "notebooks", "serving", "bench_train")
 CUDA_TESTS = ["tests/test_gpu_cuda.py", "tests/test_gpu_env.py", "tests/test_library.py",
               "tests/test_bench.py::test_mfu_is_reported_on_cuda"]
-CUDA_SKIP = re.compile(r"needs (a )?CUDA", re.I)   # a skip reason that must not appear on a CUDA machine
-T4_FP16_PEAK_TFLOPS = 65.0                          # NVIDIA's datasheet, dense (flops.PEAK_TFLOPS["T4"])
-SEED_CLAIMS_MINUTES = {"1x T4": 8.0, "2x T4": 4.5}  # the seed's figures for a 120,000-row epoch, never measured
 
 
 @dataclass
@@ -83,15 +78,7 @@ def choose_model(hub: bool) -> tuple[str, str]:
 
 def choose_data(data_dir: str | None) -> str:
     """--data for every stage: a carried folder, $DISTRINEWS_DATA_DIR, else the embedded real sample."""
-    choice = data_dir or os.environ.get("DISTRINEWS_DATA_DIR")
-    if not choice:
-        return "embedded"
-    path = Path(choice).expanduser()
-    if not path.is_dir():
-        raise UserError(f"AG News folder {choice} (from --data-dir or $DISTRINEWS_DATA_DIR) does not exist. Carry a folder "
-                        "with train.csv and test.csv (.gz ok) to the GPU machine, or leave both unset to use the real AG News "
-                        "sample embedded in distrinews_lib.")
-    return str(path.resolve())
+    return sources.data_dir(data_dir, "--data-dir") or "embedded"
 
 
 def train_argv(model: str, data_arg: str, out: Path, amp: str, s: dict) -> list:
@@ -201,142 +188,6 @@ def run_stage(stage: Stage, run_dir: Path, echo: bool) -> dict:
     out = {"returncode": res.returncode, "timed_out": res.timed_out, "seconds": round(time.time() - t, 1),
            "log": str(log), "command": " ".join(map(str, stage.cmd)), "tail": res.output.splitlines()[-15:]}
     out.update(PARSERS.get(stage.name, lambda s, r, o: {"status": "ok" if r.ok else "FAILED"})(stage, res, out))
-    return out
-
-
-def parse_pytest(stage, res, out) -> dict:
-    summary = re.findall(r"(\d+) (passed|failed|skipped|error|errors|deselected)", res.output)
-    counts = {k.rstrip("s") if k.startswith("error") else k: int(n) for n, k in summary}
-    skipped = [line for line in res.output.splitlines() if line.startswith("SKIPPED")]
-    wrongly = [line for line in skipped if CUDA_SKIP.search(line)]
-    ok = res.ok and not wrongly and counts.get("passed", 0) > 0
-    return {"status": "ok" if ok else "FAILED", "counts": counts, "skipped": skipped, "skipped_for_want_of_cuda": wrongly}
-
-
-def parse_training(stage, res, out) -> dict:
-    text = res.output
-    if stage.name == "train_bf16" and res.returncode == 2 and "no bf16 in hardware" in text:
-        return {"status": "ok", "refused_as_designed": True,
-                "message": next((line for line in text.splitlines() if "bf16" in line), "")}
-    metrics = Path(stage.out) / "metrics.json"
-    if not res.ok or not metrics.is_file():
-        return {"status": "FAILED"}
-    m = json.loads(metrics.read_text())
-    ep = m["epochs"][-1]
-    mfu = re.findall(r"MFU ([\d.]+)%", text)
-    amp = re.search(r"\| ((?:bf16|fp16|AMP)[^|\n]*)$", text, re.M)
-    got = {"status": "ok", "samples_per_s": ep["samples_per_s"], "tokens_per_s": ep["tokens_per_s"],
-           "epoch_seconds": ep["epoch_time_s"], "val_accuracy": ep["val_accuracy"], "train_texts": m["data"]["train_size"],
-           "mfu": float(mfu[-1]) / 100 if mfu else None, "amp": amp.group(1).strip() if amp else None,
-           "model": m["model"]["resolved"], "data": m["data"]["source"], "world_size": m["ddp"]["world_size"],
-           "backend": m["ddp"]["backend"], "checkpoint": str(Path(stage.out) / "model.pt")}
-    if stage.name == "ddp_nccl":
-        same = re.search(r"parameters identical on all (\d+) ranks: (True|False)", text)
-        got["params_identical"] = bool(same and same.group(2) == "True")
-        if got["backend"] != "nccl" or not got["params_identical"]:
-            got["status"] = "FAILED"
-    return got
-
-
-def parse_bench(stage, res, out) -> dict:
-    path = Path(stage.out)
-    if not res.ok or not path.is_file():
-        return {"status": "FAILED"}
-    b = json.loads(path.read_text())
-    return {"status": "ok", "json": str(path), "headline": b.get("headline"), "targets": b.get("targets")}
-
-
-PARSERS = {"cuda_tests": parse_pytest, "train_fp16": parse_training, "train_bf16": parse_training,
-           "ddp_nccl": parse_training, "bench_train": parse_bench}
-
-
-def serving_stage(stage: Stage, run_dir: Path, texts: list, device: str = "cuda") -> dict:
-    """Start the server on `device` in the background, ask it, stop it."""
-    from distrinews_lib.distributed import free_port
-
-    checkpoint = Path(stage.out)
-    if not checkpoint.is_file():
-        return {"status": "FAILED", "why": f"no checkpoint at {checkpoint} (train_fp16 failed or did not run)"}
-    port = free_port()
-    log = open(run_dir / "serving.log", "w")
-    cmd = [sys.executable, "-m", "distrinews_lib.serving", "--checkpoint", str(checkpoint), "--device", device,
-           "--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    out = {"command": " ".join(cmd), "log": str(run_dir / "serving.log")}
-    try:
-        deadline = time.time() + stage.timeout
-        health = None
-        while time.time() < deadline and proc.poll() is None:
-            try:
-                health = _http(f"{base}/health")
-                if health.get("status") == "ok":
-                    break
-            except OSError:
-                time.sleep(0.5)
-        if not health or health.get("status") != "ok":
-            return {**out, "status": "FAILED", "why": f"no healthy server within {stage.timeout:.0f} s (exit code {proc.poll()})"}
-        latencies = []
-        for text in texts[:50]:
-            t = time.perf_counter()
-            _http(f"{base}/predict", {"text": text})
-            latencies.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        batch = _http(f"{base}/predict/batch", {"texts": texts[:64]})
-        batch_s = time.perf_counter() - t
-        latencies.sort()
-        answers = len(batch.get("results", []))
-        ok = str(health.get("device", "")).startswith(device) and answers == len(texts[:64])
-        return {**out, "status": "ok" if ok else "FAILED", "device": health.get("device"),
-                "single_request_latency_ms": {"p50": 1000 * latencies[len(latencies) // 2],
-                                              "p95": 1000 * latencies[int(0.95 * (len(latencies) - 1))]},
-                "batch_of_64_ms": 1000 * batch_s, "batch_answers": answers}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-
-
-def _http(url: str, body: dict | None = None) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read())
-
-
-# --------------------------------------------------------------------------- the T4 estimate
-
-def flops_per_text(data_arg: str, max_length: int = 128) -> dict:
-    """Training FLOPs of DistilBERT-base per AG News text (throughput.training_flops over the real lengths)."""
-    import torch
-    from transformers import AutoModelForSequenceClassification, DistilBertConfig
-
-    from distrinews_lib.bench import throughput
-    from distrinews_lib.data.tokenization import tiny_tokenizer
-    from distrinews_lib.training import flops
-
-    splits = sources.load_agnews(data_arg)
-    lengths = [len(x) for x in tokenization.tokenize_texts(splits.train_texts, tiny_tokenizer(), max_length)]
-    with torch.device("meta"):
-        shape = flops.model_shape(AutoModelForSequenceClassification.from_config(DistilBertConfig(num_labels=4)))
-    return {"flops_per_text": throughput.training_flops(shape, lengths) / len(lengths), "texts": len(lengths),
-            "mean_tokens": sum(lengths) / len(lengths), "max_length": max_length, "data": splits.source}
-
-
-def t4_epoch_estimate(flops_per_sample: float, mfu_scenarios: dict, rows: int = 120_000, ddp_efficiency: float = 0.9) -> dict:
-    """ESTIMATED minutes for one epoch of `rows` texts on one T4 and on 2x T4, at the T4's dense fp16 peak times
-    each assumed MFU (2x T4: divided by 2 x ddp_efficiency). Not a measurement."""
-    out = {"label": "ESTIMATE from FLOPs per text and the T4's fp16 peak, not a measurement",
-           "rows": rows, "flops_per_text": flops_per_sample, "t4_fp16_peak_tflops": T4_FP16_PEAK_TFLOPS,
-           "ddp_efficiency_assumed": ddp_efficiency, "seed_claims_minutes": SEED_CLAIMS_MINUTES, "scenarios": {}}
-    for name, mfu in mfu_scenarios.items():
-        if not mfu:
-            continue
-        one = rows * flops_per_sample / (T4_FP16_PEAK_TFLOPS * 1e12 * mfu) / 60
-        out["scenarios"][name] = {"mfu": mfu, "1x T4 minutes": round(one, 2), "2x T4 minutes": round(one / (2 * ddp_efficiency), 2)}
     return out
 
 

@@ -27,11 +27,11 @@ would reuse it without raising the peak. Per rank and run it reports:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
 import re
-import sys
 import tempfile
 import time
 import warnings
@@ -43,7 +43,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from distrinews_lib.bench.provenance import provenance
-from distrinews_lib.course.harden import die_with_parent
+from distrinews_lib.course.fresh import in_child
 from distrinews_lib.data import batching, sources, tokenization
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.data.tokenization import tiny_tokenizer
@@ -147,6 +147,14 @@ class SavedActivations:
         return sum(self.seen.values())
 
 
+def counted_loss(model, batch, params, count: bool):
+    """The loss of one forward, and the bytes autograd saved for its backward (0 unless `count`: the first step's)."""
+    counter = SavedActivations(params)
+    with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t) if count else contextlib.nullcontext():
+        loss = loss_of(model, batch)
+    return loss, counter.bytes
+
+
 def step_loop(my_batches, forward_backward, opt_step):
     times, saved = [], 0
     for i, batch in enumerate(my_batches):
@@ -191,14 +199,9 @@ def run_torch(run, args, template, my_batches, world):
 
     def forward_backward(batch, count):
         opt.zero_grad(set_to_none=True)
-        counter = SavedActivations(params)
-        if count:
-            with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
-                loss = loss_of(wrapped, batch)
-        else:
-            loss = loss_of(wrapped, batch)
+        loss, saved = counted_loss(wrapped, batch, params, count)
         loss.backward()
-        return counter.bytes, sum(nbytes(p.grad) for p in params)  # between backward and step: every gradient alive
+        return saved, sum(nbytes(p.grad) for p in params)  # between backward and step: every gradient alive
 
     times, saved, grads = step_loop(my_batches, forward_backward, opt.step)
     held = {"params": sum(nbytes(p) for p in params), "grads": grads,
@@ -238,14 +241,9 @@ def run_deepspeed(run, args, template, my_batches, world):
     params = list(engine.module.parameters())
 
     def forward_backward(batch, count):
-        counter = SavedActivations(params)
-        if count:
-            with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
-                loss = loss_of(engine, batch)
-        else:
-            loss = loss_of(engine, batch)
+        loss, saved = counted_loss(engine, batch, params, count)
         engine.backward(loss)
-        return counter.bytes, ds_gradient_bytes(opt, params)
+        return saved, ds_gradient_bytes(opt, params)
 
     times, saved, grads = step_loop(my_batches, forward_backward, engine.step)
     inner = opt.optimizer if hasattr(opt, "optimizer") else opt
@@ -324,35 +322,6 @@ def warm_up(args, template, ds, pad_id) -> None:
     gc.collect()
 
 
-def in_child(fn):
-    """fn() in a forked child; its JSON-able result, or the child's error (which is raised here)."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        os.close(read)
-        code = 0
-        try:
-            die_with_parent()
-            payload = {"ok": fn()}
-        except BaseException as e:  # noqa: BLE001  (reported to the parent, which raises it)
-            import traceback
-
-            payload, code = {"error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"}, 1
-        with os.fdopen(write, "w") as f:
-            f.write(json.dumps(payload, default=str))
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    os.close(write)
-    with os.fdopen(read) as f:
-        text = f.read()
-    os.waitpid(pid, 0)
-    payload = json.loads(text) if text else {"error": "the child process died without a word (killed? out of memory?)"}
-    if "error" in payload:
-        raise RuntimeError(f"memory_footprint.py: a run failed in its child process:\n{payload['error']}")
-    return payload["ok"]
-
-
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=["tiny", "distilbert-base"], default="tiny")
@@ -397,7 +366,8 @@ def main(argv=None) -> None:
             results[run["name"]] = {"skipped": "DeepSpeed is not installed (pip install --no-build-isolation -r "
                                                "requirements-deepspeed.txt)"}
             continue
-        result = in_child(lambda: one_run(run, index, args, template, ds, pad_id, rank, world, scratch))
+        result = in_child(lambda: one_run(run, index, args, template, ds, pad_id, rank, world, scratch),
+                          "memory_footprint.py: a run")
         results[run["name"]] = result
         if rank == 0:
             r = max(result["per_rank"], key=lambda x: x["peak_rss_above_start_mb"])

@@ -16,7 +16,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from distrinews_lib.bench import provenance, throughput, timing
+from distrinews_lib.bench import (
+    provenance,
+    throughput,
+    timing,
+    train_measure,
+    train_scaling,
+    train_setup,
+    train_stats,
+)
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.errors import UserError
 from distrinews_lib.training import flops
@@ -192,40 +200,41 @@ def test_foreign_cores_and_quiet_gate():
 
 # --------------------------------------------------------------------------- bench_train's pieces
 
-def test_paired_ratios_use_rounds_side_by_side(bench):
+def test_paired_ratios_use_rounds_side_by_side():
     a = [{"samples_per_s": 20.0, "foreign_cores": 0.0}, {"samples_per_s": 10.0, "foreign_cores": 1.5}]
     b = [{"samples_per_s": 10.0, "foreign_cores": 0.1}, {"samples_per_s": 10.0, "foreign_cores": 0.0}]
-    p = bench.paired(a, b)
+    p = train_stats.paired(a, b)
     assert p["per_round"] == [2.0, 1.0] and p["median_of_rounds"] == 1.5
     assert p["clean_rounds"] == 1 and p["median_of_clean_rounds"] == 2.0
 
 
-def test_bench_data_auto_never_hard_codes_a_path(bench, monkeypatch, tmp_path):
+def test_bench_data_auto_never_hard_codes_a_path(monkeypatch, tmp_path):
     monkeypatch.setenv("DISTRINEWS_DATA_DIR", str(tmp_path))
-    assert bench.resolve_data("auto") == str(tmp_path)
+    assert train_setup.resolve_data("auto") == str(tmp_path)
     monkeypatch.delenv("DISTRINEWS_DATA_DIR")
-    assert bench.resolve_data("auto") == "embedded"  # the real AG News sample inside distrinews_lib
+    assert train_setup.resolve_data("auto") == "embedded"  # the real AG News sample inside distrinews_lib
     monkeypatch.setenv("DISTRINEWS_DATA_DIR", str(tmp_path / "missing"))
     with pytest.raises(UserError, match="DISTRINEWS_DATA_DIR"):
-        bench.resolve_data("auto")
+        train_setup.resolve_data("auto")
     with pytest.raises(UserError, match="no such folder"):
-        bench.resolve_data(str(tmp_path / "nope"))
-    assert "shared/data" not in (ROOT / "scripts" / "bench_train.py").read_text()
+        train_setup.resolve_data(str(tmp_path / "nope"))
+    for part in [ROOT / "scripts" / "bench_train.py", *(ROOT / "distrinews_lib" / "bench").glob("train_*.py")]:
+        assert "shared/data" not in part.read_text(), part
 
 
-def test_bench_contenders_follow_the_device(bench):
-    cpu = [name for name, _ in bench.ablation_flags(torch.device("cpu"), "all")]
+def test_bench_contenders_follow_the_device():
+    cpu = [name for name, _ in train_setup.ablation_flags(torch.device("cpu"), "all")]
     assert "--no-group_by_length" in cpu and "--no-fused_adam" in cpu  # engine fuses AdamW on the CPU too
     assert "--no-pin_memory" not in cpu and "--amp off" not in cpu  # nothing to switch off on a CPU
     assert not any("proposed" in n for n in cpu)
-    argv = bench.script_argv(model="tiny", data_arg="embedded", batch_size=8, steps=5, num_samples=40, max_length=64,
+    argv = train_setup.script_argv(model="tiny", data_arg="embedded", batch_size=8, steps=5, num_samples=40, max_length=64,
                              seed=1, threads=1, out=Path("/tmp/x"), device_type="cpu", flags=["--no-group_by_length"])
-    cfg = bench.parse_argv(argv)  # every contender is a command line the training script accepts
+    cfg = train_setup.parse_argv(argv)  # every contender is a command line the training script accepts
     assert (cfg.batch_size, cfg.max_steps_per_epoch, cfg.group_by_length, cfg.snapshots) == (8, 5, False, False)
 
 
 @pytest.mark.skipif(not _has("accelerate"), reason="Trainer needs accelerate")
-def test_trainer_same_options_use_this_transformers_spelling(bench):
+def test_trainer_same_options_use_this_transformers_spelling():
     import dataclasses
 
     from transformers import TrainingArguments
@@ -233,28 +242,28 @@ def test_trainer_same_options_use_this_transformers_spelling(bench):
     from distrinews_lib.training import config
 
     fields = {f.name for f in dataclasses.fields(TrainingArguments)}
-    opts = bench.trainer_options(config.RunConfig(), torch.device("cpu"), same_options=True, compile_=False)
+    opts = train_measure.trainer_options(config.RunConfig(), torch.device("cpu"), same_options=True, compile_=False)
     assert set(opts) <= fields  # every option exists in the installed transformers
     grouping = opts.get("train_sampling_strategy") or opts.get("group_by_length")
     assert grouping in ("group_by_length", True)
     assert opts["optim"] == "adamw_torch_fused" and opts["weight_decay"] == 0.01
-    assert bench.trainer_options(config.RunConfig(), torch.device("cpu"), same_options=False, compile_=False) == {}
-    assert bench.trainer_options(config.RunConfig(), torch.device("cpu"), False, compile_=True) == {"torch_compile": True}
+    assert train_measure.trainer_options(config.RunConfig(), torch.device("cpu"), same_options=False, compile_=False) == {}
+    assert train_measure.trainer_options(config.RunConfig(), torch.device("cpu"), False, compile_=True) == {"torch_compile": True}
 
 
-def test_ddp_contenders(bench):
-    configs = bench.ddp_configs(dict(global_batches=[64, 256], steps=(3, 2), warmup=1, knobs=True), nproc=2)
+def test_ddp_contenders():
+    configs = train_scaling.ddp_configs(dict(global_batches=[64, 256], steps=(3, 2), warmup=1, knobs=True), nproc=2)
     names = [c["name"] for c in configs]
     assert names[:2] == ["G64 x1 (train_single.py)", "G64 x2"]
     assert {c["batch_per_rank"] for c in configs if c["global_batch"] == 64 and c["world"] == 2} == {32}
     assert [c["flags"] for c in configs if c["flags"]] == [["--bucket_cap_mb", "1"], ["--no-gradient_as_bucket_view"]]
     with pytest.raises(UserError, match="not divisible"):
-        bench.ddp_configs(dict(global_batches=[64], steps=3, warmup=1), nproc=3)
+        train_scaling.ddp_configs(dict(global_batches=[64], steps=3, warmup=1), nproc=3)
 
 
-def test_step_probe_records_each_step_and_waits_once(bench):
+def test_step_probe_records_each_step_and_waits_once():
     waits = []
-    probe = bench.StepProbe(warmup=2, wait=lambda: waits.append(1) or "quiet")
+    probe = train_measure.StepProbe(warmup=2, wait=lambda: waits.append(1) or "quiet")
     model = torch.nn.Linear(2, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with probe:

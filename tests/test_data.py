@@ -1,6 +1,7 @@
 """The AG News loaders: file formats, bad rows, sources, subsets, tokenization cache."""
 
 import gzip
+import re
 from collections import Counter
 
 import pytest
@@ -11,7 +12,7 @@ from distrinews_lib.errors import UserError
 from distrinews_lib.models.build import build_model
 from distrinews_lib.training.config import RunConfig
 
-from .helpers import AG_NEWS
+from .helpers import AG_NEWS, ROOT
 
 
 def write(path, text, gz=False):
@@ -82,6 +83,39 @@ def test_auto_uses_data_dir_offline_then_the_embedded_real_sample(tmp_path, monk
     assert sources.resolve_source("auto") == "embedded"  # real news offline; synthetic only when asked for
     s = sources.load_agnews("auto", num_samples=40, eval_samples=12)
     assert s.source == "embedded" and not s.is_synthetic and s.title == "AG News (embedded real sample)"
+
+
+def test_the_data_folder_has_one_rule_in_one_function(tmp_path, monkeypatch):
+    """sources.data_dir is THE rule (README: --data auto is $DISTRINEWS_DATA_DIR, else the embedded sample): a
+    folder on the command line wins over $DISTRINEWS_DATA_DIR, which wins over the caller's default (None); an empty
+    variable is unset; a folder named either way that is not there stops with where it came from, never a fallback."""
+    flag_dir, env_dir = tmp_path / "flag", tmp_path / "env"
+    flag_dir.mkdir()
+    env_dir.mkdir()
+    monkeypatch.setenv("DISTRINEWS_DATA_DIR", str(env_dir))
+    assert sources.data_dir(str(flag_dir)) == str(flag_dir)
+    assert sources.data_dir() == str(env_dir)
+    assert sources.offline_source("auto") == str(env_dir) and sources.offline_source("embedded") == "embedded"
+    monkeypatch.setenv("DISTRINEWS_DATA_DIR", "")
+    assert sources.data_dir() is None and sources.offline_source("auto") == "embedded"
+    monkeypatch.setenv("DISTRINEWS_DATA_DIR", str(tmp_path / "gone"))
+    with pytest.raises(UserError, match="DISTRINEWS_DATA_DIR=.*no such folder.*does not exist"):
+        sources.data_dir()
+    with pytest.raises(UserError, match="--data-dir .*nope: no such folder"):
+        sources.data_dir(str(tmp_path / "nope"), "--data-dir")
+    (tmp_path / "file.csv").write_text("x")
+    with pytest.raises(UserError, match="is not a folder"):
+        sources.offline_source(str(tmp_path / "file.csv"))
+
+
+def test_no_script_reads_the_data_folder_variable_itself():
+    """Every script and module that needs the data folder asks sources.data_dir (run_course.py only sets the
+    variable for the notebooks, and the notebooks' setup only shows it)."""
+    reads = re.compile(r"environ(\.get\(|\[)\s*[\"']DISTRINEWS_DATA_DIR")
+    files = [p for folder in ("scripts", "distrinews_lib") for p in (ROOT / folder).rglob("*.py")]
+    readers_ = {p.relative_to(ROOT).as_posix() for p in files if reads.search(p.read_text(encoding="utf-8"))}
+    assert readers_ <= {"scripts/run_course.py", "distrinews_lib/course/notebook.py"}, readers_
+    assert "os.environ.get(DATA_DIR_ENV)" in (ROOT / "distrinews_lib" / "data" / "sources.py").read_text()
 
 
 def test_the_embedded_sample_is_real_balanced_small_and_documented():

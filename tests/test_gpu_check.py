@@ -11,6 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from distrinews_lib.bench import gpu_estimate, gpu_stages
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -74,19 +76,19 @@ def test_plan_without_a_gpu_skips_every_gpu_stage_and_only_selects(gc, tmp_path)
     assert "--nproc_per_node=1" in next(s for s in stages if s.name == "ddp_nccl").cmd  # one rank with one GPU
 
 
-def test_pytest_parser_fails_a_cuda_test_skipped_on_a_cuda_machine(gc):
+def test_pytest_parser_fails_a_cuda_test_skipped_on_a_cuda_machine():
     stage = SimpleNamespace(name="cuda_tests")
     good = SimpleNamespace(ok=True, output="SKIPPED [1] tests/test_x.py:3: checks the no-GPU message\n12 passed, 1 skipped in 3s")
-    assert gc.parse_pytest(stage, good, {})["status"] == "ok"
+    assert gpu_stages.parse_pytest(stage, good, {})["status"] == "ok"
     bad = SimpleNamespace(ok=True, output="SKIPPED [2] tests/test_gpu_cuda.py:20: needs a CUDA GPU\n3 passed, 2 skipped in 1s")
-    res = gc.parse_pytest(stage, bad, {})
+    res = gpu_stages.parse_pytest(stage, bad, {})
     assert res["status"] == "FAILED" and res["skipped_for_want_of_cuda"] and res["counts"]["passed"] == 3
 
 
-def test_training_parser(gc, tmp_path):
+def test_training_parser(tmp_path):
     refused = SimpleNamespace(ok=False, returncode=2, output="error: --amp bf16: Tesla T4 (compute capability 7.5) has no "
                                                             "bf16 in hardware; torch would emulate it")
-    res = gc.parse_training(SimpleNamespace(name="train_bf16", out=str(tmp_path)), refused, {})
+    res = gpu_stages.parse_training(SimpleNamespace(name="train_bf16", out=str(tmp_path)), refused, {})
     assert res["status"] == "ok" and res["refused_as_designed"]
     metrics = {"epochs": [{"samples_per_s": 900.0, "tokens_per_s": 45000.0, "epoch_time_s": 9.0, "val_accuracy": 0.9}],
                "data": {"train_size": 8000, "source": "embedded"}, "model": {"resolved": "minilm"},
@@ -95,16 +97,16 @@ def test_training_parser(gc, tmp_path):
     text = ("preset single_gpu | 2 processes | nccl | device cuda:0 | fp16 + GradScaler: Tesla T4 has no native bf16 (e.g. T4)\n"
             "epoch 1/1 | train loss 0.3 | val loss 0.3 | val acc 90.00% (2000 texts) | 9.0s | 900 samples/s | MFU 31.2%\n"
             "parameters identical on all 2 ranks: True (max difference 0)\n")
-    res = gc.parse_training(SimpleNamespace(name="ddp_nccl", out=str(tmp_path)), SimpleNamespace(ok=True, returncode=0, output=text), {})
+    res = gpu_stages.parse_training(SimpleNamespace(name="ddp_nccl", out=str(tmp_path)), SimpleNamespace(ok=True, returncode=0, output=text), {})
     assert res["status"] == "ok" and res["mfu"] == pytest.approx(0.312) and res["params_identical"]
     assert res["amp"].startswith("fp16 + GradScaler")
-    res = gc.parse_training(SimpleNamespace(name="ddp_nccl", out=str(tmp_path)),
+    res = gpu_stages.parse_training(SimpleNamespace(name="ddp_nccl", out=str(tmp_path)),
                             SimpleNamespace(ok=True, returncode=0, output=text.replace("True", "False")), {})
     assert res["status"] == "FAILED"
 
 
-def test_t4_estimate_arithmetic(gc):
-    est = gc.t4_epoch_estimate(13e9, {"a": 0.25, "none": None}, rows=120_000, ddp_efficiency=0.9)
+def test_t4_estimate_arithmetic():
+    est = gpu_estimate.t4_epoch_estimate(13e9, {"a": 0.25, "none": None}, rows=120_000, ddp_efficiency=0.9)
     one = 120_000 * 13e9 / (65e12 * 0.25) / 60
     assert est["scenarios"]["a"]["1x T4 minutes"] == pytest.approx(one, abs=0.01)
     assert est["scenarios"]["a"]["2x T4 minutes"] == pytest.approx(one / 1.8, abs=0.01)

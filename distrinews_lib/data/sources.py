@@ -159,6 +159,40 @@ def resolve_dataset(dataset: str) -> str:
     raise UserError(f"--dataset {dataset}: not a dataset the course knows and not a folder. Choices: {known_datasets_text()}.")
 
 
+DATA_DIR_ENV = "DISTRINEWS_DATA_DIR"
+
+
+def data_dir(folder: str | None = None, flag: str = "--data", choices: tuple = ()) -> str | None:
+    """THE rule for where the AG News folder is, for every script: a folder given on the command line (`flag`)
+    wins; else $DISTRINEWS_DATA_DIR (set and not empty); else None, and the caller falls back to its default (the
+    hub, its cache or the embedded sample). A folder named either way must exist: a wrong one stops with a message
+    that says where it came from, never a quiet fallback. Returns the folder as an absolute path."""
+    if folder:
+        given, origin = folder, f"{flag} {folder}"
+        instead = f", or one of {', '.join(choices)}" if choices else ""
+    else:
+        given = os.environ.get(DATA_DIR_ENV)
+        origin, instead = f"{DATA_DIR_ENV}={given}", ", or unset it to use the real AG News sample in distrinews_lib"
+    if not given:
+        return None
+    path = Path(given).expanduser()
+    if not path.is_dir():
+        why = "is not a folder" if path.exists() else "does not exist"
+        raise UserError(f"{origin}: no such folder ({path} {why}). Point it at a folder with train.csv and test.csv "
+                        f"(.gz ok){instead}.")
+    return str(path.resolve())
+
+
+def offline_source(choice: str, keywords: tuple = ("embedded",)) -> str:
+    """--data of a benchmark, which never reads the network on its own: auto = data_dir(), else the embedded real
+    sample; one of `keywords` as it is; anything else a folder (data_dir's rule)."""
+    if choice == "auto":
+        return data_dir() or "embedded"
+    if choice in keywords:
+        return choice
+    return data_dir(choice, "--data", ("auto", *keywords))
+
+
 def resolve_source(source: str, dataset: str = "ag_news", hub: bool | None = None) -> str:
     spec = DATASETS.get(dataset)
     if spec is None:  # a folder, csv:PATH or hub:ID: --dataset says where it is
@@ -175,13 +209,7 @@ def resolve_source(source: str, dataset: str = "ag_news", hub: bool | None = Non
     if reachable:
         return "hub"
     if spec.key == "ag_news":
-        env_dir = os.environ.get("DISTRINEWS_DATA_DIR")
-        if env_dir:
-            if not Path(env_dir).expanduser().is_dir():
-                raise UserError(f"DISTRINEWS_DATA_DIR={env_dir} is not a folder. Point it at a folder holding "
-                                "train.csv and test.csv (or unset it to use the embedded real sample offline).")
-            return str(Path(env_dir).expanduser())
-        return "hub" if _hub_cache_name(spec, spec.hub_id) else "embedded"
+        return data_dir() or ("hub" if _hub_cache_name(spec, spec.hub_id) else "embedded")
     if _hub_cache_name(spec, spec.hub_id):
         return "hub"
     raise UserError(f"--dataset {spec.key}: the Hugging Face hub is not reachable and its cache at {datasets_cache_dir()} "
