@@ -4,10 +4,8 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 import warnings
@@ -21,7 +19,7 @@ from ..bench.timing import cpu_busy_seconds, wait_for_quiet
 from ..errors import UserError
 from . import by_hand, by_hand_check
 from . import memory as calculator
-from .harden import die_with_parent
+from .fresh import in_child
 
 # torch 2.13 renamed the collectives the rungs call (reduce_scatter_tensor, all_gather_into_tensor): the old names,
 # which every torch since 2.1 has, stay in the rungs; the warning would only clutter the race's output.
@@ -249,37 +247,6 @@ def check(kind, contenders, mods, args, rank, world, facts, cases, with_fsdp2=Fa
     return out
 
 
-def in_child(fn):
-    """fn() in a forked child process; its (JSON-able) result, or its error raised here (chapter 06's way:
-    scripts/memory_footprint.py). Only before this process has joined a process group: a fork never copies a
-    lock that a store's or gloo's thread holds."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        os.close(read)
-        code = 0
-        try:
-            die_with_parent()
-            payload = {"ok": fn()}
-        except BaseException as e:  # noqa: BLE001  (reported to the parent, which raises it)
-            import traceback
-
-            payload, code = {"error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"}, 1
-        with os.fdopen(write, "w") as f:
-            f.write(json.dumps(payload, default=str))
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    os.close(write)
-    with os.fdopen(read) as f:
-        text = f.read()
-    os.waitpid(pid, 0)
-    payload = json.loads(text) if text else {"error": "the child process died without a word (killed?)"}
-    if "error" in payload:
-        raise RuntimeError(f"race.py: a memory run failed in its child process:\n{payload['error']}")
-    return payload["ok"]
-
-
 def memory(contenders, mods, args, rank, world) -> dict:
     """Each contender's peak resident memory per rank, measured as chapter 06 measures it: every run in a FRESH
     process per rank (forked from this one after the imports and a warm-up step, before any process group
@@ -316,9 +283,9 @@ def memory(contenders, mods, args, rank, world) -> dict:
             dist.destroy_process_group()
 
     started = time.perf_counter()
-    out = {"ddp@1x8": in_child(lambda: run(0, "ddp", [one] * args.memory_steps))["peak_mb"], "contenders": {}}
+    out = {"ddp@1x8": in_child(lambda: run(0, "ddp", [one] * args.memory_steps), "race.py: a memory run")["peak_mb"], "contenders": {}}
     for index, name in enumerate(["ddp", *contenders, "fsdp2"], 1):
-        out["contenders"][name] = in_child(lambda index=index, name=name: run(index, name, batches))
+        out["contenders"][name] = in_child(lambda index=index, name=name: run(index, name, batches), "race.py: a memory run")
     if rank == 0:
         for store in scratch.glob("store_*"):
             store.unlink(missing_ok=True)
