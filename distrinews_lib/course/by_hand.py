@@ -396,6 +396,14 @@ def overlap_fraction(events: list) -> float:
     return inside / total
 
 
+def launched_during_backward(events: list) -> tuple[int, int]:
+    """(all-reduces launched before backward ended, all-reduces) in one step's timeline: a rung whose hooks launch
+    them counts every one, whatever the machine's load (the time they then spend under backward does not)."""
+    end = next(e["end"] for e in events if e["kind"] == "backward")
+    comms = [e for e in events if e["kind"] == "comm"]
+    return sum(e["start"] < end for e in comms), len(comms)
+
+
 def rung_summary(res: dict, zero: dict | None = None) -> dict:
     """The benchmark's shape: {contender: {step_time_ratio_vs_ddp, max_weight_diff, collectives_per_step,
     peak_mb_per_rank, ...}} for every rung, and torch's FSDP2 when a race ran the zero section. `res` is a race's
