@@ -159,6 +159,13 @@ _UNWRAPPED = """() => [...document.querySelectorAll('pre')]
     .slice(0, 3).map(p => p.textContent.slice(0, 60))"""
 
 
+# The index's headers, statuses and seconds are short: each on one line, never "stat|us" or "130.|2".
+_BROKEN_CELLS = """() => [...document.querySelectorAll('table.summary th, table.summary td.status, table.summary td.seconds')]
+    .filter(c => { const r = document.createRange(); r.selectNodeContents(c);
+                   return new Set([...r.getClientRects()].map(x => Math.round(x.top))).size > 1; })
+    .slice(0, 3).map(c => c.textContent)"""
+
+
 def _overflow(page) -> str | None:
     """None when the page fits the window's width and every <pre> wraps; else what sticks out."""
     width, window = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
@@ -274,6 +281,9 @@ def browse_site(run_dir: Path) -> dict:
                 wide = _overflow(page)
                 if wide:
                     overflows.append(f"{link} at {name} width: {wide}")
+                broken = page.evaluate(_BROKEN_CELLS) if link == "index.html" else []
+                if broken:
+                    overflows.append(f"index.html at {name} width: cut across lines: {broken}")
         browser.close()
     assert remote == [], f"the site asked the network for {remote}"
     assert problems == [], problems

@@ -324,6 +324,7 @@ main.course-main {{ padding-top: 1em; }}
 table {{ border-collapse: collapse; width: 100%; }}
 th, td {{ border-bottom: 1px solid #ddd; padding: 6px 8px; text-align: left; vertical-align: top; }}
 td.seconds {{ text-align: right; font-variant-numeric: tabular-nums; }}
+th, td.status, td.seconds {{ white-space: nowrap; overflow-wrap: normal; }}  /* not "stat|us", "130.|2" */
 tr.failed td.status {{ color: #b00; font-weight: bold; }}
 tr.not-run {{ color: #888; }}
 .stem {{ font-size: 80%; color: #888; }}
