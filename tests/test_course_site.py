@@ -26,7 +26,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from distrinews_lib.course.site import remote_references
+from distrinews_lib.course.site import local_paths, remote_references
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNNER = ROOT / "scripts" / "run_course.py"
@@ -90,6 +90,21 @@ def run_dir(tmp_path_factory):
     return run
 
 
+def test_a_page_hides_the_folders_the_run_was_made_in():
+    """A run copied elsewhere, or rendered by another checkout: the folders papermill recorded are named too."""
+    nb = new_notebook()
+    nb.metadata["papermill"] = {"input_path": "/elsewhere/DistriNews/notebooks/02_ddp_training.ipynb",
+                                "output_path": "/elsewhere/DistriNews/runs/20260101-120000/02_ddp_training.ipynb"}
+    pairs = dict(local_paths(Path("/copies/run"), nb))
+    assert pairs["/elsewhere/DistriNews"] == "<project>" and pairs["/elsewhere/DistriNews/notebooks"] == "<notebooks>"
+    assert pairs["/elsewhere/DistriNews/runs/20260101-120000"] == "<run>" and pairs["/copies/run"] == "<run>"
+    assert pairs[str(ROOT)] == "<project>" and pairs[str(Path.home())] == "~"
+    assert list(pairs) == sorted(pairs, key=len, reverse=True)   # the run folder before the project holding it
+    nb.metadata["papermill"]["input_path"] = "/elsewhere/course/01_plot.ipynb"  # a course outside a project
+    pairs = dict(local_paths(Path("/copies/run"), nb))
+    assert pairs["/elsewhere/course"] == "<notebooks>" and "/elsewhere" not in pairs
+
+
 @pytest.mark.slow
 def test_the_site_is_written_offline_and_without_hidden_cells(run_dir):
     site = run_dir / "site"
@@ -110,7 +125,8 @@ def test_html_only_renders_an_earlier_run_again(run_dir, tmp_path):
     proc = subprocess.run([sys.executable, str(RUNNER), "--html-only", str(copy)], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert (copy / "site" / "index.html").read_text() == (run_dir / "site" / "index.html").read_text()
+    for page in ("index.html", "01_plot.html", "02_fails.html"):  # the run's folder moved: not a line of a page did
+        assert (copy / "site" / page).read_text() == (run_dir / "site" / page).read_text(), page
     proc = subprocess.run([sys.executable, str(RUNNER), "--html-only", str(tmp_path / "nothing")], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "no summary.json" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
@@ -143,6 +159,13 @@ _UNWRAPPED = """() => [...document.querySelectorAll('pre')]
     .slice(0, 3).map(p => p.textContent.slice(0, 60))"""
 
 
+# The index's headers, statuses and seconds are short: each on one line, never "stat|us" or "130.|2".
+_BROKEN_CELLS = """() => [...document.querySelectorAll('table.summary th, table.summary td.status, table.summary td.seconds')]
+    .filter(c => { const r = document.createRange(); r.selectNodeContents(c);
+                   return new Set([...r.getClientRects()].map(x => Math.round(x.top))).size > 1; })
+    .slice(0, 3).map(c => c.textContent)"""
+
+
 def _overflow(page) -> str | None:
     """None when the page fits the window's width and every <pre> wraps; else what sticks out."""
     width, window = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
@@ -150,6 +173,20 @@ def _overflow(page) -> str | None:
         return f"{width} px wide in a {window} px window: {page.evaluate(_WIDER_THAN_WINDOW)}"
     unwrapped = page.evaluate(_UNWRAPPED)
     return f"lines that do not wrap: {unwrapped}" if unwrapped else None
+
+
+def _local_folders(run_dir: Path) -> set[str]:
+    """What no page may show: this checkout, the home and the run folder where they are now, and the folders the
+    chapters ran in as papermill recorded them (the run folder it wrote and the chapters' folder, each with its
+    parent: the project, in the course's layout), for a run that was copied or is rendered by another checkout."""
+    ran_in = set()
+    for executed in run_dir.glob("*.ipynb"):
+        meta = nbformat.read(str(executed), as_version=4).metadata.get("papermill") or {}
+        for key in ("input_path", "output_path"):
+            if meta.get(key) and Path(meta[key]).is_absolute():
+                ran_in |= {Path(meta[key]).parent, Path(meta[key]).parent.parent}
+    ran_in = {f for f in ran_in if len(f.parts) > 2}  # a folder such as /tmp alone is in every system path
+    return {str(f) for f in {run_dir, run_dir.resolve(), ROOT, Path.home(), *ran_in}}
 
 
 def browse_site(run_dir: Path) -> dict:
@@ -161,7 +198,7 @@ def browse_site(run_dir: Path) -> dict:
     sync_playwright, chromium = _browser()
     summary = json.loads((run_dir / "summary.json").read_text())
     index = (run_dir / "site" / "index.html").resolve().as_uri()
-    local = {str(p) for p in (run_dir, run_dir.resolve(), ROOT, Path.home())}
+    local = _local_folders(run_dir)
     pages = {}
     with sync_playwright() as pw:
         try:
@@ -197,6 +234,8 @@ def browse_site(run_dir: Path) -> dict:
                      "figures": {k: v for k, v in n["record"].items() if k not in ("headline", "notebook")}}
                     for n in summary["notebooks"]]
         assert [{k: v for k, v in r.items() if k != "link"} for r in rows] == expected
+        leaked = sorted(p for p in local if p in page.content())
+        assert not leaked, f"the index shows local folders: {leaked}"
         machine = page.inner_text("dl.machine")
         for key in ("hostname", "processor", "torch"):
             assert str(summary["machine"][key]) in machine, (key, machine)
@@ -242,11 +281,24 @@ def browse_site(run_dir: Path) -> dict:
                 wide = _overflow(page)
                 if wide:
                     overflows.append(f"{link} at {name} width: {wide}")
+                broken = page.evaluate(_BROKEN_CELLS) if link == "index.html" else []
+                if broken:
+                    overflows.append(f"index.html at {name} width: cut across lines: {broken}")
         browser.close()
     assert remote == [], f"the site asked the network for {remote}"
     assert problems == [], problems
     assert overflows == [], overflows
     return {"rows": rows, "pages": pages}
+
+
+def _small_png(path: Path) -> None:
+    """Down to 256 colours: a page is mostly flat colour, so the picture stays sharp at about 40% of the bytes
+    (docs/site/: 96 KB instead of 244 KB at a desktop's width, 34 KB instead of 75 KB at a phone's)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        small = image.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+    small.save(path, optimize=True)
 
 
 def screenshot_site(run_dir: Path, out: Path, chapter: str) -> list[Path]:
@@ -265,6 +317,7 @@ def screenshot_site(run_dir: Path, out: Path, chapter: str) -> list[Path]:
                 assert _overflow(page) is None, f"{file} at {name} width: {_overflow(page)}"
                 shots.append(out / f"{stem}-{name}.png")
                 page.screenshot(path=str(shots[-1]))
+                _small_png(shots[-1])
             page.close()
         browser.close()
     return shots
@@ -296,4 +349,4 @@ def test_a_real_browser_reads_the_site(run_dir, tmp_path):
     assert '<span class="kn">import</span>' in plot["html"] and '<span class="s2">' in plot["html"]
     shots = screenshot_site(run_dir, tmp_path, "01_plot")
     assert [p.name for p in shots] == ["index-phone.png", "01_plot-phone.png", "index-desktop.png", "01_plot-desktop.png"]
-    assert all(p.stat().st_size > 1000 for p in shots)
+    assert all(1000 < p.stat().st_size < 300_000 for p in shots), [p.stat().st_size for p in shots]

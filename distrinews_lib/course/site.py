@@ -13,7 +13,8 @@ What a reader gets besides nbconvert's page: a sidebar with the chapters and the
 page on a wide screen, folded above it on a phone); each cell tagged `solution` folded behind "show the solution";
 code and outputs wrapped inside their cell (nothing runs past the page at any width); the parameters papermill ran the
 chapter with said in one line, not in a second parameters cell; and no folder of the machine it ran on: the project,
-the run and the home folder read `<project>`, `<run>` and `~`.
+the run and the home folder read `<project>`, `<run>` and `~`, both where the run was made (papermill's metadata
+says) and where the site is rendered (a run copied elsewhere, or rendered by another checkout, shows neither).
 """
 
 from __future__ import annotations
@@ -151,13 +152,29 @@ class _LocalPaths(Preprocessor):
         return cell, resources
 
 
-def local_paths(run_dir: Path, nb=None) -> list[tuple[str, str]]:
+def ran_in(nb) -> list[tuple[Path, str]]:
+    """The folders the chapter ran in, from papermill's record of it: the folder its executed copy was written to
+    (`<run>`, though the run folder has been copied or moved since) and the chapters' folder (`<notebooks>`), whose
+    parent is the project it ran from when that folder is the course's `notebooks/` (run_course.py's default). A site
+    rendered from another checkout, or from a copy of the run, must hide these as well as its own folders."""
+    meta = (nb.metadata.get("papermill") or {}) if nb is not None else {}
+    named = []
+    for key, name in (("output_path", "<run>"), ("input_path", "<notebooks>")):
+        path = meta.get(key)
+        if isinstance(path, str) and Path(path).is_absolute():
+            named.append((Path(path).parent, name))
+            if key == "input_path" and Path(path).parent.name == "notebooks":
+                named.append((Path(path).parent.parent, "<project>"))
+    return named
+
+
+def local_paths(run_dir: Path, *nbs) -> list[tuple[str, str]]:
     """The folders a page must not show, each with the name it shows instead, longest first (so a run folder inside
-    the project reads `<run>`, and the project's other files `<project>/...`)."""
+    the project reads `<run>`, and the project's other files `<project>/...`): this checkout's, the run folder's and
+    the home, then those the chapters in nbs ran in (ran_in) where they differ."""
     named = [(PROJECT_ROOT, "<project>"), (Path(run_dir), "<run>"), (Path.home(), "~")]
-    source = (nb.metadata.get("papermill") or {}).get("input_path") if nb is not None else None
-    if source and Path(source).is_absolute():
-        named.append((Path(source).parent, "<notebooks>"))  # a course outside the project (the tests' tiny one)
+    for nb in nbs:
+        named += ran_in(nb)
     pairs = {}
     for path, name in named:
         for form in (str(path), str(path.resolve())):
@@ -307,6 +324,7 @@ main.course-main {{ padding-top: 1em; }}
 table {{ border-collapse: collapse; width: 100%; }}
 th, td {{ border-bottom: 1px solid #ddd; padding: 6px 8px; text-align: left; vertical-align: top; }}
 td.seconds {{ text-align: right; font-variant-numeric: tabular-nums; }}
+th, td.status, td.seconds {{ white-space: nowrap; overflow-wrap: normal; }}  /* not "stat|us", "130.|2" */
 tr.failed td.status {{ color: #b00; font-weight: bold; }}
 tr.not-run {{ color: #888; }}
 .stem {{ font-size: 80%; color: #888; }}
@@ -376,7 +394,8 @@ def render_site(run_dir: Path, site_dir: Path | None = None) -> Path:
         body, sections = _add_section_ids(body)
         _write_offline(site / ch["page"], body.replace(_SIDEBAR_SLOT, _sidebar(chapters, ch["name"], sections), 1))
     index = site / "index.html"
-    _write_offline(index, _LocalPaths(replacements=local_paths(run_dir)).scrub(_index_page(summary, chapters)))
+    scrub = local_paths(run_dir, *(ch["nb"] for ch in pages))
+    _write_offline(index, _LocalPaths(replacements=scrub).scrub(_index_page(summary, chapters)))
     return index
 
 
