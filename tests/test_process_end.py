@@ -137,3 +137,17 @@ def test_a_launch_whose_store_port_was_taken_starts_again(monkeypatch, capsys):
         launch.torchrun(ENDING, 2, ["ok"], echo=False)  # any other failure is not retried
     assert len(calls) == 1
     assert launch.port_taken(taken) and not launch.port_taken("ValueError: boom")
+
+
+def test_torchrun_s_root_cause_is_shown_when_the_last_lines_do_not_hold_it():
+    from distrinews_lib.course.launch import root_causes
+
+    report = ["node0 | Root Cause (first observed failure):", "node0 | [0]:", "node0 |   time      : 2026-11-26_04:10:00",
+              "node0 |   host      : node0", "node0 |   rank      : 1 (local_rank: 0)",
+              "node0 |   exitcode  : -6 (pid: 42)", "node0 |   error_file: <N/A>",
+              "node1 | unrelated line", "node0 | ============================================================"]
+    [(where, block)] = root_causes(["noise"] * 3 + report)
+    assert where == " of node0" and "rank      : 1 (local_rank: 0)" in block and "exitcode  : -6" in block
+    assert "unrelated" not in block
+    assert root_causes(["Root Cause (first observed failure):", "[0]:", "  exitcode  : 1"])[0] == ("", "[0]:\n  exitcode  : 1")
+    assert root_causes(["all fine"]) == []

@@ -97,6 +97,25 @@ def _rank_tails(output: str, logs: Path) -> dict:
     return tails
 
 
+ROOT_CAUSE = re.compile(r"^(?P<prefix>.*?)Root Cause \(first observed failure\):")
+
+
+def root_causes(lines: list[str]) -> list[tuple[str, str]]:
+    """torchrun's 'Root Cause (first observed failure)' blocks (the failing rank, its exit code or signal, its
+    error) among `lines`, each with the prefix of the node that printed it (' of node1' for 'node1 | ...'): a long
+    output pushes them out of the last lines a failure shows."""
+    out = []
+    for i, line in enumerate(lines):
+        m = ROOT_CAUSE.match(line)
+        if m:
+            prefix = m.group("prefix")
+            block = [l[len(prefix):] for l in lines[i + 1:i + 12] if l.startswith(prefix)]
+            block = [l for l in block if l.strip("=- ")][:8]
+            node = prefix.strip(" |")
+            out.append((f" of {node}" if node else "", "\n".join(block)))
+    return out
+
+
 def _run(cmd, *, timeout, env, cwd, echo, check, what) -> LaunchResult:
     with tempfile.TemporaryDirectory(prefix="rank_logs_") as logs:
         return _run_logged(cmd, timeout=timeout, env={**(env or {}), "DISTRINEWS_RANK_LOGS": logs}, cwd=cwd, echo=echo,
@@ -163,7 +182,9 @@ def _run_logged(cmd, *, timeout, env, cwd, echo, check, what, logs: Path) -> Lau
         last = "\n".join(line.rsplit("\r", 1)[-1] for line in result.lines[-40:]).rstrip()
         own = "".join(f"\n--- rank {rank}'s own last lines (it was killed by {sig}) ---\n" + "\n".join(result.rank_tails[rank])
                       for rank, sig in signalled_ranks(output).items() if rank in result.rank_tails)
-        raise LaunchError(f"{what} {why}.\n--- last lines of its output ---\n{last}{own}", result)
+        cause = "".join(f"\n--- torchrun's root cause{where} (above the last lines) ---\n{block}"
+                        for where, block in root_causes(result.lines[:-40]))
+        raise LaunchError(f"{what} {why}.{cause}\n--- last lines of its output ---\n{last}{own}", result)
     return result
 
 
