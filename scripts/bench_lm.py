@@ -30,7 +30,7 @@ def measure(task: str, args, out_dir: Path) -> dict:
     cfg = config.parse("bench_lm", [str(f) for f in flags + ["--output", out_dir, "--resume", "off"]], ddp=True)
     run = plan.prepare(plan.decide(cfg), log=lambda *a: None)
     loader = torch.utils.data.DataLoader(run.val_ds, batch_size=128, collate_fn=run.val_ds.collator_for(None))
-    initial = evaluation.evaluate(run.model, loader, device=torch.device("cpu"), task=task)
+    initial = evaluation.evaluate(run.model, loader, device=torch.device("cpu"), task=run.task)
     start = time.time()
     torchrun(REPO / "scripts" / "train_ddp.py", args.nproc, [*flags, "--output", out_dir, "--checkpoint", out_dir / "m.pt"],
              echo=False, timeout=1800, cwd=REPO)

@@ -16,6 +16,7 @@ from distrinews_lib import distributed as D
 from distrinews_lib.data import batching
 from distrinews_lib.errors import UserError, main_guard
 from distrinews_lib.training import checkpoint, config, evaluation, flops, loop, plan, precision, snapshot
+from distrinews_lib.training.classify import CLASSIFY
 from distrinews_lib.training.tracking import RunTracker
 
 
@@ -23,7 +24,7 @@ from distrinews_lib.training.tracking import RunTracker
 @main_guard
 def main():
     cfg = config.parse("Train the AG News classifier with Accelerate (accelerate launch, or torchrun).", ddp=True)
-    if cfg.task != "classify":  # its evaluation is written for classes; train_ddp.py takes every --task
+    if plan.choose_task(cfg.task) is not CLASSIFY:  # its evaluation is written for classes; train_ddp.py takes every --task
         raise UserError(f"--task {cfg.task}: train_accelerate.py trains classifiers; use scripts/train_ddp.py "
                         "for language models.")
     if cfg.threads:

@@ -90,11 +90,11 @@ def main():
                 meter.step(grad_norm)
                 snap.step(epoch, meter)  # a snapshot every --snapshot_every optimizer steps
             train = meter.finish(lr=scheduler.get_last_lr()[0])
-            val = evaluation.evaluate(model, val_loader, device=device, amp=amp, task=cfg.task)
+            val = evaluation.evaluate(model, val_loader, device=device, amp=amp, task=run.task)
             tracker.log_epoch(epoch, train, val)
             D.print0(loop.epoch_line(epoch, cfg.epochs, train, val, flops.epoch_mfu(train, shape, peak, world_size)))
             snap.epoch_end(epoch)
-        val = val or evaluation.evaluate(model, val_loader, device=device, amp=amp, task=cfg.task)  # resumed at the end
+        val = val or evaluation.evaluate(model, val_loader, device=device, amp=amp, task=run.task)  # resumed at the end
 
         max_diff = D.max_param_difference(model)  # DDP's promise: every rank holds the same weights
         D.print0(f"parameters identical on all {world_size} ranks: {max_diff == 0.0} (max difference {max_diff:.3g})")

@@ -71,11 +71,11 @@ def main():
             meter.step(grad_norm)
             snap.step(epoch, meter)  # a snapshot every --snapshot_every optimizer steps
         train = meter.finish(lr=scheduler.get_last_lr()[0])
-        val = evaluation.evaluate(model, val_loader, device=device, amp=amp, task=cfg.task)
+        val = evaluation.evaluate(model, val_loader, device=device, amp=amp, task=run.task)
         tracker.log_epoch(epoch, train, val)
         print(loop.epoch_line(epoch, cfg.epochs, train, val, flops.epoch_mfu(train, shape, peak)))
         snap.epoch_end(epoch)
-    val = val or evaluation.evaluate(model, val_loader, device=device, amp=amp, task=cfg.task)  # resumed at the end
+    val = val or evaluation.evaluate(model, val_loader, device=device, amp=amp, task=run.task)  # resumed at the end
 
     checkpoint.save_checkpoint(cfg.checkpoint, model, run.tokenizer, run.label_names,
                                tracker.checkpoint_metadata(val), cfg.max_length)

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from distrinews_lib.course.launch import torchrun
-from distrinews_lib.data import lm, sources, tokenization
+from distrinews_lib.data import sources, tokenization
 from distrinews_lib.data.tokenization import tiny_tokenizer
+from distrinews_lib.lm import data as lm
 
 from .helpers import ROOT
 
@@ -65,7 +66,6 @@ def test_perplexity_is_exact_under_ddp_and_ranks_never_mask_alike(tmp_path):
     for (i0, m0), (i1, m1) in zip(rank0, rank1):
         assert not set(i0) & set(i1), "the ranks hold different blocks at the same step"
         assert m0 != m1, "... and mask them differently"
-    epoch1 = {tuple(i) for i, _ in rank0[: len(rank0) // 2]}
     assert rank0[0][1] != rank0[len(rank0) // 2][1] or rank0[0][0] != rank0[len(rank0) // 2][0], "epoch 2 masks anew"
 
 

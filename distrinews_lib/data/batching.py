@@ -91,8 +91,8 @@ def make_loader(dataset: Dataset, batch_size: int, sampler=None, *, seed: int = 
                 pad_id: int = 0, pad_to_multiple_of: int | None = 8, pin_memory: bool = False):
     if sampler is None:
         sampler = SequentialSampler(dataset)
-    # A dataset that knows how its batches are made (language-model blocks) brings its own collator.
-    collate = dataset.collator_for(sampler) if hasattr(dataset, "collator_for") else PadCollator(pad_id, pad_to_multiple_of)
+    # Every dataset a task makes brings its collator: padded texts (PadCollator), language-model blocks (their own).
+    collate = dataset.collator_for(sampler, pad_id, pad_to_multiple_of)
     # Its own generator: creating an iterator then leaves the global torch RNG (dropout) untouched,
     # which a resumed run needs to replay the same random numbers.
     common = dict(collate_fn=collate, pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed))

@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..files import atomic_torch_save
+from .batching import PadCollator
 from .texts import TextSplits
 
 VOCAB_FILE = Path(__file__).resolve().parent.parent / "assets" / "vocab.txt"
@@ -224,6 +225,10 @@ class TokenizedDataset(Dataset):
 
     def __getitem__(self, i):
         return {"index": i, "input_ids": self.input_ids[i], "label": self.labels[i]}
+
+    def collator_for(self, sampler=None, pad_id: int = 0, pad_to_multiple_of: int | None = 8) -> PadCollator:
+        """Its batches: padded to their longest text (batching.make_loader asks every dataset for its collator)."""
+        return PadCollator(pad_id, pad_to_multiple_of)
 
 
 def tokenize_splits(splits: TextSplits, tokenizer, max_length: int) -> tuple[TokenizedDataset, TokenizedDataset]:

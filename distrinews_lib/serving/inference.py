@@ -1,52 +1,32 @@
 """Inference from a checkpoint: a ready model and tokenizer, refused when it could not answer correctly, and the
-function that turns texts into class probabilities, the same for a notebook, a test and the server. A language
-model checkpoint (--task clm/mlm) loads with load_lm; generate continues a prompt.
+function that turns texts into class probabilities, the same for a notebook, a test and the server. The file's
+format is training/checkpoint.py's; a language model's checkpoint (--task clm/mlm) loads with
+distrinews_lib.lm.inference.load_lm.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
-import tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from ..data.lm import VocabSubset
-from ..data.tokenization import (
-    HASH_FILE,
-    TOKEN_PATTERN,
-    TRUNCATIONS,
-    HashTokenizer,
-    encode_texts,
-    set_truncation,
-)
+from ..data.tokenization import TRUNCATIONS, HashTokenizer, encode_texts, set_truncation
 from ..errors import UserError
 from ..models.build import quiet_transformers
 from ..models.custom import MODEL_TYPE as CUSTOM_MODEL_TYPE
 from ..models.custom import CustomClassifier, CustomConfig
-from ..training.checkpoint import CheckpointError, position_limit, read_checkpoint  # the format's one module
+from ..training.checkpoint import (  # the format's one module
+    CheckpointError,
+    position_limit,
+    read_checkpoint,  # noqa: F401  (read here by notebook 02 and the tests)
+    tokenizer_from_files,
+)
+from ..training.classify import CLASSIFY
 from ..training.config import DEFAULT_CHECKPOINT
 from .schemas import CheckpointInfo
-
-
-def tokenizer_from_files(files: dict):
-    if HASH_FILE in files:  # the vocabulary-free hash tokenizer: its settings are all it needs
-        return _hash_tokenizer(json.loads(files[HASH_FILE]))
-    from transformers import AutoTokenizer  # deferred: importing transformers costs seconds
-
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, text in files.items():
-            (Path(tmp) / Path(name).name).write_text(text, encoding="utf-8")
-        return AutoTokenizer.from_pretrained(tmp)
-
-
-def _hash_tokenizer(d: dict) -> HashTokenizer:
-    if d.get("tokenizer_class") != "HashTokenizer" or d.get("hash") != "blake2b-64" or d.get("pattern") != TOKEN_PATTERN:
-        raise ValueError(f"not a hash tokenizer this version can rebuild: {str(d)[:200]}")
-    return HashTokenizer(int(d["buckets"]), d.get("truncation", "head"), int(d.get("model_max_length", 512)))
 
 
 def _custom_config(d: dict) -> CustomConfig:
@@ -54,12 +34,6 @@ def _custom_config(d: dict) -> CustomConfig:
     if unknown:
         raise ValueError(f"unknown custom model settings: {', '.join(unknown)}")
     return CustomConfig(**d)
-
-
-def vocab_from_files(files: dict) -> VocabSubset:
-    """A language model checkpoint's vocabulary: the WordPiece tokenizer's files plus the list of kept ids."""
-    rest = {name: text for name, text in files.items() if name != "vocab_subset.json"}
-    return VocabSubset(tokenizer_from_files(rest), json.loads(files["vocab_subset.json"]))
 
 
 def model_accepts_token_type_ids(model) -> bool:
@@ -123,10 +97,7 @@ def load_checkpoint(path=DEFAULT_CHECKPOINT, device: str | torch.device = "cpu")
 
     quiet_transformers()
     path = Path(path)
-    payload = read_checkpoint(path)
-    if payload.get("task", "classify") != "classify":
-        raise CheckpointError(f"checkpoint {path} is a {payload['task']} language model, not a classifier: the classification "
-                              "server cannot serve it. Load it with distrinews_lib.serving.inference.load_lm (notebook 11 does).")
+    payload = CLASSIFY.read_checkpoint(path)  # read and checked by the format's module; another task's file refused
     cfg_dict = dict(payload["model_config"])
     model_type = cfg_dict.pop("model_type", payload["model_type"])
     if model_type == CUSTOM_MODEL_TYPE:  # --model custom: plain PyTorch, rebuilt from its own config
@@ -266,40 +237,3 @@ class Classifier:
             model=pick("model", str), created=pick("created", str), max_length=self.loaded.max_length,
             versions=meta.get("versions") if isinstance(meta.get("versions"), dict) else None,
         )
-
-
-@torch.no_grad()
-def generate(model, tokenizer, prompt: str, max_new_tokens: int = 20, device="cpu", greedy: bool = False, seed: int = 0,
-             temperature: float = 0.8, top_k: int = 20) -> str:
-    """Continue a prompt with a causal LM over a VocabSubset: sampled from the top_k most likely tokens at the
-    given temperature (a fixed seed: the same text every time), or greedy."""
-    bare = model.module if hasattr(model, "module") else model
-    words = tokenizer.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    ids = torch.tensor([[tokenizer.cls_token_id, *tokenizer.encode(words)]], device=device)
-    limit = bare.config.n_positions
-    g = torch.Generator().manual_seed(seed)
-    for _ in range(max_new_tokens):
-        logits = bare(input_ids=ids[:, -limit:]).logits[0, -1].float().cpu()
-        logits[[tokenizer.pad_token_id, tokenizer.unk_token_id, tokenizer.cls_token_id]] = -float("inf")
-        if greedy:
-            nxt = int(logits.argmax())
-        else:
-            top = torch.topk(logits / temperature, top_k)
-            nxt = int(top.indices[torch.multinomial(torch.softmax(top.values, -1), 1, generator=g)])
-        if nxt == tokenizer.sep_token_id:
-            break
-        ids = torch.cat([ids, torch.tensor([[nxt]], device=device)], dim=1)
-    return tokenizer.decode(ids[0, 1:], skip_special_tokens=True)
-
-
-def load_lm(path, device="cpu"):
-    """(model, VocabSubset, payload) from a --task clm/mlm checkpoint written by the training scripts."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM  # deferred: costs seconds
-
-    payload = read_checkpoint(path)
-    cfg = dict(payload["model_config"])
-    config = AutoConfig.for_model(cfg.pop("model_type", payload["model_type"]), **cfg)
-    auto = AutoModelForCausalLM if payload.get("task") == "clm" else AutoModelForMaskedLM
-    model = auto.from_config(config)
-    model.load_state_dict(payload["state_dict"])
-    return model.to(device).eval(), vocab_from_files(payload["tokenizer_files"]), payload

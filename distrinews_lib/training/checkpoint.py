@@ -6,12 +6,13 @@ file is. The server (serving/inference.py) and the language models (distrinews_l
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
 import torch
 
-from ..data.tokenization import truncation_of
+from ..data.tokenization import HASH_FILE, TOKEN_PATTERN, HashTokenizer, truncation_of
 from ..errors import UserError
 from ..files import atomic_torch_save
 
@@ -39,6 +40,24 @@ def tokenizer_files(tokenizer) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer.save_pretrained(tmp)
         return {p.name: p.read_text(encoding="utf-8") for p in sorted(Path(tmp).iterdir()) if p.is_file()}
+
+
+def tokenizer_from_files(files: dict):
+    """The tokenizer from tokenizer_files(): the hash tokenizer from its settings, any other through transformers."""
+    if HASH_FILE in files:  # the vocabulary-free hash tokenizer: its settings are all it needs
+        return _hash_tokenizer(json.loads(files[HASH_FILE]))
+    from transformers import AutoTokenizer  # deferred: importing transformers costs seconds
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, text in files.items():
+            (Path(tmp) / Path(name).name).write_text(text, encoding="utf-8")
+        return AutoTokenizer.from_pretrained(tmp)
+
+
+def _hash_tokenizer(d: dict) -> HashTokenizer:
+    if d.get("tokenizer_class") != "HashTokenizer" or d.get("hash") != "blake2b-64" or d.get("pattern") != TOKEN_PATTERN:
+        raise ValueError(f"not a hash tokenizer this version can rebuild: {str(d)[:200]}")
+    return HashTokenizer(int(d["buckets"]), d.get("truncation", "head"), int(d.get("model_max_length", 512)))
 
 
 def _plain(value):
@@ -82,7 +101,7 @@ def save_checkpoint(
         "metadata": _plain(metadata or {}),
         "tokenizer_files": tokenizer_files(tokenizer),
         "truncation": truncation or truncation_of(tokenizer),
-        "task": (metadata or {}).get("task", "classify"),  # the task that trained it, and whose loader reads it
+        "task": (metadata or {}).get("task", "classify"),  # the task that trained it (training.task.Task.name)
     }
     atomic_torch_save(payload, path)
     return path
@@ -119,6 +138,7 @@ def read_checkpoint(path) -> dict:
             "It may be truncated or not a DistriNews checkpoint; retrain or restore it."
         ) from None
     _check_format(path, payload)
+    payload.setdefault("task", "classify")  # format 2 files from before --task existed hold classifiers
     return payload
 
 

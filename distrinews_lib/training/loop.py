@@ -229,7 +229,8 @@ class EpochMeter:
 
 
 def epoch_line(epoch: int, epochs: int, train: EpochStats, val, mfu: float | None = None) -> str:
-    """One line per epoch; `val` is an evaluation.ClassifierEval or LMEval, which says its own metric."""
+    """One line per epoch; `val` is the task's evaluation result (evaluation.ClassifierEval, lm.task.LMEval), which
+    says its own metric."""
     return (f"epoch {epoch}/{epochs} | train loss {train.loss:.4f} | val loss {val.loss:.4f} | "
             f"{val.metric_line()} | {train.seconds:.1f}s | "
             f"{train.samples_per_s:.0f} samples/s" + (f" | MFU {mfu_percent(mfu)}" if mfu is not None else "")

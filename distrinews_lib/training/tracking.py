@@ -96,7 +96,7 @@ class RunTracker:
         return self.out_dir / "metrics.json"
 
     def log_epoch(self, epoch: int, train, val) -> dict:
-        """train: loop.EpochStats; val: evaluation.ClassifierEval or LMEval, which gives its own columns."""
+        """train: loop.EpochStats; val: the task's evaluation result, which gives its own columns."""
         row = {"epoch": epoch, "train_loss": round(train.loss, 6), **val.row(),
                "epoch_time_s": round(train.seconds, 4),
                "samples_per_s": round(train.samples_per_s, 3), "tokens_per_s": round(train.tokens_per_s, 1),

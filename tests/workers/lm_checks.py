@@ -9,9 +9,10 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from distrinews_lib.data import lm, sources, tokenization
+from distrinews_lib.data import sources, tokenization
 from distrinews_lib.data.tokenization import tiny_tokenizer
-from distrinews_lib.models.lm import build_lm
+from distrinews_lib.lm import data as lm
+from distrinews_lib.lm.task import MLM, TASKS
 from distrinews_lib.training import evaluation
 
 out = sys.argv[1]
@@ -25,8 +26,8 @@ try:
     voc = lm.VocabSubset.from_corpus(wp, ids, 512)
     blocks = lm.BlockDataset(lm.pack([voc.encode(x) for x in ids], 16, voc.sep_token_id)[:101])  # odd: the sampler pads
     result = {"blocks": len(blocks)}
-    for task in ("clm", "mlm"):
-        model, _ = build_lm(task, voc, 16, seed=0)
+    for name, task in TASKS.items():  # clm, mlm
+        model, _ = task.build_model(voc, 16, seed=0)
         sampler = DistributedSampler(blocks, num_replicas=world, rank=rank, shuffle=False)
         loader = DataLoader(blocks, batch_size=8, sampler=sampler, collate_fn=lm.LMCollator(task, voc, seed=5, fixed_epoch=0))
         ddp = evaluation.evaluate(model, loader, device=torch.device("cpu"), task=task)
@@ -37,10 +38,10 @@ try:
             D.is_initialized = lambda: False  # evaluate alone, without collectives
             single = evaluation.evaluate(model, whole, device=torch.device("cpu"), task=task)
             D.is_initialized = real
-            result[task] = {"ddp": ddp.__dict__, "single": single.__dict__}
+            result[name] = {"ddp": ddp.__dict__, "single": single.__dict__}
     # masks at the same step on both ranks, over two epochs, in training order
     train_sampler = DistributedSampler(blocks, num_replicas=world, rank=rank, shuffle=True, seed=3)
-    collate = lm.LMCollator("mlm", voc, seed=5, sampler=train_sampler)
+    collate = lm.LMCollator(MLM, voc, seed=5, sampler=train_sampler)
     masks = []
     for epoch in (1, 2):
         train_sampler.set_epoch(epoch)

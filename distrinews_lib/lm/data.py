@@ -1,7 +1,7 @@
 """Language-model data: the texts packed into fixed-length blocks over a vocabulary of frequent tokens, and
-the collator that (MLM) picks the tokens to predict. Masking depends only on (seed, epoch, block), so a
-resumed run masks like an uninterrupted one and no two ranks mask alike. DDP's lines do not change with the
-objective.
+the collator that asks its task for each block's inputs and labels (MLM: which tokens to predict). Masking depends
+only on (seed, epoch, block), so a resumed run masks like an uninterrupted one and no two ranks mask alike. DDP's
+lines do not change with the objective.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
+from ..training.checkpoint import tokenizer_from_files
+
 IGNORE = -100  # labels the loss skips: padding, and (MLM) the tokens that were not masked
 
 
@@ -22,6 +24,7 @@ class VocabSubset:
     [UNK]: with 30,522 entries the output layer is most of a tiny model's compute. Works like a tokenizer."""
 
     SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+    FILE = "vocab_subset.json"  # the kept ids, beside the WordPiece tokenizer's own files in a checkpoint
 
     def __init__(self, tokenizer, wordpiece_ids: list):
         self.tokenizer, self.ids = tokenizer, list(wordpiece_ids)
@@ -49,7 +52,13 @@ class VocabSubset:
     def save_pretrained(self, folder) -> None:
         """The WordPiece tokenizer's files plus the list of kept ids: what the checkpoint stores."""
         self.tokenizer.save_pretrained(folder)
-        (Path(folder) / "vocab_subset.json").write_text(json.dumps(self.ids))
+        (Path(folder) / self.FILE).write_text(json.dumps(self.ids))
+
+    @classmethod
+    def from_files(cls, files: dict) -> "VocabSubset":
+        """Back from a checkpoint's tokenizer files (save_pretrained's)."""
+        wordpiece = tokenizer_from_files({name: text for name, text in files.items() if name != cls.FILE})
+        return cls(wordpiece, json.loads(files[cls.FILE]))
 
     @property
     def name_or_path(self) -> str:
@@ -71,14 +80,15 @@ def pack(token_ids: list, block_size: int, sep_id: int) -> list:
 
 
 class BlockDataset(Dataset):
-    """Fixed-length blocks of token ids, each item with its index; brings its own collator (collator_for)."""
+    """Fixed-length blocks of token ids, each item with its index; its task (lm.task.CLM or MLM) makes their labels."""
 
-    def __init__(self, blocks: list, task: str = "clm", vocab=None, seed: int = 0, evaluation: bool = False):
+    def __init__(self, blocks: list, task=None, vocab=None, seed: int = 0, evaluation: bool = False):
         self.blocks, self.task, self.vocab, self.seed, self.evaluation = blocks, task, vocab, seed, evaluation
         self.lengths = [len(b) for b in blocks]  # all equal: length grouping has nothing to do
 
-    def collator_for(self, sampler):
-        # evaluation masks the same way every time, so epochs compare; training masks anew each epoch
+    def collator_for(self, sampler=None, pad_id=None, pad_to_multiple_of=None) -> "LMCollator":
+        """Its batches (blocks need no padding). Evaluation masks the same way every time, so epochs compare;
+        training masks anew each epoch."""
         return LMCollator(self.task, self.vocab, self.seed, sampler=sampler, fixed_epoch=0 if self.evaluation else None)
 
     def __len__(self):
@@ -109,10 +119,10 @@ def mask_block(ids: torch.Tensor, tokenizer, seed: int, epoch: int, index: int, 
 
 
 class LMCollator:
-    """Stacks blocks; clm: the labels are the inputs; mlm: masks each block for the sampler's epoch
-    (`fixed_epoch` pins it: evaluation masks the same way every time)."""
+    """Stacks blocks and asks the task for their inputs and labels (clm: the labels are the inputs; mlm: each block
+    masked for the sampler's epoch; `fixed_epoch` pins it: evaluation masks the same way every time)."""
 
-    def __init__(self, task: str, tokenizer, seed: int, sampler=None, fixed_epoch: int | None = None):
+    def __init__(self, task, tokenizer, seed: int, sampler=None, fixed_epoch: int | None = None):
         self.task, self.tokenizer, self.seed, self.sampler, self.fixed_epoch = task, tokenizer, seed, sampler, fixed_epoch
 
     @property
@@ -124,12 +134,7 @@ class LMCollator:
     def __call__(self, items):
         ids = torch.tensor([it["input_ids"] for it in items], dtype=torch.long)
         index = torch.tensor([it["index"] for it in items], dtype=torch.long)
-        if self.task == "clm":
-            labels = ids.clone()
-        else:
-            pairs = [mask_block(row, self.tokenizer, self.seed, self.epoch, int(i)) for row, i in zip(ids, index)]
-            ids = torch.stack([p[0] for p in pairs])
-            labels = torch.stack([p[1] for p in pairs])
+        ids, labels = self.task.inputs_and_labels(ids, index, self)
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels, "index": index}
 
 
