@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+EXPERIMENT_DIR = REPO / "configs" / "experiments"  # the checkout's experiments (the presets ship in the package)
 sys.path.insert(0, str(REPO))
 
 from distrinews_lib.course import launch
@@ -42,14 +43,14 @@ def _load() -> list:
 
 
 def experiment_files() -> list:
-    return sorted(config.EXPERIMENT_DIR.glob("*.yaml"))
+    return sorted(EXPERIMENT_DIR.glob("*.yaml"))
 
 
 def find(name: str) -> Path:
     path = Path(name)
     if path.suffix in (".yaml", ".yml") and path.is_file():
         return path.resolve()
-    candidate = config.EXPERIMENT_DIR / f"{name}.yaml"
+    candidate = EXPERIMENT_DIR / f"{name}.yaml"
     if candidate.is_file():
         return candidate
     known = ", ".join(p.stem for p in experiment_files()) or "none yet"

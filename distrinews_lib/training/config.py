@@ -20,10 +20,9 @@ from ..data.tokenization import TRUNCATIONS
 from ..distributed import gpu_count
 from ..errors import UserError
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent.parent / "configs"
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "presets"  # inside the package: a pip install has them too
 PRESETS = ("cpu_smoke", "single_gpu", "kaggle_t4x2")
 AMP_MODES = ("auto", "fp16", "bf16", "off")
-EXPERIMENT_DIR = CONFIG_DIR / "experiments"
 DEFAULT_CHECKPOINT = "checkpoints/distilbert_agnews.pt"  # where the trained model goes, and what the server loads
 _NONE = ("null", "none", "~", "")
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
@@ -226,7 +225,8 @@ def preset_path(name: str) -> Path:
 
 
 def read_preset(name: str, ddp: bool = True) -> tuple[str, dict]:
-    """(preset name, {field: typed value}) from configs/<name>.yaml or a YAML path; 'auto' picks by GPUs."""
+    """(preset name, {field: typed value}) from distrinews_lib/presets/<name>.yaml or a YAML path; 'auto' picks by
+    GPUs."""
     if name == "auto":
         name = auto_preset()
     path = preset_path(name)
@@ -281,7 +281,8 @@ def parse(description: str, argv=None, ddp: bool = False) -> RunConfig:
 
 def finish(cfg: RunConfig, ddp: bool, preset_file=None) -> RunConfig:
     """Defaults that depend on other options, and checks of options together."""
-    if cfg.experiment is None and preset_file is not None and Path(preset_file).resolve().parent == EXPERIMENT_DIR.resolve():
+    folder = Path(preset_file).resolve().parent if preset_file is not None else None
+    if cfg.experiment is None and folder is not None and (folder.parent.name, folder.name) == ("configs", "experiments"):
         cfg = replace(cfg, experiment=Path(preset_file).stem)  # a YAML in configs/experiments names its experiment
     if cfg.experiment:
         folder = Path("experiments") / cfg.experiment
