@@ -90,6 +90,30 @@ def test_a_killed_language_model_run_resumes_bit_identical(tmp_path):
         assert [e["val_perplexity"] for e in ma] == [e["val_perplexity"] for e in mb]
 
 
+def test_the_plan_chooses_each_task_once_and_ranks_receive_the_same_object():
+    import pickle
+
+    from distrinews_lib.training import plan
+    from distrinews_lib.training.classify import CLASSIFY
+
+    for name in ("classify", "clm", "mlm"):
+        task = plan.choose_task(name)
+        assert task.name == name and plan.choose_task(name) is task
+        assert pickle.loads(pickle.dumps(task)) is task, "rank 0's broadcast plan must carry the task, not a copy"
+    assert plan.choose_task("classify") is CLASSIFY
+
+
+def test_the_core_never_imports_the_language_models():
+    import subprocess
+    import sys
+
+    code = ("import sys, runpy; sys.argv = ['train_ddp.py', '--help']\n"
+            "try: runpy.run_path('scripts/train_ddp.py', run_name='x')\nexcept SystemExit: pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith('distrinews_lib.lm')))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "[]", r.stdout + r.stderr
+
+
 def test_the_accelerate_script_refuses_a_language_model_task(tmp_path):
     from .helpers import SCRIPTS, run_script
 

@@ -109,6 +109,7 @@ class LanguageModelling(Task):
 
 class CausalLM(LanguageModelling):
     name = "clm"
+    instance = "CLM"
 
     def build_model(self, tokenizer, block_size: int, seed: int):
         from transformers import GPT2Config, GPT2LMHeadModel  # deferred: slow
@@ -134,6 +135,7 @@ class CausalLM(LanguageModelling):
 
 class MaskedLM(LanguageModelling):
     name = "mlm"
+    instance = "MLM"
 
     def build_model(self, tokenizer, block_size: int, seed: int):
         from transformers import DistilBertConfig, DistilBertForMaskedLM  # deferred: slow

@@ -17,6 +17,7 @@ from .task import PreparedRun, Task, tokenizer_name
 
 class Classification(Task):
     name = "classify"
+    instance = "CLASSIFY"
 
     def prepare(self, plan, splits: TextSplits, log) -> PreparedRun:
         """The model with a head over the data's classes, and the texts tokenized for it (cached)."""

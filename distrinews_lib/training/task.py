@@ -20,9 +20,15 @@ LOADERS = ("classifiers load with distrinews_lib.serving.inference.load_checkpoi
 
 
 class Task:
-    """What a task is asked for. `name` is what --task calls it and what its checkpoints record."""
+    """What a task is asked for. `name` is what --task calls it and what its checkpoints record. Each task is one
+    object at the top of its module, named by `instance`: the plan that rank 0 broadcasts carries it by that name,
+    so every rank holds the same object."""
 
     name: str
+    instance: str  # the module-level name of the one object of this class
+
+    def __reduce__(self) -> str:
+        return self.instance  # pickled as a reference to the module's object, not as a copy
 
     def prepare(self, plan, splits: TextSplits, log) -> PreparedRun:
         """This rank's model, tokenizer and datasets for the plan, from the texts every rank agreed on. Collective."""
