@@ -117,13 +117,13 @@ class RunTracker:
         return row
 
     def checkpoint_metadata(self, final) -> dict:
-        """What the inference checkpoint records about the run that made it."""
+        """What the inference checkpoint records about the run that made it; `final`, the task's evaluation result,
+        writes its own keys (summary)."""
         cfg, d = self.record["config"], self.record["data"]
         return {"data_source": d["source"], "data_title": d["title"], "data_detail": d["detail"],
                 "is_synthetic": d["is_synthetic"], "preset": cfg["preset"], "model": self.record["model"]["resolved"],
                 "model_requested": self.record["model"]["name"], "world_size": self.record["ddp"]["world_size"],
-                "backend": self.record["ddp"]["backend"], "final_accuracy": None, "final_perplexity": None,
-                **final.summary(), "epochs": cfg["epochs"], "seed": cfg["seed"], "max_length": cfg["max_length"],
+                "backend": self.record["ddp"]["backend"], **final.summary(), "epochs": cfg["epochs"], "seed": cfg["seed"], "max_length": cfg["max_length"],
                 "task": cfg.get("task", "classify"), "versions": self.record["versions"], "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
     def state_dict(self) -> dict:
