@@ -20,8 +20,8 @@ import torch  # noqa: E402
 
 from distrinews_lib.bench.provenance import provenance  # noqa: E402
 from distrinews_lib.course.launch import torchrun  # noqa: E402
-from distrinews_lib.training import config, evaluation, plan  # noqa: E402
 from distrinews_lib.course.plots import load_metrics  # noqa: E402
+from distrinews_lib.training import config, evaluation, plan  # noqa: E402
 
 
 def measure(task: str, args, out_dir: Path) -> dict:

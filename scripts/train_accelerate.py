@@ -24,7 +24,7 @@ from distrinews_lib.training.tracking import RunTracker
 @main_guard
 def main():
     cfg = config.parse("Train the AG News classifier with Accelerate (accelerate launch, or torchrun).", ddp=True)
-    if plan.choose_task(cfg.task) is not CLASSIFY:  # its evaluation is written for classes; train_ddp.py takes every --task
+    if plan.choose_task(cfg.task) is not CLASSIFY:  # its evaluation is written for classes; train_ddp.py takes all
         raise UserError(f"--task {cfg.task}: train_accelerate.py trains classifiers; use scripts/train_ddp.py "
                         "for language models.")
     if cfg.threads:

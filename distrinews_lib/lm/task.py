@@ -119,7 +119,8 @@ class CausalLM(LanguageModelling):
                          n_layer=TINY_LM["layers"], n_head=TINY_LM["heads"], n_inner=TINY_LM["ffn"],
                          bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
                          pad_token_id=tokenizer.pad_token_id)
-        return GPT2LMHeadModel(cfg), f"GPT-2 from its config: {TINY_LM['layers']} layers, dim {TINY_LM['dim']}, random init"
+        desc = f"GPT-2 from its config: {TINY_LM['layers']} layers, dim {TINY_LM['dim']}, random init"
+        return GPT2LMHeadModel(cfg), desc
 
     def inputs_and_labels(self, ids, index, collator) -> tuple:
         return ids, ids.clone()  # the model predicts each next token of its own input
@@ -148,7 +149,8 @@ class MaskedLM(LanguageModelling):
                 f"DistilBERT from its config: {TINY_LM['layers']} layers, dim {TINY_LM['dim']}, random init")
 
     def inputs_and_labels(self, ids, index, collator) -> tuple:
-        pairs = [mask_block(row, collator.tokenizer, collator.seed, collator.epoch, int(i)) for row, i in zip(ids, index)]
+        pairs = [mask_block(row, collator.tokenizer, collator.seed, collator.epoch, int(i))
+                 for row, i in zip(ids, index)]
         return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
 
     def auto_model(self):

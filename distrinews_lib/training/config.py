@@ -281,8 +281,8 @@ def parse(description: str, argv=None, ddp: bool = False) -> RunConfig:
 
 def finish(cfg: RunConfig, ddp: bool, preset_file=None) -> RunConfig:
     """Defaults that depend on other options, and checks of options together."""
-    folder = Path(preset_file).resolve().parent if preset_file is not None else None
-    if cfg.experiment is None and folder is not None and (folder.parent.name, folder.name) == ("configs", "experiments"):
+    folder = Path(preset_file).resolve().parent if preset_file is not None else Path()
+    if cfg.experiment is None and (folder.parent.name, folder.name) == ("configs", "experiments"):
         cfg = replace(cfg, experiment=Path(preset_file).stem)  # a YAML in configs/experiments names its experiment
     if cfg.experiment:
         folder = Path("experiments") / cfg.experiment
