@@ -24,6 +24,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 try:
     import nbval  # noqa: F401  (pyproject's addopts run every notebook through it)
 except ImportError:
+
     def pytest_addoption(parser):
         # Accept the nbval options that pyproject.toml's addopts name, so pytest can say what is missing.
         group = parser.getgroup("nbval (not installed)")
@@ -39,4 +40,5 @@ except ImportError:
         raise pytest.UsageError(
             "nbval is not installed, and the test suite runs every notebook through it. Install the test tools "
             "with `bash scripts/setup_env.sh` (or `pip install -r requirements-dev.txt`), or run only the Python "
-            "tests with `python -m pytest tests -p no:nbval -o addopts=''`.")
+            "tests with `python -m pytest tests -p no:nbval -o addopts=''`."
+        )

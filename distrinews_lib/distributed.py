@@ -19,10 +19,10 @@ from .errors import UserError, exit_code_of
 
 
 class TorchrunEnv(NamedTuple):
-    rank: int          # this process's id among all processes, 0 .. world_size-1
-    local_rank: int    # its id on this machine: which GPU it uses
-    world_size: int    # how many processes in total
-    init_method: str   # where the processes meet: env:// (torchrun's MASTER_ADDR:MASTER_PORT), or a free local port
+    rank: int  # this process's id among all processes, 0 .. world_size-1
+    local_rank: int  # its id on this machine: which GPU it uses
+    world_size: int  # how many processes in total
+    init_method: str  # where the processes meet: env:// (torchrun's MASTER_ADDR:MASTER_PORT), or a free local port
 
 
 def free_port() -> int:
@@ -35,8 +35,9 @@ def torchrun_env() -> TorchrunEnv:
     """Who this process is, as torchrun told it; changes nothing. Under plain `python`, a world of one on a
     free local port, so that `python scripts/train_ddp.py` still runs (1 process, gloo) for debugging."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return TorchrunEnv(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ["WORLD_SIZE"]),
-                           "env://")
+        return TorchrunEnv(
+            int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ["WORLD_SIZE"]), "env://"
+        )
     return TorchrunEnv(0, 0, 1, f"tcp://127.0.0.1:{free_port()}")
 
 
@@ -73,8 +74,10 @@ def choose_backend(requested: str = "auto", local_world_size: int | None = None)
     if nccl_fits(n_gpu, local_world_size):
         return "nccl", f"nccl: each of the {local_world_size} rank(s) on this node has its own GPU ({n_gpu} found)"
     if n_gpu > 0:
-        return "gloo", (f"gloo: {local_world_size} ranks but only {n_gpu} GPU(s), so ranks cannot each own a GPU; "
-                        "training on CPU processes instead")
+        return "gloo", (
+            f"gloo: {local_world_size} ranks but only {n_gpu} GPU(s), so ranks cannot each own a GPU; "
+            "training on CPU processes instead"
+        )
     return "gloo", "gloo: no CUDA GPU here, so DDP runs on CPU processes and all-reduces over TCP"
 
 
@@ -203,8 +206,11 @@ def same_on_all_ranks(value, what: str, hint: str = "") -> None:
     dist.all_gather_object(values, value)
     odd = [r for r, v in enumerate(values) if v != values[0]]
     if odd:
-        raise UserError(f"rank(s) {', '.join(map(str, odd))} do not hold the same {what} as rank 0 "
-                        f"({values[odd[0]]!r} vs {values[0]!r}). {hint}".rstrip() + ".")
+        raise UserError(
+            f"rank(s) {', '.join(map(str, odd))} do not hold the same {what} as rank 0 "
+            f"({values[odd[0]]!r} vs {values[0]!r}). {hint}".rstrip()
+            + "."
+        )
 
 
 def local_main_first(fn, *args, **kwargs):
@@ -221,6 +227,7 @@ def local_main_first(fn, *args, **kwargs):
 
 
 # --------------------------------------------------------------------------- ending a process that joined a group
+
 
 def end_process(code: int = 0) -> NoReturn:
     """End a process that joined a process group, without the interpreter's teardown.

@@ -25,7 +25,7 @@ def first_line(err: BaseException, limit: int) -> str:
         return line
     cut = line[:limit]
     end = cut.rfind(". ")
-    cut = cut[:end + 1] if end >= limit // 2 else cut[:cut.rfind(" ")] if " " in cut else cut
+    cut = cut[: end + 1] if end >= limit // 2 else cut[: cut.rfind(" ")] if " " in cut else cut
     return cut.rstrip() + " …"
 
 
@@ -63,12 +63,15 @@ def main_guard(fn):
             if not any(s in str(err).lower() for s in _TIMEOUT_SIGNS):
                 raise
             rank = os.environ.get("RANK", "0")
-            _say(format_user_error(
-                f"[rank {rank}] a collective operation could not complete: it waited longer than the process "
-                f"group's timeout (--ddp_timeout), or a peer's connection dropped. Likely cause: another rank died, "
-                f"hangs, or skipped a collective "
-                f"(uneven numbers of batches per rank, a collective inside `if rank == 0:`, a rank stuck in I/O). "
-                f"Look above for the first rank that failed. ({first_line(err, 160)})"))
+            _say(
+                format_user_error(
+                    f"[rank {rank}] a collective operation could not complete: it waited longer than the process "
+                    f"group's timeout (--ddp_timeout), or a peer's connection dropped. Likely cause: another rank died, "
+                    f"hangs, or skipped a collective "
+                    f"(uneven numbers of batches per rank, a collective inside `if rank == 0:`, a rank stuck in I/O). "
+                    f"Look above for the first rank that failed. ({first_line(err, 160)})"
+                )
+            )
             sys.exit(COLLECTIVE_TIMEOUT_EXIT)
 
     return wrapper

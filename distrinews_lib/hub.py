@@ -17,7 +17,10 @@ _cached: bool | None = None
 
 def env_says_offline() -> bool:
     """HF_HUB_OFFLINE / HF_DATASETS_OFFLINE / DISTRINEWS_OFFLINE set to 1: never touch the network."""
-    return any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "DISTRINEWS_OFFLINE"))
+    return any(
+        os.environ.get(v, "").lower() in ("1", "true", "yes")
+        for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "DISTRINEWS_OFFLINE")
+    )
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -47,9 +50,12 @@ def hub_reachable(timeout: float = 3.0) -> bool:
 
 # Offline compute nodes: the cache is filled on a login node, then runs use HF_HUB_OFFLINE=1 (nothing probed).
 
+
 def _hf_home() -> str:
-    return os.path.expanduser(os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "huggingface"))
+    return os.path.expanduser(
+        os.environ.get("HF_HOME")
+        or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "huggingface")
+    )
 
 
 def datasets_cache_dir() -> str:
@@ -59,8 +65,9 @@ def datasets_cache_dir() -> str:
 
 def models_cache_dir() -> str:
     """Where huggingface_hub keeps downloaded repositories (models), read from the environment now."""
-    return os.path.expanduser(os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
-                              or os.path.join(_hf_home(), "hub"))
+    return os.path.expanduser(
+        os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE") or os.path.join(_hf_home(), "hub")
+    )
 
 
 def dataset_cache_folder(repo_id: str, cache_dir: str | None = None) -> str:
@@ -75,12 +82,14 @@ def dataset_cache_folder(repo_id: str, cache_dir: str | None = None) -> str:
 
 def dataset_cached(repo_id: str, cache_dir: str | None = None) -> bool:
     """Does the datasets cache hold a prepared copy of repo_id (<folder>/<config>/<version>/<hash>/dataset_info.json)?"""
-    return any(os.path.isfile(os.path.join(p, "dataset_info.json"))
-               for p in glob.glob(os.path.join(dataset_cache_folder(repo_id, cache_dir), "*", "*", "*")))
+    return any(
+        os.path.isfile(os.path.join(p, "dataset_info.json"))
+        for p in glob.glob(os.path.join(dataset_cache_folder(repo_id, cache_dir), "*", "*", "*"))
+    )
 
 
 def dataset_download_command(repo_id: str) -> str:
-    return (f"HF_HOME={_hf_home()} python -c \"from datasets import load_dataset; load_dataset('{repo_id}')\"")
+    return f"HF_HOME={_hf_home()} python -c \"from datasets import load_dataset; load_dataset('{repo_id}')\""
 
 
 def model_download_command(repo_id: str) -> str:

@@ -14,8 +14,13 @@ from . import __version__
 
 
 def versions() -> dict:
-    out = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": None,
-           "distrinews_lib": __version__}
+    out = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": None,
+        "distrinews_lib": __version__,
+    }
     try:
         if torch.cuda.is_available() and torch.distributed.is_nccl_available():
             nv = torch.cuda.nccl.version()
@@ -32,8 +37,16 @@ def versions() -> dict:
 
 def git_commit() -> str | None:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                              cwd=Path(__file__).resolve().parent).stdout.strip() or None
+        return (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+                cwd=Path(__file__).resolve().parent,
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -74,8 +87,12 @@ def cpu_native_bf16(flags: set[str] | None = None) -> bool | None:
 
 
 def machine_info() -> dict:
-    info = {"hostname": socket.gethostname(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "processor": cpu_name()}
+    info = {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "processor": cpu_name(),
+    }
     if torch.cuda.is_available():
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return info

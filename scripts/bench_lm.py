@@ -4,6 +4,7 @@ time per epoch, for the causal and the masked LM, trained by scripts/train_ddp.p
     python scripts/bench_lm.py                 # benchmarks/lm.json (clm and mlm, 2 processes, the chapter's settings)
     python scripts/bench_lm.py --quick         # a few blocks, outputs/bench/lm_quick.json (CI keeps it working)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,22 +26,56 @@ from distrinews_lib.training import config, evaluation, plan  # noqa: E402
 
 
 def measure(task: str, args, out_dir: Path) -> dict:
-    flags = ["--config", "cpu_smoke", "--task", task, "--epochs", args.epochs, "--num_samples", args.samples,
-             "--eval_samples", args.eval_samples, "--batch_size", args.batch, "--lr", args.lr, "--threads", 1, "--no-progress"]
+    flags = [
+        "--config",
+        "cpu_smoke",
+        "--task",
+        task,
+        "--epochs",
+        args.epochs,
+        "--num_samples",
+        args.samples,
+        "--eval_samples",
+        args.eval_samples,
+        "--batch_size",
+        args.batch,
+        "--lr",
+        args.lr,
+        "--threads",
+        1,
+        "--no-progress",
+    ]
     cfg = config.parse("bench_lm", [str(f) for f in flags + ["--output", out_dir, "--resume", "off"]], ddp=True)
     run = plan.prepare(plan.decide(cfg), log=lambda *a: None)
     loader = torch.utils.data.DataLoader(run.val_ds, batch_size=128, collate_fn=run.val_ds.collator_for(None))
     initial = evaluation.evaluate(run.model, loader, device=torch.device("cpu"), task=run.task)
     start = time.time()
-    torchrun(REPO / "scripts" / "train_ddp.py", args.nproc, [*flags, "--output", out_dir, "--checkpoint", out_dir / "m.pt"],
-             echo=False, timeout=1800, cwd=REPO)
+    torchrun(
+        REPO / "scripts" / "train_ddp.py",
+        args.nproc,
+        [*flags, "--output", out_dir, "--checkpoint", out_dir / "m.pt"],
+        echo=False,
+        timeout=1800,
+        cwd=REPO,
+    )
     m = load_metrics(out_dir)
     ppl = [initial.perplexity] + [e["val_perplexity"] for e in m["epochs"]]
-    return {"task": task, "model": m["model"]["resolved"], "parameters": m["model"]["num_parameters"],
-            "vocabulary": len(run.tokenizer), "train_blocks": len(run.train_ds),
-            "val_blocks": len(run.val_ds), "block_size": cfg.block_size, "processes": args.nproc,
-            "perplexity_by_epoch": ppl, "drop": ppl[0] / ppl[-1], "epoch_time_s": [e["epoch_time_s"] for e in m["epochs"]],
-            "launch_wall_s": round(time.time() - start, 1), "data": m["data"]["title"], "flags": [str(f) for f in flags]}
+    return {
+        "task": task,
+        "model": m["model"]["resolved"],
+        "parameters": m["model"]["num_parameters"],
+        "vocabulary": len(run.tokenizer),
+        "train_blocks": len(run.train_ds),
+        "val_blocks": len(run.val_ds),
+        "block_size": cfg.block_size,
+        "processes": args.nproc,
+        "perplexity_by_epoch": ppl,
+        "drop": ppl[0] / ppl[-1],
+        "epoch_time_s": [e["epoch_time_s"] for e in m["epochs"]],
+        "launch_wall_s": round(time.time() - start, 1),
+        "data": m["data"]["title"],
+        "flags": [str(f) for f in flags],
+    }
 
 
 def main(argv=None):
@@ -62,8 +97,11 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         for task in args.tasks.split(","):
             result["runs"][task] = r = measure(task, args, Path(tmp) / task)
-            print(f"{task}: perplexity {' -> '.join(f'{x:.0f}' for x in r['perplexity_by_epoch'])} ({r['drop']:.0f}x), "
-                  f"{', '.join(f'{t:.1f}' for t in r['epoch_time_s'])} s per epoch, {args.nproc} processes", flush=True)
+            print(
+                f"{task}: perplexity {' -> '.join(f'{x:.0f}' for x in r['perplexity_by_epoch'])} ({r['drop']:.0f}x), "
+                f"{', '.join(f'{t:.1f}' for t in r['epoch_time_s'])} s per epoch, {args.nproc} processes",
+                flush=True,
+            )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1, default=str))
     print(f"wrote {out}")

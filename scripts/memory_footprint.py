@@ -24,6 +24,7 @@ would reuse it without raising the peak. Per rank and run it reports:
 - the largest difference between its final weights (gathered) and those of the first run with the same batch
   shape (fp32, dropout off, no weight decay, no clipping: every variant must compute the same thing).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,11 +59,19 @@ RUN = re.compile(r"^(?P<variant>[a-z0-9_]+)(@(?P<batch>\d+)x(?P<seq>\d+))?(?P<fl
 def parse_run(text: str, batch: int, seq: int) -> dict:
     m = RUN.match(text.strip())
     if not m or m["variant"] not in VARIANTS:
-        raise SystemExit(f"memory_footprint.py: cannot read the run {text!r}; write VARIANT[@BATCHxSEQ][+ckpt][+view] "
-                         f"with VARIANT one of {', '.join(VARIANTS)} (e.g. ddp@32x128+ckpt)")
+        raise SystemExit(
+            f"memory_footprint.py: cannot read the run {text!r}; write VARIANT[@BATCHxSEQ][+ckpt][+view] "
+            f"with VARIANT one of {', '.join(VARIANTS)} (e.g. ddp@32x128+ckpt)"
+        )
     flags = m["flags"].split("+")[1:]
-    return {"name": text.strip(), "variant": m["variant"], "batch": int(m["batch"] or batch),
-            "seq": int(m["seq"] or seq), "ckpt": "ckpt" in flags, "view": "view" in flags}
+    return {
+        "name": text.strip(),
+        "variant": m["variant"],
+        "batch": int(m["batch"] or batch),
+        "seq": int(m["seq"] or seq),
+        "ckpt": "ckpt" in flags,
+        "view": "view" in flags,
+    }
 
 
 def status_mb(field: str) -> float:
@@ -119,7 +128,7 @@ def batches(ds, pad_id, run, steps, rank, world) -> list:
     for s in range(steps):
         start = (s * world + rank) * run["batch"]
         b = collate([ds[i % len(ds)] for i in range(start, start + run["batch"])])
-        b["input_ids"], b["attention_mask"] = b["input_ids"][:, :run["seq"]], b["attention_mask"][:, :run["seq"]]
+        b["input_ids"], b["attention_mask"] = b["input_ids"][:, : run["seq"]], b["attention_mask"][:, : run["seq"]]
         out.append(b)
     return out
 
@@ -204,10 +213,15 @@ def run_torch(run, args, template, my_batches, world):
         return saved, sum(nbytes(p.grad) for p in params)  # between backward and step: every gradient alive
 
     times, saved, grads = step_loop(my_batches, forward_backward, opt.step)
-    held = {"params": sum(nbytes(p) for p in params), "grads": grads,
-            "optimizer_state": sum(nbytes(v) for st in local_state().values() for v in st.values() if torch.is_tensor(v))}
-    gather = lambda: {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()  # noqa: E731
-                      for k, v in model.state_dict().items()}
+    held = {
+        "params": sum(nbytes(p) for p in params),
+        "grads": grads,
+        "optimizer_state": sum(nbytes(v) for st in local_state().values() for v in st.values() if torch.is_tensor(v)),
+    }
+    gather = lambda: {
+        k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()  # noqa: E731
+        for k, v in model.state_dict().items()
+    }
     return held, times, saved, gather
 
 
@@ -218,7 +232,7 @@ def ds_gradient_bytes(opt, params) -> int:
     tensors = [p.grad for p in params]
     for holder in ("averaged_gradients", "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition"):
         found = getattr(opt, holder, None) or {}
-        for value in (found.values() if isinstance(found, dict) else found):
+        for value in found.values() if isinstance(found, dict) else found:
             tensors += value if isinstance(value, (list, tuple)) else [value]
     for t in tensors:
         if torch.is_tensor(t) and t.data_ptr() not in seen:
@@ -233,9 +247,15 @@ def run_deepspeed(run, args, template, my_batches, world):
     stage = int(run["variant"][-1])
     model = make_model(args.model, args.seed, run["ckpt"])
     model.load_state_dict(template)
-    config = {"train_micro_batch_size_per_gpu": run["batch"], "gradient_accumulation_steps": 1,
-              "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True,
-              "gradient_clipping": 0.0, "steps_per_print": 10**9, "wall_clock_breakdown": False}
+    config = {
+        "train_micro_batch_size_per_gpu": run["batch"],
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": stage},
+        "zero_allow_untested_optimizer": True,
+        "gradient_clipping": 0.0,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     params = list(engine.module.parameters())
@@ -247,10 +267,17 @@ def run_deepspeed(run, args, template, my_batches, world):
 
     times, saved, grads = step_loop(my_batches, forward_backward, engine.step)
     inner = opt.optimizer if hasattr(opt, "optimizer") else opt
-    masters = getattr(opt, "single_partition_of_fp32_groups", None) or getattr(opt, "fp32_partitioned_groups_flat", None) or []
-    held = {"params": sum(nbytes(getattr(p, "ds_tensor", p)) for p in params), "grads": grads,
-            "optimizer_state": sum(nbytes(v) for st in inner.state.values() for v in st.values() if torch.is_tensor(v))
-            + sum(nbytes(m) for m in masters if not any(m is p for p in params))}
+    masters = (
+        getattr(opt, "single_partition_of_fp32_groups", None)
+        or getattr(opt, "fp32_partitioned_groups_flat", None)
+        or []
+    )
+    held = {
+        "params": sum(nbytes(getattr(p, "ds_tensor", p)) for p in params),
+        "grads": grads,
+        "optimizer_state": sum(nbytes(v) for st in inner.state.values() for v in st.values() if torch.is_tensor(v))
+        + sum(nbytes(m) for m in masters if not any(m is p for p in params)),
+    }
 
     def gather():
         if stage == 3:
@@ -286,8 +313,14 @@ def one_run(run, index, args, template, ds, pad_id, rank, world, scratch: Path) 
         dist.barrier()
         ref = torch.load(reference, weights_only=True)
         diff = max(float((full[k].float() - ref[k].float()).abs().max()) for k in ref)
-        mine = {**held, "total": sum(held.values()), "activations_saved": saved, "peak_rss_above_start_mb": peak,
-                "seconds_per_step": sorted(times)[len(times) // 2], "max_weight_diff_vs_first": diff}
+        mine = {
+            **held,
+            "total": sum(held.values()),
+            "activations_saved": saved,
+            "peak_rss_above_start_mb": peak,
+            "seconds_per_step": sorted(times)[len(times) // 2],
+            "max_weight_diff_vs_first": diff,
+        }
         everyone = [None] * world
         dist.all_gather_object(everyone, mine)
         dist.barrier()
@@ -325,8 +358,13 @@ def warm_up(args, template, ds, pad_id) -> None:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=["tiny", "distilbert-base"], default="tiny")
-    p.add_argument("--runs", "--variants", dest="runs", default=",".join(VARIANTS),
-                   help="comma-separated runs VARIANT[@BATCHxSEQ][+ckpt][+view]")
+    p.add_argument(
+        "--runs",
+        "--variants",
+        dest="runs",
+        default=",".join(VARIANTS),
+        help="comma-separated runs VARIANT[@BATCHxSEQ][+ckpt][+view]",
+    )
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--batch", type=int, default=8, help="examples per rank and step")
     p.add_argument("--max_length", type=int, default=64, help="tokens per example (every batch is padded to it)")
@@ -342,8 +380,10 @@ def main(argv=None) -> None:
     # Imported before forking, so that no run counts a module's import in its own peak (each ZeRO-1 run counted
     # 5.3 MiB of torch.distributed.optim when its child imported it: chapter 06 measured it).
     from torch.distributed.optim import ZeroRedundancyOptimizer  # noqa: F401
+
     try:
         import deepspeed  # imported before forking: every child shares it instead of importing it again
+
         deepspeed_version = deepspeed.__version__
     except ImportError:
         deepspeed_version = None
@@ -355,31 +395,47 @@ def main(argv=None) -> None:
     warm_up(args, template, ds, pad_id)
     baseline_mb = status_mb("VmRSS")
     scratch = Path(os.environ.get("DISTRINEWS_MEMORY_SCRATCH") or tempfile.gettempdir()) / (
-        f"memory_footprint_{os.environ.get('TORCHELASTIC_RUN_ID', os.getpid())}")
+        f"memory_footprint_{os.environ.get('TORCHELASTIC_RUN_ID', os.getpid())}"
+    )
     scratch.mkdir(parents=True, exist_ok=True)
     if world > 1 and int(os.environ.get("LOCAL_WORLD_SIZE", world)) != world:
-        raise SystemExit("memory_footprint.py: every rank must run on this machine (its runs meet in a file under "
-                         f"{scratch.parent}); launch it with torchrun --standalone --nproc_per_node=N")
+        raise SystemExit(
+            "memory_footprint.py: every rank must run on this machine (its runs meet in a file under "
+            f"{scratch.parent}); launch it with torchrun --standalone --nproc_per_node=N"
+        )
     results = {}
     for index, run in enumerate(args.parsed):
         if run["variant"].startswith("deepspeed") and deepspeed_version is None:
-            results[run["name"]] = {"skipped": "DeepSpeed is not installed (pip install --no-build-isolation -r "
-                                               "requirements-deepspeed.txt)"}
+            results[run["name"]] = {
+                "skipped": "DeepSpeed is not installed (pip install --no-build-isolation -r requirements-deepspeed.txt)"
+            }
             continue
-        result = in_child(lambda: one_run(run, index, args, template, ds, pad_id, rank, world, scratch),
-                          "memory_footprint.py: a run")
+        result = in_child(
+            lambda: one_run(run, index, args, template, ds, pad_id, rank, world, scratch), "memory_footprint.py: a run"
+        )
         results[run["name"]] = result
         if rank == 0:
             r = max(result["per_rank"], key=lambda x: x["peak_rss_above_start_mb"])
-            print(f"{run['name']:<22} params {r['params'] / 2**20:7.2f} MiB | grads {r['grads'] / 2**20:7.2f} MiB | "
-                  f"optimizer {r['optimizer_state'] / 2**20:7.2f} MiB | activations {r['activations_saved'] / 2**20:7.2f} MiB"
-                  f" | peak RSS +{r['peak_rss_above_start_mb']:7.1f} MiB | {1000 * r['seconds_per_step']:6.0f} ms/step | "
-                  f"weights vs first {r['max_weight_diff_vs_first']:.1e}", flush=True)
+            print(
+                f"{run['name']:<22} params {r['params'] / 2**20:7.2f} MiB | grads {r['grads'] / 2**20:7.2f} MiB | "
+                f"optimizer {r['optimizer_state'] / 2**20:7.2f} MiB | activations {r['activations_saved'] / 2**20:7.2f} MiB"
+                f" | peak RSS +{r['peak_rss_above_start_mb']:7.1f} MiB | {1000 * r['seconds_per_step']:6.0f} ms/step | "
+                f"weights vs first {r['max_weight_diff_vs_first']:.1e}",
+                flush=True,
+            )
     if rank == 0:
         n_params = sum(v.numel() for v in template.values() if v.is_floating_point())
-        out = {"benchmark": "memory", **provenance(), "world_size": world, "model": args.model, "n_params": n_params,
-               "settings": {k: v for k, v in vars(args).items() if k != "parsed"}, "deepspeed": deepspeed_version,
-               "start_rss_mb": baseline_mb, "results": results}
+        out = {
+            "benchmark": "memory",
+            **provenance(),
+            "world_size": world,
+            "model": args.model,
+            "n_params": n_params,
+            "settings": {k: v for k, v in vars(args).items() if k != "parsed"},
+            "deepspeed": deepspeed_version,
+            "start_rss_mb": baseline_mb,
+            "results": results,
+        }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(out, indent=1, default=str))
         for f in [*scratch.glob("reference_*.pt"), *scratch.glob("store_*")]:

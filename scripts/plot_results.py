@@ -70,13 +70,24 @@ def scaling_pairs(runs: list) -> list:
     for base in (r for r in runs if r["world_size"] == 1):
         for other in (r for r in runs if r["world_size"] > 1 and key(r) == key(base)):
             speedup = base["mean_epoch_time_s"] / other["mean_epoch_time_s"]
-            pairs.append({"data": base["data"], "model": base["model"], "tokenizer": base["tokenizer"],
-                          "single": base["name"], "multi": other["name"], "processes": other["world_size"],
-                          "global_batch": base["global_batch"],
-                          "time_per_epoch_s": {"1": round(base["mean_epoch_time_s"], 2),
-                                               str(other["world_size"]): round(other["mean_epoch_time_s"], 2)},
-                          "speedup": round(speedup, 3), "efficiency": round(speedup / other["world_size"], 3),
-                          "accuracy_gap_points": round(100 * (base["final_accuracy"] - other["final_accuracy"]), 3)})
+            pairs.append(
+                {
+                    "data": base["data"],
+                    "model": base["model"],
+                    "tokenizer": base["tokenizer"],
+                    "single": base["name"],
+                    "multi": other["name"],
+                    "processes": other["world_size"],
+                    "global_batch": base["global_batch"],
+                    "time_per_epoch_s": {
+                        "1": round(base["mean_epoch_time_s"], 2),
+                        str(other["world_size"]): round(other["mean_epoch_time_s"], 2),
+                    },
+                    "speedup": round(speedup, 3),
+                    "efficiency": round(speedup / other["world_size"], 3),
+                    "accuracy_gap_points": round(100 * (base["final_accuracy"] - other["final_accuracy"]), 3),
+                }
+            )
     return pairs
 
 
@@ -93,16 +104,28 @@ def record(runs: list, pairs: list, folder: Path, path: Path) -> dict:
         run_json = folder / r["name"] / "run.json"
         extra = json.loads(run_json.read_text()) if run_json.is_file() else {}
         section_runs[r["name"]] = {
-            "data": r["data"], "model": r["model"], "tokenizer": r["tokenizer"], "parameters": r["parameters"],
-            "processes": r["world_size"], "global_batch": r["global_batch"], "max_length": r["max_length"],
-            "train_texts": r["train_size"], "test_texts": r["test_examples"],
+            "data": r["data"],
+            "model": r["model"],
+            "tokenizer": r["tokenizer"],
+            "parameters": r["parameters"],
+            "processes": r["world_size"],
+            "global_batch": r["global_batch"],
+            "max_length": r["max_length"],
+            "train_texts": r["train_size"],
+            "test_texts": r["test_examples"],
             "accuracy_percent_per_epoch": [round(100 * a, 3) for a in r["accuracy"]],
             "final_accuracy_percent": round(100 * r["final_accuracy"], 3),
-            "epoch_time_s": r["epoch_time_s"], "mean_epoch_time_s": round(r["mean_epoch_time_s"], 2),
-            "samples_per_s_per_epoch": r["samples_per_s"], "command": extra.get("command"),
-            "started": r["started"], "wall_s": extra.get("wall_s"), "git_commit": r["git_commit"],
-            "load_average_before": extra.get("load_average_before"), "load_average_after": extra.get("load_average_after"),
-            "experiment_folder": f"experiments/{r['name']}"}
+            "epoch_time_s": r["epoch_time_s"],
+            "mean_epoch_time_s": round(r["mean_epoch_time_s"], 2),
+            "samples_per_s_per_epoch": r["samples_per_s"],
+            "command": extra.get("command"),
+            "started": r["started"],
+            "wall_s": extra.get("wall_s"),
+            "git_commit": r["git_commit"],
+            "load_average_before": extra.get("load_average_before"),
+            "load_average_after": extra.get("load_average_after"),
+            "experiment_folder": f"experiments/{r['name']}",
+        }
     targets = {}
     for prefix, target in TARGETS.items():
         mine = [r for r in runs if r["data"].startswith(prefix) and r["model"] == "custom" and r["tokenizer"] == "hash"]
@@ -110,29 +133,40 @@ def record(runs: list, pairs: list, folder: Path, path: Path) -> dict:
             continue
         accs = {r["name"]: round(100 * r["final_accuracy"], 3) for r in mine}
         full = all(r["test_examples"] == {"IMDB": 25000, "AG News": 7600}[prefix] for r in mine)
-        targets[f"{prefix} accuracy"] = {"target": f">= {100 * target:.0f}% (custom + hash, full test set)",
-                                         "runs": accs, "full_test_set": full,
-                                         "met": full and all(a >= 100 * target for a in accs.values())}
+        targets[f"{prefix} accuracy"] = {
+            "target": f">= {100 * target:.0f}% (custom + hash, full test set)",
+            "runs": accs,
+            "full_test_set": full,
+            "met": full and all(a >= 100 * target for a in accs.values()),
+        }
         gaps = [p for p in pairs if p["data"].startswith(prefix) and p["model"] == "custom"]
         if gaps:
             targets[f"{prefix} 1 vs 2 processes"] = {
                 "target": f"|1 process - 2 processes| <= {GAP_POINTS} point at the same global batch",
                 "gap_points": {f"{p['single']} vs {p['multi']}": p["accuracy_gap_points"] for p in gaps},
-                "met": all(abs(p["accuracy_gap_points"]) <= GAP_POINTS for p in gaps)}
+                "met": all(abs(p["accuracy_gap_points"]) <= GAP_POINTS for p in gaps),
+            }
     first = next(iter(runs))
     section = {
         "what": "issue 15: the custom transformer + hash tokenizer on IMDB and AG News, 1 vs 2 CPU processes (gloo) at "
-                "the same global batch; the tiny DistilBERT on AG News as the reference for the speedup",
-        "commands": ["python scripts/run_experiment.py " + " ".join(r["name"] for r in runs),
-                     f"python scripts/plot_results.py --record {os.path.relpath(path, REPO)}"],
+        "the same global batch; the tiny DistilBERT on AG News as the reference for the speedup",
+        "commands": [
+            "python scripts/run_experiment.py " + " ".join(r["name"] for r in runs),
+            f"python scripts/plot_results.py --record {os.path.relpath(path, REPO)}",
+        ],
         "recorded": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": first["machine"],
         "note": "time per epoch = training time of the epoch (evaluation excluded), mean over the run's epochs; "
-                "speedup = time(1 process) / time(2 processes); the 2 cores were shared with other jobs "
-                "(load averages per run below), so timings carry that noise",
-        "targets": targets, "all_met": bool(targets) and all(t["met"] for t in targets.values()),
-        "speedup": pairs, "runs": section_runs, "plots": [f"{os.path.relpath(folder, REPO)}/plots/{n}" for n in
-                                                          ("accuracy_per_epoch.png", "time_per_epoch.png", "scaling.png")],
+        "speedup = time(1 process) / time(2 processes); the 2 cores were shared with other jobs "
+        "(load averages per run below), so timings carry that noise",
+        "targets": targets,
+        "all_met": bool(targets) and all(t["met"] for t in targets.values()),
+        "speedup": pairs,
+        "runs": section_runs,
+        "plots": [
+            f"{os.path.relpath(folder, REPO)}/plots/{n}"
+            for n in ("accuracy_per_epoch.png", "time_per_epoch.png", "scaling.png")
+        ],
     }
     doc = json.loads(path.read_text()) if path.is_file() else {}
     doc["custom_hash"] = section
@@ -160,7 +194,9 @@ def plot_accuracy(runs: list, path: Path) -> None:
     fig, axes = plt.subplots(1, len(datasets), figsize=(5.2 * len(datasets), 3.8), squeeze=False)
     for ax, d in zip(axes[0], datasets):
         for r in (r for r in runs if r["data"] == d):
-            ax.plot(r["epochs"], [100 * a for a in r["accuracy"]], "o-" if r["world_size"] == 1 else "s--", label=label(r))
+            ax.plot(
+                r["epochs"], [100 * a for a in r["accuracy"]], "o-" if r["world_size"] == 1 else "s--", label=label(r)
+            )
         ax.set(title=f"data: {d}", xlabel="epoch", ylabel="test accuracy (%)")
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
@@ -175,14 +211,27 @@ def plot_time(runs: list, path: Path) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(runs) + 2), 3.8))
     names = [label(r) for r in runs]
-    ax.bar(range(len(runs)), [r["mean_epoch_time_s"] for r in runs], color=["C0" if r["world_size"] == 1 else "C1" for r in runs])
+    ax.bar(
+        range(len(runs)),
+        [r["mean_epoch_time_s"] for r in runs],
+        color=["C0" if r["world_size"] == 1 else "C1" for r in runs],
+    )
     for i, r in enumerate(runs):
         ax.plot([i] * len(r["epoch_time_s"]), r["epoch_time_s"], "k.", ms=4)
-        ax.annotate(f"{r['mean_epoch_time_s']:.0f} s", (i, max(r["epoch_time_s"])), xytext=(0, 4), textcoords="offset points",
-                    ha="center", va="bottom", fontsize=7)
+        ax.annotate(
+            f"{r['mean_epoch_time_s']:.0f} s",
+            (i, max(r["epoch_time_s"])),
+            xytext=(0, 4),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=7,
+        )
     ax.set_xticks(range(len(runs)), names, rotation=25, ha="right", fontsize=7)
-    ax.set(ylabel="training time per epoch (s)", title="time per epoch (bars: mean; dots: each epoch) | data: "
-           + ", ".join(sorted({r["data"] for r in runs})))
+    ax.set(
+        ylabel="training time per epoch (s)",
+        title="time per epoch (bars: mean; dots: each epoch) | data: " + ", ".join(sorted({r["data"] for r in runs})),
+    )
     ax.title.set_fontsize(8)
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
@@ -207,8 +256,13 @@ def plot_scaling(pairs: list, path: Path, windows: dict | None = None) -> None:
     xs = list(range(len(pairs)))
     shown = [("whole epochs (mean time per epoch)", [p["speedup"] for p in pairs], "C2")]
     if any((p["single"], p["multi"]) in windows for p in pairs):
-        shown.append(("step windows in alternating rounds (scripts/measure_speedup.py)",
-                      [windows.get((p["single"], p["multi"]), {}).get("speedup", float("nan")) for p in pairs], "C4"))
+        shown.append(
+            (
+                "step windows in alternating rounds (scripts/measure_speedup.py)",
+                [windows.get((p["single"], p["multi"]), {}).get("speedup", float("nan")) for p in pairs],
+                "C4",
+            )
+        )
     width = 0.8 / len(shown)
     for k, (what, speedups, color) in enumerate(shown):
         at = [x + (k - (len(shown) - 1) / 2) * width for x in xs]
@@ -216,20 +270,34 @@ def plot_scaling(pairs: list, path: Path, windows: dict | None = None) -> None:
         ax_e.bar(at, [100 * v / p["processes"] for v, p in zip(speedups, pairs)], width, color=color, label=what)
         for x, v, p in zip(at, speedups, pairs):
             if v == v:  # not NaN
-                ax_s.annotate(f"{v:.2f}x", (x, v), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=7)
-                ax_e.annotate(f"{100 * v / p['processes']:.0f}%", (x, 100 * v / p["processes"]), xytext=(0, 2),
-                              textcoords="offset points", ha="center", va="bottom", fontsize=7)
+                ax_s.annotate(
+                    f"{v:.2f}x", (x, v), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=7
+                )
+                ax_e.annotate(
+                    f"{100 * v / p['processes']:.0f}%",
+                    (x, 100 * v / p["processes"]),
+                    xytext=(0, 2),
+                    textcoords="offset points",
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                )
     for ax in (ax_s, ax_e):
         ax.set_xticks(xs, names, fontsize=7)
         ax.grid(alpha=0.3, axis="y")
     procs = sorted({p["processes"] for p in pairs})
     ax_s.axhline(max(procs) if procs else 2, color="grey", ls=":", lw=0.8)
     ax_s.axhline(1, color="black", lw=0.6)
-    ax_s.set(ylabel="speedup (time of 1 process / time of N)", title=f"speedup of {', '.join(map(str, procs))} processes over 1")
+    ax_s.set(
+        ylabel="speedup (time of 1 process / time of N)",
+        title=f"speedup of {', '.join(map(str, procs))} processes over 1",
+    )
     ax_e.axhline(100, color="grey", ls=":", lw=0.8)
     ax_e.set(ylabel="efficiency (%)", title="efficiency = speedup / N")
     ax_s.legend(fontsize=7, loc="upper left")
-    fig.suptitle("same global batch (32); CPU processes with gloo, 1 thread each, on 2 cores shared with other jobs", fontsize=9)
+    fig.suptitle(
+        "same global batch (32); CPU processes with gloo, 1 thread each, on 2 cores shared with other jobs", fontsize=9
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -240,16 +308,29 @@ def main(argv=None) -> int:
     p.add_argument("experiments", nargs="*", help="experiment names (folders in experiments/); default: all")
     p.add_argument("--root", default=str(EXPERIMENTS), help="the experiments folder")
     p.add_argument("--out", default=None, help="where the plots go (default: <root>/plots)")
-    p.add_argument("--record", default=None, metavar="JSON", help="also write the figures, targets and provenance into "
-                   "this JSON's section custom_hash (e.g. benchmarks/accuracy.json; its other keys are kept)")
+    p.add_argument(
+        "--record",
+        default=None,
+        metavar="JSON",
+        help="also write the figures, targets and provenance into "
+        "this JSON's section custom_hash (e.g. benchmarks/accuracy.json; its other keys are kept)",
+    )
     a = p.parse_args(argv)
     root = Path(a.root)
-    folders = [root / n for n in a.experiments] if a.experiments else sorted(f for f in root.iterdir() if f.is_dir()) \
-        if root.is_dir() else []
+    folders = (
+        [root / n for n in a.experiments]
+        if a.experiments
+        else sorted(f for f in root.iterdir() if f.is_dir())
+        if root.is_dir()
+        else []
+    )
     runs = [r for r in (load(f) for f in folders) if r]
     if not runs:
-        print(f"error: no experiment with a metrics.json in {root} {a.experiments or ''}. Run some first: "
-              "python scripts/run_experiment.py --list", file=sys.stderr)
+        print(
+            f"error: no experiment with a metrics.json in {root} {a.experiments or ''}. Run some first: "
+            "python scripts/run_experiment.py --list",
+            file=sys.stderr,
+        )
         return 2
     runs.sort(key=lambda r: (r["data"], r["model"], r["world_size"], r["name"]))
     out = Path(a.out) if a.out else root / "plots"
@@ -265,11 +346,15 @@ def main(argv=None) -> int:
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"{'experiment':28} {'data':32} {'model':8} {'procs':>5} {'final acc':>9} {'s/epoch':>8}")
     for r in runs:
-        print(f"{r['name']:28} {r['data'][:32]:32} {str(r['model'])[:8]:8} {r['world_size']:>5} "
-              f"{100 * r['final_accuracy']:8.2f}% {r['mean_epoch_time_s']:8.1f}")
+        print(
+            f"{r['name']:28} {r['data'][:32]:32} {str(r['model'])[:8]:8} {r['world_size']:>5} "
+            f"{100 * r['final_accuracy']:8.2f}% {r['mean_epoch_time_s']:8.1f}"
+        )
     for s in pairs:
-        print(f"scaling {s['single']} -> {s['multi']}: speedup {s['speedup']:.2f}x, efficiency {100 * s['efficiency']:.0f}%, "
-              f"accuracy gap {s['accuracy_gap_points']:+.2f} points")
+        print(
+            f"scaling {s['single']} -> {s['multi']}: speedup {s['speedup']:.2f}x, efficiency {100 * s['efficiency']:.0f}%, "
+            f"accuracy gap {s['accuracy_gap_points']:+.2f} points"
+        )
     print(f"wrote {', '.join(str(out / w) for w in written)} and {out / 'summary.json'}")
     if a.record:
         section = record(runs, pairs, root, Path(a.record))

@@ -19,6 +19,7 @@ called without an active exception"). Patterns and modes alternate launch by lau
 The day torch fixes the teardown (gloo's threads releasing finished work while the interpreter finalizes), `plain`
 reads 0 aborts here too, and end_process can go back to a plain return.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,9 @@ def worker(pattern: str, fixed: bool) -> None:
 
     dist.init_process_group("gloo")
     torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 4)),
-                bucket_cap_mb=0.25)  # several buckets: several async all-reduces in flight per step
+    model = DDP(
+        torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 4)), bucket_cap_mb=0.25
+    )  # several buckets: several async all-reduces in flight per step
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for _ in range(30):
         x, y = torch.randn(32, 256), torch.randint(0, 4, (32,))
@@ -51,7 +53,9 @@ def worker(pattern: str, fixed: bool) -> None:
         opt.zero_grad(set_to_none=True)
     if pattern == "inflight":
         for _ in range(20):
-            dist.all_reduce(torch.randn(1_000_000), async_op=True)  # the handle is dropped: gloo holds the only reference
+            dist.all_reduce(
+                torch.randn(1_000_000), async_op=True
+            )  # the handle is dropped: gloo holds the only reference
     if pattern == "ddp":
         dist.destroy_process_group()
     if fixed:
@@ -62,8 +66,16 @@ def worker(pattern: str, fixed: bool) -> None:
 
 
 def launch(pattern: str, mode: str, timeout: float) -> dict:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", __file__,
-           "--worker", f"{pattern}:{mode}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        __file__,
+        "--worker",
+        f"{pattern}:{mode}",
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     t = time.time()
     try:
@@ -72,8 +84,15 @@ def launch(pattern: str, mode: str, timeout: float) -> dict:
     except subprocess.TimeoutExpired as e:
         out, code, hung = f"{e.stdout or ''}{e.stderr or ''}", None, True
     aborted = bool(ABORT.search(out))
-    return {"pattern": pattern, "mode": mode, "returncode": code, "hung": hung, "aborted": aborted, "seconds": round(time.time() - t, 2),
-            "evidence": [line for line in out.splitlines() if ABORT.search(line)][:3]}
+    return {
+        "pattern": pattern,
+        "mode": mode,
+        "returncode": code,
+        "hung": hung,
+        "aborted": aborted,
+        "seconds": round(time.time() - t, 2),
+        "evidence": [line for line in out.splitlines() if ABORT.search(line)][:3],
+    }
 
 
 def main(argv=None) -> int:
@@ -91,7 +110,13 @@ def main(argv=None) -> int:
         return 0
     modes = [m for m in args.modes.split(",") if m]
     patterns = [m for m in args.patterns.split(",") if m]
-    if not modes or set(modes) - {"plain", "fixed"} or not patterns or set(patterns) - {"ddp", "inflight"} or args.runs < 1:
+    if (
+        not modes
+        or set(modes) - {"plain", "fixed"}
+        or not patterns
+        or set(patterns) - {"ddp", "inflight"}
+        or args.runs < 1
+    ):
         p.error("--modes takes plain and/or fixed, --patterns ddp and/or inflight; --runs at least 1")
     launches = []
     for i in range(args.runs):
@@ -99,27 +124,45 @@ def main(argv=None) -> int:
             for mode in modes:
                 r = launch(pattern, mode, args.timeout)
                 launches.append(r)
-                flag = ("ABORT" if r["aborted"] else "HUNG" if r["hung"] else "ok" if r["returncode"] == 0
-                        else f"exit {r['returncode']}")
+                flag = (
+                    "ABORT"
+                    if r["aborted"]
+                    else "HUNG"
+                    if r["hung"]
+                    else "ok"
+                    if r["returncode"] == 0
+                    else f"exit {r['returncode']}"
+                )
                 print(f"{i + 1:3d}/{args.runs} {pattern:<8} {mode:<5} {flag:<6} {r['seconds']:5.1f} s", flush=True)
     summary = {}
     for pattern in patterns:
         for mode in modes:
             mine = [r for r in launches if r["mode"] == mode and r["pattern"] == pattern]
             summary[f"{pattern}:{mode}"] = {
-                "pattern": pattern, "mode": mode, "launches": len(mine), "aborted": sum(r["aborted"] for r in mine),
+                "pattern": pattern,
+                "mode": mode,
+                "launches": len(mine),
+                "aborted": sum(r["aborted"] for r in mine),
                 "hung": sum(r["hung"] for r in mine),
-                "other_failures": sum(1 for r in mine if not r["aborted"] and not r["hung"] and r["returncode"])}
+                "other_failures": sum(1 for r in mine if not r["aborted"] and not r["hung"] and r["returncode"]),
+            }
     print("\npattern  mode   launches  aborted  hung  other failures")
     for s in summary.values():
-        print(f"{s['pattern']:<8} {s['mode']:<6} {s['launches']:8d} {s['aborted']:8d} {s['hung']:5d} {s['other_failures']:15d}")
+        print(
+            f"{s['pattern']:<8} {s['mode']:<6} {s['launches']:8d} {s['aborted']:8d} {s['hung']:5d} {s['other_failures']:15d}"
+        )
     if args.out:
         sys.path.insert(0, str(REPO))
         from distrinews_lib.bench.provenance import provenance
 
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"benchmark": "exit_abort", **provenance(), "summary": summary,
-                                              "launches": launches}, indent=1, default=str))
+        Path(args.out).write_text(
+            json.dumps(
+                {"benchmark": "exit_abort", **provenance(), "summary": summary, "launches": launches},
+                indent=1,
+                default=str,
+            )
+        )
         print(f"wrote {args.out}")
     return 0
 

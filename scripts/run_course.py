@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @dataclass
 class NotebookRun:
     name: str
-    status: str = "not run"     # ok | FAILED | not run
+    status: str = "not run"  # ok | FAILED | not run
     seconds: float | None = None
     headline: str = ""
     record: dict = field(default_factory=dict)
@@ -47,7 +47,9 @@ class NotebookRun:
 
 def course_notebooks(folder: Path) -> list[Path]:
     """The chapters: NN_*.ipynb in number order (checkpoint copies and scratch notebooks left out)."""
-    return sorted(p for p in Path(folder).glob("*.ipynb") if p.name[:2].isdigit() and not p.name.endswith("-checkpoint.ipynb"))
+    return sorted(
+        p for p in Path(folder).glob("*.ipynb") if p.name[:2].isdigit() and not p.name.endswith("-checkpoint.ipynb")
+    )
 
 
 def select(notebooks: list[Path], only: str | None) -> list[Path]:
@@ -61,8 +63,11 @@ def select(notebooks: list[Path], only: str | None) -> list[Path]:
         token = token.removesuffix(".ipynb")
         matches = [p for p in notebooks if p.stem == token or p.stem.split("_", 1)[0] == token.zfill(2)]
         if not matches:
-            raise SystemExit(f"--only {token}: no such notebook. Choose from: "
-                             + ", ".join(p.stem.split("_", 1)[0] for p in notebooks) + f" (in {_rel(notebooks[0].parent) if notebooks else '?'})")
+            raise SystemExit(
+                f"--only {token}: no such notebook. Choose from: "
+                + ", ".join(p.stem.split("_", 1)[0] for p in notebooks)
+                + f" (in {_rel(notebooks[0].parent) if notebooks else '?'})"
+            )
         chosen += [m for m in matches if m not in chosen]
     return sorted(chosen)
 
@@ -137,24 +142,47 @@ def print_summary(results: list[NotebookRun], run_dir: Path, total: float, strea
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="auto", choices=("auto", *PRESETS), help="PRESET parameter for every notebook (default auto)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--preset",
+        default="auto",
+        choices=("auto", *PRESETS),
+        help="PRESET parameter for every notebook (default auto)",
+    )
     p.add_argument("--nproc", default="auto", help="NPROC parameter: DDP processes (default auto: every GPU, else 2)")
     p.add_argument("--only", default=None, help="run only these chapters, e.g. 02 or 01,02")
-    p.add_argument("--notebooks-dir", type=Path, default=ROOT / "notebooks", help="where the chapters are (default notebooks/)")
+    p.add_argument(
+        "--notebooks-dir", type=Path, default=ROOT / "notebooks", help="where the chapters are (default notebooks/)"
+    )
     p.add_argument("--runs-dir", type=Path, default=ROOT / "runs", help="executed copies go to RUNS_DIR/<timestamp>/")
-    p.add_argument("--data-dir", default=None, help="offline AG News folder (sets DISTRINEWS_DATA_DIR for the notebooks)")
+    p.add_argument(
+        "--data-dir", default=None, help="offline AG News folder (sets DISTRINEWS_DATA_DIR for the notebooks)"
+    )
     p.add_argument("--offline", action="store_true", help="never try the Hugging Face hub (HF_HUB_OFFLINE=1)")
     p.add_argument("--kernel", default="python3", help="Jupyter kernel name (default python3)")
-    p.add_argument("--cell-timeout", type=float, default=None,
-                   help="seconds one cell may run (default: none; the chapters time their own launches)")
+    p.add_argument(
+        "--cell-timeout",
+        type=float,
+        default=None,
+        help="seconds one cell may run (default: none; the chapters time their own launches)",
+    )
     p.add_argument("--solutions", action="store_true", help="also run the exercises' solution cells (SOLUTIONS=True)")
     p.add_argument("--log-output", action="store_true", help="also stream every cell's output to this terminal")
     p.add_argument("--no-progress", action="store_true", help="no papermill progress bar")
-    p.add_argument("--html", action="store_true", help="also render the executed chapters as a site: RUN/site/index.html")
-    p.add_argument("--html-only", type=Path, default=None, metavar="RUN_DIR",
-                   help="run nothing: render the site of an earlier run folder (runs/<timestamp>/)")
+    p.add_argument(
+        "--html", action="store_true", help="also render the executed chapters as a site: RUN/site/index.html"
+    )
+    p.add_argument(
+        "--html-only",
+        type=Path,
+        default=None,
+        metavar="RUN_DIR",
+        help="run nothing: render the site of an earlier run folder (runs/<timestamp>/)",
+    )
     return p.parse_args(argv)
 
 
@@ -197,10 +225,18 @@ KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
 def run_one(nb: Path, out: Path, args) -> None:
     import papermill as pm
 
-    pm.execute_notebook(str(nb), str(out), parameters={"PRESET": args.preset, "NPROC": args.nproc, "SOLUTIONS": args.solutions},
-                        kernel_name=args.kernel, cwd=str(nb.parent), progress_bar=not args.no_progress,
-                        log_output=args.log_output, execution_timeout=args.cell_timeout,
-                        request_save_on_cell_execute=True, extra_arguments=KERNEL_ARGUMENTS)
+    pm.execute_notebook(
+        str(nb),
+        str(out),
+        parameters={"PRESET": args.preset, "NPROC": args.nproc, "SOLUTIONS": args.solutions},
+        kernel_name=args.kernel,
+        cwd=str(nb.parent),
+        progress_bar=not args.no_progress,
+        log_output=args.log_output,
+        execution_timeout=args.cell_timeout,
+        request_save_on_cell_execute=True,
+        extra_arguments=KERNEL_ARGUMENTS,
+    )
 
 
 def the_machine() -> dict:
@@ -241,7 +277,9 @@ def main(argv=None) -> int:
     machine = the_machine()
     started_at = time.strftime("%Y-%m-%d %H:%M:%S %Z")
 
-    print(f"DistriNews course: {len(notebooks)} notebook(s) from {_rel(folder)}, preset {args.preset}, nproc {args.nproc}")
+    print(
+        f"DistriNews course: {len(notebooks)} notebook(s) from {_rel(folder)}, preset {args.preset}, nproc {args.nproc}"
+    )
     for note in notes:
         print(f"  {note}")
     print(f"  executed copies: {_rel(run_dir)}/", flush=True)
@@ -260,7 +298,11 @@ def main(argv=None) -> int:
             res.seconds = time.time() - started
             res.status = "FAILED"
             index, first = failing_cell(err, nb)
-            where = f"cell {index}" + (f" (`{first[:100]}`)" if first else "") if index is not None else "before any cell ran"
+            where = (
+                f"cell {index}" + (f" (`{first[:100]}`)" if first else "")
+                if index is not None
+                else "before any cell ran"
+            )
             res.error = f"{nb.name} failed at {where}\n{describe_error(err)}"
             res.headline = f"failed at {where.split(' (')[0]}: {getattr(err, 'ename', None) or type(err).__name__}"
             print(f"[{i}/{len(notebooks)}] {nb.name} FAILED after {res.seconds:.1f} s", flush=True)
@@ -271,13 +313,27 @@ def main(argv=None) -> int:
         res.status = "ok"
         res.record = read_record(records, nb, started)
         res.headline = headline_of(res.record)
-        print(f"[{i}/{len(notebooks)}] {nb.name} ok in {res.seconds:.1f} s" + (f": {res.headline}" if res.headline else ""),
-              flush=True)
+        print(
+            f"[{i}/{len(notebooks)}] {nb.name} ok in {res.seconds:.1f} s"
+            + (f": {res.headline}" if res.headline else ""),
+            flush=True,
+        )
 
     total = time.time() - start_all
-    (run_dir / "summary.json").write_text(json.dumps({
-        "preset": args.preset, "nproc": args.nproc, "seconds": round(total, 1), "started": started_at,
-        "machine": machine, "notebooks": [asdict(r) for r in results]}, indent=2, default=str))
+    (run_dir / "summary.json").write_text(
+        json.dumps(
+            {
+                "preset": args.preset,
+                "nproc": args.nproc,
+                "seconds": round(total, 1),
+                "started": started_at,
+                "machine": machine,
+                "notebooks": [asdict(r) for r in results],
+            },
+            indent=2,
+            default=str,
+        )
+    )
     print_summary(results, run_dir, total)
     # A failed run's site too: the failing chapter's page shows the error where it happened.
     site_missing = args.html and render_html(run_dir) is None

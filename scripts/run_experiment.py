@@ -60,8 +60,12 @@ def find(name: str) -> Path:
 def settings(path: Path) -> dict:
     """The experiment's values, checked like flags (config.read_preset), with its name and process count."""
     stem, values = config.read_preset(str(path), ddp=True)
-    return {"name": values.get("experiment") or stem, "processes": values.get("processes") or 1,
-            "threads": values.get("threads"), "values": values}
+    return {
+        "name": values.get("experiment") or stem,
+        "processes": values.get("processes") or 1,
+        "threads": values.get("threads"),
+        "values": values,
+    }
 
 
 def command(path: Path, s: dict, extra: list) -> tuple[str, list]:
@@ -86,42 +90,64 @@ def run_one(path: Path, extra: list, timeout: float) -> dict:
     (out / "log.txt").write_text(res.output)
     took = time.time() - start
     launcher = ["python"] if s["processes"] == 1 else ["torchrun", "--standalone", f"--nproc_per_node={s['processes']}"]
-    record = {"experiment": s["name"], "yaml": os.path.relpath(path, REPO), "processes": s["processes"],
-              "command": " ".join([f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}", *launcher, os.path.relpath(script, REPO),
-                                   *(os.path.relpath(a, REPO) if str(a).startswith(str(REPO)) else str(a) for a in args)]),
-              "started": started, "wall_s": round(took, 1), "returncode": res.returncode,
-              # 1-minute load averages of the machine (shared with other jobs) around the run
-              "load_average_before": load_before, "load_average_after": _load(), "cpu_count": os.cpu_count()}
+    record = {
+        "experiment": s["name"],
+        "yaml": os.path.relpath(path, REPO),
+        "processes": s["processes"],
+        "command": " ".join(
+            [
+                f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}",
+                *launcher,
+                os.path.relpath(script, REPO),
+                *(os.path.relpath(a, REPO) if str(a).startswith(str(REPO)) else str(a) for a in args),
+            ]
+        ),
+        "started": started,
+        "wall_s": round(took, 1),
+        "returncode": res.returncode,
+        # 1-minute load averages of the machine (shared with other jobs) around the run
+        "load_average_before": load_before,
+        "load_average_after": _load(),
+        "cpu_count": os.cpu_count(),
+    }
     (out / "run.json").write_text(json.dumps(record, indent=2))
     if not res.ok:
         tail = "\n".join(res.output.strip().splitlines()[-8:])
-        raise UserError(f"experiment {s['name']} failed ({'timed out' if res.timed_out else f'exit code {res.returncode}'}) "
-                        f"after {took:.0f} s; its output is in {out / 'log.txt'}. Last lines:\n{tail}")
+        raise UserError(
+            f"experiment {s['name']} failed ({'timed out' if res.timed_out else f'exit code {res.returncode}'}) "
+            f"after {took:.0f} s; its output is in {out / 'log.txt'}. Last lines:\n{tail}"
+        )
     print(f"== experiment {s['name']} done in {took:.0f} s -> {out}", flush=True)
     return {"name": s["name"], "seconds": took, "folder": str(out)}
 
 
 @main_guard
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("experiments", nargs="*", help="names (configs/experiments/<name>.yaml) or YAML paths")
     p.add_argument("--all", action="store_true", help="every experiment in configs/experiments")
     p.add_argument("--list", action="store_true", help="list the experiments and what they run")
     p.add_argument("--dry-run", action="store_true", help="print the commands only")
     p.add_argument("--timeout", type=float, default=4 * 3600, help="seconds each run may take")
     argv = sys.argv[1:] if argv is None else list(argv)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    a = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    a = p.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     paths = experiment_files() if a.all or a.list else [find(n) for n in a.experiments]
     if not paths:
-        raise UserError("name at least one experiment (or --all / --list). Known: "
-                        + (", ".join(p.stem for p in experiment_files()) or "none"))
+        raise UserError(
+            "name at least one experiment (or --all / --list). Known: "
+            + (", ".join(p.stem for p in experiment_files()) or "none")
+        )
     if a.list or a.dry_run:
         for path in paths:
             s = settings(path)
             script, args = command(path, s, extra)
             launcher = "python" if s["processes"] == 1 else f"torchrun --standalone --nproc_per_node={s['processes']}"
-            print(f"{s['name']}: OMP_NUM_THREADS={s['threads'] or 1} {launcher} {os.path.relpath(script, REPO)} {' '.join(args)}")
+            print(
+                f"{s['name']}: OMP_NUM_THREADS={s['threads'] or 1} {launcher} {os.path.relpath(script, REPO)} {' '.join(args)}"
+            )
         return
     done = [run_one(path, extra, a.timeout) for path in paths]
     print("\n".join(f"{d['name']}: {d['seconds']:.0f} s" for d in done))

@@ -40,6 +40,7 @@ def usable_cores() -> list[int]:
 
 def _die_with_parent_and_pin(cores):
     """preexec_fn: SIGKILL when this script dies (Linux), and run on `cores`."""
+
     def setup():
         try:
             import ctypes
@@ -49,6 +50,7 @@ def _die_with_parent_and_pin(cores):
             pass
         if cores is not None and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, cores)
+
     return setup
 
 
@@ -63,11 +65,18 @@ def core_speed(seconds: float = 0.4) -> float:
 
 
 def parse(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--busy", type=int, default=None, help="busy-loop processes beside the command (default: one per core)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--busy", type=int, default=None, help="busy-loop processes beside the command (default: one per core)"
+    )
     p.add_argument("--cores", type=int, default=None, help="run the command on this many cores only (default: all)")
-    p.add_argument("--report", default=None, help="write the measured slowdown and the command's time to this JSON file")
+    p.add_argument(
+        "--report", default=None, help="write the measured slowdown and the command's time to this JSON file"
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     a = p.parse_args(argv)
     if a.command[:1] == ["--"]:
@@ -89,8 +98,10 @@ def main(argv=None) -> int:
     target = pinned or cores
     n_busy = len(target) if a.busy is None else a.busy
     before = core_speed()
-    spinners = [subprocess.Popen([sys.executable, "-c", SPIN], preexec_fn=_die_with_parent_and_pin([target[i % len(target)]]))
-                for i in range(n_busy)]
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", SPIN], preexec_fn=_die_with_parent_and_pin([target[i % len(target)]]))
+        for i in range(n_busy)
+    ]
 
     def stop_spinners(*_):
         for s in spinners:
@@ -110,8 +121,11 @@ def main(argv=None) -> int:
             os.sched_setaffinity(0, mine)
         share = after / before if before else 1.0
         where = f"{len(pinned)} of {len(cores)} cores" if pinned else f"all {len(cores)} cores"
-        print(f"[slow_machine] {n_busy} busy loop(s) on {where}: one core now runs at {100 * share:.0f}% of its speed "
-              f"a moment ago; running: {' '.join(a.command)}", flush=True)
+        print(
+            f"[slow_machine] {n_busy} busy loop(s) on {where}: one core now runs at {100 * share:.0f}% of its speed "
+            f"a moment ago; running: {' '.join(a.command)}",
+            flush=True,
+        )
         started = time.perf_counter()
         proc = subprocess.Popen(a.command, preexec_fn=(lambda: os.sched_setaffinity(0, pinned)) if pinned else None)
         try:
@@ -120,12 +134,25 @@ def main(argv=None) -> int:
             proc.send_signal(signal.SIGINT)
             rc = proc.wait()
         took = time.perf_counter() - started
-        print(f"[slow_machine] the command exited with code {rc} after {took:.0f} s ({n_busy} busy loop(s), "
-              f"{100 * share:.0f}% core speed)", flush=True)
+        print(
+            f"[slow_machine] the command exited with code {rc} after {took:.0f} s ({n_busy} busy loop(s), "
+            f"{100 * share:.0f}% core speed)",
+            flush=True,
+        )
         if a.report:
             with open(a.report, "w") as f:
-                json.dump({"command": a.command, "busy": n_busy, "cores": len(target), "core_speed_share": round(share, 3),
-                           "seconds": round(took, 1), "returncode": rc}, f, indent=1)
+                json.dump(
+                    {
+                        "command": a.command,
+                        "busy": n_busy,
+                        "cores": len(target),
+                        "core_speed_share": round(share, 3),
+                        "seconds": round(took, 1),
+                        "returncode": rc,
+                    },
+                    f,
+                    indent=1,
+                )
         return rc
     finally:
         stop_spinners()

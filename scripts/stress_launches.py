@@ -14,6 +14,7 @@ A launch ends in one of four ways, counted per entry point:
 Entry points run round-robin, one launch at a time, so each sees the same machine. The sizes are the smallest that
 still run each script's whole path (process group, DDP, its end).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,19 +34,55 @@ from distrinews_lib.course import launch  # noqa: E402
 
 SCRIPTS = REPO / "scripts"
 ABORT = re.compile(r"terminate called without an active exception|exitcode\s*:\s*-6\b|SIGABRT")
-TRAIN = ["--config", "cpu_smoke", "--data", "embedded", "--epochs", "1", "--num_samples", "128", "--eval_samples",
-         "64", "--batch_size", "16", "--no-progress", "--no-snapshots", "--threads", "1"]
+TRAIN = [
+    "--config",
+    "cpu_smoke",
+    "--data",
+    "embedded",
+    "--epochs",
+    "1",
+    "--num_samples",
+    "128",
+    "--eval_samples",
+    "64",
+    "--batch_size",
+    "16",
+    "--no-progress",
+    "--no-snapshots",
+    "--threads",
+    "1",
+]
 
 
 BENCH_RUNS = ("ddp", "single", "ddp_again")  # several runs: a script that ended the launch early would lose the rest
 
 
 def bench_runs_specs(tmp: Path) -> list:
-    flags = ["--config", "cpu_smoke", "--data", "embedded", "--num_samples", "256", "--batch_size", "16",
-             "--epochs", "1", "--no-progress", "--no-snapshots", "--threads", "1"]
-    runs = {name: {"world": 1 if name == "single" else 2, "warmup": 1, "steps": 2,
-                   "flags": [*flags, "--output", str(tmp / name), "--checkpoint", str(tmp / name / "m.pt")]}
-            for name in BENCH_RUNS}
+    flags = [
+        "--config",
+        "cpu_smoke",
+        "--data",
+        "embedded",
+        "--num_samples",
+        "256",
+        "--batch_size",
+        "16",
+        "--epochs",
+        "1",
+        "--no-progress",
+        "--no-snapshots",
+        "--threads",
+        "1",
+    ]
+    runs = {
+        name: {
+            "world": 1 if name == "single" else 2,
+            "warmup": 1,
+            "steps": 2,
+            "flags": [*flags, "--output", str(tmp / name), "--checkpoint", str(tmp / name / "m.pt")],
+        }
+        for name in BENCH_RUNS
+    }
     spec = tmp / "runs.json"
     spec.write_text(json.dumps(runs))
     return [tmp / "results.json", spec]
@@ -54,11 +91,17 @@ def bench_runs_specs(tmp: Path) -> list:
 def produced(name: str, tmp: Path) -> str | None:
     """None when the launch left what its script must write; else what is missing (an exit code 0 is not enough:
     a script that ends its process too early exits 0 too)."""
-    need = {"train_ddp": tmp / "ddp" / "m.pt", "train_accelerate": tmp / "acc" / "m.pt",
-            "race": tmp / "race" / "race.json", "pitfalls_shared": tmp / "pit" / "08.json",
-            "concept_alone": tmp / "concept" / "02.json", "memory_footprint": tmp / "mem" / "two.json",
-            "bench_runs": tmp / "bench" / "results.json", "multinode_node": tmp / "multi" / "shared" / "run" / "model.pt",
-            "by_hand_bucketed": None}.get(name)
+    need = {
+        "train_ddp": tmp / "ddp" / "m.pt",
+        "train_accelerate": tmp / "acc" / "m.pt",
+        "race": tmp / "race" / "race.json",
+        "pitfalls_shared": tmp / "pit" / "08.json",
+        "concept_alone": tmp / "concept" / "02.json",
+        "memory_footprint": tmp / "mem" / "two.json",
+        "bench_runs": tmp / "bench" / "results.json",
+        "multinode_node": tmp / "multi" / "shared" / "run" / "model.pt",
+        "by_hand_bucketed": None,
+    }.get(name)
     if need is None:
         return None
     if not need.exists():
@@ -71,6 +114,7 @@ def produced(name: str, tmp: Path) -> str | None:
 
 def entry_points(tmp: Path) -> dict:
     """name -> a function that runs one launch (check=False) and returns its LaunchResult."""
+
     def out(name):
         d = tmp / name
         shutil.rmtree(d, ignore_errors=True)
@@ -83,34 +127,89 @@ def entry_points(tmp: Path) -> dict:
     from distrinews_lib.course import demo
 
     return {
-        "train_ddp": lambda t: torchrun(SCRIPTS / "train_ddp.py",
-                                        [*TRAIN, "--output", out("ddp"), "--checkpoint", tmp / "ddp" / "m.pt"], t),
+        "train_ddp": lambda t: torchrun(
+            SCRIPTS / "train_ddp.py", [*TRAIN, "--output", out("ddp"), "--checkpoint", tmp / "ddp" / "m.pt"], t
+        ),
         "train_accelerate": lambda t: launch.accelerate_launch(
-            SCRIPTS / "train_accelerate.py", 2, [*TRAIN, "--output", out("acc"), "--checkpoint", tmp / "acc" / "m.pt"],
-            timeout=t, echo=False, check=False, cwd=REPO),
+            SCRIPTS / "train_accelerate.py",
+            2,
+            [*TRAIN, "--output", out("acc"), "--checkpoint", tmp / "acc" / "m.pt"],
+            timeout=t,
+            echo=False,
+            check=False,
+            cwd=REPO,
+        ),
         "by_hand_bucketed": lambda t: torchrun(SCRIPTS / "by_hand" / "bucketed.py", ["--steps", "4"], t),
-        "race": lambda t: torchrun(SCRIPTS / "by_hand" / "race.py",
-                                   ["--models", "tiny", "--rounds", "1", "--round_steps", "2", "--check_steps", "2",
-                                    "--sweep", "", "--out", out("race") / "race.json"], t),
+        "race": lambda t: torchrun(
+            SCRIPTS / "by_hand" / "race.py",
+            [
+                "--models",
+                "tiny",
+                "--rounds",
+                "1",
+                "--round_steps",
+                "2",
+                "--check_steps",
+                "2",
+                "--sweep",
+                "",
+                "--out",
+                out("race") / "race.json",
+            ],
+            t,
+        ),
         "bench_runs": lambda t: torchrun(SCRIPTS / "bench_runs.py", bench_runs_specs(out("bench")), t),
         "pitfalls_shared": lambda t: launch.torchrun(
-            demo.__name__, 2, [SCRIPTS / "pitfalls" / "01_set_epoch.py", "--out", out("pit") / "01.json", "--",
-                               SCRIPTS / "pitfalls" / "08_no_sync.py", "--out", tmp / "pit" / "08.json"],
-            module=True, timeout=t, echo=False, check=False, cwd=REPO),
-        "concept_alone": lambda t: torchrun(SCRIPTS / "concepts" / "02_ddp_backward.py",
-                                            ["--out", out("concept") / "02.json"], t),
+            demo.__name__,
+            2,
+            [
+                SCRIPTS / "pitfalls" / "01_set_epoch.py",
+                "--out",
+                out("pit") / "01.json",
+                "--",
+                SCRIPTS / "pitfalls" / "08_no_sync.py",
+                "--out",
+                tmp / "pit" / "08.json",
+            ],
+            module=True,
+            timeout=t,
+            echo=False,
+            check=False,
+            cwd=REPO,
+        ),
+        "concept_alone": lambda t: torchrun(
+            SCRIPTS / "concepts" / "02_ddp_backward.py", ["--out", out("concept") / "02.json"], t
+        ),
         "multinode_node": lambda t: launch.run(
-            [sys.executable, SCRIPTS / "multinode" / "two_nodes.py", "--workdir", out("multi"), "--",
-             *TRAIN], timeout=t, echo=False, check=False, cwd=REPO),
+            [sys.executable, SCRIPTS / "multinode" / "two_nodes.py", "--workdir", out("multi"), "--", *TRAIN],
+            timeout=t,
+            echo=False,
+            check=False,
+            cwd=REPO,
+        ),
         "memory_footprint": lambda t: torchrun(
             SCRIPTS / "memory_footprint.py",
-            ["--runs", "ddp@1x8,ddp,ddp+view,zero1,fsdp2_reshard_off,fsdp2_reshard_on,deepspeed_1,deepspeed_2,deepspeed_3",
-             "--out", out("mem") / "two.json"], t),
+            [
+                "--runs",
+                "ddp@1x8,ddp,ddp+view,zero1,fsdp2_reshard_off,fsdp2_reshard_on,deepspeed_1,deepspeed_2,deepspeed_3",
+                "--out",
+                out("mem") / "two.json",
+            ],
+            t,
+        ),
     }
 
 
-DEFAULT = ("train_ddp", "train_accelerate", "by_hand_bucketed", "race", "bench_runs", "pitfalls_shared",
-           "concept_alone", "multinode_node")
+DEFAULT = (
+    "train_ddp",
+    "train_accelerate",
+    "by_hand_bucketed",
+    "race",
+    "bench_runs",
+    "pitfalls_shared",
+    "concept_alone",
+    "multinode_node",
+)
 
 
 def dump_stacks(root_pid: int) -> str:
@@ -189,9 +288,12 @@ def classify(res, seconds: float, stacks, timeout: float) -> dict:
 
 
 def tally(launches: dict) -> dict:
-    return {n: {s: sum(r["state"] == s for r in recs) for s in ("ok", "aborted", "hung", "failed")}
-            | {"launches": len(recs), "median_seconds": sorted(r["seconds"] for r in recs)[len(recs) // 2]}
-            for n, recs in launches.items() if recs}
+    return {
+        n: {s: sum(r["state"] == s for r in recs) for s in ("ok", "aborted", "hung", "failed")}
+        | {"launches": len(recs), "median_seconds": sorted(r["seconds"] for r in recs)[len(recs) // 2]}
+        for n, recs in launches.items()
+        if recs
+    }
 
 
 def write(out, launches: dict, args, started: float, done: bool) -> dict:
@@ -199,10 +301,22 @@ def write(out, launches: dict, args, started: float, done: bool) -> dict:
 
     summary = tally(launches)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps({"benchmark": "launch_stress", **provenance(), "times": args.times,
-                                     "finished": done, "timeout_s": args.timeout,
-                                     "minutes": round((time.time() - started) / 60, 1),
-                                     "summary": summary, "launches": launches}, indent=1, default=str))
+    Path(out).write_text(
+        json.dumps(
+            {
+                "benchmark": "launch_stress",
+                **provenance(),
+                "times": args.times,
+                "finished": done,
+                "timeout_s": args.timeout,
+                "minutes": round((time.time() - started) / 60, 1),
+                "summary": summary,
+                "launches": launches,
+            },
+            indent=1,
+            default=str,
+        )
+    )
     return summary
 
 
@@ -219,8 +333,11 @@ def main(argv=None) -> int:
         names = [n for n in args.only.split(",") if n]
         unknown = set(names) - set(points)
         if unknown or args.times < 1:
-            p.error(f"unknown entry point(s) {', '.join(sorted(unknown))}; choices: {', '.join(points)}"
-                    if unknown else "--times must be at least 1")
+            p.error(
+                f"unknown entry point(s) {', '.join(sorted(unknown))}; choices: {', '.join(points)}"
+                if unknown
+                else "--times must be at least 1"
+            )
         launches = {n: [] for n in names}
         started = time.time()
         for i in range(args.times):
@@ -245,8 +362,10 @@ def main(argv=None) -> int:
     summary = write(args.out, launches, args, started, done=True) if args.out else tally(launches)
     print(f"\n{'entry point':<18} {'launches':>8} {'ok':>5} {'aborted':>8} {'hung':>5} {'failed':>7} {'median s':>9}")
     for n, s in summary.items():
-        print(f"{n:<18} {s['launches']:8d} {s['ok']:5d} {s['aborted']:8d} {s['hung']:5d} {s['failed']:7d} "
-              f"{s['median_seconds']:9.1f}")
+        print(
+            f"{n:<18} {s['launches']:8d} {s['ok']:5d} {s['aborted']:8d} {s['hung']:5d} {s['failed']:7d} "
+            f"{s['median_seconds']:9.1f}"
+        )
     if args.out:
         print(f"wrote {args.out}")
     bad = sum(s["aborted"] + s["hung"] + s["failed"] for s in summary.values())

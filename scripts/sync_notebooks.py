@@ -30,10 +30,10 @@ MAGIC = "%%writefile"
 @dataclass
 class WritefileCell:
     notebook: Path
-    index: int          # position of the cell in the notebook (0-based, markdown cells included)
-    target: str         # the path as written after %%writefile
+    index: int  # position of the cell in the notebook (0-based, markdown cells included)
+    target: str  # the path as written after %%writefile
     append: bool
-    body: str           # the cell's text after the magic line
+    body: str  # the cell's text after the magic line
 
     @property
     def expected_file_text(self) -> str:
@@ -43,14 +43,16 @@ class WritefileCell:
 @dataclass
 class Problem:
     cell: WritefileCell
-    kind: str           # "differs", "missing", "no-final-newline"
+    kind: str  # "differs", "missing", "no-final-newline"
     detail: str = ""
 
     def __str__(self) -> str:
         where = f"{_rel(self.cell.notebook)} cell {self.cell.index}: %%writefile {self.cell.target}"
-        what = {"differs": f"differs from {self.cell.target}",
-                "missing": f"{self.cell.target} does not exist (commit it, or remove the cell)",
-                "no-final-newline": f"{self.cell.target} does not end with a newline, so no cell can reproduce it"}[self.kind]
+        what = {
+            "differs": f"differs from {self.cell.target}",
+            "missing": f"{self.cell.target} does not exist (commit it, or remove the cell)",
+            "no-final-newline": f"{self.cell.target} does not end with a newline, so no cell can reproduce it",
+        }[self.kind]
         return f"{where} {what}" + (f"\n{self.detail}" if self.detail else "")
 
 
@@ -68,7 +70,7 @@ def writefile_cells(notebook: Path) -> list[WritefileCell]:
         if cell.cell_type != "code" or not cell.source.startswith(MAGIC):
             continue
         first, _, body = cell.source.partition("\n")
-        args = shlex.split(first[len(MAGIC):])
+        args = shlex.split(first[len(MAGIC) :])
         append = any(a in ("-a", "--append") for a in args)
         paths = [a for a in args if not a.startswith("-")]
         if not paths:
@@ -80,8 +82,12 @@ def writefile_cells(notebook: Path) -> list[WritefileCell]:
 def git_ignored(path: Path, root: Path = ROOT) -> bool:
     """True when git ignores `path` (False outside a git checkout or without git)."""
     try:
-        return subprocess.run(["git", "check-ignore", "-q", str(path)], cwd=root, capture_output=True,
-                              timeout=10).returncode == 0
+        return (
+            subprocess.run(
+                ["git", "check-ignore", "-q", str(path)], cwd=root, capture_output=True, timeout=10
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.SubprocessError):
         return False
 
@@ -95,8 +101,13 @@ def check_cell(cell: WritefileCell, root: Path = ROOT) -> Problem | None:
         return None
     if not text.endswith("\n"):
         return Problem(cell, "no-final-newline")
-    diff = difflib.unified_diff(cell.expected_file_text.splitlines(keepends=True), text.splitlines(keepends=True),
-                                f"{_rel(cell.notebook)} (cell {cell.index})", cell.target, n=1)
+    diff = difflib.unified_diff(
+        cell.expected_file_text.splitlines(keepends=True),
+        text.splitlines(keepends=True),
+        f"{_rel(cell.notebook)} (cell {cell.index})",
+        cell.target,
+        n=1,
+    )
     lines = list(diff)
     shown = "".join(lines[:30]) + (f"... ({len(lines) - 30} more diff lines)\n" if len(lines) > 30 else "")
     return Problem(cell, "differs", shown.rstrip("\n"))
@@ -111,7 +122,9 @@ def check_notebooks(notebooks, root: Path = ROOT, log=None) -> list[Problem]:
                 log and log(f"skip {_rel(cell.notebook)} cell {cell.index}: %%writefile -a {cell.target} (appends)")
                 continue
             if git_ignored(root / cell.target, root):
-                log and log(f"skip {_rel(cell.notebook)} cell {cell.index}: {cell.target} is git-ignored scratch the notebook owns")
+                log and log(
+                    f"skip {_rel(cell.notebook)} cell {cell.index}: {cell.target} is git-ignored scratch the notebook owns"
+                )
                 continue
             problem = check_cell(cell, root)
             if problem:
@@ -144,7 +157,9 @@ def default_notebooks(root: Path = ROOT) -> list[Path]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="report differing cells and exit 1 if any (the default)")
     mode.add_argument("--write", action="store_true", help="rewrite differing cells from the files")
@@ -164,8 +179,11 @@ def main(argv=None) -> int:
         print(q, file=sys.stderr)
     n_cells = sum(len(writefile_cells(nb)) for nb in notebooks)
     if problems:
-        print(f"{len(problems)} of {n_cells} %%writefile cell(s) out of step. The files are the source of truth: "
-              "python scripts/sync_notebooks.py --write", file=sys.stderr)
+        print(
+            f"{len(problems)} of {n_cells} %%writefile cell(s) out of step. The files are the source of truth: "
+            "python scripts/sync_notebooks.py --write",
+            file=sys.stderr,
+        )
         return 1
     print(f"all {n_cells} %%writefile cell(s) in {len(notebooks)} notebook(s) match their files")
     return 0

@@ -14,5 +14,11 @@ def run_script(args, timeout=180, env=None, cwd=None):
     """Run `python <args>` from the project root; returns CompletedProcess with text output."""
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     full_env.update(env or {})
-    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd or ROOT, env=full_env)
+    return subprocess.run(
+        [sys.executable, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd or ROOT,
+        env=full_env,
+    )

@@ -36,8 +36,14 @@ def cache_dataset(cache_dir, repo_id: str, splits: dict, label_names: list, text
             columns = {c: [t if isinstance(t, str) else t[i] for t in texts] for i, c in enumerate(text_columns)}
             files[split] = [os.path.join(scratch, f"{split}.parquet")]
             Dataset.from_dict({**columns, "label": list(labels)}, features=features).to_parquet(files[split][0])
-        builder = Parquet(cache_dir=os.path.join(scratch, "prepared"), dataset_name=name, config_name="default",
-                          hash=COMMIT[:16], data_files=files, features=features)
+        builder = Parquet(
+            cache_dir=os.path.join(scratch, "prepared"),
+            dataset_name=name,
+            config_name="default",
+            hash=COMMIT[:16],
+            data_files=files,
+            features=features,
+        )
         builder.download_and_prepare()
         dest = Path(dataset_cache_folder(repo_id, str(cache_dir))) / "default" / "0.0.0" / COMMIT[:16]
         dest.parent.mkdir(parents=True, exist_ok=True)

@@ -45,8 +45,14 @@ def _has(module: str) -> bool:
 
 
 def _run(args, timeout=300, env=None):
-    return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    return subprocess.run(
+        [sys.executable, *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +61,7 @@ def bench():
 
 
 # --------------------------------------------------------------------------- FLOPs and MFU
+
 
 def test_training_flops_formula():
     shape = flops.ModelShape(n_params=100, n_embedding=40, n_layers=2, dim=8)
@@ -108,9 +115,9 @@ def test_mfu_formula_against_torch_flop_counter():
     counted = _counted_training_flops(model, lengths)
     formula = throughput.training_flops(shape, lengths)
 
-    layers = _linear_weights(model.distilbert.transformer)          # matmul weights, run on every token
-    head = _linear_weights(model) - layers                           # pre_classifier + classifier: one token per text
-    elementwise = shape.n_nonembedding - layers - head               # biases and LayerNorm weights
+    layers = _linear_weights(model.distilbert.transformer)  # matmul weights, run on every token
+    head = _linear_weights(model) - layers  # pre_classifier + classifier: one token per text
+    elementwise = shape.n_nonembedding - layers - head  # biases and LayerNorm weights
     assert elementwise > 0 and head > 0
     n, tokens = len(lengths), sum(lengths)
     assert counted == 6 * layers * tokens + 6 * head * n + 12 * shape.n_layers * shape.dim * sum(t * t for t in lengths)
@@ -145,12 +152,21 @@ def test_model_shape_of_the_tiny_preset():
     assert 0 < shape.n_nonembedding < shape.n_params
 
 
-@pytest.mark.parametrize("name,dtype,peak", [
-    ("Tesla T4", "fp16", 65.0), ("Tesla T4", "bf16", None), ("NVIDIA A100-SXM4-80GB", "bf16", 312.0),
-    ("NVIDIA H100 80GB HBM3", "bf16", 989.0), ("NVIDIA H100 PCIe", "bf16", 756.0), ("NVIDIA L4", "fp16", 121.0),
-    ("NVIDIA L40S", "bf16", 362.0), ("NVIDIA A10G", "bf16", None), ("Some Future GPU", "bf16", None),
-    ("NVIDIA H200", "bf16", 989.0),
-])
+@pytest.mark.parametrize(
+    "name,dtype,peak",
+    [
+        ("Tesla T4", "fp16", 65.0),
+        ("Tesla T4", "bf16", None),
+        ("NVIDIA A100-SXM4-80GB", "bf16", 312.0),
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.0),
+        ("NVIDIA H100 PCIe", "bf16", 756.0),
+        ("NVIDIA L4", "fp16", 121.0),
+        ("NVIDIA L40S", "bf16", 362.0),
+        ("NVIDIA A10G", "bf16", None),
+        ("Some Future GPU", "bf16", None),
+        ("NVIDIA H200", "bf16", 989.0),
+    ],
+)
 def test_peak_table(name, dtype, peak):
     assert flops.peak_tflops(name, dtype) == peak
 
@@ -166,6 +182,7 @@ def test_mfu_and_rates():
 
 
 # --------------------------------------------------------------------------- timing and provenance
+
 
 def test_step_timer_skips_warmup():
     t = timing.StepTimer(warmup=2)
@@ -200,6 +217,7 @@ def test_foreign_cores_and_quiet_gate():
 
 # --------------------------------------------------------------------------- bench_train's pieces
 
+
 def test_paired_ratios_use_rounds_side_by_side():
     a = [{"samples_per_s": 20.0, "foreign_cores": 0.0}, {"samples_per_s": 10.0, "foreign_cores": 1.5}]
     b = [{"samples_per_s": 10.0, "foreign_cores": 0.1}, {"samples_per_s": 10.0, "foreign_cores": 0.0}]
@@ -227,8 +245,19 @@ def test_bench_contenders_follow_the_device():
     assert "--no-group_by_length" in cpu and "--no-fused_adam" in cpu  # engine fuses AdamW on the CPU too
     assert "--no-pin_memory" not in cpu and "--amp off" not in cpu  # nothing to switch off on a CPU
     assert not any("proposed" in n for n in cpu)
-    argv = train_setup.script_argv(model="tiny", data_arg="embedded", batch_size=8, steps=5, num_samples=40, max_length=64,
-                             seed=1, threads=1, out=Path("/tmp/x"), device_type="cpu", flags=["--no-group_by_length"])
+    argv = train_setup.script_argv(
+        model="tiny",
+        data_arg="embedded",
+        batch_size=8,
+        steps=5,
+        num_samples=40,
+        max_length=64,
+        seed=1,
+        threads=1,
+        out=Path("/tmp/x"),
+        device_type="cpu",
+        flags=["--no-group_by_length"],
+    )
     cfg = train_setup.parse_argv(argv)  # every contender is a command line the training script accepts
     assert (cfg.batch_size, cfg.max_steps_per_epoch, cfg.group_by_length, cfg.snapshots) == (8, 5, False, False)
 
@@ -247,8 +276,12 @@ def test_trainer_same_options_use_this_transformers_spelling():
     grouping = opts.get("train_sampling_strategy") or opts.get("group_by_length")
     assert grouping in ("group_by_length", True)
     assert opts["optim"] == "adamw_torch_fused" and opts["weight_decay"] == 0.01
-    assert train_measure.trainer_options(config.RunConfig(), torch.device("cpu"), same_options=False, compile_=False) == {}
-    assert train_measure.trainer_options(config.RunConfig(), torch.device("cpu"), False, compile_=True) == {"torch_compile": True}
+    assert (
+        train_measure.trainer_options(config.RunConfig(), torch.device("cpu"), same_options=False, compile_=False) == {}
+    )
+    assert train_measure.trainer_options(config.RunConfig(), torch.device("cpu"), False, compile_=True) == {
+        "torch_compile": True
+    }
 
 
 def test_ddp_contenders():
@@ -275,17 +308,25 @@ def test_step_probe_records_each_step_and_waits_once():
     assert len(probe.step_cpu_seconds(3)) == 3 and all(s >= 0 for s in probe.step_cpu_seconds(3))
 
 
-@pytest.mark.parametrize("args,message", [(["--data", "/nonexistent/ag_news"], "no such folder"),
-                                          (["--models", "gpt9"], "unknown model"),
-                                          (["--sections", "compare,nope"], "unknown nope"),
-                                          (["--rounds", "0"], "at least 1")])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--data", "/nonexistent/ag_news"], "no such folder"),
+        (["--models", "gpt9"], "unknown model"),
+        (["--sections", "compare,nope"], "unknown nope"),
+        (["--rounds", "0"], "at least 1"),
+    ],
+)
 def test_bench_train_bad_input_is_one_paragraph(bench, capsys, args, message):
     before = (os.environ.get("CUDA_VISIBLE_DEVICES"), torch.get_num_threads())
     with pytest.raises(SystemExit) as stop:
         bench.main(["--quick", *args])
     assert stop.value.code == 2
     assert message in capsys.readouterr().err
-    assert (os.environ.get("CUDA_VISIBLE_DEVICES"), torch.get_num_threads()) == before  # refused before touching anything
+    assert (
+        os.environ.get("CUDA_VISIBLE_DEVICES"),
+        torch.get_num_threads(),
+    ) == before  # refused before touching anything
 
 
 def test_bench_train_bad_input_from_the_command_line():
@@ -296,7 +337,9 @@ def test_bench_train_bad_input_from_the_command_line():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (MFU and AMP are measured there)")
 def test_mfu_is_reported_on_cuda(tmp_path):
     out = tmp_path / "train.json"
-    proc = _run([ROOT / "scripts" / "bench_train.py", "--quick", "--sections", "compare", "--out", out, "--no-plots"], 600)
+    proc = _run(
+        [ROOT / "scripts" / "bench_train.py", "--quick", "--sections", "compare", "--out", out, "--no-plots"], 600
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text())
     ours = res["compare"]["tiny"]["contenders"]["ours"]
@@ -307,6 +350,7 @@ def test_mfu_is_reported_on_cuda(tmp_path):
 
 
 # --------------------------------------------------------------------------- the scripts, --quick
+
 
 @pytest.mark.slow
 def test_bench_train_quick(tmp_path, bench):
@@ -369,8 +413,10 @@ def test_bench_accuracy_quick(tmp_path):
     assert "ddp_matches_single" in res["targets"] and "command" in res and "git_commit" in res
 
 
-@pytest.mark.parametrize("args,message", [(["--data", "/nonexistent/ag_news"], "no such folder"),
-                                          (["--data", "synthetic"], "says nothing about AG News")])
+@pytest.mark.parametrize(
+    "args,message",
+    [(["--data", "/nonexistent/ag_news"], "no such folder"), (["--data", "synthetic"], "says nothing about AG News")],
+)
 def test_bench_accuracy_bad_data_is_one_paragraph(capsys, args, message):
     bench_acc = _load_script("bench_accuracy")
     with pytest.raises(SystemExit) as stop:

@@ -8,13 +8,12 @@ import pytest
 import torch
 
 from distrinews_lib.course.launch import LaunchError, accelerate_launch, run_python, torchrun
-from distrinews_lib.course.plots import read_tensorboard
+from distrinews_lib.course.plots import load_metrics, read_tensorboard
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.models.build import build_model
 from distrinews_lib.training.config import RunConfig
-from distrinews_lib.course.plots import load_metrics
 
-from .helpers import ROOT, SCRIPTS
+from .helpers import SCRIPTS
 
 
 def _weights(path):
@@ -30,12 +29,40 @@ def same_runs(tmp_path_factory):
         setattr(model.config, key, 0.0)
     model.save_pretrained(tmp / "model")
     tok.save_pretrained(tmp / "model")
-    same = ["--config", "cpu_smoke", "--model", tmp / "model", "--num_samples", 640, "--eval_samples", 101, "--epochs", 1,
-            "--batch_size", 16, "--lr", 2e-3, "--no-group_by_length", "--no-progress", "--threads", 1]
-    torchrun(SCRIPTS / "train_ddp.py", 2, [*same, "--output", tmp / "ddp", "--checkpoint", tmp / "ddp.pt"], echo=False,
-             timeout=240)
-    acc = accelerate_launch(SCRIPTS / "train_accelerate.py", 2, [*same, "--report_to", "tensorboard", "--output",
-                                                                  tmp / "acc", "--checkpoint", tmp / "acc.pt"], echo=False, timeout=240)
+    same = [
+        "--config",
+        "cpu_smoke",
+        "--model",
+        tmp / "model",
+        "--num_samples",
+        640,
+        "--eval_samples",
+        101,
+        "--epochs",
+        1,
+        "--batch_size",
+        16,
+        "--lr",
+        2e-3,
+        "--no-group_by_length",
+        "--no-progress",
+        "--threads",
+        1,
+    ]
+    torchrun(
+        SCRIPTS / "train_ddp.py",
+        2,
+        [*same, "--output", tmp / "ddp", "--checkpoint", tmp / "ddp.pt"],
+        echo=False,
+        timeout=240,
+    )
+    acc = accelerate_launch(
+        SCRIPTS / "train_accelerate.py",
+        2,
+        [*same, "--report_to", "tensorboard", "--output", tmp / "acc", "--checkpoint", tmp / "acc.pt"],
+        echo=False,
+        timeout=240,
+    )
     return tmp, acc, build_model(RunConfig(model=str(tmp / "model")), AG_NEWS_LABELS)[0].state_dict()
 
 
@@ -70,21 +97,46 @@ def test_the_accelerate_checkpoint_serves_unchanged(same_runs):
 @pytest.mark.slow
 def test_an_accelerate_launch_that_starts_fewer_processes_fails_loudly(tmp_path):
     one_process = tmp_path / "cpu.yaml"  # what `accelerate launch --cpu --num_processes 2` amounts to here
-    one_process.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nnum_machines: 1\n"
-                           "num_processes: 2\nmachine_rank: 0\nuse_cpu: true\nmixed_precision: 'no'\n")
+    one_process.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nnum_machines: 1\n"
+        "num_processes: 2\nmachine_rank: 0\nuse_cpu: true\nmixed_precision: 'no'\n"
+    )
     with pytest.raises(LaunchError, match="ran 1 rank.*not 2"):
-        accelerate_launch(SCRIPTS / "train_accelerate.py", 2,
-                          ["--config", "cpu_smoke", "--num_samples", 64, "--eval_samples", 16, "--epochs", 1, "--no-progress",
-                           "--output", tmp_path / "run", "--checkpoint", tmp_path / "m.pt"], config_file=one_process,
-                          echo=False, timeout=240)
+        accelerate_launch(
+            SCRIPTS / "train_accelerate.py",
+            2,
+            [
+                "--config",
+                "cpu_smoke",
+                "--num_samples",
+                64,
+                "--eval_samples",
+                16,
+                "--epochs",
+                1,
+                "--no-progress",
+                "--output",
+                tmp_path / "run",
+                "--checkpoint",
+                tmp_path / "m.pt",
+            ],
+            config_file=one_process,
+            echo=False,
+            timeout=240,
+        )
 
 
 @pytest.mark.slow
 def test_zero_and_fsdp_end_with_ddps_weights_and_hold_less(tmp_path):
     out = tmp_path / "memory.json"
     # the torch variants (notebook 06 runs DeepSpeed's too, and checks the same); each run in a fresh process
-    torchrun(SCRIPTS / "memory_footprint.py", 2, ["--out", out, "--steps", 2, "--variants",
-                                                  "ddp,zero1,fsdp2_reshard_off,fsdp2_reshard_on"], echo=False, timeout=300)
+    torchrun(
+        SCRIPTS / "memory_footprint.py",
+        2,
+        ["--out", out, "--steps", 2, "--variants", "ddp,zero1,fsdp2_reshard_off,fsdp2_reshard_on"],
+        echo=False,
+        timeout=300,
+    )
     res = json.loads(out.read_text())["results"]
     ddp = res["ddp"]["per_rank"][0]
     for name, r in res.items():
@@ -93,7 +145,9 @@ def test_zero_and_fsdp_end_with_ddps_weights_and_hold_less(tmp_path):
             continue
         assert all(x["max_weight_diff_vs_first"] < 1e-5 for x in r["per_rank"]), name
     assert ddp["total"] == ddp["params"] + ddp["grads"] + ddp["optimizer_state"]
-    assert 0 <= ddp["optimizer_state"] - 2 * ddp["params"] < 1024, "two moments per parameter (plus AdamW's step counters)"
+    assert 0 <= ddp["optimizer_state"] - 2 * ddp["params"] < 1024, (
+        "two moments per parameter (plus AdamW's step counters)"
+    )
     for name in ("fsdp2_reshard_off", "fsdp2_reshard_on"):
         assert all(abs(x["total"] - ddp["total"] / 2) <= 0.01 * ddp["total"] for x in res[name]["per_rank"]), name
     z1 = res["zero1"]["per_rank"]
@@ -101,19 +155,47 @@ def test_zero_and_fsdp_end_with_ddps_weights_and_hold_less(tmp_path):
 
 
 def test_the_trackers_write_their_files(tmp_path):
-    args = ["--config", "cpu_smoke", "--data", "synthetic", "--num_samples", 96, "--eval_samples", 32, "--epochs", 2,
-            "--batch_size", 16, "--no-progress", "--no-snapshots", "--threads", 1]
-    run_python(SCRIPTS / "train_single.py", [*args, "--report_to", "tensorboard", "--output", tmp_path / "tb",
-                                             "--checkpoint", tmp_path / "tb.pt"], echo=False, timeout=240)
+    args = [
+        "--config",
+        "cpu_smoke",
+        "--data",
+        "synthetic",
+        "--num_samples",
+        96,
+        "--eval_samples",
+        32,
+        "--epochs",
+        2,
+        "--batch_size",
+        16,
+        "--no-progress",
+        "--no-snapshots",
+        "--threads",
+        1,
+    ]
+    run_python(
+        SCRIPTS / "train_single.py",
+        [*args, "--report_to", "tensorboard", "--output", tmp_path / "tb", "--checkpoint", tmp_path / "tb.pt"],
+        echo=False,
+        timeout=240,
+    )
     m = load_metrics(tmp_path / "tb")
     events = read_tensorboard(tmp_path / "tb")
     assert len(events["train/loss_step"]) == sum(e["optimizer_steps"] for e in m["epochs"]) == 12
     assert [round(v, 6) for _, v in events["val/accuracy"]] == [round(e["val_accuracy"], 6) for e in m["epochs"]]
-    run_python(SCRIPTS / "train_single.py", [*args, "--report_to", "wandb", "--output", tmp_path / "wb",
-                                             "--checkpoint", tmp_path / "wb.pt"], echo=False, timeout=240,
-               env={"WANDB_MODE": "offline"})
+    run_python(
+        SCRIPTS / "train_single.py",
+        [*args, "--report_to", "wandb", "--output", tmp_path / "wb", "--checkpoint", tmp_path / "wb.pt"],
+        echo=False,
+        timeout=240,
+        env={"WANDB_MODE": "offline"},
+    )
     runs = list((tmp_path / "wb" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
-    run_python(SCRIPTS / "train_single.py", [*args, "--report_to", "trackio", "--output", tmp_path / "tr",
-                                             "--checkpoint", tmp_path / "tr.pt"], echo=False, timeout=240)
+    run_python(
+        SCRIPTS / "train_single.py",
+        [*args, "--report_to", "trackio", "--output", tmp_path / "tr", "--checkpoint", tmp_path / "tr.pt"],
+        echo=False,
+        timeout=240,
+    )
     assert list((tmp_path / "tr" / "trackio").rglob("*.db")), "Trackio wrote its SQLite database into the run folder"

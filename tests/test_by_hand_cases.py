@@ -28,8 +28,23 @@ EXPECTED = {
 @pytest.fixture(scope="module")
 def race(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cases")
-    return by_hand.run_race(["--rungs", ",".join(by_hand.RUNGS), "--models", "tiny", "--check_steps", 1, "--check_only",
-                             "--probes", "all", "--timeout_s", 20], tmp / "cases.json", timeout=1500)
+    return by_hand.run_race(
+        [
+            "--rungs",
+            ",".join(by_hand.RUNGS),
+            "--models",
+            "tiny",
+            "--check_steps",
+            1,
+            "--check_only",
+            "--probes",
+            "all",
+            "--timeout_s",
+            20,
+        ],
+        tmp / "cases.json",
+        timeout=1500,
+    )
 
 
 @pytest.mark.slow

@@ -25,47 +25,96 @@ def answers():
 # One deliberately wrong answer per mistake: (label, exercise, text of the reference answer, its replacement, the
 # mistake's key, what the one-line message must say).
 MUTANTS = [
-    ("missing_divide", "overlapped",
-     "        p.grad.div_(dp.world)  # divide first, as torch's DDP does (by 2: exact in fp32)\n", "",
-     "missing_divide", r"^missing divide: the gradients your optimizer stepped with are 2\.00x torch DDP's average"),
-    ("missing_divide_sharded", "zero1",
-     "grads = dp.flatten([p.grad for p in dp.params]).div_(dp.world)", "grads = dp.flatten([p.grad for p in dp.params])",
-     "missing_divide", r"^missing divide: .* 2\.00x"),
-    ("wait_at_launch", "bucketed",
-     "        work = dist.all_reduce(flat, async_op=True)\n",
-     "        work = dist.all_reduce(flat, async_op=True)\n        work.wait()  # waits where it launches\n",
-     "no_overlap", r"^no overlap: with a link that takes 100 ms per collective, your code waited for \d+ of them inside "
-                   r"backward"),
-    ("readiness_order", "overlapped",
-     "    while len(dp.pending) < len(dp.order) and dp.order[len(dp.pending)] in dp.ready:\n"
-     "        p = dp.order[len(dp.pending)]  # the next one in the fixed order, and it is ready\n",
-     "    for p in [param]:  # each one as it becomes ready\n",
-     "readiness_order", r"^launched in readiness order, not a fixed one: .* the ranks [0-9.e-]+ apart"),
-    ("second_backward", "bucketed",
-     "    if dp.ready[i] > len(dp.buckets[i]):  # more gradients than the bucket holds: a second backward before the "
-     "step\n        raise UserError(f\"a second backward() before step(): bucket {i} had already been averaged. This "
-     "rung averages \"\n                        \"one backward per step: call step() after each backward().\")\n", "",
-     "second_backward", r"^a second backward before the step: the weights end [0-9.e-]+ off torch DDP's, which "
-                        r"accumulates both passes, silently"),
-    ("dtype", "zero1",
-     "flat = torch.zeros(self.shard_size * self.world, dtype=self.dtype)", "flat = torch.zeros(self.shard_size * self.world)",
-     "dtype", r"^dtype not preserved: float64 parameters, but a reduce_scatter ran in float32"),
-    ("unused_parameter", "zero1",
-     "        by_hand.stop_unless_every_rank_has(self, [p for p in self.params if p.grad is None])  # on every rank, "
-     "not one\n", "",
-     "unused_parameter", r"^an unused parameter \(a head unused on rank 1\): rank 0: \w+: .*; rank 1: AttributeError"),
-    ("bucket_rule", "bucketed",
-     "        buckets[-1].append(p)\n        size += p.numel() * p.element_size()\n        if size >= cap:\n"
-     "            buckets.append([])\n            size = 0\n",
-     "        if buckets[-1] and size + p.numel() * p.element_size() > cap:  # closed before it would overflow\n"
-     "            buckets.append([])\n            size = 0\n        buckets[-1].append(p)\n"
-     "        size += p.numel() * p.element_size()\n",
-     "bucket_rule", r"^the bucket rule is not the one stated: tiny model at 1 MiB: your 2 buckets .* the rule's 1 "),
-    ("not_freed", "zero3", "    block.full.untyped_storage().resize_(0)\n", "    pass\n",
-     "stopped", r"^your code stopped: free\(\) left the rest's full weights in memory \(\d+\.\d\d MiB\): free "
-                r"after use gives that memory back$"),
-    ("not_gathered", "zero3", "    block.full.untyped_storage().resize_(block.nbytes)\n", "",
-     "stopped", r"^your code stopped: a collective \(all_gather\) was given a tensor whose memory is freed"),
+    (
+        "missing_divide",
+        "overlapped",
+        "        p.grad.div_(dp.world)  # divide first, as torch's DDP does (by 2: exact in fp32)\n",
+        "",
+        "missing_divide",
+        r"^missing divide: the gradients your optimizer stepped with are 2\.00x torch DDP's average",
+    ),
+    (
+        "missing_divide_sharded",
+        "zero1",
+        "grads = dp.flatten([p.grad for p in dp.params]).div_(dp.world)",
+        "grads = dp.flatten([p.grad for p in dp.params])",
+        "missing_divide",
+        r"^missing divide: .* 2\.00x",
+    ),
+    (
+        "wait_at_launch",
+        "bucketed",
+        "        work = dist.all_reduce(flat, async_op=True)\n",
+        "        work = dist.all_reduce(flat, async_op=True)\n        work.wait()  # waits where it launches\n",
+        "no_overlap",
+        r"^no overlap: with a link that takes 100 ms per collective, your code waited for \d+ of them inside "
+        r"backward",
+    ),
+    (
+        "readiness_order",
+        "overlapped",
+        "    while len(dp.pending) < len(dp.order) and dp.order[len(dp.pending)] in dp.ready:\n"
+        "        p = dp.order[len(dp.pending)]  # the next one in the fixed order, and it is ready\n",
+        "    for p in [param]:  # each one as it becomes ready\n",
+        "readiness_order",
+        r"^launched in readiness order, not a fixed one: .* the ranks [0-9.e-]+ apart",
+    ),
+    (
+        "second_backward",
+        "bucketed",
+        "    if dp.ready[i] > len(dp.buckets[i]):  # more gradients than the bucket holds: a second backward before the "
+        'step\n        raise UserError(f"a second backward() before step(): bucket {i} had already been averaged. This '
+        'rung averages "\n                        "one backward per step: call step() after each backward().")\n',
+        "",
+        "second_backward",
+        r"^a second backward before the step: the weights end [0-9.e-]+ off torch DDP's, which "
+        r"accumulates both passes, silently",
+    ),
+    (
+        "dtype",
+        "zero1",
+        "flat = torch.zeros(self.shard_size * self.world, dtype=self.dtype)",
+        "flat = torch.zeros(self.shard_size * self.world)",
+        "dtype",
+        r"^dtype not preserved: float64 parameters, but a reduce_scatter ran in float32",
+    ),
+    (
+        "unused_parameter",
+        "zero1",
+        "        by_hand.stop_unless_every_rank_has(self, [p for p in self.params if p.grad is None])  # on every rank, "
+        "not one\n",
+        "",
+        "unused_parameter",
+        r"^an unused parameter \(a head unused on rank 1\): rank 0: \w+: .*; rank 1: AttributeError",
+    ),
+    (
+        "bucket_rule",
+        "bucketed",
+        "        buckets[-1].append(p)\n        size += p.numel() * p.element_size()\n        if size >= cap:\n"
+        "            buckets.append([])\n            size = 0\n",
+        "        if buckets[-1] and size + p.numel() * p.element_size() > cap:  # closed before it would overflow\n"
+        "            buckets.append([])\n            size = 0\n        buckets[-1].append(p)\n"
+        "        size += p.numel() * p.element_size()\n",
+        "bucket_rule",
+        r"^the bucket rule is not the one stated: tiny model at 1 MiB: your 2 buckets .* the rule's 1 ",
+    ),
+    (
+        "not_freed",
+        "zero3",
+        "    block.full.untyped_storage().resize_(0)\n",
+        "    pass\n",
+        "stopped",
+        r"^your code stopped: free\(\) left the rest's full weights in memory \(\d+\.\d\d MiB\): free "
+        r"after use gives that memory back$",
+    ),
+    (
+        "not_gathered",
+        "zero3",
+        "    block.full.untyped_storage().resize_(block.nbytes)\n",
+        "",
+        "stopped",
+        r"^your code stopped: a collective \(all_gather\) was given a tensor whose memory is freed",
+    ),
 ]
 
 
@@ -83,8 +132,9 @@ def mutant_files(tmp_path):
 
 @pytest.mark.slow
 def test_every_mutant_is_caught_with_its_message(tmp_path):
-    verdicts = by_hand_check.check_exercises(mutant_files(tmp_path), tmp_path, timeout=1200, models="tiny",
-                                             check_steps=2)
+    verdicts = by_hand_check.check_exercises(
+        mutant_files(tmp_path), tmp_path, timeout=1200, models="tiny", check_steps=2
+    )
     for label, rung, old, new, key, message in MUTANTS:
         v = verdicts[label]
         assert v["ok"] is False and v["mistake"] == key, (label, v)
@@ -92,8 +142,15 @@ def test_every_mutant_is_caught_with_its_message(tmp_path):
 
 
 def test_every_mistake_of_the_table_has_a_mutant():
-    claimed = {"missing_divide", "no_overlap", "readiness_order", "second_backward", "dtype", "unused_parameter",
-               "bucket_rule"}
+    claimed = {
+        "missing_divide",
+        "no_overlap",
+        "readiness_order",
+        "second_backward",
+        "dtype",
+        "unused_parameter",
+        "bucket_rule",
+    }
     assert claimed <= {key for *_, key, _ in MUTANTS}
     assert claimed <= set(by_hand_check.MISTAKES)
 
@@ -111,8 +168,10 @@ def test_a_blank_exercise_is_not_attempted_and_launches_nothing(tmp_path, capsys
 
 def test_an_unfinished_exercise_names_what_is_left(tmp_path, capsys):
     text = answers().solution_source("bucketed")
-    text = text.replace(text[text.index("def make_buckets"):text.index("def on_grad_ready")],
-                        'def make_buckets(params, cap):\n    """The rule."""\n    raise NotImplementedError\n\n\n')
+    text = text.replace(
+        text[text.index("def make_buckets") : text.index("def on_grad_ready")],
+        'def make_buckets(params, cap):\n    """The rule."""\n    raise NotImplementedError\n\n\n',
+    )
     path = tmp_path / "partial.py"
     path.write_text(text)
     v = by_hand_check.check_exercise("bucketed", path, out_dir=tmp_path)
@@ -140,8 +199,11 @@ def test_the_reference_answers_have_no_blank_left():
 
 def test_the_notebook_exercise_cells_are_the_skeletons():
     nb = nbformat.read(ROOT / "notebooks" / "03_ddp_by_hand.ipynb", as_version=4)
-    cells = {c.source.splitlines()[0].split("/")[-1]: c.source for c in nb.cells
-             if "exercise" in c.metadata.get("tags", []) and c.source.startswith("%%writefile")}
+    cells = {
+        c.source.splitlines()[0].split("/")[-1]: c.source
+        for c in nb.cells
+        if "exercise" in c.metadata.get("tags", []) and c.source.startswith("%%writefile")
+    }
     for rung in ("overlapped", "bucketed", "zero1"):
         assert cells[f"ex_{rung}.py"].split("\n", 1)[1].rstrip() == by_hand_check.skeleton(rung).rstrip()
     # exercise 4: the skeleton's two functions, after its imports
@@ -168,8 +230,11 @@ def test_no_hint_spells_the_answer_out():
     solutions = answers()
     for rung, hints in by_hand_check.HINTS.items():
         code = solutions.solution_source(rung, functions_only=rung == "zero3")
-        answer_lines = {line.strip() for line in code.splitlines() if len(line.strip()) > 25
-                        and not line.strip().startswith(("#", '"', "def ", "class ", "import ", "from "))}
+        answer_lines = {
+            line.strip()
+            for line in code.splitlines()
+            if len(line.strip()) > 25 and not line.strip().startswith(("#", '"', "def ", "class ", "import ", "from "))
+        }
         for hint in hints:
             assert not any(line in hint for line in answer_lines), (rung, hint)
 
@@ -186,7 +251,10 @@ def test_a_failed_launch_is_one_line():
     class Err(Exception):
         pass
 
-    text = ("W1126 warning\nerror: an unused parameter: head_b.weight got no gradient\n"
-            "       on rank 1 of 2\n[rank 1] stopped: x\nTraceback (most recent call last):\n")
-    assert by_hand_check.launch_error_line(Err(text)) == ("an unused parameter: head_b.weight got no gradient on "
-                                                          "rank 1 of 2")
+    text = (
+        "W1126 warning\nerror: an unused parameter: head_b.weight got no gradient\n"
+        "       on rank 1 of 2\n[rank 1] stopped: x\nTraceback (most recent call last):\n"
+    )
+    assert by_hand_check.launch_error_line(Err(text)) == (
+        "an unused parameter: head_b.weight got no gradient on rank 1 of 2"
+    )

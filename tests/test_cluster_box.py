@@ -17,7 +17,7 @@ BOX = ROOT / "scripts" / "cluster" / "box.py"
 USABLE, WHY = link.usable()
 needs_box = pytest.mark.skipif(not USABLE, reason=f"no cluster in a box here: {WHY}")
 
-PROBE = '''
+PROBE = """
 import time, torch, torch.distributed as dist
 from distrinews_lib.course import link
 from distrinews_lib.distributed import end_process
@@ -40,12 +40,13 @@ if dist.get_rank() == 0:
           flush=True)
 dist.destroy_process_group()
 end_process(0)
-'''
+"""
 
 
 def _box(*args, timeout=300, **kw):
-    return subprocess.run([sys.executable, BOX, *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT, **kw)
+    return subprocess.run(
+        [sys.executable, BOX, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=ROOT, **kw
+    )
 
 
 def _netns() -> set:
@@ -53,8 +54,10 @@ def _netns() -> set:
     return {line.split()[0] for line in out.splitlines() if line.strip()}
 
 
-@pytest.mark.parametrize("text, bits", [("400mbit", 4e8), ("1gbit", 1e9), ("2.5gbit", 2.5e9), ("800kbit", 8e5),
-                                        ("none", None), ("NONE", None)])
+@pytest.mark.parametrize(
+    "text, bits",
+    [("400mbit", 4e8), ("1gbit", 1e9), ("2.5gbit", 2.5e9), ("800kbit", 8e5), ("none", None), ("NONE", None)],
+)
 def test_a_rate_is_read_as_tc_writes_it(text, bits):
     assert link.bits_per_s(text) == bits
 
@@ -82,7 +85,9 @@ def test_links_are_shaped_dialed_from_a_rank_and_removed(tmp_path):
     before = _netns()
     p = _box("--nodes", 2, "--link", "400mbit", "--", probe)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    fields = dict(kv.split("=") for kv in next(line for line in p.stdout.splitlines() if line.startswith("RESULT")).split()[1:])
+    fields = dict(
+        kv.split("=") for kv in next(line for line in p.stdout.splitlines() if line.startswith("RESULT")).split()[1:]
+    )
     nbytes = 8 * 2**20  # 2 ranks: each sends 2(N-1)/N = 1x the message over its own link
     got_first, got_second = nbytes / float(fields["first"]), nbytes / float(fields["second"])
     want_first, want_second = 400e6 / 8 * link.PAYLOAD_SHARE, 200e6 / 8 * link.PAYLOAD_SHARE
@@ -97,10 +102,22 @@ def test_links_are_shaped_dialed_from_a_rank_and_removed(tmp_path):
 @pytest.mark.parametrize("how", ["a rank fails", "SIGTERM", "SIGINT"])
 def test_nothing_is_left_behind_however_the_box_ends(tmp_path, how):
     script = tmp_path / "sleeper.py"
-    script.write_text("import os, sys, time\nprint('up', os.environ['RANK'], flush=True)\n"
-                      "sys.exit(7) if os.environ['RANK'] == '1' and len(sys.argv) > 1 else time.sleep(120)\n")
+    script.write_text(
+        "import os, sys, time\nprint('up', os.environ['RANK'], flush=True)\n"
+        "sys.exit(7) if os.environ['RANK'] == '1' and len(sys.argv) > 1 else time.sleep(120)\n"
+    )
     before = _netns()
-    args = [sys.executable, BOX, "--nodes", "3", "--link", "1gbit", "--", script, *(["fail"] if how == "a rank fails" else [])]
+    args = [
+        sys.executable,
+        BOX,
+        "--nodes",
+        "3",
+        "--link",
+        "1gbit",
+        "--",
+        script,
+        *(["fail"] if how == "a rank fails" else []),
+    ]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     if how != "a rank fails":
         deadline = time.time() + 120

@@ -22,16 +22,16 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNNER = ROOT / "scripts" / "run_course.py"
 
 PARAMS = 'PRESET = "auto"\nNPROC = "auto"'
-RECORD = '''import json, os
+RECORD = """import json, os
 from pathlib import Path
-Path(os.environ["DISTRINEWS_COURSE_RECORDS"], "01_ok.json").write_text(json.dumps({"headline": f"all good with {PRESET}"}))'''
-FAILING_LAUNCH = '''import sys, tempfile
+Path(os.environ["DISTRINEWS_COURSE_RECORDS"], "01_ok.json").write_text(json.dumps({"headline": f"all good with {PRESET}"}))"""
+FAILING_LAUNCH = """import sys, tempfile
 from pathlib import Path
 from distrinews_lib.course.launch import run_python
 script = Path(tempfile.mkdtemp()) / "broken_train.py"
 script.write_text("print('training step 1', flush=True)\\nraise SystemExit(3)\\n")
 run_python(script, timeout=60)
-print("the notebook must not get here")'''
+print("the notebook must not get here")"""
 
 
 def _notebook(path: Path, *codes: str) -> None:
@@ -51,8 +51,13 @@ def _load_runner():
 
 
 def _run(args, timeout=180):
-    return subprocess.run([sys.executable, str(RUNNER), "--no-progress", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(RUNNER), "--no-progress", *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +84,7 @@ def test_a_failing_launch_stops_the_course_with_a_clear_message(tiny_course, tmp
     assert "IPKernelApp" not in out and "without encryption" not in out, out
     # progress lines and the summary table
     assert "[1/3] 01_ok.ipynb started" in out and "[1/3] 01_ok.ipynb ok" in out, out
-    summary = out[out.index("course summary"):]
+    summary = out[out.index("course summary") :]
     assert "01_ok" in summary and "all good with cpu_smoke" in summary, summary
     assert "02_launch_fails  FAILED" in summary, summary
     assert "03_never" in summary and "not run" in summary, summary

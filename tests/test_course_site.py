@@ -32,57 +32,89 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNNER = ROOT / "scripts" / "run_course.py"
 
 PARAMS = 'PRESET = "auto"\nNPROC = "auto"'
-PLOT = '''import matplotlib
+PLOT = """import matplotlib
 import matplotlib.pyplot as plt
 fig, ax = plt.subplots(figsize=(3, 2))
 ax.plot([1, 2, 3], [0.5, 0.7, 0.9])
 ax.set_title("accuracy per epoch")
 plt.show()
-print("VISIBLE-OUTPUT-7431")'''
+print("VISIBLE-OUTPUT-7431")"""
 # What a page must not show as it is: the machine's folders, printed the way chapters do (setup() prints the project).
-PATHS = '''import os
+PATHS = """import os
 from pathlib import Path
 print("cwd", os.getcwd())
 print("run", Path(os.environ["DISTRINEWS_COURSE_RECORDS"]).parent)
 print("home", Path.home())
 print("LONG-" + "x" * 400)   # no space to break at: it must wrap inside the cell, not widen the page
-# a code line much longer than a phone is wide, which must wrap inside its cell too ............................................................. end'''
-WIDE_TABLE = "## A wide table\n\n| " + " | ".join(f"column {i}" for i in range(14)) + " |\n|" + "---|" * 14 + "\n| " + \
-    " | ".join(f"value-{i}-0123456789" for i in range(14)) + " |"
-SOLUTION = '''def exercise_1():
+# a code line much longer than a phone is wide, which must wrap inside its cell too ............................................................. end"""
+WIDE_TABLE = (
+    "## A wide table\n\n| "
+    + " | ".join(f"column {i}" for i in range(14))
+    + " |\n|"
+    + "---|" * 14
+    + "\n| "
+    + " | ".join(f"value-{i}-0123456789" for i in range(14))
+    + " |"
+)
+SOLUTION = """def exercise_1():
     print("SOLUTION-CODE-3318")   # folded on the page behind "show the solution"
 
 
-exercise_1()'''
+exercise_1()"""
 # The record cell, as every chapter's: tagged `hide`, so neither it nor what it prints reaches the page.
-RECORD = '''from distrinews_lib.course.records import write_record
+RECORD = """from distrinews_lib.course.records import write_record
 write_record("01_plot", {"accuracy": 0.8125, "samples_per_s": 363.25, "steps": 12, "data": "a tiny sample"},
              headline=f"accuracy 81.2% with {PRESET}")  # HIDDEN-SOURCE-2207
-print("HIDDEN-PRINT-5519")'''
+print("HIDDEN-PRINT-5519")"""
 
 
 def _notebook(path: Path, title: str, *cells) -> None:
     nb = new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [new_markdown_cell(f"# {title}\n\nSome prose."),
-                new_code_cell(PARAMS, metadata={"tags": ["parameters"]}), *cells]
+    nb.cells = [
+        new_markdown_cell(f"# {title}\n\nSome prose."),
+        new_code_cell(PARAMS, metadata={"tags": ["parameters"]}),
+        *cells,
+    ]
     nbformat.write(nb, str(path))
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     course = tmp_path_factory.mktemp("course")
-    _notebook(course / "01_plot.ipynb", "01 A plot", new_markdown_cell("## The plot"), new_code_cell(PLOT),
-              new_markdown_cell("## Where it ran"), new_code_cell(PATHS), new_markdown_cell(WIDE_TABLE),
-              new_markdown_cell("## Exercises"),
-              new_code_cell(SOLUTION, metadata={"tags": ["solution"], "jupyter": {"source_hidden": True}}),
-              new_code_cell(RECORD, metadata={"tags": ["hide"]}))
+    _notebook(
+        course / "01_plot.ipynb",
+        "01 A plot",
+        new_markdown_cell("## The plot"),
+        new_code_cell(PLOT),
+        new_markdown_cell("## Where it ran"),
+        new_code_cell(PATHS),
+        new_markdown_cell(WIDE_TABLE),
+        new_markdown_cell("## Exercises"),
+        new_code_cell(SOLUTION, metadata={"tags": ["solution"], "jupyter": {"source_hidden": True}}),
+        new_code_cell(RECORD, metadata={"tags": ["hide"]}),
+    )
     _notebook(course / "02_fails.ipynb", "02 A failure", new_code_cell("raise ValueError('02 fails here')"))
     _notebook(course / "03_never.ipynb", "03 Never run", new_code_cell("print('never')"))
     runs = tmp_path_factory.mktemp("runs")
-    proc = subprocess.run([sys.executable, str(RUNNER), "--no-progress", "--notebooks-dir", str(course),
-                           "--runs-dir", str(runs), "--preset", "cpu_smoke", "--html"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(RUNNER),
+            "--no-progress",
+            "--notebooks-dir",
+            str(course),
+            "--runs-dir",
+            str(runs),
+            "--preset",
+            "cpu_smoke",
+            "--html",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out  # 02 failed; the site is rendered all the same
     assert "site: " in out and "site not rendered" not in out, out
@@ -93,13 +125,15 @@ def run_dir(tmp_path_factory):
 def test_a_page_hides_the_folders_the_run_was_made_in():
     """A run copied elsewhere, or rendered by another checkout: the folders papermill recorded are named too."""
     nb = new_notebook()
-    nb.metadata["papermill"] = {"input_path": "/elsewhere/DistriNews/notebooks/02_ddp_training.ipynb",
-                                "output_path": "/elsewhere/DistriNews/runs/20260101-120000/02_ddp_training.ipynb"}
+    nb.metadata["papermill"] = {
+        "input_path": "/elsewhere/DistriNews/notebooks/02_ddp_training.ipynb",
+        "output_path": "/elsewhere/DistriNews/runs/20260101-120000/02_ddp_training.ipynb",
+    }
     pairs = dict(local_paths(Path("/copies/run"), nb))
     assert pairs["/elsewhere/DistriNews"] == "<project>" and pairs["/elsewhere/DistriNews/notebooks"] == "<notebooks>"
     assert pairs["/elsewhere/DistriNews/runs/20260101-120000"] == "<run>" and pairs["/copies/run"] == "<run>"
     assert pairs[str(ROOT)] == "<project>" and pairs[str(Path.home())] == "~"
-    assert list(pairs) == sorted(pairs, key=len, reverse=True)   # the run folder before the project holding it
+    assert list(pairs) == sorted(pairs, key=len, reverse=True)  # the run folder before the project holding it
     nb.metadata["papermill"]["input_path"] = "/elsewhere/course/01_plot.ipynb"  # a course outside a project
     pairs = dict(local_paths(Path("/copies/run"), nb))
     assert pairs["/elsewhere/course"] == "<notebooks>" and "/elsewhere" not in pairs
@@ -122,13 +156,19 @@ def test_html_only_renders_an_earlier_run_again(run_dir, tmp_path):
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
     shutil.rmtree(copy / "site")
-    proc = subprocess.run([sys.executable, str(RUNNER), "--html-only", str(copy)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(RUNNER), "--html-only", str(copy)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for page in ("index.html", "01_plot.html", "02_fails.html"):  # the run's folder moved: not a line of a page did
         assert (copy / "site" / page).read_text() == (run_dir / "site" / page).read_text(), page
-    proc = subprocess.run([sys.executable, str(RUNNER), "--html-only", str(tmp_path / "nothing")], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(RUNNER), "--html-only", str(tmp_path / "nothing")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "no summary.json" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
@@ -146,7 +186,7 @@ def _browser():
 
 # What a phone and a desktop show; at both, nothing on any page may be wider than the window.
 WIDTHS = {"phone": (390, 844), "desktop": (1280, 800)}
-HIDDEN_TAGS = {"hide", "injected-parameters"}   # cells the site leaves out (the parameters are said in one line)
+HIDDEN_TAGS = {"hide", "injected-parameters"}  # cells the site leaves out (the parameters are said in one line)
 
 _WIDER_THAN_WINDOW = """() => [...document.querySelectorAll('body *')]
     .filter(e => e.getBoundingClientRect().right > window.innerWidth + 0.5)
@@ -217,22 +257,31 @@ def browse_site(run_dir: Path) -> dict:
             else:
                 remote.append(route.request.url)
                 route.abort()
+
         page.route("**/*", offline)
 
         page.goto(index)
-        rows = page.eval_on_selector_all("table.summary tbody tr", """rows => rows.map(r => ({
+        rows = page.eval_on_selector_all(
+            "table.summary tbody tr",
+            """rows => rows.map(r => ({
             name: r.dataset.notebook, status: r.querySelector('td.status').textContent,
             seconds: r.querySelector('td.seconds').textContent,
             headline: r.querySelector('.headline').textContent,
             link: r.querySelector('td.chapter a') ? r.querySelector('td.chapter a').getAttribute('href') : null,
             figures: Object.fromEntries([...r.querySelectorAll('dd[data-key]')].map(
-                d => [d.dataset.key, JSON.parse(d.dataset.value)]))}))""")
+                d => [d.dataset.key, JSON.parse(d.dataset.value)]))}))""",
+        )
         # the index's table is the runner's summary: status, seconds as the runner prints them, key figures
-        expected = [{"name": n["name"], "status": n["status"],
-                     "seconds": f"{n['seconds']:.1f}" if n["seconds"] is not None else "-",
-                     "headline": n["headline"],
-                     "figures": {k: v for k, v in n["record"].items() if k not in ("headline", "notebook")}}
-                    for n in summary["notebooks"]]
+        expected = [
+            {
+                "name": n["name"],
+                "status": n["status"],
+                "seconds": f"{n['seconds']:.1f}" if n["seconds"] is not None else "-",
+                "headline": n["headline"],
+                "figures": {k: v for k, v in n["record"].items() if k not in ("headline", "notebook")},
+            }
+            for n in summary["notebooks"]
+        ]
         assert [{k: v for k, v in r.items() if k != "link"} for r in rows] == expected
         leaked = sorted(p for p in local if p in page.content())
         assert not leaked, f"the index shows local folders: {leaked}"
@@ -240,7 +289,9 @@ def browse_site(run_dir: Path) -> dict:
         for key in ("hostname", "processor", "torch"):
             assert str(summary["machine"][key]) in machine, (key, machine)
         linked = [r["link"] for r in rows if r["link"]]
-        sidebar_links = page.eval_on_selector_all("nav.course-sidebar details.chapters a", "as => as.map(a => a.getAttribute('href'))")
+        sidebar_links = page.eval_on_selector_all(
+            "nav.course-sidebar details.chapters a", "as => as.map(a => a.getAttribute('href'))"
+        )
         assert sidebar_links == linked, f"the index's sidebar links {sidebar_links}, its table {linked}"
 
         for row in rows:
@@ -259,20 +310,32 @@ def browse_site(run_dir: Path) -> dict:
             assert not hidden & shown, f"{row['link']} shows the cells tagged {HIDDEN_TAGS}: {hidden & shown}"
             assert {c.id for c in cells} - hidden <= shown, f"{row['link']} lost cells that are not hidden"
             solutions = {c.id for c in cells if "solution" in c.metadata.get("tags", [])}
-            folded = set(page.eval_on_selector_all(
-                "details.solution:not([open]) > [id^='cell-id=']", "els => els.map(e => e.id.slice(8))"))
-            assert folded == solutions, f"{row['link']}: solution cells {solutions}, folded behind 'show the solution' {folded}"
+            folded = set(
+                page.eval_on_selector_all(
+                    "details.solution:not([open]) > [id^='cell-id=']", "els => els.map(e => e.id.slice(8))"
+                )
+            )
+            assert folded == solutions, (
+                f"{row['link']}: solution cells {solutions}, folded behind 'show the solution' {folded}"
+            )
             sidebar = page.evaluate("""() => ({
                 chapters: [...document.querySelectorAll('nav.course-sidebar details.chapters a')].map(a => a.getAttribute('href')),
                 current: [...document.querySelectorAll('nav.course-sidebar li.current a')].map(a => a.getAttribute('href')),
                 sections: [...document.querySelectorAll('nav.course-sidebar details.sections a')].map(a => [a.getAttribute('href'), a.textContent]),
                 headings: [...document.querySelectorAll('main h2[id]')].map(h => ['#' + h.id, h.textContent])})""")
             assert sidebar["chapters"] == linked and sidebar["current"] == [row["link"]], (row["link"], sidebar)
-            assert sidebar["sections"] == sidebar["headings"], f"{row['link']}: the sidebar's sections are not the page's: {sidebar}"
+            assert sidebar["sections"] == sidebar["headings"], (
+                f"{row['link']}: the sidebar's sections are not the page's: {sidebar}"
+            )
             source = page.content()
             leaked = sorted(p for p in local if p in source)
             assert not leaked, f"{row['link']} shows local folders: {leaked}"
-            pages[row["name"]] = {"text": page.inner_text("body"), "images": len(images), "sidebar": sidebar, "html": source}
+            pages[row["name"]] = {
+                "text": page.inner_text("body"),
+                "images": len(images),
+                "sidebar": sidebar,
+                "html": source,
+            }
 
         for name, (width, height) in WIDTHS.items():  # a phone's width and a desktop's: nothing sticks out
             page.set_viewport_size({"width": width, "height": height})
@@ -336,17 +399,29 @@ def test_a_real_browser_reads_the_site(run_dir, tmp_path):
     assert "02 fails here" in pages["02_fails"]["text"]  # the failing cell's error, where it happened
     plot = pages["01_plot"]
     # the sidebar: every chapter that ran, and this page's sections in order
-    assert [text for _, text in plot["sidebar"]["sections"]] == ["The plot", "Where it ran", "A wide table", "Exercises"]
+    assert [text for _, text in plot["sidebar"]["sections"]] == [
+        "The plot",
+        "Where it ran",
+        "A wide table",
+        "Exercises",
+    ]
     # the solution is on the page, folded: its code is in the HTML but not shown until the reader opens it
     assert "SOLUTION-CODE-3318" in plot["html"] and "SOLUTION-CODE-3318" not in plot["text"]
     assert "show the solution" in plot["text"]
     # the parameters papermill injected: said once, in the page's header line, not as a second cell
-    assert plot["text"].count('PRESET = "auto"') == 1 and "Executed with" in plot["text"] and "'cpu_smoke'" in plot["text"]
+    assert (
+        plot["text"].count('PRESET = "auto"') == 1 and "Executed with" in plot["text"] and "'cpu_smoke'" in plot["text"]
+    )
     # the machine's folders have names instead
     for shown in ("cwd <notebooks>", "run <run>", "home ~"):
         assert shown in plot["text"], (shown, plot["text"][:2000])
     # code is highlighted: pygments' classes on the tokens (a keyword, a string)
     assert '<span class="kn">import</span>' in plot["html"] and '<span class="s2">' in plot["html"]
     shots = screenshot_site(run_dir, tmp_path, "01_plot")
-    assert [p.name for p in shots] == ["index-phone.png", "01_plot-phone.png", "index-desktop.png", "01_plot-desktop.png"]
+    assert [p.name for p in shots] == [
+        "index-phone.png",
+        "01_plot-phone.png",
+        "index-desktop.png",
+        "01_plot-desktop.png",
+    ]
     assert all(1000 < p.stat().st_size < 300_000 for p in shots), [p.stat().st_size for p in shots]

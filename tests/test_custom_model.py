@@ -22,11 +22,29 @@ from distrinews_lib.training import checkpoint
 from distrinews_lib.training.config import RunConfig
 
 from .helpers import ROOT, SCRIPTS, run_script
-from .test_datasets import IMDB, imdb_rows, needs_imdb, write_csv
+from .test_datasets import imdb_rows, needs_imdb, write_csv
 
-SMALL_CUSTOM = ["--config", "cpu_smoke", "--model", "custom", "--custom_dim", "32", "--custom_ffn", "64",
-                "--custom_heads", "4", "--hash_buckets", "4096", "--max_length", "64", "--lr", "2e-3", "--no-progress",
-                "--threads", "1"]
+SMALL_CUSTOM = [
+    "--config",
+    "cpu_smoke",
+    "--model",
+    "custom",
+    "--custom_dim",
+    "32",
+    "--custom_ffn",
+    "64",
+    "--custom_heads",
+    "4",
+    "--hash_buckets",
+    "4096",
+    "--max_length",
+    "64",
+    "--lr",
+    "2e-3",
+    "--no-progress",
+    "--threads",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -79,12 +97,39 @@ def imdb_run(tmp_path_factory):
     folder = tmp / "imdb"
     folder.mkdir()
     for split, n in (("train", 160), ("test", 40)):
-        write_csv(folder / f"{split}.csv", [[r["id"], r["rating"], r["label"], r["text"]] for r in imdb_rows(split, n)],
-                  header=["id", "rating", "label", "text"])
-    common = [*SMALL_CUSTOM, "--dataset", "imdb", "--data", folder, "--truncation", "head_tail", "--batch_size", "16",
-              "--epochs", "1"]
-    whole = run_script([SCRIPTS / "train_single.py", *common, "--snapshot_every", "3", "--keep_snapshots", "3",
-                        "--output", tmp / "whole", "--checkpoint", tmp / "whole.pt"], timeout=240)
+        write_csv(
+            folder / f"{split}.csv",
+            [[r["id"], r["rating"], r["label"], r["text"]] for r in imdb_rows(split, n)],
+            header=["id", "rating", "label", "text"],
+        )
+    common = [
+        *SMALL_CUSTOM,
+        "--dataset",
+        "imdb",
+        "--data",
+        folder,
+        "--truncation",
+        "head_tail",
+        "--batch_size",
+        "16",
+        "--epochs",
+        "1",
+    ]
+    whole = run_script(
+        [
+            SCRIPTS / "train_single.py",
+            *common,
+            "--snapshot_every",
+            "3",
+            "--keep_snapshots",
+            "3",
+            "--output",
+            tmp / "whole",
+            "--checkpoint",
+            tmp / "whole.pt",
+        ],
+        timeout=240,
+    )
     assert whole.returncode == 0, whole.stderr[-2000:]
     return {"tmp": tmp, "args": common, "stdout": whole.stdout, "checkpoint": tmp / "whole.pt"}
 
@@ -98,9 +143,21 @@ def test_imdb_run_reports_balance_and_resumes_bit_identically(imdb_run):
     # Resumed from the snapshot the run took after 6 of its 10 steps: it ends with the same weights, bit for bit.
     (tmp / "cut" / "snapshots").mkdir(parents=True)
     (tmp / "cut" / "snapshots" / "snap_e001_b000006.pt").write_bytes(
-        (tmp / "whole" / "snapshots" / "snap_e001_b000006.pt").read_bytes())
-    resumed = run_script([SCRIPTS / "train_single.py", *imdb_run["args"], "--resume", "auto", "--output", tmp / "cut",
-                          "--checkpoint", tmp / "resumed.pt"], timeout=240)
+        (tmp / "whole" / "snapshots" / "snap_e001_b000006.pt").read_bytes()
+    )
+    resumed = run_script(
+        [
+            SCRIPTS / "train_single.py",
+            *imdb_run["args"],
+            "--resume",
+            "auto",
+            "--output",
+            tmp / "cut",
+            "--checkpoint",
+            tmp / "resumed.pt",
+        ],
+        timeout=240,
+    )
     assert resumed.returncode == 0 and "resumed from" in resumed.stdout, resumed.stderr[-2000:]
     a = inference.read_checkpoint(imdb_run["checkpoint"])["state_dict"]
     b = inference.read_checkpoint(tmp / "resumed.pt")["state_dict"]
@@ -116,8 +173,11 @@ def test_the_server_answers_an_imdb_checkpoint_with_negative_and_positive(imdb_r
     loaded = inference.load_checkpoint(imdb_run["checkpoint"])
     texts = ["A wonderful, moving film with a brilliant cast.", "Dull, predictable and far too long. Avoid it."]
     probs = inference.predict_proba(loaded, texts)
-    app = create_app(ServingSettings(checkpoint=imdb_run["checkpoint"], device="cpu", max_batch_size=8,
-                                     batch_window_ms=2, torch_threads=0))
+    app = create_app(
+        ServingSettings(
+            checkpoint=imdb_run["checkpoint"], device="cpu", max_batch_size=8, batch_window_ms=2, torch_threads=0
+        )
+    )
     with TestClient(app) as client:
         health = client.get("/health").json()
         assert health["labels"] == ["negative", "positive"] and health["checkpoint"]["model"] == "custom"
@@ -132,10 +192,29 @@ def test_the_server_answers_an_imdb_checkpoint_with_negative_and_positive(imdb_r
 @pytest.mark.slow
 def test_ddp_run_of_the_custom_model_saves_a_servable_checkpoint(tmp_path):
     ck = tmp_path / "m.pt"
-    res = torchrun(SCRIPTS / "train_ddp.py", 2, [*SMALL_CUSTOM, "--data", "embedded", "--num_samples", "160",
-                                                  "--eval_samples", "64", "--epochs", "1", "--batch_size", "8",
-                                                  "--output", tmp_path / "run", "--checkpoint", ck],
-                   timeout=240, echo=False)
+    res = torchrun(
+        SCRIPTS / "train_ddp.py",
+        2,
+        [
+            *SMALL_CUSTOM,
+            "--data",
+            "embedded",
+            "--num_samples",
+            "160",
+            "--eval_samples",
+            "64",
+            "--epochs",
+            "1",
+            "--batch_size",
+            "8",
+            "--output",
+            tmp_path / "run",
+            "--checkpoint",
+            ck,
+        ],
+        timeout=240,
+        echo=False,
+    )
     assert "parameters identical on all 2 ranks: True" in res.output
     loaded = inference.load_checkpoint(ck)
     assert loaded.label_names == ["World", "Sports", "Business", "Sci/Tech"]
@@ -143,8 +222,25 @@ def test_ddp_run_of_the_custom_model_saves_a_servable_checkpoint(tmp_path):
 
 
 def test_a_max_length_beyond_the_models_positions_is_refused_with_the_limit(tmp_path):
-    r = run_script([SCRIPTS / "train_single.py", "--config", "cpu_smoke", "--data", "embedded", "--model", "tiny",
-                    "--max_length", "1024", "--output", tmp_path, "--no-progress"], timeout=120)
+    r = run_script(
+        [
+            SCRIPTS / "train_single.py",
+            "--config",
+            "cpu_smoke",
+            "--data",
+            "embedded",
+            "--model",
+            "tiny",
+            "--max_length",
+            "1024",
+            "--output",
+            tmp_path,
+            "--no-progress",
+        ],
+        timeout=120,
+    )
     text = " ".join(r.stderr.split())
-    assert r.returncode == 2 and "position embeddings stop at 512 tokens" in text and "--truncation head_tail" in text, text
+    assert (
+        r.returncode == 2 and "position embeddings stop at 512 tokens" in text and "--truncation head_tail" in text
+    ), text
     assert "Traceback" not in r.stderr

@@ -24,8 +24,10 @@ def write(path, text, gz=False):
     return path
 
 
-ORIGINAL = '"3","Wall St. Bears Claw Back","Reuters - Short-sellers are seeing green again."\n' \
-           '"4","New chip #39;s speed","Intel\\\\said quot;fast quot; &lt;b&gt;today&lt;/b&gt;"\n'
+ORIGINAL = (
+    '"3","Wall St. Bears Claw Back","Reuters - Short-sellers are seeing green again."\n'
+    '"4","New chip #39;s speed","Intel\\\\said quot;fast quot; &lt;b&gt;today&lt;/b&gt;"\n'
+)
 KAGGLE = "Class Index,Title,Description\n1,Peace talks,Diplomats met in Geneva\n2,Cup final,The team scored twice\n"
 
 
@@ -143,7 +145,9 @@ def test_the_embedded_training_rows_come_from_the_train_subset():
 
 
 def test_corrupt_or_odd_files_get_a_clear_message(tmp_path):
-    good = gzip.compress(("\n".join(f'"1","Title {i}","Some description number {i} here"' for i in range(3000))).encode())
+    good = gzip.compress(
+        ("\n".join(f'"1","Title {i}","Some description number {i} here"' for i in range(3000))).encode()
+    )
     for where in range(20, len(good) - 20, len(good) // 25):  # a flipped byte mid-stream, not just a bad CRC
         flipped = bytearray(good)
         flipped[where] ^= 0xFF

@@ -34,7 +34,7 @@ def _all_imdb_rows(split: str) -> tuple:
 def imdb_rows(split: str, n: int) -> list:
     """n real IMDB rows (dicts id, rating, label, text), half negative and half positive."""
     rows = _all_imdb_rows(split)
-    return list(rows[: n // 2] + rows[-(n - n // 2):])  # the files are sorted: negatives, then positives
+    return list(rows[: n // 2] + rows[-(n - n // 2) :])  # the files are sorted: negatives, then positives
 
 
 def write_csv(path, rows, header=None, gz=False, bom=False):
@@ -57,12 +57,17 @@ def imdb_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("imdb")
     for split, n in (("train", 40), ("test", 20)):
         rows = imdb_rows(split, n)
-        write_csv(folder / f"{split}.csv.gz", [[r["id"], r["rating"], r["label"], r["text"]] for r in rows],
-                  header=texts.IMDB_HEADER, gz=True)
+        write_csv(
+            folder / f"{split}.csv.gz",
+            [[r["id"], r["rating"], r["label"], r["text"]] for r in rows],
+            header=texts.IMDB_HEADER,
+            gz=True,
+        )
     return folder
 
 
 # ---------------------------------------------------------------- known datasets from folders
+
 
 @needs_imdb
 def test_imdb_csv_folder_gives_negative_positive_and_clean_text(imdb_folder):
@@ -94,10 +99,15 @@ def test_a_headerless_folder_is_named_by_its_dataset_or_by_its_class_numbers():
 @needs_imdb
 @pytest.mark.parametrize("dataset, fields", [("yelp_polarity", 1), ("amazon_polarity", 2)])
 def test_zhang_layouts_of_yelp_and_amazon_polarity(tmp_path, dataset, fields):
-    for split in ("train", "test"):  # real reviews in the layout of yelp_review_polarity_csv / amazon_review_polarity_csv
+    for split in (
+        "train",
+        "test",
+    ):  # real reviews in the layout of yelp_review_polarity_csv / amazon_review_polarity_csv
         rows = imdb_rows(split, 10)
-        body = [[str(int(r["label"]) + 1), *(["A title"] if fields == 2 else []), r["text"].replace("\n", "\\n")]
-                for r in rows]
+        body = [
+            [str(int(r["label"]) + 1), *(["A title"] if fields == 2 else []), r["text"].replace("\n", "\\n")]
+            for r in rows
+        ]
         write_csv(tmp_path / f"{split}.csv", body)
     s = sources.load_dataset_splits(dataset, str(tmp_path))
     assert s.label_names == ["negative", "positive"]
@@ -116,12 +126,16 @@ def test_a_zhang_folder_with_classes_txt_takes_its_names(tmp_path):
 
 # ---------------------------------------------------------------- csv:PATH
 
+
 @needs_imdb
 def test_csv_folder_with_named_columns_and_text_labels(tmp_path):
     for split in ("train", "test"):
         rows = imdb_rows(split, 12)
-        write_csv(tmp_path / f"{split}.csv", [[r["rating"], "neg" if r["label"] == "0" else "pos", "Title", r["text"]]
-                                              for r in rows], header=["stars", "verdict", "headline", "body"])
+        write_csv(
+            tmp_path / f"{split}.csv",
+            [[r["rating"], "neg" if r["label"] == "0" else "pos", "Title", r["text"]] for r in rows],
+            header=["stars", "verdict", "headline", "body"],
+        )
     opts = texts.TextOptions(text_columns=("headline", "body"), label_column="verdict")
     s = sources.load_dataset_splits(sources.resolve_dataset(f"csv:{tmp_path}"), "csv", opts=opts)
     assert s.label_names == ["neg", "pos"] and s.source == "csv"
@@ -134,9 +148,12 @@ def test_csv_folder_with_named_columns_and_text_labels(tmp_path):
 @needs_imdb
 def test_csv_single_file_holds_out_a_stratified_tenth_and_reads_a_bom(tmp_path):
     rows = imdb_rows("train", 100)
-    path = write_csv(tmp_path / "reviews.csv", [[r["text"], r["label"]] for r in rows], header=["text", "label"], bom=True)
-    s = sources.load_dataset_splits(sources.resolve_dataset(f"csv:{path}"), "csv",
-                                 opts=texts.TextOptions(label_names=("negative", "positive")))
+    path = write_csv(
+        tmp_path / "reviews.csv", [[r["text"], r["label"]] for r in rows], header=["text", "label"], bom=True
+    )
+    s = sources.load_dataset_splits(
+        sources.resolve_dataset(f"csv:{path}"), "csv", opts=texts.TextOptions(label_names=("negative", "positive"))
+    )
     assert (len(s.train_texts), len(s.test_texts)) == (90, 10)
     assert Counter(s.test_labels) == {0: 5, 1: 5} and not set(s.test_texts) & set(s.train_texts)
     assert "held out" in s.detail and s.label_names == ["negative", "positive"]
@@ -150,6 +167,7 @@ def test_numeric_labels_without_names_are_named_by_their_values(tmp_path):
 
 
 # ---------------------------------------------------------------- bad input: one paragraph, never a traceback
+
 
 def test_bad_input_gets_a_clear_message(tmp_path):
     header = ["text", "label"]
@@ -185,7 +203,20 @@ def test_label_names_flag_is_checked_like_every_flag():
 
 def test_a_bad_dataset_from_the_script_is_one_paragraph_and_exit_code_2(tmp_path):
     write_csv(tmp_path / "train.csv", [["fine", "0"]], header=["text", "label"])
-    r = run_script([SCRIPTS / "train_single.py", "--config", "cpu_smoke", "--dataset", f"csv:{tmp_path / 'train.csv'}",
-                    "--text_column", "review", "--output", tmp_path / "run", "--no-progress"], timeout=120)
+    r = run_script(
+        [
+            SCRIPTS / "train_single.py",
+            "--config",
+            "cpu_smoke",
+            "--dataset",
+            f"csv:{tmp_path / 'train.csv'}",
+            "--text_column",
+            "review",
+            "--output",
+            tmp_path / "run",
+            "--no-progress",
+        ],
+        timeout=120,
+    )
     assert r.returncode == 2, r.stdout[-1500:] + r.stderr[-1500:]
     assert "has no column 'review'" in " ".join(r.stderr.split()) and "Traceback" not in r.stderr

@@ -51,6 +51,7 @@ def test_checkpoint_from_ddp_model_has_no_module_prefix_and_predicts_the_same(dd
 
 # ---------------------------------------------------------------- samplers (no processes needed)
 
+
 def test_distributed_sampler_shards_are_disjoint_cover_and_reshuffle():
     ds = list(range(10))
     shards = {}
@@ -98,8 +99,12 @@ def test_length_grouped_batches_keep_shards_disjoint_and_equal_in_count():
 
 def test_collator_pads_to_a_multiple_of_8():
     coll = batching.PadCollator(pad_id=0, pad_to_multiple_of=8)
-    out = coll([{"index": 0, "input_ids": [101, 5, 6, 102], "label": 1},
-                {"index": 1, "input_ids": list(range(1, 11)), "label": 2}])
+    out = coll(
+        [
+            {"index": 0, "input_ids": [101, 5, 6, 102], "label": 1},
+            {"index": 1, "input_ids": list(range(1, 11)), "label": 2},
+        ]
+    )
     assert out["input_ids"].shape == (2, 16)
     assert out["attention_mask"].sum().item() == 14
     assert torch.equal(out["labels"], torch.tensor([1, 2]))

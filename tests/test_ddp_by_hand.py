@@ -74,18 +74,22 @@ def test_a_rank_skipping_a_collective_fails_fast_with_a_message(tmp_path):
     gather = "        dist.all_gather_into_tensor(weights, dp.shard.detach())"
     assert text.count(gather) == 1
     path = tmp_path / "skip.py"
-    path.write_text(text.replace(gather, "        if dist.get_rank() == 0:  # rank 1 skips the all-gather\n    "
-                                         + gather))
+    path.write_text(
+        text.replace(gather, "        if dist.get_rank() == 0:  # rank 1 skips the all-gather\n    " + gather)
+    )
     compile(path.read_text(), str(path), "exec")  # the mutant is code, not a syntax error the checker would name
     start = time.monotonic()
-    v = by_hand_check.check_exercises([("zero1", path, "zero1")], tmp_path, timeout=300, models="tiny",
-                                      check_steps=2, probes=False)["zero1"]
+    v = by_hand_check.check_exercises(
+        [("zero1", path, "zero1")], tmp_path, timeout=300, models="tiny", check_steps=2, probes=False
+    )["zero1"]
     assert v["ok"] is False and v["mistake"] == "crashed" and "\n" not in v["message"], v
     assert re.search(r"timed out|timeout|connection", v["message"], re.I), v["message"]
     assert time.monotonic() - start < 240
 
 
 def test_one_dtype_per_flat_buffer():
-    assert by_hand.one_dtype([torch.zeros(2, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)]) == torch.float64
+    assert (
+        by_hand.one_dtype([torch.zeros(2, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)]) == torch.float64
+    )
     with pytest.raises(Exception, match="mix dtypes"):
         by_hand.one_dtype([torch.zeros(2), torch.zeros(2, dtype=torch.bfloat16)])

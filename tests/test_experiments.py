@@ -17,8 +17,20 @@ EXPERIMENTS = sorted((ROOT / "configs" / "experiments").glob("*.yaml"))
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.stem)
 def test_every_experiment_is_a_full_valid_config(path):
     _, values = config.read_preset(str(path), ddp=True)
-    for key in ("dataset", "data", "model", "tokenizer", "epochs", "batch_size", "lr", "max_length", "amp", "processes",
-                "backend", "seed"):
+    for key in (
+        "dataset",
+        "data",
+        "model",
+        "tokenizer",
+        "epochs",
+        "batch_size",
+        "lr",
+        "max_length",
+        "amp",
+        "processes",
+        "backend",
+        "seed",
+    ):
         assert key in values, f"{path.name} does not set {key}: an experiment states everything it depends on"
     cfg = config.parse("t", ["--config", str(path)], ddp=True)
     assert cfg.experiment == path.stem and cfg.output == f"experiments/{path.stem}"
@@ -27,8 +39,18 @@ def test_every_experiment_is_a_full_valid_config(path):
 
 
 def test_an_experiment_launched_with_the_wrong_number_of_processes_is_refused(tmp_path):
-    r = run_script([SCRIPTS / "train_single.py", "--config", ROOT / "configs" / "experiments" / "agnews_custom_2p.yaml",
-                    "--output", tmp_path, "--checkpoint", tmp_path / "m.pt"], timeout=120)
+    r = run_script(
+        [
+            SCRIPTS / "train_single.py",
+            "--config",
+            ROOT / "configs" / "experiments" / "agnews_custom_2p.yaml",
+            "--output",
+            tmp_path,
+            "--checkpoint",
+            tmp_path / "m.pt",
+        ],
+        timeout=120,
+    )
     assert r.returncode == 2 and "asks for 2 process(es)" in " ".join(r.stderr.split()), r.stderr[-1500:]
     assert "run_experiment.py agnews_custom_2p" in " ".join(r.stderr.split())
 
@@ -50,8 +72,11 @@ def test_the_committed_experiments_plot_and_meet_their_targets(tmp_path):
         assert (tmp_path / name).stat().st_size > 10_000
     summary = json.loads((tmp_path / "summary.json").read_text())
     pairs = {(p["single"], p["multi"]) for p in summary["scaling"]}
-    assert {("agnews_custom_1p", "agnews_custom_2p"), ("agnews_tiny_1p", "agnews_tiny_2p"),
-            ("imdb_custom_1p", "imdb_custom_2p")} <= pairs
+    assert {
+        ("agnews_custom_1p", "agnews_custom_2p"),
+        ("agnews_tiny_1p", "agnews_tiny_2p"),
+        ("imdb_custom_1p", "imdb_custom_2p"),
+    } <= pairs
     record = json.loads((ROOT / "benchmarks" / "accuracy.json").read_text())
     assert record["headline"] and record["custom_hash"]["all_met"], "the older sections are kept, the new one met"
 
@@ -59,8 +84,17 @@ def test_the_committed_experiments_plot_and_meet_their_targets(tmp_path):
 @pytest.mark.bench
 @pytest.mark.slow
 def test_the_speedup_measurement_runs_the_real_scripts(tmp_path):
-    r = run_script([SCRIPTS / "measure_speedup.py", "--quick", "--pairs", "agnews_custom_1p", "--record",
-                    tmp_path / "speedup.json"], timeout=240)
+    r = run_script(
+        [
+            SCRIPTS / "measure_speedup.py",
+            "--quick",
+            "--pairs",
+            "agnews_custom_1p",
+            "--record",
+            tmp_path / "speedup.json",
+        ],
+        timeout=240,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     section = json.loads((tmp_path / "speedup.json").read_text())["custom_hash_speedup"]
     (pair,) = section["pairs"]

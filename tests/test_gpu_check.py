@@ -55,8 +55,10 @@ def test_the_default_dry_run_json_never_lands_in_benchmarks(gc):
 
 def test_plan_on_two_t4s(gc, tmp_path):
     args = _args(gc)
-    stages = {s.name: s for s in gc.make_plan(args, n_gpus=2, bf16_native=False, model="minilm", data_arg="/data/ag",
-                                              run_dir=tmp_path)}
+    stages = {
+        s.name: s
+        for s in gc.make_plan(args, n_gpus=2, bf16_native=False, model="minilm", data_arg="/data/ag", run_dir=tmp_path)
+    }
     assert all(s.skip is None for s in stages.values())
     ddp = stages["ddp_nccl"].cmd
     assert "--nproc_per_node=2" in ddp and ddp[-2:] == ["--backend", "nccl"]
@@ -70,38 +72,61 @@ def test_plan_on_two_t4s(gc, tmp_path):
 def test_plan_without_a_gpu_skips_every_gpu_stage_and_only_selects(gc, tmp_path):
     stages = gc.make_plan(_args(gc), n_gpus=0, bf16_native=None, model="tiny", data_arg="embedded", run_dir=tmp_path)
     assert all(s.skip == "no CUDA GPU on this machine" for s in stages[1:])
-    stages = gc.make_plan(_args(gc, "--only", "train_fp16,serving"), n_gpus=1, bf16_native=True, model="tiny",
-                          data_arg="embedded", run_dir=tmp_path)
+    stages = gc.make_plan(
+        _args(gc, "--only", "train_fp16,serving"),
+        n_gpus=1,
+        bf16_native=True,
+        model="tiny",
+        data_arg="embedded",
+        run_dir=tmp_path,
+    )
     assert [s.name for s in stages if s.skip is None] == ["train_fp16", "serving"]
     assert "--nproc_per_node=1" in next(s for s in stages if s.name == "ddp_nccl").cmd  # one rank with one GPU
 
 
 def test_pytest_parser_fails_a_cuda_test_skipped_on_a_cuda_machine():
     stage = SimpleNamespace(name="cuda_tests")
-    good = SimpleNamespace(ok=True, output="SKIPPED [1] tests/test_x.py:3: checks the no-GPU message\n12 passed, 1 skipped in 3s")
+    good = SimpleNamespace(
+        ok=True, output="SKIPPED [1] tests/test_x.py:3: checks the no-GPU message\n12 passed, 1 skipped in 3s"
+    )
     assert gpu_stages.parse_pytest(stage, good, {})["status"] == "ok"
-    bad = SimpleNamespace(ok=True, output="SKIPPED [2] tests/test_gpu_cuda.py:20: needs a CUDA GPU\n3 passed, 2 skipped in 1s")
+    bad = SimpleNamespace(
+        ok=True, output="SKIPPED [2] tests/test_gpu_cuda.py:20: needs a CUDA GPU\n3 passed, 2 skipped in 1s"
+    )
     res = gpu_stages.parse_pytest(stage, bad, {})
     assert res["status"] == "FAILED" and res["skipped_for_want_of_cuda"] and res["counts"]["passed"] == 3
 
 
 def test_training_parser(tmp_path):
-    refused = SimpleNamespace(ok=False, returncode=2, output="error: --amp bf16: Tesla T4 (compute capability 7.5) has no "
-                                                            "bf16 in hardware; torch would emulate it")
+    refused = SimpleNamespace(
+        ok=False,
+        returncode=2,
+        output="error: --amp bf16: Tesla T4 (compute capability 7.5) has no bf16 in hardware; torch would emulate it",
+    )
     res = gpu_stages.parse_training(SimpleNamespace(name="train_bf16", out=str(tmp_path)), refused, {})
     assert res["status"] == "ok" and res["refused_as_designed"]
-    metrics = {"epochs": [{"samples_per_s": 900.0, "tokens_per_s": 45000.0, "epoch_time_s": 9.0, "val_accuracy": 0.9}],
-               "data": {"train_size": 8000, "source": "embedded"}, "model": {"resolved": "minilm"},
-               "ddp": {"world_size": 2, "backend": "nccl"}}
+    metrics = {
+        "epochs": [{"samples_per_s": 900.0, "tokens_per_s": 45000.0, "epoch_time_s": 9.0, "val_accuracy": 0.9}],
+        "data": {"train_size": 8000, "source": "embedded"},
+        "model": {"resolved": "minilm"},
+        "ddp": {"world_size": 2, "backend": "nccl"},
+    }
     (tmp_path / "metrics.json").write_text(json.dumps(metrics))
-    text = ("preset single_gpu | 2 processes | nccl | device cuda:0 | fp16 + GradScaler: Tesla T4 has no native bf16 (e.g. T4)\n"
-            "epoch 1/1 | train loss 0.3 | val loss 0.3 | val acc 90.00% (2000 texts) | 9.0s | 900 samples/s | MFU 31.2%\n"
-            "parameters identical on all 2 ranks: True (max difference 0)\n")
-    res = gpu_stages.parse_training(SimpleNamespace(name="ddp_nccl", out=str(tmp_path)), SimpleNamespace(ok=True, returncode=0, output=text), {})
+    text = (
+        "preset single_gpu | 2 processes | nccl | device cuda:0 | fp16 + GradScaler: Tesla T4 has no native bf16 (e.g. T4)\n"
+        "epoch 1/1 | train loss 0.3 | val loss 0.3 | val acc 90.00% (2000 texts) | 9.0s | 900 samples/s | MFU 31.2%\n"
+        "parameters identical on all 2 ranks: True (max difference 0)\n"
+    )
+    res = gpu_stages.parse_training(
+        SimpleNamespace(name="ddp_nccl", out=str(tmp_path)), SimpleNamespace(ok=True, returncode=0, output=text), {}
+    )
     assert res["status"] == "ok" and res["mfu"] == pytest.approx(0.312) and res["params_identical"]
     assert res["amp"].startswith("fp16 + GradScaler")
-    res = gpu_stages.parse_training(SimpleNamespace(name="ddp_nccl", out=str(tmp_path)),
-                            SimpleNamespace(ok=True, returncode=0, output=text.replace("True", "False")), {})
+    res = gpu_stages.parse_training(
+        SimpleNamespace(name="ddp_nccl", out=str(tmp_path)),
+        SimpleNamespace(ok=True, returncode=0, output=text.replace("True", "False")),
+        {},
+    )
     assert res["status"] == "FAILED"
 
 
@@ -113,9 +138,14 @@ def test_t4_estimate_arithmetic():
     assert "none" not in est["scenarios"]
 
 
-@pytest.mark.parametrize("argv,message", [(["--dry-run", "--data-dir", "/nonexistent/ag"], "does not exist"),
-                                          (["--dry-run", "--only", "nope"], "unknown stage"),
-                                          (["--dry-run", "--num_samples", "1"], "too small")])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--dry-run", "--data-dir", "/nonexistent/ag"], "does not exist"),
+        (["--dry-run", "--only", "nope"], "unknown stage"),
+        (["--dry-run", "--num_samples", "1"], "too small"),
+    ],
+)
 def test_bad_input_is_one_paragraph(gc, capsys, argv, message):
     with pytest.raises(SystemExit) as stop:
         gc.main(argv)
@@ -124,8 +154,13 @@ def test_bad_input_is_one_paragraph(gc, capsys, argv, message):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU refusal")
 def test_without_cuda_it_says_to_use_dry_run():
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--offline"], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--offline"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert proc.returncode == 2 and "--dry-run" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -134,10 +169,34 @@ def test_serving_stage_end_to_end_on_the_cpu(gc, tmp_path):
     """The serving stage's own logic (start, /health, /predict, /predict/batch, stop) with a tiny checkpoint;
     on the GPU machine the same function runs with device='cuda'."""
     ckpt = tmp_path / "train" / "model.pt"
-    proc = subprocess.run([sys.executable, "scripts/train_single.py", "--config", "cpu_smoke", "--data", "embedded",
-                           "--epochs", "1", "--num_samples", "64", "--eval_samples", "16", "--max_steps_per_epoch", "2",
-                           "--no-progress", "--no-snapshots", "--output", str(tmp_path / "train"), "--checkpoint", str(ckpt)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "scripts/train_single.py",
+            "--config",
+            "cpu_smoke",
+            "--data",
+            "embedded",
+            "--epochs",
+            "1",
+            "--num_samples",
+            "64",
+            "--eval_samples",
+            "16",
+            "--max_steps_per_epoch",
+            "2",
+            "--no-progress",
+            "--no-snapshots",
+            "--output",
+            str(tmp_path / "train"),
+            "--checkpoint",
+            str(ckpt),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     stage = gc.Stage("serving", "test", None, timeout=120, out=str(ckpt))
     texts = [f"Stocks rally as markets open, day {i}" for i in range(70)]

@@ -101,7 +101,8 @@ def test_the_first_cell_report_sees_what_torch_sees():
 @pytest.mark.slow
 def test_nccl_all_reduce_over_every_gpu(tmp_path):
     worker = tmp_path / "allreduce.py"
-    worker.write_text(textwrap.dedent("""
+    worker.write_text(
+        textwrap.dedent("""
         import os, torch, torch.distributed as dist
         rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
         torch.cuda.set_device(local)
@@ -112,9 +113,16 @@ def test_nccl_all_reduce_over_every_gpu(tmp_path):
         assert torch.all(t == n * (n + 1) / 2), t[:4]
         dist.destroy_process_group()
         print("ok", rank, flush=True)
-    """))
+    """)
+    )
     n = torch.cuda.device_count()
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", str(worker)],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ})
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", str(worker)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ},
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stdout.count("ok") == n

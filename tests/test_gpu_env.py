@@ -183,6 +183,7 @@ def test_a_recycled_pid_is_never_signalled(monkeypatch):
 
 # --------------------------------------------------------------------------- installing on Kaggle / Colab
 
+
 def _requirements(path: Path) -> dict:
     out = {}
     for line in path.read_text().splitlines():
@@ -207,11 +208,19 @@ def test_requirements_keep_a_preinstalled_cuda_torch_and_transformers_5():
     except ImportError:  # Python < 3.11
         tomllib = pytest.importorskip("tomli")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    pyproject = {re.split(r"[\[<>=!~ ]", d, 1)[0].lower(): re.sub(r"^[A-Za-z0-9_.\-]+(\[[^\]]*\])?", "", d).replace(" ", "")
-                 for d in project}
-    for name, installed in (("torch", "2.6.0+cu124"), ("torch", "2.13.0+cu130"), ("transformers", "5.0.0"),
-                            ("transformers", "5.23.0")):
+    pyproject = {
+        re.split(r"[\[<>=!~ ]", d, 1)[0].lower(): re.sub(r"^[A-Za-z0-9_.\-]+(\[[^\]]*\])?", "", d).replace(" ", "")
+        for d in project
+    }
+    for name, installed in (
+        ("torch", "2.6.0+cu124"),
+        ("torch", "2.13.0+cu130"),
+        ("transformers", "5.0.0"),
+        ("transformers", "5.23.0"),
+    ):
         for source, spec in (("requirements.txt", reqs.get(name)), ("pyproject.toml", pyproject.get(name))):
             assert spec is not None, f"{name} missing from {source}"
             assert "<" not in spec and "==" not in spec, f"{source} bounds {name} from above: {spec}"
-            assert SpecifierSet(spec).contains(installed, prereleases=True), f"{source}: {name}{spec} rejects {installed}"
+            assert SpecifierSet(spec).contains(installed, prereleases=True), (
+                f"{source}: {name}{spec} rejects {installed}"
+            )

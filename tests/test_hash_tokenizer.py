@@ -43,13 +43,22 @@ def test_ids_are_pinned_so_every_machine_and_python_agrees():
 
 def test_the_same_ids_in_other_processes_whatever_their_hash_seed():
     """Python salts hash(str) per process (PYTHONHASHSEED): two DDP ranks would disagree. blake2b never does."""
-    code = ("import json, sys; from distrinews_lib.data.tokenization import HashTokenizer; "
-            "print(json.dumps([HashTokenizer(32768)(json.loads(sys.argv[1]), max_length=16)['input_ids'], hash('news')]))")
+    code = (
+        "import json, sys; from distrinews_lib.data.tokenization import HashTokenizer; "
+        "print(json.dumps([HashTokenizer(32768)(json.loads(sys.argv[1]), max_length=16)['input_ids'], hash('news')]))"
+    )
     here = HashTokenizer(32768)(TEXTS, max_length=16)["input_ids"]
     answers = []
     for seed in ("1", "2", "random"):
-        out = subprocess.run([sys.executable, "-c", code, json.dumps(TEXTS)], capture_output=True, text=True, cwd=ROOT,
-                             env={"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin"}, timeout=60, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code, json.dumps(TEXTS)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin"},
+            timeout=60,
+            check=True,
+        )
         answers.append(json.loads(out.stdout))
     assert all(ids == here for ids, _ in answers)
     assert len({salted for _, salted in answers}) > 1, "Python's own hash() does differ between these processes"

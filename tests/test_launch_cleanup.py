@@ -40,8 +40,10 @@ def _children(pid: int) -> list:
 
 def _start_launcher(pid_dir: Path, *extra):
     """A parent process (standing in for a notebook kernel) that launches 2 sleeping ranks through the library."""
-    code = ("import sys; from distrinews_lib.course.launch import torchrun; "
-            f"torchrun({str(SLEEPER)!r}, 2, [{str(pid_dir)!r}, *sys.argv[1:]], timeout=300, echo=False)")
+    code = (
+        "import sys; from distrinews_lib.course.launch import torchrun; "
+        f"torchrun({str(SLEEPER)!r}, 2, [{str(pid_dir)!r}, *sys.argv[1:]], timeout=300, echo=False)"
+    )
     started = time.time()
     parent = subprocess.Popen([sys.executable, "-c", code, *extra], cwd=ROOT)
     deadline = time.time() + 180  # a hard bound: a launch that never starts fails here, not in CI's timeout

@@ -1,8 +1,6 @@
 """Unit tests: presets and flags, AMP choice, backend choice, checkpoints, the launcher."""
 
-import os
 import re
-import sys
 
 import pytest
 import torch
@@ -50,32 +48,38 @@ def test_yaml_words_reach_the_option_as_written(tmp_path):
     assert (cfg.amp, cfg.progress, cfg.no_sync, cfg.lr, cfg.num_samples) == ("off", False, True, 1e-3, None)
 
 
-@pytest.mark.parametrize("text, words", [
-    ("amp: offf", "preset p .*amp: 'offf' is not one of auto, fp16, bf16, off"),
-    ("batch_size: true", "batch_size expects a whole number, got 'true'"),
-    ("epochs: 2.5", "epochs expects a whole number, got '2.5'"),
-    ("epochs: [1, 2]", "epochs must be a single value, not a list"),
-    ("epochs: {a: 1}", "epochs must be a single value, not a mapping"),
-    ("epochs: null", "epochs needs a value here"),
-    ("warmup_ratio: 5", "warmup_ratio must be in \\[0, 1\\)"),
-    ("weight_decay: -3", "weight_decay must be 0 or a positive finite number"),
-    ("keep_snapshots: 0", "keep_snapshots must be at least 1"),
-    ("lr: .inf", "lr must be a positive finite number"),
-    ("- just\n- a list", "must hold a mapping of option: value"),
-    ("epochs: [unclosed", "is not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("amp: offf", "preset p .*amp: 'offf' is not one of auto, fp16, bf16, off"),
+        ("batch_size: true", "batch_size expects a whole number, got 'true'"),
+        ("epochs: 2.5", "epochs expects a whole number, got '2.5'"),
+        ("epochs: [1, 2]", "epochs must be a single value, not a list"),
+        ("epochs: {a: 1}", "epochs must be a single value, not a mapping"),
+        ("epochs: null", "epochs needs a value here"),
+        ("warmup_ratio: 5", "warmup_ratio must be in \\[0, 1\\)"),
+        ("weight_decay: -3", "weight_decay must be 0 or a positive finite number"),
+        ("keep_snapshots: 0", "keep_snapshots must be at least 1"),
+        ("lr: .inf", "lr must be a positive finite number"),
+        ("- just\n- a list", "must hold a mapping of option: value"),
+        ("epochs: [unclosed", "is not valid YAML"),
+    ],
+)
 def test_a_preset_value_of_the_wrong_shape_gets_one_clear_message(tmp_path, text, words):
     with pytest.raises(UserError, match=words):
         _preset(tmp_path, text)
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--lr", "inf"], "--lr must be a positive finite number"),
-    (["--lr", "0"], "--lr must be a positive finite number"),
-    (["--amp", "False"], "--amp: 'False' is not one of"),
-    (["--epochs", "two"], "--epochs expects a whole number, got 'two'"),
-    (["--bogus", "1"], "unrecognized arguments: --bogus"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--lr", "inf"], "--lr must be a positive finite number"),
+        (["--lr", "0"], "--lr must be a positive finite number"),
+        (["--amp", "False"], "--amp: 'False' is not one of"),
+        (["--epochs", "two"], "--epochs expects a whole number, got 'two'"),
+        (["--bogus", "1"], "unrecognized arguments: --bogus"),
+    ],
+)
 def test_flags_take_the_same_checks(argv, words):
     with pytest.raises(UserError, match=words):
         config.parse("t", argv, ddp=True)
@@ -102,8 +106,10 @@ EPYC_FLAGS = "fpu vme sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma bmi2 avx512f avx
 XEON_FLAGS = EPYC_FLAGS + " avx512_bf16 amx_bf16 amx_tile amx_int8 avx512_fp16"
 
 
-@pytest.mark.parametrize("flags, native", [(EPYC_FLAGS, False), (XEON_FLAGS, True), ("Features : fp asimd bf16", True),
-                                           ("Features : fp asimd", False)])
+@pytest.mark.parametrize(
+    "flags, native",
+    [(EPYC_FLAGS, False), (XEON_FLAGS, True), ("Features : fp asimd bf16", True), ("Features : fp asimd", False)],
+)
 def test_cpu_bf16_is_read_from_the_flags(flags, native):
     text = f"processor : 0\nflags : {flags}\n" if ":" not in flags else f"processor : 0\n{flags}\n"
     assert machine.cpu_native_bf16(machine.cpu_flags(text)) is native
@@ -142,12 +148,15 @@ def test_amp_auto_on_gpu_picks_bf16_or_fp16_with_scaler():
     assert (amp.mode, amp.use_scaler) in (("bf16", False), ("fp16", True))
 
 
-@pytest.mark.parametrize("capability, name, mode, scaler", [
-    ((7, 5), "Tesla T4", "fp16", True),      # is_bf16_supported() says True here (emulation): not a reason for bf16
-    ((7, 0), "Tesla V100-SXM2-16GB", "fp16", True),
-    ((8, 0), "NVIDIA A100-SXM4-40GB", "bf16", False),
-    ((9, 0), "NVIDIA H100 80GB HBM3", "bf16", False),
-])
+@pytest.mark.parametrize(
+    "capability, name, mode, scaler",
+    [
+        ((7, 5), "Tesla T4", "fp16", True),  # is_bf16_supported() says True here (emulation): not a reason for bf16
+        ((7, 0), "Tesla V100-SXM2-16GB", "fp16", True),
+        ((8, 0), "NVIDIA A100-SXM4-40GB", "bf16", False),
+        ((9, 0), "NVIDIA H100 80GB HBM3", "bf16", False),
+    ],
+)
 def test_amp_auto_gates_bf16_on_compute_capability(monkeypatch, capability, name, mode, scaler):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
@@ -222,12 +231,15 @@ def test_the_checkpoint_format_names_an_older_newer_or_foreign_file(tmp_path):
         torch.save(p, tmp_path / name)
         return tmp_path / name
 
-    cases = [(variant("new.pt", lambda p: p.update(format_version=checkpoint.FORMAT_VERSION + 1)), "newer DistriNews"),
-             (variant("old.pt", lambda p: p.pop("format_version")), "older DistriNews \\(format 1"),
-             (variant("ddp.pt", lambda p: p.update(state_dict={"module." + k: v for k, v in p["state_dict"].items()})),
-              "'module.' prefix"),
-             (variant("snap.pt", lambda p: p.update(snapshot_version=2)), "is a training snapshot"),
-             ]
+    cases = [
+        (variant("new.pt", lambda p: p.update(format_version=checkpoint.FORMAT_VERSION + 1)), "newer DistriNews"),
+        (variant("old.pt", lambda p: p.pop("format_version")), "older DistriNews \\(format 1"),
+        (
+            variant("ddp.pt", lambda p: p.update(state_dict={"module." + k: v for k, v in p["state_dict"].items()})),
+            "'module.' prefix",
+        ),
+        (variant("snap.pt", lambda p: p.update(snapshot_version=2)), "is a training snapshot"),
+    ]
     torch.save(model.state_dict(), tmp_path / "bare.pt")
     cases.append((tmp_path / "bare.pt", "not a DistriNews checkpoint .*bare weights"))
     for path, message in cases:
@@ -247,7 +259,9 @@ def test_unknown_model_lists_choices_quickly():
 
 def test_launcher_raises_on_failure_and_timeout(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("import os, sys\nprint('rank', os.environ['RANK'])\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n")
+    bad.write_text(
+        "import os, sys\nprint('rank', os.environ['RANK'])\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n"
+    )
     with pytest.raises(LaunchError, match="torchrun of bad.py with 2 process"):
         torchrun(bad, 2, echo=False, timeout=60)
     slow = tmp_path / "slow.py"
@@ -258,13 +272,19 @@ def test_launcher_raises_on_failure_and_timeout(tmp_path):
     assert r.timed_out and "started" in r.output
 
 
-@pytest.mark.parametrize("text, limit, want", [
-    ("Connection closed by peer [10.0.0.2]:1234. This is typically caused by a remote process crashing.", 80,
-     "Connection closed by peer [10.0.0.2]:1234. …"),
-    ("a b c d e f g h i j k l m n o p q r s t", 12, "a b c d e f …"),
-    ("short enough", 40, "short enough"),
-    ("first line\nsecond line", 40, "first line"),
-])
+@pytest.mark.parametrize(
+    "text, limit, want",
+    [
+        (
+            "Connection closed by peer [10.0.0.2]:1234. This is typically caused by a remote process crashing.",
+            80,
+            "Connection closed by peer [10.0.0.2]:1234. …",
+        ),
+        ("a b c d e f g h i j k l m n o p q r s t", 12, "a b c d e f …"),
+        ("short enough", 40, "short enough"),
+        ("first line\nsecond line", 40, "first line"),
+    ],
+)
 def test_a_quoted_error_is_cut_at_a_boundary_never_mid_word(text, limit, want):
     from distrinews_lib.errors import first_line
 

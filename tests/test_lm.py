@@ -16,7 +16,9 @@ from .helpers import ROOT
 @pytest.fixture(scope="module")
 def vocab():
     wp = tiny_tokenizer()
-    ids = [x[1:-1] for x in tokenization.tokenize_texts(sources.load_embedded().train_texts[:500], wp, 64, use_cache=False)]
+    ids = [
+        x[1:-1] for x in tokenization.tokenize_texts(sources.load_embedded().train_texts[:500], wp, 64, use_cache=False)
+    ]
     return lm.VocabSubset.from_corpus(wp, ids, 1024), ids
 
 
@@ -76,12 +78,39 @@ def test_a_killed_language_model_run_resumes_bit_identical(tmp_path):
     from .helpers import SCRIPTS
 
     for task in ("mlm",):  # masking is the state that must come back exactly
-        args = ["--config", "cpu_smoke", "--task", task, "--epochs", 2, "--num_samples", 600, "--eval_samples", 100,
-                "--batch_size", 16, "--lr", 3e-3, "--snapshot_every", 5, "--resume", "auto", "--no-progress"]
+        args = [
+            "--config",
+            "cpu_smoke",
+            "--task",
+            task,
+            "--epochs",
+            2,
+            "--num_samples",
+            600,
+            "--eval_samples",
+            100,
+            "--batch_size",
+            16,
+            "--lr",
+            3e-3,
+            "--snapshot_every",
+            5,
+            "--resume",
+            "auto",
+            "--no-progress",
+        ]
         a, b = tmp_path / f"{task}_a", tmp_path / f"{task}_b"
-        torchrun(SCRIPTS / "train_ddp.py", 2, [*args, "--output", a, "--checkpoint", a / "m.pt"], timeout=240, echo=False)
-        res = torchrun(faults.WRAPPER, 2, ["kill:rank=1:step=12", SCRIPTS / "train_ddp.py", *args, "--output", b,
-                                           "--checkpoint", b / "m.pt"], timeout=300, echo=False, torchrun_args=["--max-restarts=1"])
+        torchrun(
+            SCRIPTS / "train_ddp.py", 2, [*args, "--output", a, "--checkpoint", a / "m.pt"], timeout=240, echo=False
+        )
+        res = torchrun(
+            faults.WRAPPER,
+            2,
+            ["kill:rank=1:step=12", SCRIPTS / "train_ddp.py", *args, "--output", b, "--checkpoint", b / "m.pt"],
+            timeout=300,
+            echo=False,
+            torchrun_args=["--max-restarts=1"],
+        )
         assert "injected fault: kill after step 12" in res.output and "resumed from" in res.output
         sa = torch.load(a / "m.pt", weights_only=True)["state_dict"]
         sb = torch.load(b / "m.pt", weights_only=True)["state_dict"]
@@ -107,9 +136,11 @@ def test_the_core_never_imports_the_language_models():
     import subprocess
     import sys
 
-    code = ("import sys, runpy; sys.argv = ['train_ddp.py', '--help']\n"
-            "try: runpy.run_path('scripts/train_ddp.py', run_name='x')\nexcept SystemExit: pass\n"
-            "print(sorted(m for m in sys.modules if m.startswith('distrinews_lib.lm')))")
+    code = (
+        "import sys, runpy; sys.argv = ['train_ddp.py', '--help']\n"
+        "try: runpy.run_path('scripts/train_ddp.py', run_name='x')\nexcept SystemExit: pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith('distrinews_lib.lm')))"
+    )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "[]", r.stdout + r.stderr
 
@@ -117,8 +148,20 @@ def test_the_core_never_imports_the_language_models():
 def test_the_accelerate_script_refuses_a_language_model_task(tmp_path):
     from .helpers import SCRIPTS, run_script
 
-    r = run_script([SCRIPTS / "train_accelerate.py", "--config", "cpu_smoke", "--task", "clm", "--output", tmp_path,
-                    "--checkpoint", tmp_path / "m.pt"], timeout=120)
+    r = run_script(
+        [
+            SCRIPTS / "train_accelerate.py",
+            "--config",
+            "cpu_smoke",
+            "--task",
+            "clm",
+            "--output",
+            tmp_path,
+            "--checkpoint",
+            tmp_path / "m.pt",
+        ],
+        timeout=120,
+    )
     assert r.returncode == 2 and "train_ddp.py" in r.stderr and "Traceback" not in r.stderr
 
 

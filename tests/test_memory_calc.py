@@ -50,7 +50,7 @@ def test_the_activation_formula_counts_what_autograd_saves(batch, seq):
 
     ids = torch.randint(1000, 2000, (batch, seq))
     mask = torch.ones(batch, seq, dtype=torch.long)
-    mask[:, seq // 2:] = 0  # padded, as the course's batches are
+    mask[:, seq // 2 :] = 0  # padded, as the course's batches are
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(input_ids=ids, attention_mask=mask)
     assert M.activation_bytes(M.SHAPES["tiny"], batch, seq) == pytest.approx(sum(seen.values()), rel=0.03)
@@ -85,8 +85,14 @@ def test_the_calculator_prints_a_table_without_a_front_end(capsys):
 
 def test_run_specs_are_read_or_refused_with_the_grammar():
     fp = _footprint()
-    assert fp.parse_run("ddp@32x128+ckpt", 8, 64) == {"name": "ddp@32x128+ckpt", "variant": "ddp", "batch": 32, "seq": 128,
-                                                      "ckpt": True, "view": False}
+    assert fp.parse_run("ddp@32x128+ckpt", 8, 64) == {
+        "name": "ddp@32x128+ckpt",
+        "variant": "ddp",
+        "batch": 32,
+        "seq": 128,
+        "ckpt": True,
+        "view": False,
+    }
     assert fp.parse_run("ddp+view", 8, 64)["view"] and fp.parse_run("zero1", 8, 64)["batch"] == 8
     with pytest.raises(SystemExit, match=r"VARIANT\[@BATCHxSEQ\]"):
         fp.parse_run("ddp@32", 8, 64)
@@ -106,14 +112,19 @@ def test_adamw_temporaries_follow_the_implementation():
 def test_measured_adamw_temporaries_match_the_calculator():
     measured = M.measure_adamw_temporaries("tiny")
     for impl in M.ADAMW:
-        assert abs(measured[impl] - M.estimate("tiny", adamw=impl).parts["AdamW temporaries"]) <= M.MiB, (impl, measured)
+        assert abs(measured[impl] - M.estimate("tiny", adamw=impl).parts["AdamW temporaries"]) <= M.MiB, (
+            impl,
+            measured,
+        )
 
 
 def test_a_peak_prediction_is_judged_by_the_part_it_got_wrong():
     runtime = 20.0
     right = M.estimate("tiny", 16, 512, overhead_mb=runtime).peak_mb
-    assert M.judge_peak_prediction(right, "tiny", 16, 512, overhead_mb=runtime) == \
-        (True, "right: the activations set the peak at this setting")
+    assert M.judge_peak_prediction(right, "tiny", 16, 512, overhead_mb=runtime) == (
+        True,
+        "right: the activations set the peak at this setting",
+    )
     ok, why = M.judge_peak_prediction(right - runtime, "tiny", 16, 512, overhead_mb=runtime)
     assert not ok and "runtime" in why
     ok, why = M.judge_peak_prediction(right, "tiny", 16, 512, recompute=True, overhead_mb=runtime)
@@ -129,6 +140,10 @@ def test_preimport_imports_first_then_runs_the_script_as_main(tmp_path):
 
     script = tmp_path / "probe.py"
     script.write_text("import sys\nprint(__name__, 'wave' in sys.modules, sys.argv[1:])\n")
-    out = subprocess.run([sys.executable, M.__file__, "preimport", "wave", str(script), "--x", "1"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, M.__file__, "preimport", "wave", str(script), "--x", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0 and out.stdout.strip() == "__main__ True ['--x', '1']", out.stdout + out.stderr

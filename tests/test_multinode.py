@@ -32,9 +32,29 @@ NETNS_OK, NETNS_WHY = namespaces_usable()
 needs_netns = pytest.mark.skipif(not NETNS_OK, reason=f"network namespaces unavailable: {NETNS_WHY}")
 
 # 320 real AG News texts, 2 ranks, batch 16: 10 optimizer steps per epoch; a snapshot every 3 steps.
-TRAIN = ["--config", "cpu_smoke", "--data", "embedded", "--epochs", "2", "--num_samples", "320", "--eval_samples", "64",
-         "--batch_size", "16", "--snapshot_every", "3", "--resume", "auto", "--no-progress", "--threads", "1",
-         "--ddp_timeout", "60"]
+TRAIN = [
+    "--config",
+    "cpu_smoke",
+    "--data",
+    "embedded",
+    "--epochs",
+    "2",
+    "--num_samples",
+    "320",
+    "--eval_samples",
+    "64",
+    "--batch_size",
+    "16",
+    "--snapshot_every",
+    "3",
+    "--resume",
+    "auto",
+    "--no-progress",
+    "--threads",
+    "1",
+    "--ddp_timeout",
+    "60",
+]
 TIMINGS = {}  # filled as the tests run; printed at the end of the module (pytest -s shows them)
 
 
@@ -55,8 +75,13 @@ def _netns_names() -> set:
 def _two_nodes(workdir, *options, train=TRAIN, timeout=300):
     """Run scripts/multinode/two_nodes.py; return (LaunchResult, cluster.json as a dict). Checks the teardown."""
     before = _netns_names() if NETNS_OK else set()
-    res = run([sys.executable, TWO_NODES, "--workdir", workdir, *map(str, options), "--", *map(str, train)],
-              timeout=timeout, echo=False, check=False, cwd=ROOT)
+    res = run(
+        [sys.executable, TWO_NODES, "--workdir", workdir, *map(str, options), "--", *map(str, train)],
+        timeout=timeout,
+        echo=False,
+        check=False,
+        cwd=ROOT,
+    )
     record = json.loads((workdir / "cluster.json").read_text())
     if NETNS_OK:
         left = {n for n in _netns_names() - before if n.startswith(record["prefix"])}
@@ -70,9 +95,23 @@ def _lines(output: str, node: str) -> list[str]:
 
 
 def _identities(output: str) -> list[dict]:
-    pat = re.compile(r"^(node\d) \| \[identity\] RANK (\d+) \| LOCAL_RANK (\d+) \| node (\S+) (\S+)(?: \((\S+)\))? \| "
-                     r"WORLD_SIZE (\d+) \| node rank (\S+) of (\S+) \| store (\S+) \| attempt (\d+)")
-    keys = ("launcher", "rank", "local_rank", "host", "addr", "ifname", "world_size", "group_rank", "groups", "store", "attempt")
+    pat = re.compile(
+        r"^(node\d) \| \[identity\] RANK (\d+) \| LOCAL_RANK (\d+) \| node (\S+) (\S+)(?: \((\S+)\))? \| "
+        r"WORLD_SIZE (\d+) \| node rank (\S+) of (\S+) \| store (\S+) \| attempt (\d+)"
+    )
+    keys = (
+        "launcher",
+        "rank",
+        "local_rank",
+        "host",
+        "addr",
+        "ifname",
+        "world_size",
+        "group_rank",
+        "groups",
+        "store",
+        "attempt",
+    )
     return [dict(zip(keys, m.groups())) for m in map(pat.match, output.splitlines()) if m]
 
 
@@ -81,8 +120,14 @@ def standalone(tmp_path_factory):
     """The reference: one machine, `torchrun --standalone --nproc_per_node=2`, the same data and flags."""
     out = tmp_path_factory.mktemp("standalone")
     t = time.time()
-    torchrun(SCRIPTS / "train_ddp.py", 2, [*TRAIN, "--output", out, "--checkpoint", out / "model.pt"], timeout=240,
-             echo=False, cwd=ROOT)
+    torchrun(
+        SCRIPTS / "train_ddp.py",
+        2,
+        [*TRAIN, "--output", out, "--checkpoint", out / "model.pt"],
+        timeout=240,
+        echo=False,
+        cwd=ROOT,
+    )
     TIMINGS["standalone 2 processes (s)"] = round(time.time() - t, 1)
     return out
 
@@ -95,16 +140,20 @@ def report_timings():
 
 
 # ------------------------------------------------------------------------------------------ fast: refused at once
-@pytest.mark.parametrize("options, words", [
-    (["--master-addr", "no-such-host.invalid"], "does not resolve"),
-    (["--master-addr", "127.0.0.1", "--ifname", "nosuchif0"], "names no network interface"),
-    (["--master-addr", "192.0.2.55", "--node-rank", "0"], "MASTER_ADDR must be one of its own addresses"),
-    (["--master-addr", "127.0.0.1", "--nnodes", "2:1"], "MIN:MAX"),
-])
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        (["--master-addr", "no-such-host.invalid"], "does not resolve"),
+        (["--master-addr", "127.0.0.1", "--ifname", "nosuchif0"], "names no network interface"),
+        (["--master-addr", "192.0.2.55", "--node-rank", "0"], "MASTER_ADDR must be one of its own addresses"),
+        (["--master-addr", "127.0.0.1", "--nnodes", "2:1"], "MIN:MAX"),
+    ],
+)
 def test_node_launcher_refuses_a_bad_setup_at_once(options, words):
     t = time.time()
-    r = subprocess.run([sys.executable, NODE, *options, SCRIPTS / "train_ddp.py"], capture_output=True, text=True,
-                       timeout=60, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, NODE, *options, SCRIPTS / "train_ddp.py"], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     assert "refused: " in r.stdout and words in " ".join(r.stdout.split()), r.stdout
     assert "Traceback" not in r.stdout + r.stderr and time.time() - t < 20
@@ -120,7 +169,9 @@ def test_two_nodes_over_veth_end_like_one_machine(tmp_path, standalone):
     assert rec["mode"] == "netns" and rec["ifname"] == "veth0"
     ids = sorted(_identities(res.output), key=lambda d: int(d["rank"]))
     assert [(d["rank"], d["local_rank"], d["host"], d["addr"], d["ifname"], d["world_size"]) for d in ids] == [
-        ("0", "0", "node0", "10.77.0.1", "veth0", "2"), ("1", "0", "node1", "10.77.0.2", "veth0", "2")], ids
+        ("0", "0", "node0", "10.77.0.1", "veth0", "2"),
+        ("1", "0", "node1", "10.77.0.2", "veth0", "2"),
+    ], ids
     assert {d["launcher"] for d in ids} == {"node0", "node1"} and len({d["store"] for d in ids}) == 1
     assert ids[0]["store"].startswith("10.77.0.1:"), "rank 0's store, on node0's veth address"
     # RANK 1 with LOCAL_RANK 0: the rank counts across nodes, the local rank within one
@@ -128,8 +179,9 @@ def test_two_nodes_over_veth_end_like_one_machine(tmp_path, standalone):
     for node in ("node0", "node1"):
         assert rec["traffic"][f"{node}/veth0"]["tx_bytes"] > 20e6, rec["traffic"]
     assert "plan (decided on node0)" in res.output
-    assert _identical(standalone / "model.pt", tmp_path / "shared" / "run" / "model.pt"), \
+    assert _identical(standalone / "model.pt", tmp_path / "shared" / "run" / "model.pt"), (
         "2 nodes x 1 process must end with the same weights as 1 machine x 2 processes"
+    )
 
 
 @pytest.mark.also_in_notebook
@@ -147,10 +199,13 @@ def test_a_killed_node_is_replaced_and_the_run_ends_bit_identical(tmp_path, stan
     attempts = [(d["launcher"], d["attempt"]) for d in ids]
     # node0's agent restarted its rank (attempt 1); node1 is a fresh agent (attempt 0): counts are per agent
     assert attempts.count(("node0", "0")) == 1 and ("node0", "1") in attempts and attempts.count(("node1", "0")) == 2
-    assert _identical(standalone / "model.pt", tmp_path / "shared" / "run" / "model.pt"), \
+    assert _identical(standalone / "model.pt", tmp_path / "shared" / "run" / "model.pt"), (
         "the run that lost a node must end bit-identical to the uninterrupted one"
+    )
     ma, mb = (json.loads((d / "metrics.json").read_text())["epochs"] for d in (standalone, tmp_path / "shared" / "run"))
-    untimed = lambda e: {k: v for k, v in e.items() if k not in ("epoch_time_s", "samples_per_s", "tokens_per_s", "resumed")}
+    untimed = lambda e: {
+        k: v for k, v in e.items() if k not in ("epoch_time_s", "samples_per_s", "tokens_per_s", "resumed")
+    }
     assert [untimed(e) for e in ma] == [untimed(e) for e in mb]
     killed = next(e["t"] for e in rec["events"] if e["event"] == "node1 killed")
     resumed = next(e["t"] for e in rec["events"] if e["event"] == "node0 resumed")
@@ -162,7 +217,7 @@ def test_a_killed_node_is_replaced_and_the_run_ends_bit_identical(tmp_path, stan
 @needs_netns
 @pytest.mark.slow
 def test_elastic_run_starts_on_one_node_and_a_second_joins(tmp_path):
-    train = [*TRAIN[:TRAIN.index("--num_samples")], "--num_samples", "960", *TRAIN[TRAIN.index("--num_samples") + 2:]]
+    train = [*TRAIN[: TRAIN.index("--num_samples")], "--num_samples", "960", *TRAIN[TRAIN.index("--num_samples") + 2 :]]
     train[train.index("--epochs") + 1] = "4"  # 240 steps alone: node0 is still training when node1 arrives
     res, rec = _two_nodes(tmp_path, "--nnodes", "1:2", "--join-later", train=train)
     assert res.ok, res.output[-4000:]
@@ -200,18 +255,44 @@ def bad_setup_timeouts(concurrent: int) -> dict:
     return {"startup": startup, "connect": connect, "join": join, "bound": join + connect + 2 * startup + 30}
 
 
-TINY = ["--config", "cpu_smoke", "--data", "embedded", "--epochs", "1", "--num_samples", "64", "--eval_samples", "32",
-        "--no-progress", "--threads", "1"]
+TINY = [
+    "--config",
+    "cpu_smoke",
+    "--data",
+    "embedded",
+    "--epochs",
+    "1",
+    "--num_samples",
+    "64",
+    "--eval_samples",
+    "32",
+    "--no-progress",
+    "--threads",
+    "1",
+]
 BAD = {
-    "wrong MASTER_ADDR": (["--node1-master-addr", "10.77.0.9"],
-                          {"node1": "could not reach the rendezvous at MASTER_ADDR:MASTER_PORT = 10.77.0.9:29500",
-                           "node0": "A node never arrived"}),
-    "wrong MASTER_PORT": (["--node1-master-port", "29511"],
-                          {"node1": "the connection was refused: that machine answers, but nothing listens on that port",
-                           "node0": "did not complete within --join-timeout"}),
-    "a node that never arrives": (["--only-node0"], {"node0": "the nodes that arrived were: node0 (10.77.0.1). A node never arrived"}),
-    "mismatched --nnodes": (["--node1-nnodes", "3"], {"node0": "the nodes disagree on --nnodes",
-                                                      "node1": "the nodes disagree on --nnodes"}),
+    "wrong MASTER_ADDR": (
+        ["--node1-master-addr", "10.77.0.9"],
+        {
+            "node1": "could not reach the rendezvous at MASTER_ADDR:MASTER_PORT = 10.77.0.9:29500",
+            "node0": "A node never arrived",
+        },
+    ),
+    "wrong MASTER_PORT": (
+        ["--node1-master-port", "29511"],
+        {
+            "node1": "the connection was refused: that machine answers, but nothing listens on that port",
+            "node0": "did not complete within --join-timeout",
+        },
+    ),
+    "a node that never arrives": (
+        ["--only-node0"],
+        {"node0": "the nodes that arrived were: node0 (10.77.0.1). A node never arrived"},
+    ),
+    "mismatched --nnodes": (
+        ["--node1-nnodes", "3"],
+        {"node0": "the nodes disagree on --nnodes", "node1": "the nodes disagree on --nnodes"},
+    ),
 }
 
 
@@ -242,12 +323,29 @@ def bad_runs(tmp_path_factory, bad_timeouts):
         t = time.time()
         if case == "node-local snapshots":
             # A collective timeout far beyond the check's time: the refusal cannot be mistaken for one, on any machine.
-            res, rec = _two_nodes(work, "--local-output", "--max-restarts", 1, "--kill-at-step", 7, "--relaunch",
-                                  train=[*TRAIN[:-1], str(LOCAL_SNAPSHOTS_DDP_TIMEOUT)], timeout=600)
+            res, rec = _two_nodes(
+                work,
+                "--local-output",
+                "--max-restarts",
+                1,
+                "--kill-at-step",
+                7,
+                "--relaunch",
+                train=[*TRAIN[:-1], str(LOCAL_SNAPSHOTS_DDP_TIMEOUT)],
+                timeout=600,
+            )
         else:
             options = ["--loopback"] if case == "loopback" else BAD[case][0]
-            res, rec = _two_nodes(work, *options, "--connect-timeout", connect, "--join-timeout", join, train=TINY,
-                                  timeout=3 * bad_timeouts["bound"])
+            res, rec = _two_nodes(
+                work,
+                *options,
+                "--connect-timeout",
+                connect,
+                "--join-timeout",
+                join,
+                train=TINY,
+                timeout=3 * bad_timeouts["bound"],
+            )
         return case, (res, rec, time.time() - t, work)
 
     with ThreadPoolExecutor(len(BAD) + 2) as pool:
@@ -277,12 +375,16 @@ def test_snapshots_on_node_local_disks_stop_the_restart_with_a_message(bad_runs)
     res, rec, took, work = bad_runs["node-local snapshots"]
     assert res.returncode != 0
     text = " ".join(res.output.split())
-    assert "cannot find the snapshot run/snapshots/snap_e001_b000006.pt" in text and "shared filesystem" in text, text[-3000:]
+    assert "cannot find the snapshot run/snapshots/snap_e001_b000006.pt" in text and "shared filesystem" in text, text[
+        -3000:
+    ]
     assert (work / "node0" / "run" / "snapshots" / "snap_e001_b000006.pt").is_file()
     assert not (work / "node1" / "run" / "snapshots").exists()
     second = [e["t"] for e in rec["events"] if e["event"] == "node1 identity"][-1]
     stopped = next(e["t"] for e in rec["events"] if e["event"] in ("node0 error", "node1 stopped") and e["t"] > second)
-    assert stopped - second < LOCAL_SNAPSHOTS_DDP_TIMEOUT, "the refusal must come from the check, not from a collective timeout"
+    assert stopped - second < LOCAL_SNAPSHOTS_DDP_TIMEOUT, (
+        "the refusal must come from the check, not from a collective timeout"
+    )
     TIMINGS["node-local snapshots: restart -> refused (s, run side by side)"] = round(stopped - second, 1)
 
 

@@ -73,9 +73,13 @@ def test_committed_without_outputs(path):
 def test_first_code_cell_is_parameters_then_setup(path):
     cells = _code_cells(path)
     first = cells[0]
-    assert "parameters" in first.metadata.get("tags", []), f"{path.name}: the first code cell must be tagged 'parameters'"
+    assert "parameters" in first.metadata.get("tags", []), (
+        f"{path.name}: the first code cell must be tagged 'parameters'"
+    )
     assert re.search(r"^PRESET\s*=", first.source, re.M) and re.search(r"^NPROC\s*=", first.source, re.M), first.source
-    assert "setup(PRESET, NPROC)" in cells[1].source, f"{path.name}: the second code cell must call setup(PRESET, NPROC)"
+    assert "setup(PRESET, NPROC)" in cells[1].source, (
+        f"{path.name}: the second code cell must call setup(PRESET, NPROC)"
+    )
     tagged = [i for i, c in enumerate(cells) if "parameters" in c.metadata.get("tags", [])]
     assert tagged == [0], f"{path.name}: exactly one parameters cell, the first"
 
@@ -105,8 +109,10 @@ def bare_launches(source: str) -> list[str]:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
 def test_torchrun_only_through_the_library(path):
     bad = [(i, l) for i, c in enumerate(_code_cells(path)) for l in bare_launches(c.source)]
-    assert not bad, (f"{path.name}: launch torchrun with distrinews_lib.course.launch.torchrun(...), which fails the cell "
-                     f"when the script fails; found {bad}")
+    assert not bad, (
+        f"{path.name}: launch torchrun with distrinews_lib.course.launch.torchrun(...), which fails the cell "
+        f"when the script fails; found {bad}"
+    )
 
 
 def test_bare_launch_detector():
@@ -123,7 +129,9 @@ def test_sync_detects_and_repairs_a_difference(tmp_path):
     src = next(p for p in NOTEBOOKS if p.stem.startswith("01_"))
     copy = tmp_path / src.name
     nb = nbformat.read(str(src), as_version=4)
-    (cell,) = [c for c in nb.cells if c.cell_type == "code" and c.source.startswith("%%writefile scripts/train_single.py")]
+    (cell,) = [
+        c for c in nb.cells if c.cell_type == "code" and c.source.startswith("%%writefile scripts/train_single.py")
+    ]
     cell.source = cell.source.replace("def main():", "def main():  # drifted", 1)
     nbformat.write(nb, str(copy))
 
@@ -153,8 +161,14 @@ def test_plain_pytest_without_nbval_says_what_to_install(tmp_path):
     import sys
 
     (tmp_path / "nbval.py").write_text('raise ImportError("simulated: nbval is not installed")')
-    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:nbval", "tests/test_library.py", "-q"],
-                       env=dict(os.environ, PYTHONPATH=str(tmp_path)), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:nbval", "tests/test_library.py", "-q"],
+        env=dict(os.environ, PYTHONPATH=str(tmp_path)),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode != 0
     assert "nbval is not installed" in r.stdout + r.stderr and "requirements-dev.txt" in r.stdout + r.stderr
 
@@ -166,7 +180,7 @@ def test_every_chapter_ends_with_exercises_and_runnable_solutions(path):
     assert "SOLUTIONS = False" in params.source, f"{path.name}: the parameters cell needs SOLUTIONS = False"
     heads = [i for i, c in enumerate(cells) if c.cell_type == "markdown" and "## Exercises" in c.source]
     assert heads, f"{path.name}: no '## Exercises' section"
-    solutions = [c for c in cells[heads[-1]:] if c.cell_type == "code" and "solution" in c.metadata.get("tags", [])]
+    solutions = [c for c in cells[heads[-1] :] if c.cell_type == "code" and "solution" in c.metadata.get("tags", [])]
     assert len(solutions) >= 2, f"{path.name}: {len(solutions)} solution cell(s) after the exercises; at least 2"
     for c in solutions:
         assert "solution(" in c.source and "check(" in c.source, f"{path.name}: a solution must run and check something"
@@ -194,8 +208,12 @@ def _answer_calls(source: str) -> list[tuple[str, str, bool]]:
     calls = []
 
     def visit(node, in_function):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "answer" and len(node.args) >= 2 \
-                and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args[:2]):
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", None) == "answer"
+            and len(node.args) >= 2
+            and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args[:2])
+        ):
             calls.append((node.args[0].value, node.args[1].value, in_function))
         for child in ast.iter_child_nodes(node):
             visit(child, in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
@@ -212,21 +230,31 @@ def test_answers_stay_off_the_page(path):
     defines a function of an answer's name; solution cells are collapsed in Jupyter (metadata jupyter.source_hidden)."""
     tree = ast.parse((ANSWERS / f"{path.stem}.py").read_text())
     answers = {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")}
-    defined = answers | {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    defined = answers | {
+        t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)
+    }
     loaded = []
     for i, c in enumerate(c for c in nbformat.read(str(path), as_version=4).cells if c.cell_type == "code"):
         tags = set(c.metadata.get("tags", []))
         for chapter, name, in_function in _answer_calls(c.source):
-            assert in_function, f"{path.name} code cell {i} loads answer {name!r} outside a function: it would run for every learner"
+            assert in_function, (
+                f"{path.name} code cell {i} loads answer {name!r} outside a function: it would run for every learner"
+            )
             assert chapter == path.stem, f"{path.name} code cell {i} loads {chapter}'s answer {name!r}"
             loaded.append(name)
         if "exercise" not in tags:
             shown = _defined_functions(c.source) & answers
-            assert not shown, f"{path.name} code cell {i} defines {sorted(shown)}, whose reference is in notebooks/answers/"
+            assert not shown, (
+                f"{path.name} code cell {i} defines {sorted(shown)}, whose reference is in notebooks/answers/"
+            )
         if "solution" in tags:
-            assert c.metadata.get("jupyter", {}).get("source_hidden") is True, f"{path.name} code cell {i}: a solution cell not collapsed"
+            assert c.metadata.get("jupyter", {}).get("source_hidden") is True, (
+                f"{path.name} code cell {i}: a solution cell not collapsed"
+            )
     assert loaded, f"{path.name} has an answers file but never loads it"
-    assert set(loaded) <= defined, f"{path.name} loads {sorted(set(loaded) - defined)}, which notebooks/answers/{path.stem}.py lacks"
+    assert set(loaded) <= defined, (
+        f"{path.name} loads {sorted(set(loaded) - defined)}, which notebooks/answers/{path.stem}.py lacks"
+    )
 
 
 def test_the_answers_check_finds_an_answer_on_the_page():

@@ -15,16 +15,16 @@ from tests.helpers import ROOT
 
 def test_fit_recovers_latency_and_bandwidth():
     alpha, beta = 2e-4, 1 / 1.5e9
-    rows = [{"op": "all_reduce", "bytes": s, "seconds": alpha + beta * s} for s in (4096 * 4 ** k for k in range(9))]
+    rows = [{"op": "all_reduce", "bytes": s, "seconds": alpha + beta * s} for s in (4096 * 4**k for k in range(9))]
     fit = pm.fit_alpha_beta(rows)
     assert fit.alpha_s == pytest.approx(alpha, rel=1e-6)
     assert fit.bandwidth == pytest.approx(1.5e9, rel=1e-6)
-    assert fit.seconds(2 ** 20, messages=3) == pytest.approx(3 * alpha + beta * 2 ** 20)
+    assert fit.seconds(2**20, messages=3) == pytest.approx(3 * alpha + beta * 2**20)
 
 
 def test_fit_ignores_the_ring_halves():
-    rows = [{"op": "all_reduce", "bytes": s, "seconds": 1e-4 + s / 1e9} for s in (4096, 2 ** 20, 2 ** 24)]
-    rows.append({"op": "reduce_scatter", "bytes": 2 ** 22, "seconds": 100.0})
+    rows = [{"op": "all_reduce", "bytes": s, "seconds": 1e-4 + s / 1e9} for s in (4096, 2**20, 2**24)]
+    rows.append({"op": "reduce_scatter", "bytes": 2**22, "seconds": 100.0})
     assert pm.fit_alpha_beta(rows).bandwidth == pytest.approx(1e9, rel=1e-6)
 
 
@@ -38,7 +38,14 @@ def _events(t0, parts):
     """One rank's events for steps with the given parts (data, forward, backward, comm, clip, optimizer)."""
     ev, t = [("opt_end", t0)], t0
     for d, f, b, c, k, o in parts:
-        for name, dt in (("fwd_start", d), ("fwd_end", f), ("bwd_end", b), ("bwd_return", c), ("opt_start", k), ("opt_end", o)):
+        for name, dt in (
+            ("fwd_start", d),
+            ("fwd_end", f),
+            ("bwd_end", b),
+            ("bwd_return", c),
+            ("opt_start", k),
+            ("opt_end", o),
+        ):
             t += dt
             ev.append((name, t))
     return ev
@@ -122,8 +129,10 @@ def test_the_last_bucket_is_always_exposed_and_latency_grows_with_n():
     link = pm.Link("test", gb_s=10.0, alpha_us=10.0, source="test")
     tensors = [(4e6, 0.2), (4e6, 0.6), (40e6, 1.0)]  # a big gradient made last, like a transformer's embeddings
     e = pm.ddp_estimate(0.3, tensors, 2, link, tensor_s=0.0, interference=0.0)
-    assert e.exposed_ms == pytest.approx(1000 * pm.ring_seconds(40e6, 2, link))  # the early buckets hid, the last cannot
-    assert pm.ring_seconds(0, 64, link) == pytest.approx(2 * 63 * 10e-6)          # 2(N-1) latency steps per all-reduce
+    assert e.exposed_ms == pytest.approx(
+        1000 * pm.ring_seconds(40e6, 2, link)
+    )  # the early buckets hid, the last cannot
+    assert pm.ring_seconds(0, 64, link) == pytest.approx(2 * 63 * 10e-6)  # 2(N-1) latency steps per all-reduce
     one = pm.ddp_estimate(0.3, tensors, 1, link, tensor_s=20e-6)
     assert one.comm_ms == 0 and one.bookkeeping_ms == pytest.approx(3 * 0.02) and one.speedup < 1
     big = pm.ddp_estimate(0.3, tensors, 512, link, tensor_s=0.0, interference=0.0)
@@ -135,7 +144,7 @@ def test_public_ddp_table_resnet50_within_2_points_and_the_rest_within_5():
     assert len(rows) == 20
     errors = {(r["model"], r["gpus"]): r["predicted_pts"] - r["measured_pts"] for r in rows}
     assert all(abs(v) <= 2.0 for (m, _), v in errors.items() if m == "resnet50")  # where the one constant was fitted
-    assert all(abs(v) <= 5.0 for v in errors.values())                            # the held-out models
+    assert all(abs(v) <= 5.0 for v in errors.values())  # the held-out models
     assert sum(abs(v) for v in errors.values()) / len(errors) <= 2.0
     measured = {(r["model"], r["gpus"]): r["measured_pts"] for r in rows}
     assert measured[("resnet50", 2)] == pytest.approx(100 * (0.103 / 0.097 - 1))  # the table, read right
@@ -160,11 +169,18 @@ def test_collectives_on_real_gloo_processes(tmp_path):
         "dist.init_process_group('gloo')\n"
         "rows = pm.time_collectives([4096, 1 << 20], halves_at=1 << 20)\n"
         "if dist.get_rank() == 0: json.dump(rows, open(sys.argv[1], 'w'))\n"
-        "dist.destroy_process_group()\n")
+        "dist.destroy_process_group()\n"
+    )
     out = tmp_path / "rows.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(script), str(out)], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {(r["op"], r["bytes"]): r for r in json.loads(out.read_text())}
     big = rows[("all_reduce", 1 << 20)]
@@ -174,20 +190,23 @@ def test_collectives_on_real_gloo_processes(tmp_path):
         assert rows[("all_gather", 1 << 20)]["sent"] == pytest.approx((1 << 20) / 2, rel=0.02)
 
 
-@pytest.mark.parametrize("name, fn, words", [
-    ("right", lambda s, n, a, g: a + 2 * (n - 1) / n * s / (g * 1e9) * 1000, None),
-    ("no ring factor", lambda s, n, a, g: a + s / (g * 1e9) * 1000, "the ring factor 2(n-1)/n is missing"),
-    ("no alpha", lambda s, n, a, g: 2 * (n - 1) / n * s / (g * 1e9) * 1000, "alpha is missing"),
-    ("seconds, not ms", lambda s, n, a, g: (a + 2 * (n - 1) / n * s / (g * 1e9) * 1000) / 1000, "the units"),
-    ("alpha per rank", lambda s, n, a, g: n * a + 2 * (n - 1) / n * s / (g * 1e9) * 1000, "alpha (ms) once"),
-    ("raises", lambda s, n, a, g: 1 / 0, "raised ZeroDivisionError"),
-])
+@pytest.mark.parametrize(
+    "name, fn, words",
+    [
+        ("right", lambda s, n, a, g: a + 2 * (n - 1) / n * s / (g * 1e9) * 1000, None),
+        ("no ring factor", lambda s, n, a, g: a + s / (g * 1e9) * 1000, "the ring factor 2(n-1)/n is missing"),
+        ("no alpha", lambda s, n, a, g: 2 * (n - 1) / n * s / (g * 1e9) * 1000, "alpha is missing"),
+        ("seconds, not ms", lambda s, n, a, g: (a + 2 * (n - 1) / n * s / (g * 1e9) * 1000) / 1000, "the units"),
+        ("alpha per rank", lambda s, n, a, g: n * a + 2 * (n - 1) / n * s / (g * 1e9) * 1000, "alpha (ms) once"),
+        ("raises", lambda s, n, a, g: 1 / 0, "raised ZeroDivisionError"),
+    ],
+)
 def test_exercise_1_checker_names_each_mistake(name, fn, words):
     fits = {2: pm.Fit(alpha_s=1e-3, beta_s_per_byte=1 / 0.5e9), 4: pm.Fit(alpha_s=2e-3, beta_s_per_byte=1.5 / 0.5e9)}
-    got = pm.grade_allreduce_ms(fn, fits, [2 ** 24, 2 ** 26])
+    got = pm.grade_allreduce_ms(fn, fits, [2**24, 2**26])
     if words is None:
         assert got is None
     else:
         assert got is not None and words in got and got.count("\n") == 0, (name, got)
     if name == "no ring factor":  # at n = 2 alone the mistake is invisible: it is caught at n = 4
-        assert pm.grade_allreduce_ms(fn, {2: fits[2]}, [2 ** 24]) is None and "n=4" in got
+        assert pm.grade_allreduce_ms(fn, {2: fits[2]}, [2**24]) is None and "n=4" in got

@@ -28,8 +28,11 @@ def test_there_are_thirteen_pitfalls_and_five_concepts():
     assert len(list(CONCEPTS.glob("[0-9][0-9]_*.py"))) == 5
 
 
-@pytest.mark.parametrize("path", [*sorted(CONCEPTS.glob("0[2-9]_*.py")), *sorted(PITFALLS.glob("[0-9][0-9]_*.py"))],
-                         ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize(
+    "path",
+    [*sorted(CONCEPTS.glob("0[2-9]_*.py")), *sorted(PITFALLS.glob("[0-9][0-9]_*.py"))],
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)
 def test_demo_scripts_share_the_plumbing(path):
     """Concepts 02+ and every pitfall start their group through distrinews_lib.course.demo (concept 01 shows it by hand)."""
     text = path.read_text()
@@ -41,9 +44,12 @@ def test_demo_scripts_share_the_plumbing(path):
 def test_script_is_small_plain_torch_with_a_docstring(path):
     tree = ast.parse(path.read_text(), filename=str(path))
     assert ast.get_docstring(tree), "each script starts by saying what it shows"
-    imported = {(n.module or "") if isinstance(n, ast.ImportFrom) else a.name
-                for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
-                for a in (n.names if isinstance(n, ast.Import) else [n])}
+    imported = {
+        (n.module or "") if isinstance(n, ast.ImportFrom) else a.name
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Import, ast.ImportFrom))
+        for a in (n.names if isinstance(n, ast.Import) else [n])
+    }
     assert not any(m.split(".")[0] == "transformers" for m in imported), "keep them fast: no transformers"
 
 
@@ -52,8 +58,13 @@ def test_every_process_group_has_a_timeout(path):
     """So a deliberate (or accidental) hang ends as an error instead of blocking the notebook."""
     tree = ast.parse(path.read_text(), filename=str(path))
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "init_process_group":
-            assert any(k.arg == "timeout" for k in node.keywords), f"{path.name}:{node.lineno} init_process_group without timeout"
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", "")) == "init_process_group"
+        ):
+            assert any(k.arg == "timeout" for k in node.keywords), (
+                f"{path.name}:{node.lineno} init_process_group without timeout"
+            )
 
 
 def test_chapter_04_shows_each_pitfalls_fix_read_from_its_script():
@@ -73,9 +84,16 @@ def test_chapter_04_shows_each_pitfalls_fix_read_from_its_script():
 
 def test_show_fix_marks_bug_and_fix_lines_with_their_numbers(tmp_path):
     script = tmp_path / "x.py"
-    script.write_text('"""BUG and FIX in a docstring are not marks."""\nx = 1\ny = 2  # BUG: wrong\nz = 3\nw = 4\ny = 5  # THE FIX\n')
+    script.write_text(
+        '"""BUG and FIX in a docstring are not marks."""\nx = 1\ny = 2  # BUG: wrong\nz = 3\nw = 4\ny = 5  # THE FIX\n'
+    )
     assert show_fix(script, echo=False).splitlines()[1:] == [
-        "    2 x = 1", "-   3 y = 2  # BUG: wrong", "     ...", "    5 w = 4", "+   6 y = 5  # THE FIX"]
+        "    2 x = 1",
+        "-   3 y = 2  # BUG: wrong",
+        "     ...",
+        "    5 w = 4",
+        "+   6 y = 5  # THE FIX",
+    ]
 
 
 def test_nccl_is_refused_clearly_without_a_gpu_per_rank():
@@ -113,8 +131,16 @@ def test_no_sync_cuts_allreduces_by_the_accumulation_factor(tmp_path):
 @pytest.mark.also_in_notebook
 @pytest.mark.slow
 def test_uneven_inputs_hang_ends_by_itself_and_join_fixes_it(tmp_path):
-    res = _run(PITFALLS / "07_uneven_inputs.py", "--mode", "broken", "--ddp_timeout", 2, tmp_path=tmp_path,
-               timeout=60, check=False)
+    res = _run(
+        PITFALLS / "07_uneven_inputs.py",
+        "--mode",
+        "broken",
+        "--ddp_timeout",
+        2,
+        tmp_path=tmp_path,
+        timeout=60,
+        check=False,
+    )
     assert not res.ok and not res.timed_out, "the broken run must fail on its own, well before the launcher's limit"
     assert re.search(r"(?i)timed out|timeout", res.output)
     out = str(tmp_path / "uneven_{mode}.json")
@@ -127,8 +153,16 @@ def test_uneven_inputs_hang_ends_by_itself_and_join_fixes_it(tmp_path):
 @pytest.mark.also_in_notebook
 @pytest.mark.slow
 def test_collective_on_one_rank_times_out_instead_of_hanging(tmp_path):
-    res = _run(PITFALLS / "09_one_rank_collective.py", "--mode", "broken", "--ddp_timeout", 2, tmp_path=tmp_path,
-               timeout=60, check=False)
+    res = _run(
+        PITFALLS / "09_one_rank_collective.py",
+        "--mode",
+        "broken",
+        "--ddp_timeout",
+        2,
+        tmp_path=tmp_path,
+        timeout=60,
+        check=False,
+    )
     assert not res.ok and not res.timed_out
     waited = [float(w) for w in re.findall(r"waited_s=([\d.]+)", res.output)]
     # the first rank to time out exits, and torchrun may stop the other before it reports: 1 or 2 reports
@@ -140,16 +174,24 @@ def _result(output, seconds=4.0, returncode=1):
 
 
 def test_failure_story_tells_rank_error_wait_and_exit_code_in_a_few_lines():
-    tb = "\n".join(f"[rank{r}]:   File \"x.py\", line {i}, in <module>" for r in (0, 1) for i in range(15))
-    output = "\n".join([
-        "RESULT rank=0 mode=broken error=RuntimeError waited_s=3.1",
-        "[rank 0] RuntimeError: [/__w/pytorch/third_party/gloo/unbound_buffer.cc:78] Timed out waiting 3000ms for recv",
-        tb,
-        "[rank1]: ValueError: SyncBatchNorm layers only work with GPU modules",
-        "Failures:", "[1]:", "  rank      : 0 (local_rank: 0)", "  exitcode  : -15 (pid: 124)  (SIGTERM)",
-        "Root Cause (first observed failure):", "[0]:", "  rank      : 1 (local_rank: 1)",
-        "  exitcode  : 1 (pid: 123) ", "  traceback : To enable traceback see: https://pytorch.org",
-    ])
+    tb = "\n".join(f'[rank{r}]:   File "x.py", line {i}, in <module>' for r in (0, 1) for i in range(15))
+    output = "\n".join(
+        [
+            "RESULT rank=0 mode=broken error=RuntimeError waited_s=3.1",
+            "[rank 0] RuntimeError: [/__w/pytorch/third_party/gloo/unbound_buffer.cc:78] Timed out waiting 3000ms for recv",
+            tb,
+            "[rank1]: ValueError: SyncBatchNorm layers only work with GPU modules",
+            "Failures:",
+            "[1]:",
+            "  rank      : 0 (local_rank: 0)",
+            "  exitcode  : -15 (pid: 124)  (SIGTERM)",
+            "Root Cause (first observed failure):",
+            "[0]:",
+            "  rank      : 1 (local_rank: 1)",
+            "  exitcode  : 1 (pid: 123) ",
+            "  traceback : To enable traceback see: https://pytorch.org",
+        ]
+    )
     story = failure_story(_result(output)).splitlines()
     assert story == [
         "rank 0: RuntimeError: Timed out waiting 3000ms for recv  [waited_s=3.1]",
@@ -183,7 +225,7 @@ def test_shared_launch_runs_everything_once_then_only_an_edited_script(tmp_path,
     monkeypatch.setattr(demo_module, "torchrun", fake_torchrun)
     run = SharedLaunch([(scripts["a.py"], ["--x", 1], tmp_path / "a.json"), (scripts["b.py"], [], None)], 2, 60)
     assert run("b.py", echo=False) == ("out of b.py #1\n", None)
-    assert run("a.py", echo=False) == ("out of a.py #1\n", {"run": 1})   # kept from the one launch
+    assert run("a.py", echo=False) == ("out of a.py #1\n", {"run": 1})  # kept from the one launch
     assert launches == [["a.py", "b.py"]]
     scripts["a.py"].write_text("# a.py, edited\n")
     assert run("a.py", echo=False) == ("out of a.py #2\n", {"run": 2})
@@ -195,13 +237,33 @@ def test_shared_launch_runs_everything_once_then_only_an_edited_script(tmp_path,
 def shared_launch(tmp_path_factory):
     """ONE launch (python -m distrinews_lib.course.demo) running the new pitfalls' fixed runs and concept 02."""
     tmp = tmp_path_factory.mktemp("shared")
-    run = SharedLaunch([(PITFALLS / "11_unused_parameters.py", ["--mode", "fixed", "--out", tmp / "unused_{mode}.json"], tmp / "unused_fixed.json"),
-                        (PITFALLS / "12_batchnorm.py", ["--out", tmp / "bn.json"], tmp / "bn.json"),
-                        (PITFALLS / "13_lr_scaling.py", ["--out", tmp / "lr.json"], tmp / "lr.json"),
-                        (CONCEPTS / "02_ddp_backward.py", ["--bucket_cap_mb", 1, "--out", tmp / "backward.json"], tmp / "backward.json")],
-                       2, 180)
-    results = {key: run(name, echo=False) for key, name in [("unused", "11_unused_parameters.py"), ("bn", "12_batchnorm.py"),
-                                                             ("lr", "13_lr_scaling.py"), ("backward", "02_ddp_backward.py")]}
+    run = SharedLaunch(
+        [
+            (
+                PITFALLS / "11_unused_parameters.py",
+                ["--mode", "fixed", "--out", tmp / "unused_{mode}.json"],
+                tmp / "unused_fixed.json",
+            ),
+            (PITFALLS / "12_batchnorm.py", ["--out", tmp / "bn.json"], tmp / "bn.json"),
+            (PITFALLS / "13_lr_scaling.py", ["--out", tmp / "lr.json"], tmp / "lr.json"),
+            (
+                CONCEPTS / "02_ddp_backward.py",
+                ["--bucket_cap_mb", 1, "--out", tmp / "backward.json"],
+                tmp / "backward.json",
+            ),
+        ],
+        2,
+        180,
+    )
+    results = {
+        key: run(name, echo=False)
+        for key, name in [
+            ("unused", "11_unused_parameters.py"),
+            ("bn", "12_batchnorm.py"),
+            ("lr", "13_lr_scaling.py"),
+            ("backward", "02_ddp_backward.py"),
+        ]
+    }
     return {key: data for key, (_, data) in results.items()}, {key: output for key, (output, _) in results.items()}
 
 
@@ -219,7 +281,9 @@ def test_unused_parameter_breaks_plain_ddp_and_both_fixes_train(shared_launch, t
     res = _run(PITFALLS / "11_unused_parameters.py", "--mode", "broken", tmp_path=tmp_path, timeout=60, check=False)
     assert not res.ok and not res.timed_out
     assert "Expected to have finished reduction in the prior iteration" in res.output
-    assert set(re.findall(r"failed_at_step=(\d+)", res.output)) == {"1"}  # each rank that reported before torchrun stopped it
+    assert set(re.findall(r"failed_at_step=(\d+)", res.output)) == {
+        "1"
+    }  # each rank that reported before torchrun stopped it
     assert len(failure_story(res).splitlines()) <= 4
     r = shared_launch[0]["unused"]
     skipped = [s for s, used in enumerate(r["aux_used"]) if not used]
@@ -234,7 +298,10 @@ def test_batchnorm_per_rank_statistics_differ_and_sync_matches_the_global_batch(
     r = shared_launch[0]["bn"]
     assert r["broken"]["mean_diff_between_ranks"] > 1e-3 and r["broken"]["mean_diff_to_global"] > 1e-3
     assert r["fixed"]["mean_diff_between_ranks"] == 0.0
-    assert max(r["fixed"]["mean_diff_to_global"], r["fixed"]["var_diff_to_global"], r["fixed"]["weight_diff_to_global"]) < 1e-5
+    assert (
+        max(r["fixed"]["mean_diff_to_global"], r["fixed"]["var_diff_to_global"], r["fixed"]["weight_diff_to_global"])
+        < 1e-5
+    )
 
 
 @pytest.mark.also_in_notebook

@@ -72,8 +72,9 @@ atexit.register(lambda: print("exit handler ran", flush=True))
 D.run_and_end(lambda: {arg})
 """
     for arg, want in (("None", 0), ("3", 3), ("sys.exit(2)", 2), ("1 / 0", 1)):
-        p = subprocess.run([sys.executable, "-c", code.format(arg=arg)], capture_output=True, text=True, cwd=ROOT,
-                           timeout=60)
+        p = subprocess.run(
+            [sys.executable, "-c", code.format(arg=arg)], capture_output=True, text=True, cwd=ROOT, timeout=60
+        )
         assert p.returncode == want, (arg, p.stderr)
         assert "exit handler ran" in p.stdout
         assert ("ZeroDivisionError" in p.stderr) == (arg == "1 / 0")
@@ -91,8 +92,15 @@ def test_every_entry_point_that_joins_a_group_ends_through_end_process():
         if not any(way in text for way in ("run_and_end(", "end_process(", "\nfinish()", "    finish()")):
             missing.append(path.relative_to(ROOT).as_posix())
     assert not missing, f"these entry points end without end_process: {missing}"
-    assert {"train_ddp.py", "train_accelerate.py", "race.py", "bench_runs.py", "memory_footprint.py",
-            "07_uneven_inputs.py", "01_hello_allreduce.py"} <= set(joined)  # the search finds what it must
+    assert {
+        "train_ddp.py",
+        "train_accelerate.py",
+        "race.py",
+        "bench_runs.py",
+        "memory_footprint.py",
+        "07_uneven_inputs.py",
+        "01_hello_allreduce.py",
+    } <= set(joined)  # the search finds what it must
 
 
 def test_exit_code_of_reads_a_main_as_a_script_would_end(capsys):
@@ -115,10 +123,14 @@ def test_a_launch_whose_store_port_was_taken_starts_again(monkeypatch, capsys):
     """torchrun --standalone's port taken between choosing and binding it (seen in the stress run): launched again."""
     from distrinews_lib.course import launch
 
-    taken = ("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
-             "address. port: 42663, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
-    outcomes = [launch.LaunchResult(["torchrun"], 1, taken, 1.0, False, [taken]),
-                launch.LaunchResult(["torchrun"], 0, "ok", 1.0, False, ["ok"])]
+    taken = (
+        "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
+        "address. port: 42663, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"
+    )
+    outcomes = [
+        launch.LaunchResult(["torchrun"], 1, taken, 1.0, False, [taken]),
+        launch.LaunchResult(["torchrun"], 0, "ok", 1.0, False, ["ok"]),
+    ]
     calls = []
 
     def fake_run(cmd, **kw):
@@ -142,12 +154,22 @@ def test_a_launch_whose_store_port_was_taken_starts_again(monkeypatch, capsys):
 def test_torchrun_s_root_cause_is_shown_when_the_last_lines_do_not_hold_it():
     from distrinews_lib.course.launch import root_causes
 
-    report = ["node0 | Root Cause (first observed failure):", "node0 | [0]:", "node0 |   time      : 2026-11-26_04:10:00",
-              "node0 |   host      : node0", "node0 |   rank      : 1 (local_rank: 0)",
-              "node0 |   exitcode  : -6 (pid: 42)", "node0 |   error_file: <N/A>",
-              "node1 | unrelated line", "node0 | ============================================================"]
+    report = [
+        "node0 | Root Cause (first observed failure):",
+        "node0 | [0]:",
+        "node0 |   time      : 2026-11-26_04:10:00",
+        "node0 |   host      : node0",
+        "node0 |   rank      : 1 (local_rank: 0)",
+        "node0 |   exitcode  : -6 (pid: 42)",
+        "node0 |   error_file: <N/A>",
+        "node1 | unrelated line",
+        "node0 | ============================================================",
+    ]
     [(where, block)] = root_causes(["noise"] * 3 + report)
     assert where == " of node0" and "rank      : 1 (local_rank: 0)" in block and "exitcode  : -6" in block
     assert "unrelated" not in block
-    assert root_causes(["Root Cause (first observed failure):", "[0]:", "  exitcode  : 1"])[0] == ("", "[0]:\n  exitcode  : 1")
+    assert root_causes(["Root Cause (first observed failure):", "[0]:", "  exitcode  : 1"])[0] == (
+        "",
+        "[0]:\n  exitcode  : 1",
+    )
     assert root_causes(["all fine"]) == []

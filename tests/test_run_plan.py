@@ -18,8 +18,21 @@ from distrinews_lib.data import synthetic
 from .helpers import ROOT, SCRIPTS, run_script
 
 PER_RANK = ROOT / "tests" / "workers" / "per_rank_env.py"
-SMALL = ["--config", "cpu_smoke", "--data", "auto", "--epochs", "1", "--num_samples", "160", "--eval_samples", "40",
-         "--batch_size", "16", "--no-progress"]
+SMALL = [
+    "--config",
+    "cpu_smoke",
+    "--data",
+    "auto",
+    "--epochs",
+    "1",
+    "--num_samples",
+    "160",
+    "--eval_samples",
+    "40",
+    "--batch_size",
+    "16",
+    "--no-progress",
+]
 
 
 def _state(path):
@@ -30,8 +43,10 @@ def _other_agnews_folder(folder):
     """A small AG-News-shaped folder whose texts differ from every real source."""
     folder.mkdir(parents=True, exist_ok=True)
     splits = synthetic.synthetic_agnews(n_train=160, n_test=40, seed=99)
-    for name, texts, labels in (("train.csv.gz", splits.train_texts, splits.train_labels),
-                                ("test.csv.gz", splits.test_texts, splits.test_labels)):
+    for name, texts, labels in (
+        ("train.csv.gz", splits.train_texts, splits.train_labels),
+        ("test.csv.gz", splits.test_texts, splits.test_labels),
+    ):
         with gzip.open(folder / name, "wt", encoding="utf-8", newline="") as f:
             csv.writer(f, quoting=csv.QUOTE_ALL).writerows([[y + 1, "", t] for t, y in zip(texts, labels)])
     return folder
@@ -40,17 +55,27 @@ def _other_agnews_folder(folder):
 @pytest.mark.slow
 def test_a_rank_with_another_environment_still_trains_on_rank_0s_data(tmp_path):
     same, odd = tmp_path / "same", tmp_path / "odd"
-    torchrun(SCRIPTS / "train_ddp.py", 2, [*SMALL, "--output", same, "--checkpoint", same / "m.pt"],
-             timeout=240, echo=False)
+    torchrun(
+        SCRIPTS / "train_ddp.py", 2, [*SMALL, "--output", same, "--checkpoint", same / "m.pt"], timeout=240, echo=False
+    )
     elsewhere = _other_agnews_folder(tmp_path / "rank1_data")
-    res = torchrun(PER_RANK, 2, [SCRIPTS / "train_ddp.py", *SMALL, "--output", odd, "--checkpoint", odd / "m.pt"],
-                   timeout=240, echo=False, env={"PER_RANK_ENV": json.dumps({"1": {"DISTRINEWS_DATA_DIR": str(elsewhere)}})})
+    res = torchrun(
+        PER_RANK,
+        2,
+        [SCRIPTS / "train_ddp.py", *SMALL, "--output", odd, "--checkpoint", odd / "m.pt"],
+        timeout=240,
+        echo=False,
+        env={"PER_RANK_ENV": json.dumps({"1": {"DISTRINEWS_DATA_DIR": str(elsewhere)}})},
+    )
     assert res.ok
     a, b = _state(same / "m.pt"), _state(odd / "m.pt")
-    assert all(torch.equal(a[k], b[k]) for k in a), \
+    assert all(torch.equal(a[k], b[k]) for k in a), (
         "rank 1 saw another DISTRINEWS_DATA_DIR and must still have trained on rank 0's data"
-    assert json.loads((odd / "metrics.json").read_text())["data"]["fingerprint"] == \
-        json.loads((same / "metrics.json").read_text())["data"]["fingerprint"]
+    )
+    assert (
+        json.loads((odd / "metrics.json").read_text())["data"]["fingerprint"]
+        == json.loads((same / "metrics.json").read_text())["data"]["fingerprint"]
+    )
 
 
 @pytest.mark.slow
@@ -64,10 +89,25 @@ def test_resume_from_a_node_local_disk_is_refused_on_every_rank_quickly(tmp_path
     # Resume for a second epoch; rank 1 runs in node1/, which has no snapshots (its own local disk). The
     # collective timeout is set far above the launch's own limit: a refusal that waited for it would time out.
     collective_timeout_s, launch_limit_s = 900, 240
-    res = torchrun(PER_RANK, 2, [SCRIPTS / "train_ddp.py", *run, "--epochs", "2", "--resume", "auto",
-                                 "--ddp_timeout", str(collective_timeout_s)],
-                   timeout=launch_limit_s, echo=False, check=False, cwd=node0,
-                   env={"PER_RANK_ENV": json.dumps({"1": {"cwd": str(node1)}})})
+    res = torchrun(
+        PER_RANK,
+        2,
+        [
+            SCRIPTS / "train_ddp.py",
+            *run,
+            "--epochs",
+            "2",
+            "--resume",
+            "auto",
+            "--ddp_timeout",
+            str(collective_timeout_s),
+        ],
+        timeout=launch_limit_s,
+        echo=False,
+        check=False,
+        cwd=node0,
+        env={"PER_RANK_ENV": json.dumps({"1": {"cwd": str(node1)}})},
+    )
     took = time.time() - start
     assert res.returncode != 0 and not res.timed_out, f"the refusal did not come within {launch_limit_s} s"
     text = " ".join(res.output.split())
@@ -79,7 +119,8 @@ def test_a_snapshot_taken_with_another_grad_accum_is_refused(tmp_path):
     args = [*SMALL, "--output", tmp_path, "--checkpoint", tmp_path / "m.pt"]
     first = run_script([SCRIPTS / "train_single.py", *args, "--grad_accum", "1"], timeout=240)
     assert first.returncode == 0, first.stderr[-2000:]
-    again = run_script([SCRIPTS / "train_single.py", *args, "--grad_accum", "2", "--epochs", "2", "--resume", "auto"],
-                       timeout=240)
+    again = run_script(
+        [SCRIPTS / "train_single.py", *args, "--grad_accum", "2", "--epochs", "2", "--resume", "auto"], timeout=240
+    )
     assert again.returncode == 2, again.stdout[-2000:] + again.stderr[-2000:]
     assert "--grad_accum" in again.stderr and "Traceback" not in again.stderr

@@ -23,8 +23,27 @@ from .helpers import ROOT, SCRIPTS
 
 LOCAL = SCRIPTS / "slurm" / "local_cluster.sh"
 SBATCH = SCRIPTS / "slurm" / "train_ddp.sbatch"
-TRAIN = ["--config", "cpu_smoke", "--data", "embedded", "--epochs", "2", "--num_samples", "640", "--eval_samples", "64",
-         "--batch_size", "16", "--snapshot_every", "3", "--no-progress", "--threads", "1", "--ddp_timeout", "60"]
+TRAIN = [
+    "--config",
+    "cpu_smoke",
+    "--data",
+    "embedded",
+    "--epochs",
+    "2",
+    "--num_samples",
+    "640",
+    "--eval_samples",
+    "64",
+    "--batch_size",
+    "16",
+    "--snapshot_every",
+    "3",
+    "--no-progress",
+    "--threads",
+    "1",
+    "--ddp_timeout",
+    "60",
+]
 JOB_TIMEOUT = 300  # seconds a job may take before the test cancels it and fails
 TIMINGS = {}
 
@@ -36,8 +55,10 @@ def _why_not() -> str | None:
         return "the local cluster runs slurmctld/slurmd as root; this test runs as uid %d" % os.geteuid()
     missing = [c for c in ("slurmctld", "slurmd", "sbatch", "scontrol", "munged") if not shutil.which(c)]
     if missing:
-        return (f"Slurm is not installed ({', '.join(missing)} missing); install it with `bash scripts/slurm/"
-                "local_cluster.sh install` (root, apt-get; CI does this in .ci/run)")
+        return (
+            f"Slurm is not installed ({', '.join(missing)} missing); install it with `bash scripts/slurm/"
+            "local_cluster.sh install` (root, apt-get; CI does this in .ci/run)"
+        )
     return None
 
 
@@ -49,11 +70,19 @@ class Cluster:
         self.env = dict(os.environ, SLURM_LOCAL_DIR=str(state))
 
     def sh(self, *args, timeout=60, check=True) -> str:
-        r = subprocess.run(["bash", str(LOCAL), *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                           env=self.env, cwd=ROOT)
+        r = subprocess.run(
+            ["bash", str(LOCAL), *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env,
+            cwd=ROOT,
+        )
         if check and r.returncode != 0:
-            raise AssertionError(f"local_cluster.sh {' '.join(map(str, args[:3]))} failed ({r.returncode}):\n"
-                                 f"{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+            raise AssertionError(
+                f"local_cluster.sh {' '.join(map(str, args[:3]))} failed ({r.returncode}):\n"
+                f"{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+            )
         return r.stdout
 
     def submit(self, out, log, extra_env=()) -> str:
@@ -64,8 +93,11 @@ class Cluster:
         else:  # one node (no namespaces here): its two CPUs, two ranks
             env.append("NPROC_PER_NODE=2")
             shape = ["--nodes=1", "--cpus-per-task=2"]
-        return self.sh("run", *env, "sbatch", "--parsable", f"--output={log}", *shape, SBATCH,
-                       *TRAIN).strip().split(";")[0]
+        return (
+            self.sh("run", *env, "sbatch", "--parsable", f"--output={log}", *shape, SBATCH, *TRAIN)
+            .strip()
+            .split(";")[0]
+        )
 
     def job(self, job_id) -> dict:
         text = self.sh("run", "scontrol", "show", "job", "-o", job_id)
@@ -129,7 +161,10 @@ def test_sbatch_trains_on_every_node_of_the_allocation(cluster, first_job):
     assert sorted(line.split(" | ")[0] for line in ids) == ["[identity] RANK 0", "[identity] RANK 1"], ids
     if n == 2:  # one rank per node, each on its own host and address, the store on the first node
         assert "nodes node0 node1, rendezvous at node0:" in text
-        assert sorted(l.split(" | ")[2] for l in ids) == ["node node0 10.77.0.1 (veth0)", "node node1 10.77.0.2 (veth0)"]
+        assert sorted(l.split(" | ")[2] for l in ids) == [
+            "node node0 10.77.0.1 (veth0)",
+            "node node1 10.77.0.2 (veth0)",
+        ]
         assert all("LOCAL_RANK 0 |" in l and "store node0:" in l for l in ids)
     else:  # both ranks on the one node: LOCAL_RANK 0 and 1
         assert sorted(l.split(" | ")[1] for l in ids) == ["LOCAL_RANK 0", "LOCAL_RANK 1"]
@@ -146,7 +181,9 @@ def test_a_requeued_job_resumes_from_its_snapshot_and_ends_bit_identical(cluster
     job_id = cluster.submit(out, log)
     deadline = time.time() + JOB_TIMEOUT
     while not list((out / "snapshots").glob("snap_*.pt")):  # let it train a few steps
-        assert time.time() < deadline and cluster.job(job_id)["JobState"] in ("PENDING", "RUNNING", "CONFIGURING"), _tail(log)
+        assert time.time() < deadline and cluster.job(job_id)["JobState"] in ("PENDING", "RUNNING", "CONFIGURING"), (
+            _tail(log)
+        )
         time.sleep(0.3)
     # What Slurm does to a job with --requeue when one of its nodes fails: stop it and queue it again (same id).
     cluster.sh("run", "scontrol", "requeue", job_id)

@@ -9,7 +9,7 @@ from distrinews_lib.course.launch import torchrun
 from distrinews_lib.serving import inference
 from distrinews_lib.training import loop
 
-from .helpers import AG_NEWS, ROOT, SCRIPTS, run_script
+from .helpers import AG_NEWS, SCRIPTS, run_script
 
 SMALL = ["--config", "cpu_smoke", "--epochs", "1", "--num_samples", "400", "--eval_samples", "101", "--no-progress"]
 
@@ -17,8 +17,9 @@ SMALL = ["--config", "cpu_smoke", "--epochs", "1", "--num_samples", "400", "--ev
 @pytest.mark.slow
 def test_single_process_run_on_synthetic_data(tmp_path):
     ck = tmp_path / "ck" / "m.pt"
-    r = run_script([SCRIPTS / "train_single.py", *SMALL, "--data", "synthetic", "--output", tmp_path / "run",
-                    "--checkpoint", ck])
+    r = run_script(
+        [SCRIPTS / "train_single.py", *SMALL, "--data", "synthetic", "--output", tmp_path / "run", "--checkpoint", ck]
+    )
     assert r.returncode == 0, r.stderr
     assert "data: synthetic" in r.stdout and "SYNTHETIC" in r.stdout
     m = json.loads((tmp_path / "run" / "metrics.json").read_text())
@@ -35,8 +36,13 @@ def test_single_process_run_on_synthetic_data(tmp_path):
 @pytest.mark.slow
 def test_ddp_run_two_gloo_processes(tmp_path):
     ck = tmp_path / "m.pt"
-    res = torchrun(SCRIPTS / "train_ddp.py", 2, [*SMALL, "--data", "synthetic", "--output", tmp_path / "run",
-                                                  "--checkpoint", ck, "--grad_accum", "2"], timeout=240, echo=False)
+    res = torchrun(
+        SCRIPTS / "train_ddp.py",
+        2,
+        [*SMALL, "--data", "synthetic", "--output", tmp_path / "run", "--checkpoint", ck, "--grad_accum", "2"],
+        timeout=240,
+        echo=False,
+    )
     assert "world size 2 | gloo" in res.output
     assert "parameters identical on all 2 ranks: True" in res.output
     assert res.output.count("saved ") == 1  # rank 0 alone writes
@@ -51,8 +57,10 @@ def test_ddp_run_two_gloo_processes(tmp_path):
 
 @pytest.mark.slow
 def test_offline_without_a_data_folder_it_trains_on_the_embedded_real_sample(tmp_path):
-    r = run_script([SCRIPTS / "train_single.py", *SMALL, "--output", tmp_path / "run", "--checkpoint", tmp_path / "m.pt"],
-                   env={"DISTRINEWS_DATA_DIR": "", "HF_HUB_OFFLINE": "1"})
+    r = run_script(
+        [SCRIPTS / "train_single.py", *SMALL, "--output", tmp_path / "run", "--checkpoint", tmp_path / "m.pt"],
+        env={"DISTRINEWS_DATA_DIR": "", "HF_HUB_OFFLINE": "1"},
+    )
     assert r.returncode == 0, r.stderr
     assert "plan (decided on" in r.stdout and "data embedded" in r.stdout and "SYNTHETIC" not in r.stdout
     m = json.loads((tmp_path / "run" / "metrics.json").read_text())
@@ -62,8 +70,22 @@ def test_offline_without_a_data_folder_it_trains_on_the_embedded_real_sample(tmp
 
 @pytest.mark.slow
 def test_a_loss_that_turns_nan_stops_the_run_without_saving(tmp_path):
-    r = run_script([SCRIPTS / "train_single.py", *SMALL, "--data", "synthetic", "--lr", "1e30", "--snapshot_every", "2",
-                    "--output", tmp_path / "run", "--checkpoint", tmp_path / "m.pt"])
+    r = run_script(
+        [
+            SCRIPTS / "train_single.py",
+            *SMALL,
+            "--data",
+            "synthetic",
+            "--lr",
+            "1e30",
+            "--snapshot_every",
+            "2",
+            "--output",
+            tmp_path / "run",
+            "--checkpoint",
+            tmp_path / "m.pt",
+        ]
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     text = " ".join(r.stderr.split())
     assert "became NaN or infinite at optimizer step" in text and "--lr" in text and "Traceback" not in text
@@ -74,9 +96,27 @@ def test_a_loss_that_turns_nan_stops_the_run_without_saving(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not AG_NEWS.is_dir(), reason=f"real AG News not present at {AG_NEWS}")
 def test_tiny_model_on_real_ag_news_beats_chance(tmp_path):
-    r = run_script([SCRIPTS / "train_single.py", "--config", "cpu_smoke", "--data", AG_NEWS, "--epochs", "2",
-                    "--num_samples", "3000", "--eval_samples", "1000", "--no-progress",
-                    "--output", tmp_path / "run", "--checkpoint", tmp_path / "m.pt"], timeout=300)
+    r = run_script(
+        [
+            SCRIPTS / "train_single.py",
+            "--config",
+            "cpu_smoke",
+            "--data",
+            AG_NEWS,
+            "--epochs",
+            "2",
+            "--num_samples",
+            "3000",
+            "--eval_samples",
+            "1000",
+            "--no-progress",
+            "--output",
+            tmp_path / "run",
+            "--checkpoint",
+            tmp_path / "m.pt",
+        ],
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     m = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert m["data"]["source"] == "folder" and not m["data"]["is_synthetic"]
@@ -108,9 +148,22 @@ def test_bad_input_gives_a_clear_message_and_exit_2(case, tmp_path):
     args, expected = BAD_INPUTS[case]
     rows = {"{malformed}": '"3","two fields"\n', "{label}": '"7","Title","Text"\n'}
     args = [str(_bad_csv_folder(tmp_path, rows[a])) if a in rows else a for a in args]
-    r = run_script([SCRIPTS / "train_single.py", "--config", "cpu_smoke", "--data", "synthetic", *args,
-                    "--output", tmp_path / "run", "--checkpoint", tmp_path / "m.pt"], timeout=120,
-                   env={"HF_HUB_OFFLINE": "1"})
+    r = run_script(
+        [
+            SCRIPTS / "train_single.py",
+            "--config",
+            "cpu_smoke",
+            "--data",
+            "synthetic",
+            *args,
+            "--output",
+            tmp_path / "run",
+            "--checkpoint",
+            tmp_path / "m.pt",
+        ],
+        timeout=120,
+        env={"HF_HUB_OFFLINE": "1"},
+    )
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert expected in " ".join(r.stderr.split()), r.stderr
     assert "Traceback" not in r.stderr
@@ -119,16 +172,36 @@ def test_bad_input_gives_a_clear_message_and_exit_2(case, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
 def test_nccl_without_gpus_is_refused_by_the_ddp_script(tmp_path):
-    r = run_script([SCRIPTS / "train_ddp.py", "--config", "cpu_smoke", "--backend", "nccl", "--data", "synthetic",
-                    "--output", tmp_path / "run", "--checkpoint", tmp_path / "m.pt"], timeout=120)
+    r = run_script(
+        [
+            SCRIPTS / "train_ddp.py",
+            "--config",
+            "cpu_smoke",
+            "--backend",
+            "nccl",
+            "--data",
+            "synthetic",
+            "--output",
+            tmp_path / "run",
+            "--checkpoint",
+            tmp_path / "m.pt",
+        ],
+        timeout=120,
+    )
     assert r.returncode == 2
     assert "--backend nccl needs NVIDIA GPUs" in r.stderr and "Traceback" not in r.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
 def test_nccl_under_torchrun_fails_fast_with_the_message(tmp_path):
-    res = torchrun(SCRIPTS / "train_ddp.py", 2, ["--config", "cpu_smoke", "--backend", "gloo", "--data", "synthetic",
-                                                 "--amp", "fp16"], timeout=120, echo=False, check=False)
+    res = torchrun(
+        SCRIPTS / "train_ddp.py",
+        2,
+        ["--config", "cpu_smoke", "--backend", "gloo", "--data", "synthetic", "--amp", "fp16"],
+        timeout=120,
+        echo=False,
+        check=False,
+    )
     assert res.returncode != 0 and not res.timed_out
     assert "--amp fp16 needs a CUDA GPU" in " ".join(res.output.split())
     assert res.output.count("error: --amp fp16") == 1  # rank 0 explains; rank 1 says one short line
@@ -143,13 +216,21 @@ def test_the_launcher_refuses_more_nccl_ranks_than_gpus():
 
 def test_the_training_loop_is_in_the_scripts():
 
-
     assert not hasattr(loop, "train_one_epoch"), "the loop belongs in the scripts, where a learner reads it"
     for name in ("train_single.py", "train_ddp.py"):
         text = (SCRIPTS / name).read_text()
-        for step in ("with amp.autocast(device):", "out = model(input_ids=", "loss = out.loss", ".backward()",
-                     "scaler.unscale_(optimizer)", "clip_grad_norm_(", "scaler.step(optimizer)", "scheduler.step()",
-                     "optimizer.zero_grad(set_to_none=True)", "loop.accumulate(train_loader, cfg.grad_accum"):
+        for step in (
+            "with amp.autocast(device):",
+            "out = model(input_ids=",
+            "loss = out.loss",
+            ".backward()",
+            "scaler.unscale_(optimizer)",
+            "clip_grad_norm_(",
+            "scaler.step(optimizer)",
+            "scheduler.step()",
+            "optimizer.zero_grad(set_to_none=True)",
+            "loop.accumulate(train_loader, cfg.grad_accum",
+        ):
             assert step in text, f"{name}: {step}"
 
 
@@ -160,8 +241,16 @@ def test_ddp_script_reads_as_a_small_diff_of_the_single_script():
     assert d.added <= 38 and d.removed <= 15, f"{d.added} added, {d.removed} removed"
     # the DDP essentials are in the script itself, not hidden in the library
     text = (SCRIPTS / "train_ddp.py").read_text()
-    for essential in ("dist.init_process_group(backend, init_method=init_method", "D.torchrun_env()", "DDP(model",
-                      "DistributedSampler(run.train_ds", "sampler.set_epoch(epoch)", "if rank == 0:",
-                      "dist.broadcast_object_list(run_plan, src=0)", "model.no_sync()",
-                      "dist.destroy_process_group()", "finally:"):
+    for essential in (
+        "dist.init_process_group(backend, init_method=init_method",
+        "D.torchrun_env()",
+        "DDP(model",
+        "DistributedSampler(run.train_ds",
+        "sampler.set_epoch(epoch)",
+        "if rank == 0:",
+        "dist.broadcast_object_list(run_plan, src=0)",
+        "model.no_sync()",
+        "dist.destroy_process_group()",
+        "finally:",
+    ):
         assert essential in text, essential

@@ -27,19 +27,33 @@ MODEL_ID = "distrinews-test/tiny-distilbert"
 def hf_home(tmp_path_factory):
     home = tmp_path_factory.mktemp("hf_home")
     ag = sources.load_embedded()
-    cache_dataset(home / "datasets", "fancyzhx/ag_news",
-                  {"train": (ag.train_texts[:200], ag.train_labels[:200]), "test": (ag.test_texts[:80], ag.test_labels[:80])},
-                  ag.label_names)
+    cache_dataset(
+        home / "datasets",
+        "fancyzhx/ag_news",
+        {"train": (ag.train_texts[:200], ag.train_labels[:200]), "test": (ag.test_texts[:80], ag.test_labels[:80])},
+        ag.label_names,
+    )
     if IMDB.is_dir():
-        cache_dataset(home / "datasets", "stanfordnlp/imdb",
-                      {split: ([r["text"] for r in rows], [int(r["label"]) for r in rows])
-                       for split, rows in (("train", imdb_rows("train", 200)), ("test", imdb_rows("test", 100)))},
-                      ["neg", "pos"])  # the hub's own ClassLabel names; the course shows negative/positive
+        cache_dataset(
+            home / "datasets",
+            "stanfordnlp/imdb",
+            {
+                split: ([r["text"] for r in rows], [int(r["label"]) for r in rows])
+                for split, rows in (("train", imdb_rows("train", 200)), ("test", imdb_rows("test", 100)))
+            },
+            ["neg", "pos"],
+        )  # the hub's own ClassLabel names; the course shows negative/positive
         rows = imdb_rows("train", 40)  # real reviews in amazon_polarity's columns (label, title, content)
-        cache_dataset(home / "datasets", "fancyzhx/amazon_polarity",
-                      {"train": ([("Review", r["text"]) for r in rows[:30]], [int(r["label"]) for r in rows[:30]]),
-                       "test": ([("Review", r["text"]) for r in rows[30:]], [int(r["label"]) for r in rows[30:]])},
-                      ["negative", "positive"], text_columns=("title", "content"))
+        cache_dataset(
+            home / "datasets",
+            "fancyzhx/amazon_polarity",
+            {
+                "train": ([("Review", r["text"]) for r in rows[:30]], [int(r["label"]) for r in rows[:30]]),
+                "test": ([("Review", r["text"]) for r in rows[30:]], [int(r["label"]) for r in rows[30:]]),
+            },
+            ["negative", "positive"],
+            text_columns=("title", "content"),
+        )
     model, tokenizer, _ = build_model(RunConfig(model="tiny", seed=0), AG_NEWS_LABELS)
     cache_model(home / "hub", MODEL_ID, model, tokenizer)
     return home
@@ -112,14 +126,52 @@ def test_an_empty_cache_names_the_cache_and_the_download_command(tmp_path, monke
 @needs_imdb
 def test_training_offline_from_the_warm_cache_end_to_end(hf_home, tmp_path):
     env = {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "DISTRINEWS_DATA_DIR": ""}
-    r = run_script([SCRIPTS / "train_single.py", "--config", "cpu_smoke", "--dataset", "imdb", "--data", "hub",
-                    "--model", MODEL_ID, "--epochs", "1", "--max_length", "32", "--no-progress", "--threads", "1",
-                    "--output", tmp_path / "run", "--checkpoint", tmp_path / "m.pt"], env=env, timeout=240)
+    r = run_script(
+        [
+            SCRIPTS / "train_single.py",
+            "--config",
+            "cpu_smoke",
+            "--dataset",
+            "imdb",
+            "--data",
+            "hub",
+            "--model",
+            MODEL_ID,
+            "--epochs",
+            "1",
+            "--max_length",
+            "32",
+            "--no-progress",
+            "--threads",
+            "1",
+            "--output",
+            tmp_path / "run",
+            "--checkpoint",
+            tmp_path / "m.pt",
+        ],
+        env=env,
+        timeout=240,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "from the cache" in r.stdout and f"model: {MODEL_ID} (hub" in r.stdout
     assert "labels negative, positive" in r.stdout
-    empty = run_script([SCRIPTS / "train_single.py", "--config", "cpu_smoke", "--dataset", "imdb", "--data", "hub",
-                        "--model", "custom", "--output", tmp_path / "run2", "--no-progress"],
-                       env={**env, "HF_HOME": str(tmp_path / "empty")}, timeout=240)
+    empty = run_script(
+        [
+            SCRIPTS / "train_single.py",
+            "--config",
+            "cpu_smoke",
+            "--dataset",
+            "imdb",
+            "--data",
+            "hub",
+            "--model",
+            "custom",
+            "--output",
+            tmp_path / "run2",
+            "--no-progress",
+        ],
+        env={**env, "HF_HOME": str(tmp_path / "empty")},
+        timeout=240,
+    )
     assert empty.returncode == 2 and "Traceback" not in empty.stderr
     assert "login node" in empty.stderr and str(tmp_path / "empty") in " ".join(empty.stderr.split())

@@ -52,9 +52,9 @@ class Window:
     steps: int
     device: object = None
     seen: int = 0
-    marks: dict = field(default_factory=dict)     # step -> (wall, cpu, machine busy seconds)
-    batches: list = field(default_factory=list)   # (step being built, real lengths, padded width)
-    comm: list = field(default_factory=list)      # (launched, completed, bucket bytes, bucket index, bytes sent)
+    marks: dict = field(default_factory=dict)  # step -> (wall, cpu, machine busy seconds)
+    batches: list = field(default_factory=list)  # (step being built, real lengths, padded width)
+    comm: list = field(default_factory=list)  # (launched, completed, bucket bytes, bucket index, bytes sent)
 
     def after_step(self, *_):
         self.seen += 1
@@ -72,8 +72,9 @@ class Window:
             raise RuntimeError(f"the script took {self.seen} optimizer steps; the window needs {last}")
         (t0, c0, b0), (t1, c1, b1) = self.marks[first], self.marks[last]
         inside = [(lengths, width) for step, lengths, width in self.batches if first <= step < last]
-        out = throughput.window(self.steps, t1 - t0, c1 - c0, inside, busy=(b0, b1), shape=shape, peak=peak,
-                                n_devices=n_devices)
+        out = throughput.window(
+            self.steps, t1 - t0, c1 - c0, inside, busy=(b0, b1), shape=shape, peak=peak, n_devices=n_devices
+        )
         comm = [c for c in self.comm if t0 <= c[0] <= t1]
         if comm:
             out["allreduces"] = len(comm)
@@ -194,6 +195,7 @@ def run(script, argv, *, warmup: int, steps: int, device=None, comm: bool = Fals
 # no-ops; and a single-process script run on one rank of that group must not meet the others in collectives,
 # so alone() makes distrinews_lib.distributed report no process group. Both are undone on leaving the block.
 
+
 @contextlib.contextmanager
 def _patched(obj, name, value):
     old = getattr(obj, name)
@@ -210,12 +212,19 @@ def shared_process_group(timeout_s: float = 600):
     env = D.torchrun_env()
     backend, why = D.choose_backend("auto")
     D.device_for(backend, env.local_rank)
-    dist.init_process_group(backend=backend, init_method=env.init_method, rank=env.rank, world_size=env.world_size,
-                            timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        backend=backend,
+        init_method=env.init_method,
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
     destroy = dist.destroy_process_group
     try:
-        with _patched(dist, "init_process_group", lambda *a, **k: None), \
-                _patched(dist, "destroy_process_group", lambda *a, **k: None):
+        with (
+            _patched(dist, "init_process_group", lambda *a, **k: None),
+            _patched(dist, "destroy_process_group", lambda *a, **k: None),
+        ):
             yield backend, why
     finally:
         gc.collect()

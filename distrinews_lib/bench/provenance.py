@@ -43,7 +43,9 @@ def provenance(argv=None) -> dict:
         "machine": machine_slug(),
         "machine_info": machine_info(),
         "cpu": machine_info()["processor"],
-        "gpu": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else None,
+        "gpu": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if torch.cuda.is_available()
+        else None,
         "versions": versions(),
         "git_commit": git_commit(),
         "git_dirty": _git_dirty(),
@@ -58,8 +60,13 @@ def provenance(argv=None) -> dict:
 
 def _git_dirty() -> bool | None:
     try:
-        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                             timeout=5, cwd=Path(__file__).resolve().parent).stdout
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        ).stdout
         return bool(out.strip())
     except (OSError, subprocess.SubprocessError):
         return None

@@ -75,7 +75,10 @@ class StepTimer:
     def result(self) -> dict:
         s = self.seconds
         return {
-            "steps": self.steps, "samples": self.samples, "tokens": self.tokens, "padded_tokens": self.padded_tokens,
+            "steps": self.steps,
+            "samples": self.samples,
+            "tokens": self.tokens,
+            "padded_tokens": self.padded_tokens,
             "seconds": round(s, 6),
             "samples_per_s": self.samples / s if s > 0 else 0.0,
             "tokens_per_s": self.tokens / s if s > 0 else 0.0,
@@ -99,7 +102,9 @@ def cpu_busy_seconds() -> float | None:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-def foreign_cores(busy_before: float | None, busy_after: float | None, own_cpu_s: float, seconds: float) -> float | None:
+def foreign_cores(
+    busy_before: float | None, busy_after: float | None, own_cpu_s: float, seconds: float
+) -> float | None:
     """Average number of cores that *other* processes kept busy during a window of `seconds`."""
     if busy_before is None or busy_after is None or seconds <= 0:
         return None
@@ -153,8 +158,9 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
 
-
-def format_rate(samples_per_s: float, tokens_per_s: float, tflops: float | None = None, mfu_value: float | None = None) -> str:
+def format_rate(
+    samples_per_s: float, tokens_per_s: float, tflops: float | None = None, mfu_value: float | None = None
+) -> str:
     """'1234 samples/s | 56789 tokens/s | 0.12 TFLOP/s | MFU 34.5%' (MFU only where the peak is known)."""
     out = f"{samples_per_s:8.1f} samples/s | {tokens_per_s:9.0f} tokens/s"
     if tflops is not None:

@@ -23,6 +23,7 @@ from . import harness, throughput, timing
 REPO = Path(__file__).resolve().parents[2]  # the checkout whose scripts are measured
 SINGLE, DDP_SCRIPT = REPO / "scripts" / "train_single.py", REPO / "scripts" / "train_ddp.py"
 
+
 class StepProbe:
     """A global optimizer-step hook registered BEFORE harness.run's own, so it runs first at every step:
     it records this process's CPU clock after each step, and at step `warmup` calls `wait()` (wait for a
@@ -45,7 +46,7 @@ class StepProbe:
 
     def step_cpu_seconds(self, steps: int) -> list:
         """CPU seconds of each timed step (steps warmup+1 .. warmup+steps)."""
-        marks = self.cpu[self.warmup - 1:self.warmup + steps]
+        marks = self.cpu[self.warmup - 1 : self.warmup + steps]
         return [b - a for a, b in zip(marks, marks[1:])]
 
 
@@ -56,7 +57,9 @@ def run_script(script: Path, argv: list, *, warmup: int, steps: int, device, wai
         with StepProbe(warmup, wait) as probe, contextlib.redirect_stdout(buf):
             window = harness.run(script, argv, warmup=warmup, steps=steps, device=device, comm=comm)
     except SystemExit as stop:  # the script's main_guard already printed the user's mistake on stderr
-        raise UserError(f"{script.name} {' '.join(argv)} stopped (exit code {stop.code}). Its output:\n{buf.getvalue()[-2000:]}") from None
+        raise UserError(
+            f"{script.name} {' '.join(argv)} stopped (exit code {stop.code}). Its output:\n{buf.getvalue()[-2000:]}"
+        ) from None
     return window, probe, buf.getvalue()
 
 
@@ -84,9 +87,13 @@ def hf_dataset(dataset: tokenization.TokenizedDataset):
     """What a user has after `Dataset.from_dict(...).map(tokenizer, batched=True)`: input_ids, attention_mask, label."""
     from datasets import Dataset
 
-    return Dataset.from_dict({"input_ids": dataset.input_ids,
-                              "attention_mask": [[1] * len(x) for x in dataset.input_ids],
-                              "label": list(dataset.labels)})
+    return Dataset.from_dict(
+        {
+            "input_ids": dataset.input_ids,
+            "attention_mask": [[1] * len(x) for x in dataset.input_ids],
+            "label": list(dataset.labels),
+        }
+    )
 
 
 def trainer_available() -> str | None:
@@ -114,21 +121,39 @@ def trainer_options(cfg: config.RunConfig, device, same_options: bool, compile_:
     out = {}
     if same_options:
         if cfg.group_by_length:
-            out.update({"train_sampling_strategy": "group_by_length"} if "train_sampling_strategy" in fields
-                       else {"group_by_length": True})
+            out.update(
+                {"train_sampling_strategy": "group_by_length"}
+                if "train_sampling_strategy" in fields
+                else {"group_by_length": True}
+            )
         fused = loop.fused_adamw_available(device.type) if cfg.fused_adam is None else cfg.fused_adam
         out["optim"] = "adamw_torch_fused" if fused else "adamw_torch"
         out["weight_decay"] = cfg.weight_decay
         out["max_grad_norm"] = cfg.max_grad_norm
-        out.update({"warmup_ratio": cfg.warmup_ratio} if "warmup_ratio" in fields else {"warmup_steps": cfg.warmup_ratio})
+        out.update(
+            {"warmup_ratio": cfg.warmup_ratio} if "warmup_ratio" in fields else {"warmup_steps": cfg.warmup_ratio}
+        )
         out["dataloader_pin_memory"] = batching.loader_options(cfg, 0, device)["pin_memory"]
     if compile_:
         out["torch_compile"] = True
     return out
 
 
-def run_trainer(template, hf_train, tokenizer, cfg: config.RunConfig, device, *, same_options: bool, compile_: bool,
-                warmup: int, steps: int, shape, peak, gate) -> dict:
+def run_trainer(
+    template,
+    hf_train,
+    tokenizer,
+    cfg: config.RunConfig,
+    device,
+    *,
+    same_options: bool,
+    compile_: bool,
+    warmup: int,
+    steps: int,
+    shape,
+    peak,
+    gate,
+) -> dict:
     from transformers import DataCollatorWithPadding, Trainer, TrainerCallback, TrainingArguments
     from transformers.trainer_callback import PrinterCallback
 
@@ -151,16 +176,34 @@ def run_trainer(template, hf_train, tokenizer, cfg: config.RunConfig, device, *,
     extra = trainer_options(cfg, device, same_options, compile_)
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
         targs = TrainingArguments(
-            output_dir=tmp, per_device_train_batch_size=cfg.batch_size, max_steps=warmup + steps, learning_rate=cfg.lr,
-            use_cpu=device.type == "cpu", bf16=amp.mode == "bf16", fp16=amp.mode == "fp16", report_to="none",
-            save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=cfg.seed, **extra)
+            output_dir=tmp,
+            per_device_train_batch_size=cfg.batch_size,
+            max_steps=warmup + steps,
+            learning_rate=cfg.lr,
+            use_cpu=device.type == "cpu",
+            bf16=amp.mode == "bf16",
+            fp16=amp.mode == "fp16",
+            report_to="none",
+            save_strategy="no",
+            logging_strategy="no",
+            disable_tqdm=True,
+            seed=cfg.seed,
+            **extra,
+        )
         trainer = Trainer(model=model, args=targs, train_dataset=hf_train, data_collator=collator, callbacks=[Clock()])
         trainer.remove_callback(PrinterCallback)
         trainer.train()
     (t0, c0, b0), (t1, c1, b1) = marks[warmup], marks[warmup + steps]
-    res = throughput.window(steps, t1 - t0, c1 - c0, collator.records[warmup:warmup + steps], busy=(b0, b1),
-                            shape=shape, peak=peak)
-    res.update(waited_for_quiet=quiet[0], threads=torch.get_num_threads(), amp=amp.mode, optimizer=str(targs.optim),
-               options={k: str(v) for k, v in extra.items()}, pad_to_multiple_of=pad)
+    res = throughput.window(
+        steps, t1 - t0, c1 - c0, collator.records[warmup : warmup + steps], busy=(b0, b1), shape=shape, peak=peak
+    )
+    res.update(
+        waited_for_quiet=quiet[0],
+        threads=torch.get_num_threads(),
+        amp=amp.mode,
+        optimizer=str(targs.optim),
+        options={k: str(v) for k, v in extra.items()},
+        pad_to_multiple_of=pad,
+    )
     del trainer, model
     return res

@@ -36,15 +36,22 @@ def ddp_configs(plan: dict, nproc: int) -> list:
     out = []
     for gi, g in enumerate(plan["global_batches"]):
         if g % nproc:
-            raise UserError(f"global batch {g} is not divisible by {nproc} processes; pick --ddp_nproc that divides it.")
+            raise UserError(
+                f"global batch {g} is not divisible by {nproc} processes; pick --ddp_nproc that divides it."
+            )
         steps = plan["steps"][gi] if isinstance(plan["steps"], (list, tuple)) else plan["steps"]
         common = dict(global_batch=g, steps=steps, warmup=plan["warmup"], flags=[])
         out.append(dict(common, name=f"G{g} x1 (train_single.py)", world=1, batch_per_rank=g))
         out.append(dict(common, name=f"G{g} x{nproc}", world=nproc, batch_per_rank=g // nproc))
         if plan.get("knobs") and gi == 0:
             for flag in ("--bucket_cap_mb 1", "--no-gradient_as_bucket_view"):
-                out.append(dict(out[-1] if flag.startswith("--bucket") else out[-2], name=f"G{g} x{nproc} {flag}",
-                                flags=flag.split()))
+                out.append(
+                    dict(
+                        out[-1] if flag.startswith("--bucket") else out[-2],
+                        name=f"G{g} x{nproc} {flag}",
+                        flags=flag.split(),
+                    )
+                )
     return out
 
 
@@ -81,8 +88,13 @@ def all_gpu_count() -> int:
     if not torch.cuda.is_available():
         return 0
     with original_cuda_devices():
-        out = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
-                             capture_output=True, text=True, timeout=120, env=dict(os.environ))
+        out = subprocess.run(
+            [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=dict(os.environ),
+        )
     return int(out.stdout.strip() or 1)
 
 
@@ -93,36 +105,63 @@ def ddp_section(plan, args, data_arg: str, device_type: str, log, workdir: Path,
     configs = ddp_configs(plan, nproc)
     need = max((c["warmup"] + c["steps"]) * c["global_batch"] for c in configs)
     if need > args.n_train:
-        raise UserError(f"the ddp section needs {need} training texts; --data {data_arg} has {args.n_train}. "
-                        "Use a larger folder, or --data embedded.")
+        raise UserError(
+            f"the ddp section needs {need} training texts; --data {data_arg} has {args.n_train}. "
+            "Use a larger folder, or --data embedded."
+        )
     model_arg = materialise_model(plan["model"], workdir / f"ddp_{plan['model']}", args.seed)
-    spec = dict(model=model_arg, model_name=plan["model"], data=data_arg, max_length=args.max_length, seed=args.seed,
-                quiet_cores=args.quiet_cores, quiet_timeout=args.quiet_timeout, quiet_budget=args.quiet_budget / 2,
-                rounds=plan["rounds"], configs=configs, workdir=str(workdir / "ddp_runs"), timeout=args.ddp_timeout,
-                peak_tflops=args.peak_tflops, out=str(workdir / "ddp.json"))
+    spec = dict(
+        model=model_arg,
+        model_name=plan["model"],
+        data=data_arg,
+        max_length=args.max_length,
+        seed=args.seed,
+        quiet_cores=args.quiet_cores,
+        quiet_timeout=args.quiet_timeout,
+        quiet_budget=args.quiet_budget / 2,
+        rounds=plan["rounds"],
+        configs=configs,
+        workdir=str(workdir / "ddp_runs"),
+        timeout=args.ddp_timeout,
+        peak_tflops=args.peak_tflops,
+        out=str(workdir / "ddp.json"),
+    )
     spec_path = workdir / "ddp_spec.json"
     spec_path.write_text(json.dumps(spec))
     for c in configs:  # every contender's command line is checked here, before the launch
         parse_argv(worker_argv(spec, c, device_type), ddp=c["world"] > 1)
-    log(f"\n== ddp: 1 vs {nproc} processes, {'gloo, 1 thread each' if device_type == 'cpu' else 'nccl, 1 GPU each'}; "
-        f"{len(configs)} contenders x {plan['rounds']} rounds in one torchrun launch")
+    log(
+        f"\n== ddp: 1 vs {nproc} processes, {'gloo, 1 thread each' if device_type == 'cpu' else 'nccl, 1 GPU each'}; "
+        f"{len(configs)} contenders x {plan['rounds']} rounds in one torchrun launch"
+    )
     t = time.time()
     with original_cuda_devices():
-        res = torchrun(nproc, ["--ddp-worker", str(spec_path)], timeout=args.ddp_timeout, echo=True, cpu_threads=1,
-                       cwd=REPO)
+        res = torchrun(
+            nproc, ["--ddp-worker", str(spec_path)], timeout=args.ddp_timeout, echo=True, cpu_threads=1, cwd=REPO
+        )
     raw = json.loads(Path(spec["out"]).read_text())
     raw["launch_seconds"] = round(time.time() - t, 1)
-    raw["launch_command"] = " ".join(res.command[res.command.index("-m"):])
+    raw["launch_command"] = " ".join(res.command[res.command.index("-m") :])
     raw["nproc"] = nproc
     return summarize_ddp(raw, log)
 
 
 def worker_argv(spec: dict, c: dict, device_type: str) -> list:
     out = Path(spec["workdir"]) / c["name"].replace(" ", "_").replace("(", "").replace(")", "")
-    return script_argv(model=spec["model"], data_arg=spec["data"], batch_size=c["batch_per_rank"], steps=c["warmup"] + c["steps"],
-                       num_samples=(c["warmup"] + c["steps"]) * c["global_batch"], max_length=spec["max_length"],
-                       seed=spec["seed"], threads=1 if device_type == "cpu" else None, out=out, device_type=device_type,
-                       flags=c["flags"], ddp=c["world"] > 1)
+    return script_argv(
+        model=spec["model"],
+        data_arg=spec["data"],
+        batch_size=c["batch_per_rank"],
+        steps=c["warmup"] + c["steps"],
+        num_samples=(c["warmup"] + c["steps"]) * c["global_batch"],
+        max_length=spec["max_length"],
+        seed=spec["seed"],
+        threads=1 if device_type == "cpu" else None,
+        out=out,
+        device_type=device_type,
+        flags=c["flags"],
+        ddp=c["world"] > 1,
+    )
 
 
 def summarize_ddp(raw: dict, log) -> dict:
@@ -130,17 +169,26 @@ def summarize_ddp(raw: dict, log) -> dict:
     for rec in raw["results"]:
         by_name.setdefault(rec["name"], []).append(rec)
     configs = {c["name"]: c for c in raw["configs"]}
-    out = {"settings": {k: v for k, v in raw.items() if k not in ("results", "configs")}, "contenders": {}, "scaling": [],
-           "knobs": {}}
+    out = {
+        "settings": {k: v for k, v in raw.items() if k not in ("results", "configs")},
+        "contenders": {},
+        "scaling": [],
+        "knobs": {},
+    }
     for name, rs in by_name.items():
-        out["contenders"][name] = {"config": configs[name], **summarise(rs, ("samples_per_s", "tokens_per_s", "model_tflops",
-                                                                             "foreign_cores", "comm_fraction")),
-                                   "command": rs[0].get("command"), "rounds": rs}
+        out["contenders"][name] = {
+            "config": configs[name],
+            **summarise(rs, ("samples_per_s", "tokens_per_s", "model_tflops", "foreign_cores", "comm_fraction")),
+            "command": rs[0].get("command"),
+            "rounds": rs,
+        }
     log("  -- ddp: medians over rounds; speedup = N-process / 1-process samples/s on the same global batch")
     for name, c in out["contenders"].items():
         comm = c["comm_fraction"]["median"]
-        log(f"     {name:48s} {c['samples_per_s']['median']:9.1f} samples/s"
-            + (f" | all-reduce in flight {100 * comm:.0f}% of the window" if comm is not None else ""))
+        log(
+            f"     {name:48s} {c['samples_per_s']['median']:9.1f} samples/s"
+            + (f" | all-reduce in flight {100 * comm:.0f}% of the window" if comm is not None else "")
+        )
     for g in sorted({c["global_batch"] for c in configs.values()}):
         base = next(n for n, c in configs.items() if c["global_batch"] == g and c["world"] == 1)
         for n, c in configs.items():
@@ -149,34 +197,58 @@ def summarize_ddp(raw: dict, log) -> dict:
             p = paired(by_name[n], by_name[base])
             pdc = paired(by_name[n], by_name[base], "samples_per_s_dedicated_estimate")
             sp, spc = p["median_of_rounds"], p["median_of_clean_rounds"]
-            row = {"global_batch": g, "processes": c["world"], "batch_per_rank": c["batch_per_rank"], "contender": n,
-                   "baseline": base, "speedup": sp, "speedup_ratio_of_medians": p["ratio_of_medians"],
-                   "efficiency": sp / c["world"] if sp else None, "per_round": p["per_round"],
-                   "clean_rounds": p["clean_rounds"], "speedup_clean_rounds": spc,
-                   "efficiency_clean_rounds": spc / c["world"] if spc else None,
-                   # samples per CPU-second of the average rank: no waiting, no neighbours; an upper bound
-                   "speedup_cpu_time_upper_bound": paired(by_name[n], by_name[base], "samples_per_cpu_s")["median_of_rounds"],
-                   # per step, the slowest rank's CPU time: waits for a slower rank count, neighbours do not
-                   "speedup_dedicated_core_estimate": pdc["median_of_rounds"],
-                   "comm_fraction": out["contenders"][n]["comm_fraction"]["median"]}
+            row = {
+                "global_batch": g,
+                "processes": c["world"],
+                "batch_per_rank": c["batch_per_rank"],
+                "contender": n,
+                "baseline": base,
+                "speedup": sp,
+                "speedup_ratio_of_medians": p["ratio_of_medians"],
+                "efficiency": sp / c["world"] if sp else None,
+                "per_round": p["per_round"],
+                "clean_rounds": p["clean_rounds"],
+                "speedup_clean_rounds": spc,
+                "efficiency_clean_rounds": spc / c["world"] if spc else None,
+                # samples per CPU-second of the average rank: no waiting, no neighbours; an upper bound
+                "speedup_cpu_time_upper_bound": paired(by_name[n], by_name[base], "samples_per_cpu_s")[
+                    "median_of_rounds"
+                ],
+                # per step, the slowest rank's CPU time: waits for a slower rank count, neighbours do not
+                "speedup_dedicated_core_estimate": pdc["median_of_rounds"],
+                "comm_fraction": out["contenders"][n]["comm_fraction"]["median"],
+            }
             out["scaling"].append(row)
-            log(f"     speedup {n!r} vs {base!r}: {sp:.2f}x, efficiency {100 * sp / c['world']:.0f}% | clean rounds "
+            log(
+                f"     speedup {n!r} vs {base!r}: {sp:.2f}x, efficiency {100 * sp / c['world']:.0f}% | clean rounds "
                 f"({p['clean_rounds']}): {spc if spc is None else round(spc, 2)} | dedicated-core estimate "
-                f"{fmt(pdc['median_of_rounds'])}x")
+                f"{fmt(pdc['median_of_rounds'])}x"
+            )
     for n, c in configs.items():
         if c["flags"]:
-            ref = next(m for m, d in configs.items() if d["global_batch"] == c["global_batch"] and d["world"] == c["world"]
-                       and not d["flags"])
+            ref = next(
+                m
+                for m, d in configs.items()
+                if d["global_batch"] == c["global_batch"] and d["world"] == c["world"] and not d["flags"]
+            )
             p = paired(by_name[n], by_name[ref])
             per_step = lambda name: by_name[name][0].get("allreduces", 0) / configs[name]["steps"]  # noqa: E731
-            out["knobs"][n] = {"vs": ref, "ratio": p["median_of_rounds"], "per_round": p["per_round"],
-                               # a knob that leaves the buckets as they were can only measure noise (e.g. 1 MB buckets
-                               # on the tiny model: the 7.8 MB embedding joins the 0.4 MB rest in one bucket)
-                               "allreduces_per_step": {n: per_step(n), ref: per_step(ref)},
-                               "clean_rounds": p["clean_rounds"], "ratio_clean_rounds": p["median_of_clean_rounds"],
-                               "ratio_dedicated_core_estimate": paired(by_name[n], by_name[ref],
-                                                                       "samples_per_s_dedicated_estimate")["median_of_rounds"]}
-            log(f"     knob {n!r} / {ref!r}: {fmt(p['median_of_rounds'], 3)}x (clean rounds: {p['median_of_clean_rounds']})")
+            out["knobs"][n] = {
+                "vs": ref,
+                "ratio": p["median_of_rounds"],
+                "per_round": p["per_round"],
+                # a knob that leaves the buckets as they were can only measure noise (e.g. 1 MB buckets
+                # on the tiny model: the 7.8 MB embedding joins the 0.4 MB rest in one bucket)
+                "allreduces_per_step": {n: per_step(n), ref: per_step(ref)},
+                "clean_rounds": p["clean_rounds"],
+                "ratio_clean_rounds": p["median_of_clean_rounds"],
+                "ratio_dedicated_core_estimate": paired(by_name[n], by_name[ref], "samples_per_s_dedicated_estimate")[
+                    "median_of_rounds"
+                ],
+            }
+            log(
+                f"     knob {n!r} / {ref!r}: {fmt(p['median_of_rounds'], 3)}x (clean rounds: {p['median_of_clean_rounds']})"
+            )
     return out
 
 
@@ -186,7 +258,9 @@ def ddp_worker(spec_path: str) -> None:
         torch.set_num_threads(1)
     with harness.shared_process_group(timeout_s=spec["timeout"]) as (backend, why):
         rank, world = dist.get_rank(), dist.get_world_size()
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if backend == "nccl" else torch.device("cpu")
+        device = (
+            torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if backend == "nccl" else torch.device("cpu")
+        )
         with contextlib.redirect_stdout(io.StringIO()):
             shape = flops.model_shape(build_model(RunConfig(model=spec["model"], seed=spec["seed"]), AG_NEWS_LABELS)[0])
         gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
@@ -200,24 +274,53 @@ def ddp_worker(spec_path: str) -> None:
             for c in rotate(spec["configs"], r):
                 argv = worker_argv(spec, c, device.type)
                 amp = precision.resolve_amp(parse_argv(argv, ddp=c["world"] > 1).amp, device)
-                peak = spec["peak_tflops"] or (flops.peak_tflops(gpu, flops.matmul_dtype(amp.mode, device.type)) if gpu else None)
+                peak = spec["peak_tflops"] or (
+                    flops.peak_tflops(gpu, flops.matmul_dtype(amp.mode, device.type)) if gpu else None
+                )
                 res = _worker_contender(c, argv, device, shape, peak, gate, rank, world)
                 if rank == 0:
-                    res.update(name=c["name"], round=r, world=c["world"], load_average=provenance.load_average(),
-                               command=("python scripts/train_single.py " if c["world"] == 1
-                                        else f"torchrun --nproc_per_node={world} scripts/train_ddp.py ") + " ".join(argv))
+                    res.update(
+                        name=c["name"],
+                        round=r,
+                        world=c["world"],
+                        load_average=provenance.load_average(),
+                        command=(
+                            "python scripts/train_single.py "
+                            if c["world"] == 1
+                            else f"torchrun --nproc_per_node={world} scripts/train_ddp.py "
+                        )
+                        + " ".join(argv),
+                    )
                     results.append(res)
-                    print(f"  {c['name']:48s} {timing.format_rate(res['samples_per_s'], res['tokens_per_s'], res['model_tflops'], res['mfu'])}"
-                          f" | others {fmt(res['foreign_cores'])} cores"
-                          + (f" | all-reduce {100 * res['comm_fraction']:.0f}% of the window" if res.get("comm_fraction") is not None else ""),
-                          flush=True)
+                    print(
+                        f"  {c['name']:48s} {timing.format_rate(res['samples_per_s'], res['tokens_per_s'], res['model_tflops'], res['mfu'])}"
+                        f" | others {fmt(res['foreign_cores'])} cores"
+                        + (
+                            f" | all-reduce {100 * res['comm_fraction']:.0f}% of the window"
+                            if res.get("comm_fraction") is not None
+                            else ""
+                        ),
+                        flush=True,
+                    )
                 if rank == 0:
                     shutil.rmtree(argv[argv.index("--output") + 1], ignore_errors=True)
                 gc.collect()
         if rank == 0:
-            Path(spec["out"]).write_text(json.dumps(provenance.as_jsonable(
-                {"backend": backend, "backend_reason": why, "world_size": world, "model": spec["model_name"],
-                 "configs": spec["configs"], "rounds": spec["rounds"], "results": results})))
+            Path(spec["out"]).write_text(
+                json.dumps(
+                    provenance.as_jsonable(
+                        {
+                            "backend": backend,
+                            "backend_reason": why,
+                            "world_size": world,
+                            "model": spec["model_name"],
+                            "configs": spec["configs"],
+                            "rounds": spec["rounds"],
+                            "results": results,
+                        }
+                    )
+                )
+            )
         dist.barrier()
 
 
@@ -241,9 +344,12 @@ def _worker_contender(c: dict, argv: list, device, shape, peak, gate, rank: int,
         waiting_share = sum(w for _, w in gathered[1:] if w) if world > 1 else 0.0
         (_, _, b0), (_, _, b1) = marks[W], marks[W + K]
         res["waiting_ranks_cpu_share"] = waiting_share
-        res["foreign_cores"] = timing.foreign_cores(b0, b1, res["cpu_s"] + waiting_share * res["seconds"], res["seconds"])
+        res["foreign_cores"] = timing.foreign_cores(
+            b0, b1, res["cpu_s"] + waiting_share * res["seconds"], res["seconds"]
+        )
         dedicated = sum(step_cpu)
     else:
+
         def wait():  # rank 0 waits for a quiet CPU; every rank starts the window together
             q = gate.wait() if rank == 0 else None
             dist.barrier()

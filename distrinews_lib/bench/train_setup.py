@@ -17,8 +17,8 @@ from ..training import config, loop, precision
 # Trainer contenders, DistilBERT-base and the plots need them) and slow to import.
 
 MODELS = ("tiny", "distilbert-base")
-TRAINER_MEGABATCH = 50     # transformers' LengthGroupedSampler: megabatches of up to 50 batches
-EVAL_SAMPLES = 16          # the scripts evaluate after their epoch; keep that short (it is not timed)
+TRAINER_MEGABATCH = 50  # transformers' LengthGroupedSampler: megabatches of up to 50 batches
+EVAL_SAMPLES = 16  # the scripts evaluate after their epoch; keep that short (it is not timed)
 
 
 def full_plan(quick: bool, cuda: bool = False) -> dict:
@@ -28,10 +28,14 @@ def full_plan(quick: bool, cuda: bool = False) -> dict:
     docstring)."""
     if cuda and not quick:
         return {
-            "compare": {"tiny": dict(batch_size=32, warmup=50, steps=100, rounds=5),
-                        "distilbert-base": dict(batch_size=32, warmup=50, steps=100, rounds=5)},
+            "compare": {
+                "tiny": dict(batch_size=32, warmup=50, steps=100, rounds=5),
+                "distilbert-base": dict(batch_size=32, warmup=50, steps=100, rounds=5),
+            },
             "ablations": {"tiny": "all", "distilbert-base": "all"},
-            "ddp": dict(model="distilbert-base", global_batches=[64, 256], knobs=True, warmup=10, steps=(40, 20), rounds=3),
+            "ddp": dict(
+                model="distilbert-base", global_batches=[64, 256], knobs=True, warmup=10, steps=(40, 20), rounds=3
+            ),
         }
     if quick:
         return {
@@ -40,8 +44,10 @@ def full_plan(quick: bool, cuda: bool = False) -> dict:
             "ddp": dict(model="tiny", global_batches=[32], knobs=False, warmup=1, steps=3, rounds=1),
         }
     return {
-        "compare": {"tiny": dict(batch_size=32, warmup=50, steps=50, rounds=4),
-                    "distilbert-base": dict(batch_size=16, warmup=1, steps=3, rounds=2)},
+        "compare": {
+            "tiny": dict(batch_size=32, warmup=50, steps=50, rounds=4),
+            "distilbert-base": dict(batch_size=16, warmup=1, steps=3, rounds=2),
+        },
         "ablations": {"tiny": "all", "distilbert-base": ["--amp bf16"]},
         "ddp": dict(model="tiny", global_batches=[64, 256, 512], knobs=True, warmup=2, steps=(30, 10, 6), rounds=3),
     }
@@ -56,7 +62,11 @@ def ablation_flags(device: torch.device, wanted) -> list:
     amp_default = precision.resolve_amp(d.amp, device).mode
     fused_default = loop.fused_adamw_available(device.type) if d.fused_adam is None else d.fused_adam
     table = [
-        ("--no-group_by_length", "length-grouped batches off: random batches, padded to their longest text", d.group_by_length),
+        (
+            "--no-group_by_length",
+            "length-grouped batches off: random batches, padded to their longest text",
+            d.group_by_length,
+        ),
         ("--pad_multiple 0", "no rounding of the padded width up to a multiple of 8", pad_default not in (0, 1)),
         ("--pad_multiple 8", "padded width rounded up to a multiple of 8 (the CUDA default)", pad_default in (0, 1)),
         ("--amp off", "AMP off (fp32)", amp_default != "off"),
@@ -76,7 +86,9 @@ def resolve_data(choice: str) -> str:
 
 def data_note(splits: texts.TextSplits) -> str:
     if splits.is_synthetic:
-        return ("SYNTHETIC texts: their length distribution is the generator's, not AG News'. Ratios are indicative only.")
+        return (
+            "SYNTHETIC texts: their length distribution is the generator's, not AG News'. Ratios are indicative only."
+        )
     return f"real AG News texts ({splits.source}: {splits.detail}): their real length distribution"
 
 
@@ -98,19 +110,64 @@ def materialise_model(name: str, folder: Path, seed: int) -> str:
     raise UserError(f"--models: unknown model {name!r}; choices: {', '.join(MODELS)}.")
 
 
-MODEL_DESCRIPTIONS = {"tiny": "tiny preset: random 2-layer dim-64 DistilBERT, 30522-token vocabulary",
-                      "distilbert-base": "DistilBERT-base from its config (6 layers, dim 768, 12 heads), random weights"}
+MODEL_DESCRIPTIONS = {
+    "tiny": "tiny preset: random 2-layer dim-64 DistilBERT, 30522-token vocabulary",
+    "distilbert-base": "DistilBERT-base from its config (6 layers, dim 768, 12 heads), random weights",
+}
 
 
-def script_argv(*, model: str, data_arg: str, batch_size: int, steps: int, num_samples: int, max_length: int, seed: int,
-                threads: int | None, out: Path, device_type: str, flags=(), ddp: bool = False) -> list:
+def script_argv(
+    *,
+    model: str,
+    data_arg: str,
+    batch_size: int,
+    steps: int,
+    num_samples: int,
+    max_length: int,
+    seed: int,
+    threads: int | None,
+    out: Path,
+    device_type: str,
+    flags=(),
+    ddp: bool = False,
+) -> list:
     """The command line a user could type: the device's preset, then every value that matters spelled out."""
-    argv = ["--config", "cpu_smoke" if device_type == "cpu" else "single_gpu",
-            "--model", model, "--data", data_arg, "--epochs", 1, "--num_samples", num_samples,
-            "--eval_samples", EVAL_SAMPLES, "--batch_size", batch_size, "--max_length", max_length,
-            "--lr", 5e-5, "--weight_decay", 0.01, "--warmup_ratio", 0.06, "--amp", "auto", "--seed", seed,
-            "--max_steps_per_epoch", steps, "--no-progress", "--no-snapshots",
-            "--output", out, "--checkpoint", out / "model.pt"]
+    argv = [
+        "--config",
+        "cpu_smoke" if device_type == "cpu" else "single_gpu",
+        "--model",
+        model,
+        "--data",
+        data_arg,
+        "--epochs",
+        1,
+        "--num_samples",
+        num_samples,
+        "--eval_samples",
+        EVAL_SAMPLES,
+        "--batch_size",
+        batch_size,
+        "--max_length",
+        max_length,
+        "--lr",
+        5e-5,
+        "--weight_decay",
+        0.01,
+        "--warmup_ratio",
+        0.06,
+        "--amp",
+        "auto",
+        "--seed",
+        seed,
+        "--max_steps_per_epoch",
+        steps,
+        "--no-progress",
+        "--no-snapshots",
+        "--output",
+        out,
+        "--checkpoint",
+        out / "model.pt",
+    ]
     if threads:
         argv += ["--threads", threads]
     if ddp:

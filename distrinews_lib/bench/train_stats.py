@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from . import timing
 
-CLEAN_CORES = 0.25         # a window is "clean" when other processes used at most this many cores during it
+CLEAN_CORES = 0.25  # a window is "clean" when other processes used at most this many cores during it
 
 
 def rotate(items: list, r: int) -> list:
@@ -24,9 +24,14 @@ def paired(a: list, b: list, key: str = "samples_per_s") -> dict:
     clean = [x[key] / y[key] for x, y in zip(a, b) if x.get(key) and y.get(key) and _clean(x) and _clean(y)]
     med_a = timing.summary(x.get(key) for x in a)["median"]
     med_b = timing.summary(y.get(key) for y in b)["median"]
-    return {"median_of_rounds": timing.summary(per_round)["median"], "ratio_of_medians": timing.ratio(med_a, med_b),
-            "per_round": per_round, "metric": key,
-            "clean_rounds": len(clean), "median_of_clean_rounds": timing.summary(clean)["median"] if clean else None}
+    return {
+        "median_of_rounds": timing.summary(per_round)["median"],
+        "ratio_of_medians": timing.ratio(med_a, med_b),
+        "per_round": per_round,
+        "metric": key,
+        "clean_rounds": len(clean),
+        "median_of_clean_rounds": timing.summary(clean)["median"] if clean else None,
+    }
 
 
 def paired_ratios(results: dict, base: str, others: list) -> dict:
@@ -35,14 +40,26 @@ def paired_ratios(results: dict, base: str, others: list) -> dict:
     lengths); per CPU-second is the cross-check that neighbours' load cannot move (1-thread contenders)."""
     out = {}
     for o in others:
-        out[f"{base} / {o}"] = {**paired(results[base], results[o]),
-                                "by_model_flops": paired(results[base], results[o], "model_tflops"),
-                                "per_cpu_second": paired(results[base], results[o], "samples_per_cpu_s")}
+        out[f"{base} / {o}"] = {
+            **paired(results[base], results[o]),
+            "by_model_flops": paired(results[base], results[o], "model_tflops"),
+            "per_cpu_second": paired(results[base], results[o], "samples_per_cpu_s"),
+        }
     return out
 
 
-def summarise(rs: list, keys=("samples_per_s", "tokens_per_s", "samples_per_cpu_s", "model_tflops", "padding_fraction",
-                              "cpu_share", "foreign_cores")) -> dict:
+def summarise(
+    rs: list,
+    keys=(
+        "samples_per_s",
+        "tokens_per_s",
+        "samples_per_cpu_s",
+        "model_tflops",
+        "padding_fraction",
+        "cpu_share",
+        "foreign_cores",
+    ),
+) -> dict:
     out = {k: timing.summary(r.get(k) for r in rs) for k in keys}
     out["mfu"] = timing.summary(r.get("mfu") for r in rs) if any(r.get("mfu") for r in rs) else None
     return out
@@ -50,16 +67,21 @@ def summarise(rs: list, keys=("samples_per_s", "tokens_per_s", "samples_per_cpu_
 
 def line(name: str, res: dict) -> str:
     fc = res.get("foreign_cores")
-    return (f"  {name:34s} {timing.format_rate(res['samples_per_s'], res['tokens_per_s'], res.get('model_tflops'), res.get('mfu'))}"
-            f" | pad {100 * (res.get('padding_fraction') or 0):.0f}% | others {'?' if fc is None else round(fc, 2)} cores")
+    return (
+        f"  {name:34s} {timing.format_rate(res['samples_per_s'], res['tokens_per_s'], res.get('model_tflops'), res.get('mfu'))}"
+        f" | pad {100 * (res.get('padding_fraction') or 0):.0f}% | others {'?' if fc is None else round(fc, 2)} cores"
+    )
 
 
 def headline_ratio(section: dict, key: str):
     rr = section["ratios"].get(key)
     if not rr:
         return None
-    return rr["median_of_rounds"] if section.get("headline_metric", "samples_per_s") == "samples_per_s" \
+    return (
+        rr["median_of_rounds"]
+        if section.get("headline_metric", "samples_per_s") == "samples_per_s"
         else rr["by_model_flops"]["median_of_rounds"]
+    )
 
 
 def fmt(x, digits: int = 2) -> str:

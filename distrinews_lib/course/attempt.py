@@ -36,8 +36,8 @@ class _TooSlow(Exception):
 class Grade:
     name: str
     attempted: bool
-    passed: list = field(default_factory=list)   # the cases that passed, in order
-    failed: str | None = None                    # the first failure, in one sentence
+    passed: list = field(default_factory=list)  # the cases that passed, in order
+    failed: str | None = None  # the first failure, in one sentence
 
     @property
     def ok(self) -> bool:
@@ -47,8 +47,13 @@ class Grade:
 def _where(err: BaseException) -> str:
     # The innermost frame that is the learner's code (a notebook cell), else the innermost of all.
     frames = traceback.extract_tb(err.__traceback__)
-    mine = [f for f in frames if f.filename.startswith("<ipython-input") or "ipykernel" in f.filename
-            or f.filename.startswith("/tmp/ipykernel")]
+    mine = [
+        f
+        for f in frames
+        if f.filename.startswith("<ipython-input")
+        or "ipykernel" in f.filename
+        or f.filename.startswith("/tmp/ipykernel")
+    ]
     f = (mine or frames or [None])[-1]
     return f" (at `{f.line}`)" if f is not None and f.line else ""
 
@@ -94,13 +99,15 @@ def grade(fn, cases, *, timeout: float = 20, quiet: bool = False) -> Grade:
     name = getattr(fn, "__name__", "your function")
     say = (lambda *a: None) if quiet else print
     result = Grade(name, attempted=True)
-    not_yet = (f"{name}: not attempted yet (it still raises NotImplementedError). Write it in the exercise cell "
-               "above, run that cell, then this one.")
+    not_yet = (
+        f"{name}: not attempted yet (it still raises NotImplementedError). Write it in the exercise cell "
+        "above, run that cell, then this one."
+    )
     if is_stub(fn):
         result.attempted = False
         say(not_yet)
         return result
-    for what, args, judge in (cases() if callable(cases) else cases):
+    for what, args, judge in cases() if callable(cases) else cases:
         try:
             got = call_with_limit(fn, args, timeout)
         except NotImplementedError:
@@ -134,7 +141,9 @@ def judge_prediction(name: str, predicted, actual, *, right: bool | None = None,
         print(f"{name}: no prediction written down (it is None). The run gave {actual!r}. {why}".rstrip())
         return None
     ok = (predicted == actual) if right is None else right
-    print(f"{name}: you predicted {predicted!r}, the run gave {actual!r}: {'right' if ok else 'not quite'}. {why}".rstrip())
+    print(
+        f"{name}: you predicted {predicted!r}, the run gave {actual!r}: {'right' if ok else 'not quite'}. {why}".rstrip()
+    )
     return ok
 
 
@@ -152,8 +161,10 @@ def try_exercise(test, fn, strict=False) -> bool:
     try:
         test(fn)
     except NotYet as why:
-        print(f"'{name}' is not written yet{': ' + str(why) if str(why) else ''}. Write it in the cell above, "
-              "run it, then run this cell again.")
+        print(
+            f"'{name}' is not written yet{': ' + str(why) if str(why) else ''}. Write it in the cell above, "
+            "run it, then run this cell again."
+        )
         if strict:
             raise AssertionError(f"the solution of '{name}' is still a stub") from None
         return False
@@ -163,7 +174,9 @@ def try_exercise(test, fn, strict=False) -> bool:
             raise AssertionError(f"claim failed: the solution of '{name}' passes its test ({why})") from None
         return False
     except Exception as err:  # the learner's code crashed: say where, in one line
-        frames = [f for f in traceback.extract_tb(err.__traceback__) if f.name == name or "ipykernel" in (f.filename or "")]
+        frames = [
+            f for f in traceback.extract_tb(err.__traceback__) if f.name == name or "ipykernel" in (f.filename or "")
+        ]
         where = f" (line {frames[-1].lineno} of '{name}': {frames[-1].line})" if frames else ""
         print(f"'{name}' raised {type(err).__name__}: {err}{where}")
         if strict:

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -92,12 +90,31 @@ def build_model(kind: str, seed: int, unused: str | None = None):
         cfg = DistilBertConfig(vocab_size=30522, num_labels=4, pad_token_id=0, **TINY_CONFIG)
         return DistilBertForSequenceClassification(cfg)
     if kind == "wide":
-        cfg = DistilBertConfig(vocab_size=HASH_VOCAB, num_labels=4, pad_token_id=0, dim=128, n_layers=4, n_heads=4,
-                               hidden_dim=512, max_position_embeddings=SEQ_LEN, dropout=0.1)
+        cfg = DistilBertConfig(
+            vocab_size=HASH_VOCAB,
+            num_labels=4,
+            pad_token_id=0,
+            dim=128,
+            n_layers=4,
+            n_heads=4,
+            hidden_dim=512,
+            max_position_embeddings=SEQ_LEN,
+            dropout=0.1,
+        )
         return DistilBertForSequenceClassification(cfg)
     if kind == "tied":
-        cfg = GPT2Config(vocab_size=HASH_VOCAB, n_positions=SEQ_LEN, n_embd=64, n_layer=2, n_head=2, n_inner=256,
-                         tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+        cfg = GPT2Config(
+            vocab_size=HASH_VOCAB,
+            n_positions=SEQ_LEN,
+            n_embd=64,
+            n_layer=2,
+            n_head=2,
+            n_inner=256,
+            tie_word_embeddings=True,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
         return GPT2LMHeadModel(cfg)
     if kind == "twoheads":
         return TwoHeads(unused)
@@ -122,7 +139,7 @@ def batches(kind: str, rank: int, world: int, steps: int, batch_size: int) -> li
         x = torch.zeros(batch_size, SEQ_LEN, dtype=torch.long)
         mask = torch.zeros(batch_size, SEQ_LEN, dtype=torch.long)
         for j, r in enumerate(rows):
-            x[j, :len(ids[r])], mask[j, :len(ids[r])] = torch.tensor(ids[r]), 1
+            x[j, : len(ids[r])], mask[j, : len(ids[r])] = torch.tensor(ids[r]), 1
         if kind == "tied":  # next-token prediction on the same texts; padding is not predicted
             out.append({"input_ids": x, "attention_mask": mask, "labels": x.masked_fill(mask == 0, -100)})
         else:
@@ -140,8 +157,12 @@ def parse_args(doc: str, argv=None):
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--bucket_mb", type=float, default=1.0)
     p.add_argument("--timeout_s", type=float, default=30, help="a collective that waits longer fails (never a hang)")
-    p.add_argument("--no-broadcast", dest="broadcast", action="store_false",
-                   help="skip the broadcast of rank 0's initial weights (to see what goes wrong)")
+    p.add_argument(
+        "--no-broadcast",
+        dest="broadcast",
+        action="store_false",
+        help="skip the broadcast of rank 0's initial weights (to see what goes wrong)",
+    )
     return p.parse_args(argv)
 
 
@@ -185,10 +206,12 @@ def stop_unless_every_rank_has(dp, missing) -> None:
         first = int(bits[holes[0]])
         ranks = [r for r in range(dist.get_world_size()) if first >> r & 1]
         more = f" (and {len(holes) - 1} more)" if len(holes) > 1 else ""
-        raise UserError(f"an unused parameter: {dp.names[dp.params[holes[0]]]}{more} got no gradient in this step on "
-                        f"rank {', '.join(map(str, ranks))} of {dist.get_world_size()}: it took no part in the loss "
-                        "there. Every rank stops here. Use every parameter in forward on every rank (torch's DDP "
-                        "needs find_unused_parameters=True for a model that does not).")
+        raise UserError(
+            f"an unused parameter: {dp.names[dp.params[holes[0]]]}{more} got no gradient in this step on "
+            f"rank {', '.join(map(str, ranks))} of {dist.get_world_size()}: it took no part in the loss "
+            "there. Every rank stops here. Use every parameter in forward on every rank (torch's DDP "
+            "needs find_unused_parameters=True for a model that does not)."
+        )
 
 
 def one_dtype(params) -> torch.dtype:
@@ -220,8 +243,12 @@ def first_tensor_needing_grad(out):
 
 # Bytes each rank sends for one collective on a buffer of `nbytes` (the whole tensor, as every rank sees it), in the
 # bandwidth-optimal ring: an all-reduce is a reduce-scatter then an all-gather, each moving (N-1)/N of the buffer.
-RING_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
-               "all_gather": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
+RING_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+}
 
 
 def wire_bytes(op: str, nbytes: int, world: int) -> float:
@@ -269,6 +296,7 @@ def when_done(work, callback) -> None:
     try:
         future = work.get_future()
     except RuntimeError:
+
         def wait_then_call():
             try:
                 work.wait()
@@ -335,6 +363,7 @@ def optimizer_state_bytes(optimizer) -> int:
 
 # ----------------------------------------------------------------------------------------------- the notebook side
 
+
 def run_race(args: list, out_json, *, timeout: float = 300, echo: bool = False) -> dict:
     """Launch scripts/by_hand/race.py on 2 gloo ranks; returns its JSON. A failure raises LaunchError, whose message
     carries the script's own one-paragraph error (a wrong exercise, a rank that skipped a collective...)."""
@@ -343,14 +372,24 @@ def run_race(args: list, out_json, *, timeout: float = 300, echo: bool = False) 
     out_json = Path(out_json)
     out_json.unlink(missing_ok=True)
     try:
-        torchrun(SCRIPTS / "race.py", 2, [*map(str, args), "--out", out_json], timeout=timeout, echo=echo,
-                 env={"OMP_NUM_THREADS": 1})
+        torchrun(
+            SCRIPTS / "race.py",
+            2,
+            [*map(str, args), "--out", out_json],
+            timeout=timeout,
+            echo=echo,
+            env={"OMP_NUM_THREADS": 1},
+        )
     except LaunchError as err:
         # The scripts' own one-paragraph messages (main_guard); else the exception lines of the ranks' tracebacks.
         # A paragraph may start mid-line, after another rank's unfinished line on the same pipe.
-        lines = [l[l.index("error: "):] if "error: " in l else l for l in err.result.lines]
-        errors = [l for i, l in enumerate(lines) if l.startswith("error:")
-                  or (l.startswith("       ") and i and lines[i - 1].startswith(("error:", "       ")))]
+        lines = [l[l.index("error: ") :] if "error: " in l else l for l in err.result.lines]
+        errors = [
+            l
+            for i, l in enumerate(lines)
+            if l.startswith("error:")
+            or (l.startswith("       ") and i and lines[i - 1].startswith(("error:", "       ")))
+        ]
         errors = errors or [l for l in lines if re.match(r"^(\[rank\d+\]: )?\w+(Error|Exception)\b", l)]
         raise LaunchError("\n".join(dict.fromkeys(errors[:12])) or str(err), err.result) from None
     return json.loads(out_json.read_text())
@@ -369,8 +408,16 @@ def plot_gantt(timelines: dict, save_to=None):
             elif e["kind"] == "ready":
                 ax.plot([e["t"]], [1], "|", color="black", markersize=10)
             elif e["kind"] in ("comm", "comm_sync") and e.get("end") is not None:
-                ax.barh(0, e["end"] - e["start"], left=e["start"], color="tab:orange", height=0.6, alpha=0.6,
-                        edgecolor="black", linewidth=0.3)
+                ax.barh(
+                    0,
+                    e["end"] - e["start"],
+                    left=e["start"],
+                    color="tab:orange",
+                    height=0.6,
+                    alpha=0.6,
+                    edgecolor="black",
+                    linewidth=0.3,
+                )
             elif e["kind"] == "step":
                 ax.barh(1, e["end"] - e["start"], left=e["start"], color="tab:green", height=0.6)
         ax.set_yticks([0, 1], ["all-reduce", "backward"])
@@ -419,12 +466,19 @@ def rung_summary(res: dict, zero: dict | None = None) -> dict:
         timed = next((t for t in timings if name in t["ratio_vs_ddp"]), None)
         s = sharding.get(name, {})
         peaks = s.get("peak_mb_per_rank") or []
-        out[name] = {"step_time_ratio_vs_ddp": timed and timed["ratio_vs_ddp"][name],
-                     "max_weight_diff": max(diffs) if diffs else None,
-                     "collectives_per_step": timed and timed["collectives_per_step"][name],
-                     "peak_mb_per_rank": max(peaks) if peaks and None not in peaks else None,
-                     "timed_with_foreign_cores": timed and timed["foreign_cores"]}
+        out[name] = {
+            "step_time_ratio_vs_ddp": timed and timed["ratio_vs_ddp"][name],
+            "max_weight_diff": max(diffs) if diffs else None,
+            "collectives_per_step": timed and timed["collectives_per_step"][name],
+            "peak_mb_per_rank": max(peaks) if peaks and None not in peaks else None,
+            "timed_with_foreign_cores": timed and timed["foreign_cores"],
+        }
         if s:
-            out[name].update({"bytes_per_step": s["bytes_per_step"], "calculator_mb": s["calculator_mb"],
-                              "max_weight_diff_vs_fsdp2": s.get("max_weight_diff_vs_fsdp2")})
+            out[name].update(
+                {
+                    "bytes_per_step": s["bytes_per_step"],
+                    "calculator_mb": s["calculator_mb"],
+                    "max_weight_diff_vs_fsdp2": s.get("max_weight_diff_vs_fsdp2"),
+                }
+            )
     return out

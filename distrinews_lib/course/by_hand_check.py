@@ -41,10 +41,13 @@ from ..errors import UserError
 # ------------------------------------------------------------------------------------------- watching collectives
 
 # torch.distributed's collectives a rung (or FSDP2) calls from Python: name -> (kind, argument holding the full buffer)
-WATCHED = {"all_reduce": ("all_reduce", "tensor"),
-           "reduce_scatter_tensor": ("reduce_scatter", "input"), "reduce_scatter_single": ("reduce_scatter", "input"),
-           "all_gather_into_tensor": ("all_gather", "output_tensor"),
-           "all_gather_single": ("all_gather", "output_tensor")}
+WATCHED = {
+    "all_reduce": ("all_reduce", "tensor"),
+    "reduce_scatter_tensor": ("reduce_scatter", "input"),
+    "reduce_scatter_single": ("reduce_scatter", "input"),
+    "all_gather_into_tensor": ("all_gather", "output_tensor"),
+    "all_gather_single": ("all_gather", "output_tensor"),
+}
 
 
 class Collectives:
@@ -84,10 +87,17 @@ class Collectives:
                 return fn(*args, **kwargs)  # the rungs' agreements and the checker's own: not the training's traffic
             for t in bound.arguments.values():  # a freed tensor here would crash gloo (a segfault), not raise
                 if torch.is_tensor(t) and t.untyped_storage().nbytes() < t.numel() * t.element_size():
-                    raise UserError(f"a collective ({kind}) was given a tensor whose memory is freed: give it "
-                                    "back (resize its storage) before a collective writes into it")
-            record = {"kind": kind, "bytes": buffer.numel() * buffer.element_size(), "dtype": str(buffer.dtype),
-                      "in_backward": self.in_backward, "async": bool(bound.arguments.get("async_op"))}
+                    raise UserError(
+                        f"a collective ({kind}) was given a tensor whose memory is freed: give it "
+                        "back (resize its storage) before a collective writes into it"
+                    )
+            record = {
+                "kind": kind,
+                "bytes": buffer.numel() * buffer.element_size(),
+                "dtype": str(buffer.dtype),
+                "in_backward": self.in_backward,
+                "async": bool(bound.arguments.get("async_op")),
+            }
             self.calls.append(record)
             due = time.perf_counter() + self.delay_s
             work = fn(*args, **kwargs)
@@ -172,6 +182,7 @@ class _DelayedWork:
 
 # ------------------------------------------------------------------------------------------------------ sandboxes
 
+
 @contextmanager
 def sandbox(timeout_s: float):
     """Fresh gloo groups for the block: the default group (the rung and torch's DDP use it without knowing) and the
@@ -208,10 +219,13 @@ def outcome(err: BaseException | None, files=()) -> dict | None:
     own = bool(last) and last.filename in files and (last.line or "").strip().startswith("raise")
     text = " ".join(str(err).split())
     collective = any(s in text.lower() for s in ("gloo", "connection", "timed out", "timeout", "peer"))
-    return {"type": type(err).__name__, "message": text[:300], "where": where,
-            "clear": (isinstance(err, UserError) or own) and not collective
-            and not isinstance(err, NotImplementedError),
-            "not_written": isinstance(err, NotImplementedError)}
+    return {
+        "type": type(err).__name__,
+        "message": text[:300],
+        "where": where,
+        "clear": (isinstance(err, UserError) or own) and not collective and not isinstance(err, NotImplementedError),
+        "not_written": isinstance(err, NotImplementedError),
+    }
 
 
 def everyone(obj, group) -> list:
@@ -224,22 +238,22 @@ def everyone(obj, group) -> list:
 
 MISTAKES = {
     "missing_divide": "missing divide: the gradients your optimizer stepped with are {ratio:.2f}x torch DDP's "
-                      "average: they are summed over the {world} ranks, not averaged (divide by the world size)",
+    "average: they are summed over the {world} ranks, not averaged (divide by the world size)",
     "divided_twice": "divided twice: the gradients your optimizer stepped with are {ratio:.2f}x torch DDP's average "
-                     "(divide by the world size once)",
+    "(divide by the world size once)",
     "no_overlap": "no overlap: with a link that takes {delay_ms:.0f} ms per collective, your code waited for "
-                  "{waits} of them inside backward (backward took {slow_ms:.0f} ms instead of {fast_ms:.0f} ms): "
-                  "launch with async_op=True and wait only before the optimizer step",
+    "{waits} of them inside backward (backward took {slow_ms:.0f} ms instead of {fast_ms:.0f} ms): "
+    "launch with async_op=True and wait only before the optimizer step",
     "readiness_order": "launched in readiness order, not a fixed one: on a model whose gradients become ready in a "
-                       "different order on each rank, your ranks paired different tensors ({detail}); launch in "
-                       "the same fixed order on every rank, as torch's DDP does",
+    "different order on each rank, your ranks paired different tensors ({detail}); launch in "
+    "the same fixed order on every rank, as torch's DDP does",
     "second_backward": "a second backward before the step: {detail}; accumulate both backward passes as torch's DDP "
-                       "does, or stop every rank with a clear error",
+    "does, or stop every rank with a clear error",
     "dtype": "dtype not preserved: {detail}; make every buffer (and the shard) with the parameters' dtype",
     "unused_parameter": "an unused parameter ({case}): {detail}; every rank must stop with the same clear message "
-                        "(by_hand.stop_unless_every_rank_has), or handle it as find_unused_parameters does",
+    "(by_hand.stop_unless_every_rank_has), or handle it as find_unused_parameters does",
     "bucket_rule": "the bucket rule is not the one stated: {detail} (walk the parameters in reverse and close a "
-                   "bucket once it holds at least the cap, as torch's DDP does)",
+    "bucket once it holds at least the cap, as torch's DDP does)",
     "differs": "{detail}",
     "crashed": "your code raised {detail}",
     "stopped": "your code stopped: {detail}",
@@ -319,7 +333,7 @@ class Cases:
         sandbox, its collectives watched (a freed tensor handed to one is an error, not a crash): how each rank
         ended, its weights after each step, the runner."""
         log = log or Collectives()
-        with sandbox(self.timeout_s) as box, (log if not log.active else _Nothing()):
+        with sandbox(self.timeout_s) as box, log if not log.active else _Nothing():
             err, weights, runner = None, [], None
             try:
                 runner = self.make(name, kind, **kw)
@@ -358,9 +372,10 @@ def short(text: str, n: int) -> str:
 
 def ended(outcomes) -> str:
     """How the ranks ended, in a few words per rank."""
-    return "; ".join(f"rank {r}: " + ("finished" if o is None else
-                                      f"{o['type']}: {short(o['message'], 90)}{o['where']}")
-                     for r, o in enumerate(outcomes))
+    return "; ".join(
+        f"rank {r}: " + ("finished" if o is None else f"{o['type']}: {short(o['message'], 90)}{o['where']}")
+        for r, o in enumerate(outcomes)
+    )
 
 
 def crashed(outcomes) -> dict:
@@ -389,16 +404,23 @@ def probe(case: str, name: str, rung: str, cases: Cases) -> dict:
         ref = cases.reference("accumulate", "tiny", b, micro=2)
         got = cases.run(name, "tiny", b, micro=2)
         if all(o and o["clear"] for o in got["outcomes"]):
-            return {**PASS, "summary": f"two backward passes per step: refused on every rank "
-                                       f"({short(got['outcomes'][0]['message'], 80)})"}
+            return {
+                **PASS,
+                "summary": f"two backward passes per step: refused on every rank "
+                f"({short(got['outcomes'][0]['message'], 80)})",
+            }
         if any(got["outcomes"]):
             return mistake("second_backward", detail=f"not a clear error on every rank ({ended(got['outcomes'])})")
         first, worst = compare(got["weights"], ref["weights"], names_of(ref["runner"]))
         if worst > 1e-6:
-            return mistake("second_backward", detail=f"the weights end {worst:.3g} off torch DDP's, which "
-                                                     "accumulates both passes, silently")
-        return {**PASS, "summary": f"two backward passes per step: accumulated as torch's DDP does (max difference "
-                                   f"{worst:.3g})"}
+            return mistake(
+                "second_backward",
+                detail=f"the weights end {worst:.3g} off torch DDP's, which accumulates both passes, silently",
+            )
+        return {
+            **PASS,
+            "summary": f"two backward passes per step: accumulated as torch's DDP does (max difference {worst:.3g})",
+        }
     if case == "dtype":
         notes = []
         for dtype, tol in ((torch.float64, 0.0), (torch.bfloat16, 0.0)):
@@ -411,12 +433,18 @@ def probe(case: str, name: str, rung: str, cases: Cases) -> dict:
             kind = str(dtype).replace("torch.", "")
             other = [c for c in log.calls if c["dtype"] != str(dtype)]
             if other:
-                return mistake("dtype", detail=f"{kind} parameters, but a {other[0]['kind']} ran in "
-                                              f"{other[0]['dtype'].replace('torch.', '')}")
+                return mistake(
+                    "dtype",
+                    detail=f"{kind} parameters, but a {other[0]['kind']} ran in "
+                    f"{other[0]['dtype'].replace('torch.', '')}",
+                )
             opt = [p.dtype for g in got["runner"].opt.param_groups for p in g["params"]]
             if any(d != dtype for d in opt):
-                return mistake("dtype", detail=f"{kind} parameters, but the optimizer updates "
-                                              f"{str(next(d for d in opt if d != dtype)).replace('torch.', '')} ones")
+                return mistake(
+                    "dtype",
+                    detail=f"{kind} parameters, but the optimizer updates "
+                    f"{str(next(d for d in opt if d != dtype)).replace('torch.', '')} ones",
+                )
             first, worst = compare(got["weights"], ref["weights"], names_of(ref["runner"]))
             if worst > tol:
                 return mistake("dtype", detail=f"{kind} parameters end {worst:.3g} off torch DDP's in {kind}")
@@ -434,8 +462,10 @@ def probe(case: str, name: str, rung: str, cases: Cases) -> dict:
             zero = mine.clone()
             dist.broadcast(zero, src=0, group=control())
             apart = across(float((mine - zero).abs().max()))
-            return mistake("readiness_order", detail=f"weights {worst:.3g} off torch DDP's after {len(b)} steps, "
-                                                     f"and the ranks {apart:.3g} apart")
+            return mistake(
+                "readiness_order",
+                detail=f"weights {worst:.3g} off torch DDP's after {len(b)} steps, and the ranks {apart:.3g} apart",
+            )
         return {**PASS, "summary": f"gradients ready in a different order on each rank: max difference {worst:.3g}"}
     if case in ("unused_rank1", "unused_all"):
         unused = case.split("_")[1]
@@ -444,14 +474,19 @@ def probe(case: str, name: str, rung: str, cases: Cases) -> dict:
         got = cases.run(name, "twoheads", b, unused=unused)
         where = "a head unused on rank 1" if unused == "rank1" else "a head unused on every rank"
         if all(o and o["clear"] for o in got["outcomes"]):
-            return {**PASS, "summary": f"{where}: a clear error on every rank "
-                                       f"({short(got['outcomes'][0]['message'], 70)})"}
+            return {
+                **PASS,
+                "summary": f"{where}: a clear error on every rank ({short(got['outcomes'][0]['message'], 70)})",
+            }
         if any(got["outcomes"]):
             return mistake("unused_parameter", case=where, detail=ended(got["outcomes"]))
         first, worst = compare(got["weights"], ref["weights"], names_of(ref["runner"]))
         if worst > 1e-6:
-            return mistake("unused_parameter", case=where, detail=f"no error, and the weights end {worst:.3g} off "
-                                                                  "torch DDP's with find_unused_parameters=True")
+            return mistake(
+                "unused_parameter",
+                case=where,
+                detail=f"no error, and the weights end {worst:.3g} off torch DDP's with find_unused_parameters=True",
+            )
         return {**PASS, "summary": f"{where}: as torch DDP with find_unused_parameters (max difference {worst:.3g})"}
     raise ValueError(f"unknown case {case!r}")
 
@@ -468,17 +503,25 @@ def probe_bucket_rule(name: str, cases: Cases) -> dict:
             dp = got["runner"].dp
             buckets = getattr(dp, "buckets", None)
             if not isinstance(buckets, (list, tuple)) or not all(isinstance(b, (list, tuple)) for b in buckets):
-                return mistake("bucket_rule", detail="no buckets to compare: keep them in self.buckets, a list of "
-                                                     "lists of parameters, as the skeleton says")
+                return mistake(
+                    "bucket_rule",
+                    detail="no buckets to compare: keep them in self.buckets, a list of "
+                    "lists of parameters, as the skeleton says",
+                )
             order = list(reversed(dp.params))
             indices, _ = dist._compute_bucket_assignment_by_size(order, [int(cap_mb * 2**20)], [False] * len(order))
             want = [[id(order[i]) for i in b] for b in indices]
             if [[id(p) for p in b] for b in buckets] != want:
+
                 def mib(groups):
                     return ", ".join(f"{sum(p.numel() * p.element_size() for p in g) / 2**20:.2f}" for g in groups)
-                return mistake("bucket_rule", detail=f"{kind} model at {cap_mb:g} MiB: your {len(buckets)} buckets "
-                                                     f"hold {mib(buckets)} MiB; the rule's {len(want)} hold "
-                                                     f"{mib([[order[i] for i in b] for b in indices])} MiB")
+
+                return mistake(
+                    "bucket_rule",
+                    detail=f"{kind} model at {cap_mb:g} MiB: your {len(buckets)} buckets "
+                    f"hold {mib(buckets)} MiB; the rule's {len(want)} hold "
+                    f"{mib([[order[i] for i in b] for b in indices])} MiB",
+                )
             checked.append(f"{kind} {cap_mb:g} MiB: {len(want)}")
     return {**PASS, "summary": "the buckets of torch's DDP's rule (" + "; ".join(checked) + ")"}
 
@@ -515,11 +558,15 @@ def probe_overlap(name: str, cases: Cases) -> dict:
     slow_ms, fast_ms = 1000 * max(slow), 1000 * max(fast)
     stretched = launched >= 3 and slow_ms - fast_ms >= 800 * DELAY_S * (launched - 1) and slow_ms >= 2 * fast_ms
     if across(waits) > 0 or across(float(stretched)) > 0:
-        return mistake("no_overlap", delay_ms=1000 * DELAY_S, waits=f"{max(waits, 1):.0f}", slow_ms=slow_ms,
-                       fast_ms=fast_ms)
-    return {**PASS, "summary": f"a {1000 * DELAY_S:.0f} ms link: {launched:.0f} collectives launched inside backward, "
-                               f"none waited for there (backward {slow_ms:.0f} ms, {fast_ms:.0f} ms without the "
-                               "delay)"}
+        return mistake(
+            "no_overlap", delay_ms=1000 * DELAY_S, waits=f"{max(waits, 1):.0f}", slow_ms=slow_ms, fast_ms=fast_ms
+        )
+    return {
+        **PASS,
+        "summary": f"a {1000 * DELAY_S:.0f} ms link: {launched:.0f} collectives launched inside backward, "
+        f"none waited for there (backward {slow_ms:.0f} ms, {fast_ms:.0f} ms without the "
+        "delay)",
+    }
 
 
 # -------------------------------------------------------------------------------------------- the notebook side
@@ -624,8 +671,9 @@ def verdict(res: dict, label: str) -> dict:
             continue
         if r.get("verdict", PASS)["ok"] is False:
             return {**r["verdict"], "passed": passed}
-        passed.append(f"{model} model: {res['steps']} steps equal to torch's DDP (max difference "
-                      f"{r['max_weight_diff']:.3g})")
+        passed.append(
+            f"{model} model: {res['steps']} steps equal to torch's DDP (max difference {r['max_weight_diff']:.3g})"
+        )
     for name, v in res.get("probes", {}).get(label, {}).items():
         if not v["ok"]:
             return {**v, "passed": passed}
@@ -639,17 +687,25 @@ def launch_error_line(err) -> str:
     first = next((l for l in lines if l.startswith("error:")), None)
     if first:
         rest = []
-        for l in lines[lines.index(first) + 1:]:
+        for l in lines[lines.index(first) + 1 :]:
             if l.startswith(("error:", "[rank")) or not l:
                 break
             rest.append(l)
-        return " ".join([first[len("error:"):].strip(), *rest])
+        return " ".join([first[len("error:") :].strip(), *rest])
     exc = [l for l in lines if "Error" in l or "Exception" in l]
     return (exc[-1] if exc else lines[-1] if lines else "the launch failed")[:300]
 
 
-def check_exercises(items, out_dir="outputs/by_hand", *, timeout: float = 300, models="tiny,tied",
-                    probes=True, check_steps: int = 3, rungs: str = "") -> dict:
+def check_exercises(
+    items,
+    out_dir="outputs/by_hand",
+    *,
+    timeout: float = 300,
+    models="tiny,tied",
+    probes=True,
+    check_steps: int = 3,
+    rungs: str = "",
+) -> dict:
     """Check several learner files in ONE launch: items are (rung, path, label). Returns {label: verdict}; a file
     still blank or unfinished gets its verdict without being launched."""
     from .by_hand import run_race
@@ -660,13 +716,19 @@ def check_exercises(items, out_dir="outputs/by_hand", *, timeout: float = 300, m
         try:
             state, left = status(rung, path)
         except SyntaxError as err:  # the learner's file does not parse: say where, in one line
-            out[label] = {**mistake("crashed", detail=f"SyntaxError: {err.msg} (line {err.lineno}: "
-                                                      f"{(err.text or '').strip()})"), "passed": []}
+            out[label] = {
+                **mistake("crashed", detail=f"SyntaxError: {err.msg} (line {err.lineno}: {(err.text or '').strip()})"),
+                "passed": [],
+            }
             continue
         if state == "blank":
-            out[label] = {"ok": None, "mistake": "not_attempted", "passed": [],
-                          "message": f"{rung}: not attempted yet (the skeleton's functions still raise "
-                                     "NotImplementedError): write them in the exercise cell, run it, then this cell"}
+            out[label] = {
+                "ok": None,
+                "mistake": "not_attempted",
+                "passed": [],
+                "message": f"{rung}: not attempted yet (the skeleton's functions still raise "
+                "NotImplementedError): write them in the exercise cell, run it, then this cell",
+            }
         elif state == "partial":
             out[label] = {**mistake("not_written", detail=", ".join(left)), "passed": []}
         else:
@@ -693,8 +755,9 @@ def check_exercises(items, out_dir="outputs/by_hand", *, timeout: float = 300, m
     return out
 
 
-def check_exercise(rung: str, path, out_dir="outputs/by_hand", *, strict: bool = False, timeout: float = 300,
-                   probes: bool = True) -> dict:
+def check_exercise(
+    rung: str, path, out_dir="outputs/by_hand", *, strict: bool = False, timeout: float = 300, probes: bool = True
+) -> dict:
     """Run the learner's `rung` (the file at `path`) through the race's check and every probe, against torch's DDP;
     print what passed and, in one line, the first mistake. strict=True (solutions, tests): raise AssertionError
     with that line instead of returning a failed verdict."""

@@ -1,6 +1,7 @@
 """The machinery of chapter 03's race (scripts/by_hand/race.py is its entry point): a Runner trains one contender
 (torch's DDP, torch's FSDP2 or a rung of scripts/by_hand/) with a timeline of its steps, and each section of the race
 (check, memory and sharding, timing, the facts, the bucket sweep) is a function here, run on every rank."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -78,8 +79,20 @@ class Runner:
     """One model trained by torch's DDP ("ddp"), torch's FSDP2 ("fsdp2") or a rung, with a timeline of its steps.
     model_kw: build_model's (unused=...); dtype: the model's; find_unused: DDP's find_unused_parameters."""
 
-    def __init__(self, name, kind, args, mods, rank, bucket_mb=None, grad_view=False, dtype=None, find_unused=False,
-                 dropout=True, **model_kw):
+    def __init__(
+        self,
+        name,
+        kind,
+        args,
+        mods,
+        rank,
+        bucket_mb=None,
+        grad_view=False,
+        dtype=None,
+        find_unused=False,
+        dropout=True,
+        **model_kw,
+    ):
         self.name, self.timeline = name, by_hand.Timeline()
         self.model = by_hand.build_model(kind, seed=args.seed + rank, **model_kw)  # a different init per rank
         if dtype is not None:
@@ -94,8 +107,12 @@ class Runner:
                 p.register_post_accumulate_grad_hook(lambda p: self.timeline.ready(names[p]))
         bucket_mb = bucket_mb or args.bucket_mb
         if name == "ddp":
-            self.dp = DDP(self.model, bucket_cap_mb=bucket_mb, gradient_as_bucket_view=grad_view,
-                          find_unused_parameters=find_unused)
+            self.dp = DDP(
+                self.model,
+                bucket_cap_mb=bucket_mb,
+                gradient_as_bucket_view=grad_view,
+                find_unused_parameters=find_unused,
+            )
             self.opt = torch.optim.AdamW(self.model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
         elif name == "fsdp2":
             for t in [*self.model.parameters(), *self.model.buffers()]:  # rank 0's weights, as DDP and the rungs
@@ -115,8 +132,10 @@ class Runner:
             grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
             grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
             # a norm per tensor (no full-size temporary: the memory runs measure this step's peak)
-            self.first_grad = (sum(float(torch.linalg.vector_norm(g)) ** 2 for g in grads),
-                               sum(g.numel() for g in grads))
+            self.first_grad = (
+                sum(float(torch.linalg.vector_norm(g)) ** 2 for g in grads),
+                sum(g.numel() for g in grads),
+            )
 
     def step(self, batch, micro=1, log=None):
         """One optimizer step on `batch`, in `micro` backward passes (accumulation, each on a slice of the batch)."""
@@ -128,7 +147,7 @@ class Runner:
     def _step(self, batch, micro, log):
         n = len(batch["labels"])
         for k in range(micro):
-            part = {key: v[k * n // micro:(k + 1) * n // micro] for key, v in batch.items()} if micro > 1 else batch
+            part = {key: v[k * n // micro : (k + 1) * n // micro] for key, v in batch.items()} if micro > 1 else batch
             with self.timeline.span("forward"):
                 loss = (self.dp if self.name == "ddp" else self.model)(**part).loss
             if log is not None:
@@ -208,8 +227,7 @@ def check(kind, contenders, mods, args, rank, world, facts, cases, with_fsdp2=Fa
     for name in contenders:
         got = cases.run(name, kind, batches)
         if any(got["outcomes"]):
-            out[name] = {"verdict": by_hand_check.crashed(got["outcomes"]), "max_weight_diff": None,
-                         "first_diff": None}
+            out[name] = {"verdict": by_hand_check.crashed(got["outcomes"]), "max_weight_diff": None, "first_diff": None}
             continue
         r = got["runner"]
         first, worst = by_hand_check.compare(got["weights"], snapshots, names)
@@ -221,15 +239,23 @@ def check(kind, contenders, mods, args, rank, world, facts, cases, with_fsdp2=Fa
             verdict = by_hand_check.mistake("divided_twice", ratio=ratio)
         elif first:
             earlier = " (every earlier step was equal)" if first["step"] > 1 else ""
-            verdict = by_hand_check.mistake("differs", detail=f"{kind} model: step {first['step']}, parameter "
-                                            f"{first['param']} differs from torch's DDP by {first['diff']:.3g}"
-                                            + earlier)
+            verdict = by_hand_check.mistake(
+                "differs",
+                detail=f"{kind} model: step {first['step']}, parameter "
+                f"{first['param']} differs from torch's DDP by {first['diff']:.3g}" + earlier,
+            )
         ticks = [e["name"] for e in r.timeline.events if e["kind"] == "ready"]
-        out[name] = {"max_weight_diff": worst, "first_diff": first, "verdict": verdict, "gradient_ratio": ratio,
-                     "allreduces_per_step": r.collectives_per_step,
-                     "hook_calls_per_step": len(ticks) / len(batches), "params": len(names),
-                     "named_params_with_duplicates": len(list(r.model.named_parameters(remove_duplicate=False))),
-                     "optimizer_state_bytes": by_hand.optimizer_state_bytes(r.opt)}
+        out[name] = {
+            "max_weight_diff": worst,
+            "first_diff": first,
+            "verdict": verdict,
+            "gradient_ratio": ratio,
+            "allreduces_per_step": r.collectives_per_step,
+            "hook_calls_per_step": len(ticks) / len(batches),
+            "params": len(names),
+            "named_params_with_duplicates": len(list(r.model.named_parameters(remove_duplicate=False))),
+            "optimizer_state_bytes": by_hand.optimizer_state_bytes(r.opt),
+        }
         if hasattr(r.dp, "buckets"):
             out[name]["buckets"] = len(r.dp.buckets)
     if with_fsdp2:  # torch's FSDP2 on the same steps (outside a sandbox: its device mesh is made once, on this group)
@@ -241,8 +267,11 @@ def check(kind, contenders, mods, args, rank, world, facts, cases, with_fsdp2=Fa
             got.append(r.weights())
         first, worst = by_hand_check.compare(got, snapshots, names)
         out["fsdp2"] = {"max_weight_diff": worst, "first_diff": first, "verdict": by_hand_check.PASS}
-    out["ddp"] = {"allreduces_per_step": ref.collectives_per_step, "optimizer_state_bytes": ddp_state_bytes,
-                  "bucket_bytes": ddp_buckets(ref.dp)}
+    out["ddp"] = {
+        "allreduces_per_step": ref.collectives_per_step,
+        "optimizer_state_bytes": ddp_state_bytes,
+        "bucket_bytes": ddp_buckets(ref.dp),
+    }
     facts.setdefault("grad_bytes", {})[kind] = sum(p.numel() * p.element_size() for p in ref.model.parameters())
     return out
 
@@ -283,9 +312,14 @@ def memory(contenders, mods, args, rank, world) -> dict:
             dist.destroy_process_group()
 
     started = time.perf_counter()
-    out = {"ddp@1x8": in_child(lambda: run(0, "ddp", [one] * args.memory_steps), "race.py: a memory run")["peak_mb"], "contenders": {}}
+    out = {
+        "ddp@1x8": in_child(lambda: run(0, "ddp", [one] * args.memory_steps), "race.py: a memory run")["peak_mb"],
+        "contenders": {},
+    }
     for index, name in enumerate(["ddp", *contenders, "fsdp2"], 1):
-        out["contenders"][name] = in_child(lambda index=index, name=name: run(index, name, batches), "race.py: a memory run")
+        out["contenders"][name] = in_child(
+            lambda index=index, name=name: run(index, name, batches), "race.py: a memory run"
+        )
     if rank == 0:
         for store in scratch.glob("store_*"):
             store.unlink(missing_ok=True)
@@ -300,9 +334,17 @@ def memory(contenders, mods, args, rank, world) -> dict:
 
 # Chapter 06's calculator, per contender: (ZeRO stage, impl, bucket_view). naive and overlapped all-reduce each
 # gradient in place (no copy: like gradient_as_bucket_view); flat and bucketed copy every gradient into buffers.
-CALCULATOR = {"ddp": (0, "torch", False), "naive": (0, "torch", True), "overlapped": (0, "torch", True),
-              "flat": (0, "torch", False), "bucketed": (0, "torch", False), "zero1": (1, "even", False),
-              "zero2": (2, "even", False), "zero3": (3, "even", False), "fsdp2": (3, "torch", False)}
+CALCULATOR = {
+    "ddp": (0, "torch", False),
+    "naive": (0, "torch", True),
+    "overlapped": (0, "torch", True),
+    "flat": (0, "torch", False),
+    "bucketed": (0, "torch", False),
+    "zero1": (1, "even", False),
+    "zero2": (2, "even", False),
+    "zero3": (3, "even", False),
+    "fsdp2": (3, "torch", False),
+}
 
 
 def sharding(contenders, kinds, mods, args, rank, world, mem) -> dict:
@@ -311,18 +353,34 @@ def sharding(contenders, kinds, mods, args, rank, world, mem) -> dict:
     torch's FSDP2: the course's tiny model without dropout (chapter 06's setting) trained args.zero_steps steps of
     args.zero_batch texts per rank, the largest difference of their final weights."""
     runtime = mem["runtime_mb"] if mem else None
-    out = {"runtime_mb": runtime, "steps": args.zero_steps, "batch": args.zero_batch, "seq": by_hand.SEQ_LEN,
-           "contenders": {}}
+    out = {
+        "runtime_mb": runtime,
+        "steps": args.zero_steps,
+        "batch": args.zero_batch,
+        "seq": by_hand.SEQ_LEN,
+        "contenders": {},
+    }
     for name in ["ddp", *contenders, "fsdp2"]:
         stage, impl, view = CALCULATOR[kinds.get(name, name)]
-        est = calculator.estimate("tiny", args.zero_batch, by_hand.SEQ_LEN, "fp32", stage, world, bucket_view=view,
-                                  impl=impl, overhead_mb=runtime or 0.0)
+        est = calculator.estimate(
+            "tiny",
+            args.zero_batch,
+            by_hand.SEQ_LEN,
+            "fp32",
+            stage,
+            world,
+            bucket_view=view,
+            impl=impl,
+            overhead_mb=runtime or 0.0,
+        )
         ranks = by_hand_check.everyone((mem or {}).get("contenders", {}).get(name, {}), by_hand.control_group())
         out["contenders"][name] = {
-            "peak_mb_per_rank": [r.get("peak_mb") for r in ranks], "calculator_mb": est.peak_mb,
+            "peak_mb_per_rank": [r.get("peak_mb") for r in ranks],
+            "calculator_mb": est.peak_mb,
             "calculator": {"stage": stage, "impl": impl, "bucket_view": view},
             "collectives_per_step": ranks[0].get("collectives_per_step"),
-            "bytes_per_step": ranks[0].get("bytes_per_step")}
+            "bytes_per_step": ranks[0].get("bytes_per_step"),
+        }
     batches = by_hand.batches("tiny", rank, world, args.zero_steps, args.zero_batch)
     final = {}
     for name in [*[c for c in contenders if kinds[c] in ("zero2", "zero3")], "fsdp2"]:
@@ -370,7 +428,7 @@ def race(names, make, batches, rounds, warmup=1):
             r.step(b)
     times = {n: [] for n in names}
     for k in range(rounds):
-        order = names[k % len(names):] + names[:k % len(names)]
+        order = names[k % len(names) :] + names[: k % len(names)]
         for n in order:
             times[n].append(timed_round(runners[n], batches, record=k == rounds - 1))
     return runners, times
@@ -391,12 +449,20 @@ def timing(names, mods, args, rank, world, rounds, benchmark=False) -> tuple:
     busy1, span = cpu_busy_seconds(), time.perf_counter() - t0
     foreign = None if busy0 is None else max(0.0, (busy1 - busy0 - float(own)) / span)
     med = {n: statistics.median(v) for n, v in times.items()}
-    out.update({"model": "wide", "rounds": rounds, "steps_per_round": args.round_steps,
-                "step_s": times, "median_step_s": med,
-                "ratio_vs_ddp": {n: med[n] / med["ddp"] for n in names if n != "ddp"},
-                "foreign_cores": foreign, "seconds": span,
-                "collectives_per_step": {n: r.collectives_per_step for n, r in runners.items()},
-                "timelines": {n: r.timeline.events for n, r in runners.items()} if rank == 0 else None})
+    out.update(
+        {
+            "model": "wide",
+            "rounds": rounds,
+            "steps_per_round": args.round_steps,
+            "step_s": times,
+            "median_step_s": med,
+            "ratio_vs_ddp": {n: med[n] / med["ddp"] for n in names if n != "ddp"},
+            "foreign_cores": foreign,
+            "seconds": span,
+            "collectives_per_step": {n: r.collectives_per_step for n, r in runners.items()},
+            "timelines": {n: r.timeline.events for n, r in runners.items()} if rank == 0 else None,
+        }
+    )
     return out, runners, batches
 
 
@@ -417,26 +483,33 @@ def ddp_facts(runners, batches, names, args, mods, rank, world) -> dict:
         fresh.opt.zero_grad(set_to_none=True)
     facts["ddp_rebuild"] = {
         "buckets_seen_per_step": storages,
-        "ready_order": [e["name"] for e in fresh.timeline.events if e["kind"] == "ready"][:len(names_of(fresh))],
-        "definition_order": names_of(fresh)}
+        "ready_order": [e["name"] for e in fresh.timeline.events if e["kind"] == "ready"][: len(names_of(fresh))],
+        "definition_order": names_of(fresh),
+    }
     # gradient_as_bucket_view: the gradients ARE views into DDP's buckets instead of tensors of their own.
     views = {}
     for flag in (False, True):
         r = Runner("ddp", "wide", args, mods, rank, grad_view=flag)
         for b in batches[:2]:
             r.dp(**b).loss.backward()  # no zero_grad: keep the gradients to look at
-        storages = {p.grad.untyped_storage().data_ptr(): p.grad.untyped_storage().nbytes()
-                    for p in r.model.parameters()}
-        views[str(flag)] = {"grad_storages": len(storages), "grad_storage_bytes": sum(storages.values()),
-                            "buckets": len(ddp_buckets(r.dp))}
+        storages = {
+            p.grad.untyped_storage().data_ptr(): p.grad.untyped_storage().nbytes() for p in r.model.parameters()
+        }
+        views[str(flag)] = {
+            "grad_storages": len(storages),
+            "grad_storage_bytes": sum(storages.values()),
+            "buckets": len(ddp_buckets(r.dp)),
+        }
     facts["gradient_as_bucket_view"] = views
     # Bytes on the wire of each collective alone, on a buffer of the wide model's size.
     n = sum(p.numel() for p in runners["ddp"].model.parameters())
     n -= n % world
     full, part = torch.ones(n), torch.ones(n // world)
-    ops = {"all_reduce": lambda: dist.all_reduce(full),
-           "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, full),
-           "all_gather": lambda: dist.all_gather_into_tensor(full, part)}
+    ops = {
+        "all_reduce": lambda: dist.all_reduce(full),
+        "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, full),
+        "all_gather": lambda: dist.all_gather_into_tensor(full, part),
+    }
     volume = {"buffer_bytes": n * 4}
     for name, op in ops.items():
         dist.barrier()
@@ -455,13 +528,17 @@ def bucket_sweep(sizes_mb, batches, args, mods, rank) -> dict:
     """The hand-built bucketed rung against torch's DDP at each bucket size, alternating rounds."""
     out = {}
     for mb in sizes_mb:
+
         def make(n, mb=mb):
             return Runner(n.split("@")[0], "wide", args, mods, rank, bucket_mb=mb)
+
         runners, times = race(["ddp", "bucketed"], make, batches, args.sweep_rounds)
-        out[str(mb)] = {"ddp_step_s": statistics.median(times["ddp"]),
-                        "bucketed_step_s": statistics.median(times["bucketed"]),
-                        "bucketed_buckets": len(runners["bucketed"].dp.buckets),
-                        "ddp_buckets": len(ddp_buckets(runners["ddp"].dp))}
+        out[str(mb)] = {
+            "ddp_step_s": statistics.median(times["ddp"]),
+            "bucketed_step_s": statistics.median(times["bucketed"]),
+            "bucketed_buckets": len(runners["bucketed"].dp.buckets),
+            "ddp_buckets": len(ddp_buckets(runners["ddp"].dp)),
+        }
     return out
 
 
@@ -473,13 +550,22 @@ def benchmark_record(res: dict, args, world: int) -> dict:
     loads = [res["timing"]["foreign_cores"], res["zero_timing"]["foreign_cores"]]
     quiet = None not in loads and max(loads) <= 0.3
     return {
-        "rungs": by_hand.rung_summary(res), "ddp_median_step_s": res["timing"]["median_step_s"]["ddp"],
-        "model": "wide", "bucket_mb": args.bucket_mb, "world_size": world, "backend": "gloo",
-        "foreign_cores": res["timing"]["foreign_cores"], "quiet": quiet,
+        "rungs": by_hand.rung_summary(res),
+        "ddp_median_step_s": res["timing"]["median_step_s"]["ddp"],
+        "model": "wide",
+        "bucket_mb": args.bucket_mb,
+        "world_size": world,
+        "backend": "gloo",
+        "foreign_cores": res["timing"]["foreign_cores"],
+        "quiet": quiet,
         "zero_foreign_cores": res["zero_timing"]["foreign_cores"],
-        "note": "the step-time ratios were timed on a quiet machine" if quiet else
-                "other processes kept the machine busy while the rounds were timed (foreign_cores): the "
-                "step-time ratios are not speed claims; the weights, counts, bytes and memory do not depend "
-                "on load",
-        "sweep": res.get("sweep"), "sharding": res.get("sharding"),
-        "collective_bytes": res["facts"]["collective_bytes"], "provenance": provenance()}
+        "note": "the step-time ratios were timed on a quiet machine"
+        if quiet
+        else "other processes kept the machine busy while the rounds were timed (foreign_cores): the "
+        "step-time ratios are not speed claims; the weights, counts, bytes and memory do not depend "
+        "on load",
+        "sweep": res.get("sweep"),
+        "sharding": res.get("sharding"),
+        "collective_bytes": res["facts"]["collective_bytes"],
+        "provenance": provenance(),
+    }

@@ -43,8 +43,8 @@ from ..distributed import choose_backend, device_for, end_process, torchrun_env
 from ..files import atomic_write_json
 from .launch import torchrun
 
-_shared = False         # True while run_together() owns the process group: start()/finish() reuse it
-MARKER = "=== demo: "   # run_together's line before each script's output
+_shared = False  # True while run_together() owns the process group: start()/finish() reuse it
+MARKER = "=== demo: "  # run_together's line before each script's output
 
 
 @dataclass
@@ -66,8 +66,13 @@ def start(timeout_s: float = 30, backend: str = "auto") -> Ctx:
     backend, _why = choose_backend(backend)
     device = device_for(backend, env.local_rank)  # nccl: torch.cuda.set_device(LOCAL_RANK)
     if not (_shared and dist.is_initialized()):
-        dist.init_process_group(backend, init_method=env.init_method, rank=env.rank, world_size=env.world_size,
-                                timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            backend,
+            init_method=env.init_method,
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
     elif dist.get_backend() != backend:
         raise RuntimeError(f"run_together's process group uses {dist.get_backend()}, this script asks for {backend}")
     return Ctx(env.rank, env.local_rank, env.world_size, backend, device)
@@ -97,7 +102,7 @@ def finish() -> None:
     process through end_process, so that gloo's threads cannot abort it at interpreter exit. Inside
     run_together the group stays for the next script, and so does the process."""
     if dist.is_initialized():
-        gc.collect()    # free dead DDP models now: one collected after the group is gone can abort the exit
+        gc.collect()  # free dead DDP models now: one collected after the group is gone can abort the exit
         sys.stdout.flush()
         dist.barrier()  # nobody tears down while a partner is still talking to it
         if not _shared:
@@ -153,8 +158,10 @@ class SharedLaunch:
     """
 
     def __init__(self, runs, nproc: int, timeout: float):
-        self.runs = {Path(script).name: (Path(script), [str(a) for a in args], Path(out) if out else None)
-                     for script, args, out in runs}
+        self.runs = {
+            Path(script).name: (Path(script), [str(a) for a in args], Path(out) if out else None)
+            for script, args, out in runs
+        }
         self.nproc, self.timeout, self.done = nproc, timeout, {}
         self.startup_s = None  # the last launch's cost beyond its scripts' own time: torchrun, imports, the group
 
@@ -166,11 +173,15 @@ class SharedLaunch:
                 out.unlink(missing_ok=True)
             argv += ["--", str(script), *args]
             texts[name] = script.read_text()
-        res = torchrun("distrinews_lib.course.demo", self.nproc, argv[1:], timeout=self.timeout, module=True, echo=False)
+        res = torchrun(
+            "distrinews_lib.course.demo", self.nproc, argv[1:], timeout=self.timeout, module=True, echo=False
+        )
         own = sum(float(t) for t in re.findall(rf"^{MARKER}done in ([\d.]+) s", res.output, re.M))
         self.startup_s = max(0.0, res.seconds - own)
-        print(f"[one launch ran {len(names)} script(s) on {self.nproc} ranks in {res.seconds:.1f} s, "
-              f"{self.startup_s:.1f} s of it starting up]")
+        print(
+            f"[one launch ran {len(names)} script(s) on {self.nproc} ranks in {res.seconds:.1f} s, "
+            f"{self.startup_s:.1f} s of it starting up]"
+        )
         outputs = sections(res.output)
         self.done.update({name: (texts[name], outputs.get(name, "")) for name in names})
 
@@ -188,22 +199,31 @@ class SharedLaunch:
 def pitfall_finishing(out="outputs/pitfalls"):
     """(script, arguments, the JSON it writes) for every pitfall run expected to finish."""
     out = Path(out)
-    return [("01_set_epoch.py", [], out / "01_set_epoch.json"), ("02_no_sampler.py", [], out / "02_no_sampler.json"),
-            ("03_print_every_rank.py", [], None), ("04_save_wrapper.py", [], out / "04_save_wrapper.json"),
-            ("05_shared_file.py", [], out / "05_shared_file.json"), ("06_eval_padding.py", [], out / "06_eval_padding.json"),
-            ("07_uneven_inputs.py", ["--mode", "fixed"], out / "07_uneven_inputs_fixed.json"),
-            ("08_no_sync.py", [], out / "08_no_sync.json"),
-            ("09_one_rank_collective.py", ["--mode", "fixed"], out / "09_one_rank_collective_fixed.json"),
-            ("10_nccl_backend.py", ["--mode", "fixed"], out / "10_nccl_backend_fixed.json"),
-            ("11_unused_parameters.py", ["--mode", "fixed"], out / "11_unused_parameters_fixed.json"),
-            ("12_batchnorm.py", [], out / "12_batchnorm.json"), ("13_lr_scaling.py", [], out / "13_lr_scaling.json")]
+    return [
+        ("01_set_epoch.py", [], out / "01_set_epoch.json"),
+        ("02_no_sampler.py", [], out / "02_no_sampler.json"),
+        ("03_print_every_rank.py", [], None),
+        ("04_save_wrapper.py", [], out / "04_save_wrapper.json"),
+        ("05_shared_file.py", [], out / "05_shared_file.json"),
+        ("06_eval_padding.py", [], out / "06_eval_padding.json"),
+        ("07_uneven_inputs.py", ["--mode", "fixed"], out / "07_uneven_inputs_fixed.json"),
+        ("08_no_sync.py", [], out / "08_no_sync.json"),
+        ("09_one_rank_collective.py", ["--mode", "fixed"], out / "09_one_rank_collective_fixed.json"),
+        ("10_nccl_backend.py", ["--mode", "fixed"], out / "10_nccl_backend_fixed.json"),
+        ("11_unused_parameters.py", ["--mode", "fixed"], out / "11_unused_parameters_fixed.json"),
+        ("12_batchnorm.py", [], out / "12_batchnorm.json"),
+        ("13_lr_scaling.py", [], out / "13_lr_scaling.json"),
+    ]
 
 
 def pitfall_failing(hang_timeout_s: float):
     """(script, arguments) for every pitfall run that must fail; the hangs end after hang_timeout_s."""
-    return [("07_uneven_inputs.py", ["--mode", "broken", "--ddp_timeout", hang_timeout_s]),
-            ("09_one_rank_collective.py", ["--mode", "broken", "--ddp_timeout", hang_timeout_s]),
-            ("10_nccl_backend.py", ["--mode", "broken"]), ("11_unused_parameters.py", ["--mode", "broken"])]
+    return [
+        ("07_uneven_inputs.py", ["--mode", "broken", "--ddp_timeout", hang_timeout_s]),
+        ("09_one_rank_collective.py", ["--mode", "broken", "--ddp_timeout", hang_timeout_s]),
+        ("10_nccl_backend.py", ["--mode", "broken"]),
+        ("11_unused_parameters.py", ["--mode", "broken"]),
+    ]
 
 
 def failing_limit(startup_s: float | None, launches: int, hang_timeout_s: float) -> float:
@@ -233,13 +253,19 @@ class FailingRuns:
     """
 
     def __init__(self, folder, runs, nproc: int, timeout: float | None = None):
-        self.folder, self.runs, self.nproc, self.timeout = Path(folder), list(runs), nproc, timeout  # set before the first call
+        self.folder, self.runs, self.nproc, self.timeout = (
+            Path(folder),
+            list(runs),
+            nproc,
+            timeout,
+        )  # set before the first call
         self.started = {}  # (script, *arguments) -> (its text when launched, the launch's future result)
         self.pool = ThreadPoolExecutor(max_workers=max(1, len(self.runs)))
 
     def _start(self, script, args):
-        launch = lambda: torchrun(self.folder / script, self.nproc, [str(a) for a in args], timeout=self.timeout,
-                                  check=False, echo=False)
+        launch = lambda: torchrun(
+            self.folder / script, self.nproc, [str(a) for a in args], timeout=self.timeout, check=False, echo=False
+        )
         self.started[(script, *map(str, args))] = ((self.folder / script).read_text(), self.pool.submit(launch))
 
     def __call__(self, script, *args):
@@ -256,8 +282,11 @@ class FailingRuns:
 
 def results(output: str) -> list[dict]:
     """The RESULT lines of an output as dicts of strings: [{'rank': '0', 'mode': 'broken', ...}, ...]."""
-    return [dict(re.findall(r"(\w+)=(\S+)", line.split("RESULT ", 1)[1]))
-            for line in output.splitlines() if "RESULT rank=" in line]
+    return [
+        dict(re.findall(r"(\w+)=(\S+)", line.split("RESULT ", 1)[1]))
+        for line in output.splitlines()
+        if "RESULT rank=" in line
+    ]
 
 
 FIX_MARK = re.compile(r"#\s*(BUG|THE FIX|FIX\b)")
@@ -291,7 +320,7 @@ def sections(output: str) -> dict[str, str]:
     for line in output.splitlines():
         line = line.rsplit("\r", 1)[-1]
         if line.startswith(MARKER):
-            head = line[len(MARKER):]
+            head = line[len(MARKER) :]
             name = None if head.startswith("done in ") else head.split()[0]
             if name:
                 out[name] = ""
@@ -307,10 +336,12 @@ def failure_story(res, width: int = 200) -> str:
     errors, measured, verdicts, root = {}, {}, [], False
     for line in (raw.rsplit("\r", 1)[-1].rstrip() for raw in res.output.splitlines()):
         if m := re.match(r"^\[rank ?(\d+)\]:? (\w+(?:Error|Exception)\b.*)", line):  # a rank's report, or the
-            errors[int(m[1])] = re.sub(r"\[/\S+:\d+\] ", "", m[2])              # last line of its traceback
+            errors[int(m[1])] = re.sub(r"\[/\S+:\d+\] ", "", m[2])  # last line of its traceback
         elif line.startswith("RESULT rank=") and " error=" in line:
             fields = dict(re.findall(r"(\w+)=(\S+)", line))
-            measured[int(fields["rank"])] = " ".join(f"{k}={v}" for k, v in fields.items() if k not in ("rank", "mode", "error"))
+            measured[int(fields["rank"])] = " ".join(
+                f"{k}={v}" for k, v in fields.items() if k not in ("rank", "mode", "error")
+            )
         elif line.startswith(("Root Cause", "Failures:")):
             root = line.startswith("Root Cause")
         elif m := re.match(r"^\s*rank\s*: (\d+)", line):
@@ -320,15 +351,23 @@ def failure_story(res, width: int = 200) -> str:
     story = []
     for rank in sorted(errors.keys() | measured.keys()):
         text = f"rank {rank}: {errors.get(rank, 'failed')}"
-        text = text if len(text) <= width else text[:width - 3] + "..."
+        text = text if len(text) <= width else text[: width - 3] + "..."
         story.append(text + (f"  [{measured[rank]}]" if rank in measured else ""))
     if verdicts:
-        story.append("torchrun: " + ", ".join(f"rank {r} exit code {code}" + (" (first failure)" if first else "")
-                                               for r, code, first in sorted(verdicts)))
+        story.append(
+            "torchrun: "
+            + ", ".join(
+                f"rank {r} exit code {code}" + (" (first failure)" if first else "")
+                for r, code, first in sorted(verdicts)
+            )
+        )
     if not story:  # not a shape we know: the last lines, as they are
         story = [line[:width] for line in res.output.strip().splitlines()[-5:]]
-    story.append(f"launch ended by itself after {res.seconds:.1f} s with exit code {res.returncode}" if not res.timed_out
-                 else f"launch stopped at its time limit after {res.seconds:.1f} s")
+    story.append(
+        f"launch ended by itself after {res.seconds:.1f} s with exit code {res.returncode}"
+        if not res.timed_out
+        else f"launch stopped at its time limit after {res.seconds:.1f} s"
+    )
     return "\n".join(story)
 
 

@@ -45,7 +45,9 @@ def parse(spec: str) -> dict:
     for f in fields:
         key, sep, value = f.partition("=")
         if key not in ("rank", "step") or not sep or not value.isdigit():
-            raise UserError(f"fault '{spec}': '{f}' should be rank=R or step=N with a whole number, e.g. kill:rank=1:step=7.")
+            raise UserError(
+                f"fault '{spec}': '{f}' should be rank=R or step=N with a whole number, e.g. kill:rank=1:step=7."
+            )
         out[key] = int(value)
     if out["step"] < 1:
         raise UserError(f"fault '{spec}': step counts optimizer steps from 1.")
@@ -70,8 +72,11 @@ def install(fault: dict, marker: Path | None = None) -> None:
     if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0" or int(os.environ.get("RANK", 0)) != fault["rank"]:
         return
     if marker is not None and marker.exists():
-        print(f"[rank {fault['rank']}] fault {fault['kind']} after step {fault['step']} already fired in this run "
-              f"({marker}): not again", flush=True)
+        print(
+            f"[rank {fault['rank']}] fault {fault['kind']} after step {fault['step']} already fired in this run "
+            f"({marker}): not again",
+            flush=True,
+        )
         return
     steps = [0]
 
@@ -96,6 +101,7 @@ def whole_words(text: str, min_len: int = 60) -> str:
     """`text` with each long parenthesis that stops mid-sentence ended at its last whole sentence, marked "…": the
     scripts quote the first line of a library's error cut to a length, so "(... reset by peer. This is typi)"
     becomes "(... reset by peer. …)". Short parentheses, and those without a full stop inside, stay as they are."""
+
     def end(m):
         inner = m.group(1)
         if len(inner) < min_len or inner.rstrip().endswith((".", "!", "?")) or ". " not in inner:
@@ -113,8 +119,9 @@ def tidy(lines, width: int = 100) -> list[str]:
 
     def flush():
         if para:
-            out.extend(textwrap.wrap(whole_words(" ".join(x.strip() for x in para)), width=width,
-                                     subsequent_indent="       "))
+            out.extend(
+                textwrap.wrap(whole_words(" ".join(x.strip() for x in para)), width=width, subsequent_indent="       ")
+            )
 
     for line in lines:
         if para is not None and line.startswith("       ") and line.strip():
@@ -133,7 +140,9 @@ def main(argv=None) -> None:
     def run():
         args = sys.argv[1:] if argv is None else argv
         if len(args) < 2:
-            raise UserError("usage: faults.py KIND:rank=R:step=N SCRIPT [ARGS...]  (e.g. kill:rank=1:step=7 scripts/train_ddp.py)")
+            raise UserError(
+                "usage: faults.py KIND:rank=R:step=N SCRIPT [ARGS...]  (e.g. kill:rank=1:step=7 scripts/train_ddp.py)"
+            )
         fault = parse(args[0])
         install(fault, marker_for(fault, args[2:]))
         sys.argv = args[1:]

@@ -61,8 +61,9 @@ def keep_own_output(folder: str) -> None:
     if not tee:
         return
     read, write = os.pipe()
-    subprocess.Popen([tee, "-a", os.path.join(folder, f"rank{os.environ.get('RANK', 0)}.log")], stdin=read,
-                     close_fds=True)  # its stdout is ours: the launcher's pipe
+    subprocess.Popen(
+        [tee, "-a", os.path.join(folder, f"rank{os.environ.get('RANK', 0)}.log")], stdin=read, close_fds=True
+    )  # its stdout is ours: the launcher's pipe
     os.close(read)
     for fd in (1, 2):
         os.dup2(write, fd)

@@ -52,7 +52,9 @@ class LaunchResult:
     timed_out: bool = False
     lines: list = field(default_factory=list)
     ranks: int | None = None  # how many ranks really started (accelerate_launch counts them)
-    rank_tails: dict = field(default_factory=dict)  # a failed launch: {rank: its own last lines}, ranks killed by a signal
+    rank_tails: dict = field(
+        default_factory=dict
+    )  # a failed launch: {rank: its own last lines}, ranks killed by a signal
 
     @property
     def ok(self) -> bool:
@@ -61,10 +63,12 @@ class LaunchResult:
 
 # Started instead of the command itself: ask the kernel for SIGTERM when our parent (the launcher) dies,
 # check that it has not died already, then become the command (the signal request survives exec).
-_PARENT_DEATH_SHIM = ("import ctypes,os,signal,sys\n"
-                      "ctypes.CDLL(None).prctl(1, signal.SIGTERM)\n"
-                      "os.getppid() == int(sys.argv[1]) or sys.exit(143)\n"
-                      "os.execvp(sys.argv[2], sys.argv[2:])")
+_PARENT_DEATH_SHIM = (
+    "import ctypes,os,signal,sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGTERM)\n"
+    "os.getppid() == int(sys.argv[1]) or sys.exit(143)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])"
+)
 
 
 def default_nproc() -> int:
@@ -80,8 +84,11 @@ RANK_TAIL_LINES = 15
 def signalled_ranks(output: str) -> dict:
     """{rank: signal name} for every rank torchrun reports killed by a signal, the first failure first."""
     root = output.find("Root Cause")
-    found = [(m.start() < root if root >= 0 else True, int(m[1]), m[3] or f"signal {-int(m[2])}")
-             for m in _VERDICT.finditer(output) if int(m[2]) < 0]
+    found = [
+        (m.start() < root if root >= 0 else True, int(m[1]), m[3] or f"signal {-int(m[2])}")
+        for m in _VERDICT.finditer(output)
+        if int(m[2]) < 0
+    ]
     ordered = [(rank, sig) for _, rank, sig in sorted(found)]  # the root cause (after "Root Cause") sorts first
     # SIGTERM after the first failure is torchrun stopping the others: only the root cause's is worth showing
     return {rank: sig for i, (rank, sig) in enumerate(ordered) if i == 0 or sig != "SIGTERM"}
@@ -109,7 +116,7 @@ def root_causes(lines: list[str]) -> list[tuple[str, str]]:
         m = ROOT_CAUSE.match(line)
         if m:
             prefix = m.group("prefix")
-            block = [l[len(prefix):] for l in lines[i + 1:i + 12] if l.startswith(prefix)]
+            block = [l[len(prefix) :] for l in lines[i + 1 : i + 12] if l.startswith(prefix)]
             block = [l for l in block if l.strip("=- ")][:8]
             node = prefix.strip(" |")
             out.append((f" of {node}" if node else "", "\n".join(block)))
@@ -118,8 +125,16 @@ def root_causes(lines: list[str]) -> list[tuple[str, str]]:
 
 def _run(cmd, *, timeout, env, cwd, echo, check, what) -> LaunchResult:
     with tempfile.TemporaryDirectory(prefix="rank_logs_") as logs:
-        return _run_logged(cmd, timeout=timeout, env={**(env or {}), "DISTRINEWS_RANK_LOGS": logs}, cwd=cwd, echo=echo,
-                           check=check, what=what, logs=Path(logs))
+        return _run_logged(
+            cmd,
+            timeout=timeout,
+            env={**(env or {}), "DISTRINEWS_RANK_LOGS": logs},
+            cwd=cwd,
+            echo=echo,
+            check=check,
+            what=what,
+            logs=Path(logs),
+        )
 
 
 def _run_logged(cmd, *, timeout, env, cwd, echo, check, what, logs: Path) -> LaunchResult:
@@ -133,8 +148,9 @@ def _run_logged(cmd, *, timeout, env, cwd, echo, check, what, logs: Path) -> Lau
     if sys.platform.startswith("linux"):
         cmd = [sys.executable, "-c", _PARENT_DEATH_SHIM, str(os.getpid()), *map(str, cmd)]
     # A new session, so a timeout can signal torchrun and its helpers together.
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env, cwd=cwd,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env, cwd=cwd, start_new_session=True
+    )
     family = _Descendants(proc.pid)
     chunks: list[str] = []
 
@@ -173,17 +189,30 @@ def _run_logged(cmd, *, timeout, env, cwd, echo, check, what, logs: Path) -> Lau
     family.kill()  # torchrun has exited; any rank it left behind goes too
     reader.join(timeout=5)
     output = "".join(chunks)
-    result = LaunchResult(list(map(str, cmd)), proc.returncode if not timed_out else -9, output,
-                          time.time() - start, timed_out, output.splitlines())
+    result = LaunchResult(
+        list(map(str, cmd)),
+        proc.returncode if not timed_out else -9,
+        output,
+        time.time() - start,
+        timed_out,
+        output.splitlines(),
+    )
     if not result.ok:
         result.rank_tails = _rank_tails(output, logs)
     if check and not result.ok:
-        why = f"timed out after {timeout:.0f} s and was stopped" if timed_out else f"exited with code {result.returncode}"
+        why = (
+            f"timed out after {timeout:.0f} s and was stopped" if timed_out else f"exited with code {result.returncode}"
+        )
         last = "\n".join(line.rsplit("\r", 1)[-1] for line in result.lines[-40:]).rstrip()
-        own = "".join(f"\n--- rank {rank}'s own last lines (it was killed by {sig}) ---\n" + "\n".join(result.rank_tails[rank])
-                      for rank, sig in signalled_ranks(output).items() if rank in result.rank_tails)
-        cause = "".join(f"\n--- torchrun's root cause{where} (above the last lines) ---\n{block}"
-                        for where, block in root_causes(result.lines[:-40]))
+        own = "".join(
+            f"\n--- rank {rank}'s own last lines (it was killed by {sig}) ---\n" + "\n".join(result.rank_tails[rank])
+            for rank, sig in signalled_ranks(output).items()
+            if rank in result.rank_tails
+        )
+        cause = "".join(
+            f"\n--- torchrun's root cause{where} (above the last lines) ---\n{block}"
+            for where, block in root_causes(result.lines[:-40])
+        )
         raise LaunchError(f"{what} {why}.{cause}\n--- last lines of its output ---\n{last}{own}", result)
     return result
 
@@ -251,7 +280,7 @@ class _Descendants:
 
 def _check_nccl_fits(nproc: int, args) -> None:
     args = [str(a) for a in args]
-    if "--backend" in args and args[args.index("--backend") + 1:][:1] == ["nccl"]:
+    if "--backend" in args and args[args.index("--backend") + 1 :][:1] == ["nccl"]:
         D.choose_backend("nccl", local_world_size=nproc)  # the one rule, with its message
 
 
@@ -262,9 +291,21 @@ def _rank_env(env: dict | None, cpu_threads: int | None) -> dict:
     return env
 
 
-def torchrun(script, nproc: int | str = "auto", args=(), *, timeout: float = 900, env: dict | None = None,
-             cwd=None, echo: bool = True, check: bool = True, torchrun_args=(), standalone: bool = True,
-             module: bool = False, cpu_threads: int | None = 1) -> LaunchResult:
+def torchrun(
+    script,
+    nproc: int | str = "auto",
+    args=(),
+    *,
+    timeout: float = 900,
+    env: dict | None = None,
+    cwd=None,
+    echo: bool = True,
+    check: bool = True,
+    torchrun_args=(),
+    standalone: bool = True,
+    module: bool = False,
+    cpu_threads: int | None = 1,
+) -> LaunchResult:
     """Run `python -m torch.distributed.run --nproc_per_node=N -m distrinews_lib.course.harden script args...`.
 
     nproc="auto" uses every GPU, or 2 CPU processes without one. module=True: `script` is a module to run as
@@ -277,21 +318,32 @@ def torchrun(script, nproc: int | str = "auto", args=(), *, timeout: float = 900
     cmd = [sys.executable, "-m", "torch.distributed.run"]
     if standalone:
         cmd.append("--standalone")
-    cmd += [*map(str, torchrun_args), f"--nproc_per_node={nproc}", "-m", HARDEN, *(["-m"] if module else []),
-            str(script), *map(str, args)]
+    cmd += [
+        *map(str, torchrun_args),
+        f"--nproc_per_node={nproc}",
+        "-m",
+        HARDEN,
+        *(["-m"] if module else []),
+        str(script),
+        *map(str, args),
+    ]
     what = f"torchrun of {Path(str(script)).name} with {nproc} process(es)"
     for attempt in range(1, PORT_ATTEMPTS + 1):
         try:
-            result = _run(cmd, timeout=timeout, env=_rank_env(env, cpu_threads), cwd=cwd, echo=echo, check=check,
-                          what=what)
+            result = _run(
+                cmd, timeout=timeout, env=_rank_env(env, cpu_threads), cwd=cwd, echo=echo, check=check, what=what
+            )
         except LaunchError as err:
             if not (standalone and attempt < PORT_ATTEMPTS and port_taken(err.result.output)):
                 raise
             result = err.result
         if result.ok or not (standalone and attempt < PORT_ATTEMPTS and port_taken(result.output)):
             return result
-        print(f"[launch] torchrun's port was taken by another process before its store could bind it; nothing ran "
-              f"yet, so the launch starts again ({attempt + 1} of {PORT_ATTEMPTS})", flush=True)
+        print(
+            f"[launch] torchrun's port was taken by another process before its store could bind it; nothing ran "
+            f"yet, so the launch starts again ({attempt + 1} of {PORT_ATTEMPTS})",
+            flush=True,
+        )
     return result
 
 
@@ -309,9 +361,19 @@ def port_taken(output: str) -> bool:
 ACCELERATE_CONFIG = Path(__file__).resolve().parent.parent.parent / "configs" / "accelerate" / "multi_process.yaml"
 
 
-def accelerate_launch(script, nproc: int | str = "auto", args=(), *, config_file=None, timeout: float = 900,
-                      env: dict | None = None, cwd=None, echo: bool = True, check: bool = True,
-                      cpu_threads: int | None = 1) -> LaunchResult:
+def accelerate_launch(
+    script,
+    nproc: int | str = "auto",
+    args=(),
+    *,
+    config_file=None,
+    timeout: float = 900,
+    env: dict | None = None,
+    cwd=None,
+    echo: bool = True,
+    check: bool = True,
+    cpu_threads: int | None = 1,
+) -> LaunchResult:
     """`accelerate launch --config_file CONFIG --num_processes N script args...`, then check that N ranks really ran.
 
     On a machine without a GPU, `accelerate launch --cpu --num_processes 2` silently starts ONE process
@@ -324,29 +386,59 @@ def accelerate_launch(script, nproc: int | str = "auto", args=(), *, config_file
     env = _rank_env(env, cpu_threads)
     with tempfile.TemporaryDirectory(prefix="ranks_") as ranks_dir:
         env["DISTRINEWS_RANKS_DIR"] = ranks_dir
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file or ACCELERATE_CONFIG),
-               "--num_processes", str(nproc), "-m", HARDEN, str(script), *map(str, args)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(config_file or ACCELERATE_CONFIG),
+            "--num_processes",
+            str(nproc),
+            "-m",
+            HARDEN,
+            str(script),
+            *map(str, args),
+        ]
         what = f"accelerate launch of {Path(str(script)).name} with {nproc} process(es)"
         result = _run(cmd, timeout=timeout, env=env, cwd=cwd, echo=echo, check=check, what=what)
         ranks = sorted(p.name for p in Path(ranks_dir).glob("rank*"))
     if result.ok and len(ranks) != nproc:
-        raise LaunchError(f"{what} ran {len(ranks)} rank(s) ({', '.join(ranks) or 'none'}), not {nproc}: accelerate "
-                          "launched fewer processes than asked. On a machine without a GPU do not pass --cpu to "
-                          "accelerate launch (it then starts one process); use configs/accelerate/multi_process.yaml "
-                          "(distributed_type MULTI_GPU), or torchrun.", result)
+        raise LaunchError(
+            f"{what} ran {len(ranks)} rank(s) ({', '.join(ranks) or 'none'}), not {nproc}: accelerate "
+            "launched fewer processes than asked. On a machine without a GPU do not pass --cpu to "
+            "accelerate launch (it then starts one process); use configs/accelerate/multi_process.yaml "
+            "(distributed_type MULTI_GPU), or torchrun.",
+            result,
+        )
     result.ranks = len(ranks)
     return result
 
 
-def run(cmd, *, timeout: float = 900, env: dict | None = None, cwd=None, echo: bool = True, check: bool = True,
-        what: str | None = None) -> LaunchResult:
+def run(
+    cmd,
+    *,
+    timeout: float = 900,
+    env: dict | None = None,
+    cwd=None,
+    echo: bool = True,
+    check: bool = True,
+    what: str | None = None,
+) -> LaunchResult:
     """Run any command (e.g. `bash scripts/run_ddp.sh 2 ...`), streaming, raising and cleaning up like torchrun()."""
-    return _run([str(c) for c in cmd], timeout=timeout, env=env, cwd=cwd, echo=echo, check=check,
-                what=what or " ".join(map(str, cmd[:3])))
+    return _run(
+        [str(c) for c in cmd],
+        timeout=timeout,
+        env=env,
+        cwd=cwd,
+        echo=echo,
+        check=check,
+        what=what or " ".join(map(str, cmd[:3])),
+    )
 
 
-def run_python(script, args=(), *, timeout: float = 900, env: dict | None = None, cwd=None, echo: bool = True,
-               check: bool = True) -> LaunchResult:
+def run_python(
+    script, args=(), *, timeout: float = 900, env: dict | None = None, cwd=None, echo: bool = True, check: bool = True
+) -> LaunchResult:
     """Run `python script args...` (the single-process baseline), streaming and raising like torchrun()."""
     cmd = [sys.executable, str(script), *map(str, args)]
     return _run(cmd, timeout=timeout, env=env, cwd=cwd, echo=echo, check=check, what=f"python {Path(str(script)).name}")

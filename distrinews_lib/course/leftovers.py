@@ -36,7 +36,7 @@ MARKER = "DISTRINEWS_LAUNCH"
 @dataclass
 class Leftover:
     pid: int
-    start: str            # start time in clock ticks since boot (/proc/PID/stat field 22)
+    start: str  # start time in clock ticks since boot (/proc/PID/stat field 22)
     launcher_pid: int
     command: str
 
@@ -128,12 +128,16 @@ def stop_leftovers(grace_s: float = 3.0, log=print) -> list[Leftover]:
             except (ProcessLookupError, PermissionError):
                 pass
         deadline = time.monotonic() + grace_s
-        while sig == signal.SIGTERM and time.monotonic() < deadline and any(start_time(p.pid) == p.start for p in alive):
+        while (
+            sig == signal.SIGTERM and time.monotonic() < deadline and any(start_time(p.pid) == p.start for p in alive)
+        ):
             time.sleep(0.1)
     if log:
         pids = ", ".join(str(p.pid) for p in found)
-        log(f"stopped {len(found)} process(es) left over from an interrupted launch (PIDs {pids}; their launcher "
-            f"{found[0].launcher_pid} is gone): they held GPU memory and a rendezvous port")
+        log(
+            f"stopped {len(found)} process(es) left over from an interrupted launch (PIDs {pids}; their launcher "
+            f"{found[0].launcher_pid} is gone): they held GPU memory and a rendezvous port"
+        )
     return found
 
 

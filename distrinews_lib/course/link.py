@@ -31,15 +31,30 @@ def usable() -> tuple[bool, str]:
     return p.returncode == 0, line
 
 
-def run_in_box(script, args=(), *, nodes: int = 2, rate: str = "none", timeout: float = 600, echo: bool = False,
-               check: bool = True, cwd=None):
+def run_in_box(
+    script,
+    args=(),
+    *,
+    nodes: int = 2,
+    rate: str = "none",
+    timeout: float = 600,
+    echo: bool = False,
+    check: bool = True,
+    cwd=None,
+):
     """Launch `script args` with one rank on each of `nodes` namespaces, every link shaped to `rate`; returns the
     launch's LaunchResult (raises LaunchError on a failure, with the ranks' last lines)."""
     from .launch import run
 
     cmd = [sys.executable, BOX, "--nodes", str(nodes), "--link", rate, "--", str(script), *map(str, args)]
-    return run(cmd, timeout=timeout, echo=echo, check=check, cwd=cwd,
-               what=f"{Path(str(script)).name} on a box of {nodes} nodes, links {rate}")
+    return run(
+        cmd,
+        timeout=timeout,
+        echo=echo,
+        check=check,
+        cwd=cwd,
+        what=f"{Path(str(script)).name} on a box of {nodes} nodes, links {rate}",
+    )
 
 
 def bits_per_s(rate: str) -> float | None:
@@ -53,6 +68,7 @@ def bits_per_s(rate: str) -> float | None:
 
 
 # ------------------------------------------------------------------------------------------------ inside the box
+
 
 def in_box() -> bool:
     return bool(os.environ.get("DISTRINEWS_LINK_CONTROL"))

@@ -77,16 +77,33 @@ def running_server(checkpoint, timeout: float = 120, log_path="outputs/serving/s
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "distrinews_lib.serving", "--checkpoint", str(checkpoint),
-                                 "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "distrinews_lib.serving",
+                "--checkpoint",
+                str(checkpoint),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     server = Server(proc, port, log_path)
     atexit.register(stop, server)  # a safety net if the kernel exits while the server runs
     try:
         deadline, started = time.monotonic() + timeout, time.monotonic()
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"the server exited with code {proc.returncode} before it was ready:\n{server.log_tail()}")
+                raise RuntimeError(
+                    f"the server exited with code {proc.returncode} before it was ready:\n{server.log_tail()}"
+                )
             with contextlib.suppress(OSError):
                 status, health = call(server.base, "GET", "/health", timeout=2)
                 if status == 200 and health.get("status") == "ok":
@@ -100,7 +117,9 @@ def running_server(checkpoint, timeout: float = 120, log_path="outputs/serving/s
     finally:
         stop(server)
         if not quiet:
-            print(f"server stopped after {' then '.join(server.signals_sent) or 'no signal'} (exit code {proc.returncode})")
+            print(
+                f"server stopped after {' then '.join(server.signals_sent) or 'no signal'} (exit code {proc.returncode})"
+            )
 
 
 def left_behind(server: Server) -> tuple[bool, int]:

@@ -46,6 +46,7 @@ ADAMW = ("for-loop", "foreach", "fused")  # AdamW's implementations (torch's def
 @dataclass(frozen=True)
 class Shape:
     """A DistilBERT-shaped sequence classifier."""
+
     hidden: int
     layers: int
     heads: int
@@ -68,7 +69,7 @@ class Shape:
 
 
 SHAPES = {
-    "tiny": Shape(hidden=64, layers=2, heads=2, ffn=256),               # the course's default model
+    "tiny": Shape(hidden=64, layers=2, heads=2, ffn=256),  # the course's default model
     "distilbert-base": Shape(hidden=768, layers=6, heads=12, ffn=3072),  # 66M parameters
 }
 
@@ -88,14 +89,18 @@ def zero1_split(sizes: list[int], world: int) -> list[int]:
     return ranks
 
 
-def activation_bytes(shape: Shape, batch: int, seq: int, act_bytes: int = 4, recompute: bool = False,
-                     padded: bool = True) -> int:
+def activation_bytes(
+    shape: Shape, batch: int, seq: int, act_bytes: int = 4, recompute: bool = False, padded: bool = True
+) -> int:
     """Bytes autograd saves in one forward for backward (the live activations at the start of backward); with
     recomputation, the layers' inputs plus one layer recomputed in backward. `padded`: the batch has padding, so
     each layer's attention also keeps a batch x seq x seq mask (fp32)."""
     tokens = batch * seq
-    per_layer = (16 * tokens * shape.hidden * act_bytes + tokens * (16 + 4 * shape.heads)  # + LayerNorm stats, LSE
-                 + (4 * batch * seq * seq if padded else 0))
+    per_layer = (
+        16 * tokens * shape.hidden * act_bytes
+        + tokens * (16 + 4 * shape.heads)  # + LayerNorm stats, LSE
+        + (4 * batch * seq * seq if padded else 0)
+    )
     edges = 2 * tokens * shape.hidden * act_bytes + 28 * tokens  # the embeddings; ids, mask and position ids
     if recompute:
         return shape.layers * tokens * shape.hidden * act_bytes + edges + per_layer
@@ -116,9 +121,20 @@ class Estimate:
         return self.peak / MiB
 
 
-def estimate(model="tiny", batch: int = 8, seq: int = 64, precision: str = "fp32", stage: int = 0, world: int = 1,
-             recompute: bool = False, bucket_view: bool = False, impl: str = "torch", overhead_mb: float = 0.0,
-             rank: str = "fullest", adamw: str = "for-loop") -> Estimate:
+def estimate(
+    model="tiny",
+    batch: int = 8,
+    seq: int = 64,
+    precision: str = "fp32",
+    stage: int = 0,
+    world: int = 1,
+    recompute: bool = False,
+    bucket_view: bool = False,
+    impl: str = "torch",
+    overhead_mb: float = 0.0,
+    rank: str = "fullest",
+    adamw: str = "for-loop",
+) -> Estimate:
     """One rank's peak memory for a training step, and its parts (bytes). overhead_mb: the runtime, in MiB.
 
     stage 0: plain DDP; 1: ZeRO-1 (impl "torch": ZeroRedundancyOptimizer, whole tensors per rank; "even": an even
@@ -131,7 +147,9 @@ def estimate(model="tiny", batch: int = 8, seq: int = 64, precision: str = "fp32
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"ZeRO stage {stage!r}: 0 (plain DDP), 1, 2 or 3")
     if adamw not in ADAMW:
-        raise ValueError(f"adamw {adamw!r}: one of {', '.join(ADAMW)} (torch's default: for-loop on a CPU, foreach on CUDA)")
+        raise ValueError(
+            f"adamw {adamw!r}: one of {', '.join(ADAMW)} (torch's default: for-loop on a CPU, foreach on CUDA)"
+        )
     b = PRECISIONS[precision]
     sizes = shape.tensors()
     P, N = sum(sizes), max(1, int(world))
@@ -143,7 +161,9 @@ def estimate(model="tiny", batch: int = 8, seq: int = 64, precision: str = "fp32
     else:
         opt_share = 1.0
     grad_share = 1 / N if stage >= 2 else 1.0
-    weight_share = 1 / N if stage >= 2 and impl == "torch" or stage == 3 else 1.0  # FSDP2 shards weights in both settings
+    weight_share = (
+        1 / N if stage >= 2 and impl == "torch" or stage == 3 else 1.0
+    )  # FSDP2 shards weights in both settings
     parts = {
         "weights": b["weight"] * P * weight_share,
         "optimizer state": b["optimizer"] * P * opt_share,
@@ -151,8 +171,11 @@ def estimate(model="tiny", batch: int = 8, seq: int = 64, precision: str = "fp32
         # DDP (plain and under torch's ZeRO-1) all-reduces flat bucket copies of the gradients
         "DDP buckets": b["grad"] * P if (N > 1 and stage <= 1 and not bucket_view) else 0,
         # fp32 temporaries (the moments are fp32 in both precisions): two of the largest tensor, one of every tensor, none
-        "AdamW temporaries": {"for-loop": 2 * 4 * biggest * (grad_share if stage >= 2 else 1.0),
-                              "foreach": 4 * P * opt_share, "fused": 0}[adamw],
+        "AdamW temporaries": {
+            "for-loop": 2 * 4 * biggest * (grad_share if stage >= 2 else 1.0),
+            "foreach": 4 * P * opt_share,
+            "fused": 0,
+        }[adamw],
         "activations": activation_bytes(shape, batch, seq, b["act"], recompute),
     }
     if stage >= 2 and N > 1:
@@ -163,7 +186,9 @@ def estimate(model="tiny", batch: int = 8, seq: int = 64, precision: str = "fp32
     else:
         parts["gathered unit"] = 0
     parts["runtime"] = overhead_mb * MiB
-    held = parts["weights"] + parts["optimizer state"] + parts["DDP buckets"] + parts["runtime"] + parts["gathered unit"]
+    held = (
+        parts["weights"] + parts["optimizer state"] + parts["DDP buckets"] + parts["runtime"] + parts["gathered unit"]
+    )
     peak = held + max(parts["activations"], parts["gradients"] + parts["AdamW temporaries"])
     return Estimate({k: int(v) for k, v in parts.items()}, int(peak))
 
@@ -176,10 +201,15 @@ def rel_error(predicted: float, measured: float) -> float:
 # The calculator: sliders where there is a front end to move them, a fixed table everywhere else.
 
 GRID = [  # (model, batch, seq, stage, world, recompute) rows of the fixed table
-    ("tiny", 8, 64, 0, 2, False), ("tiny", 32, 128, 0, 2, False), ("tiny", 32, 128, 0, 2, True),
-    ("distilbert-base", 8, 64, 0, 1, False), ("distilbert-base", 8, 64, 0, 2, False),
-    ("distilbert-base", 32, 512, 0, 2, False), ("distilbert-base", 32, 512, 0, 2, True),
-    ("distilbert-base", 32, 512, 1, 8, True), ("distilbert-base", 32, 512, 3, 8, True),
+    ("tiny", 8, 64, 0, 2, False),
+    ("tiny", 32, 128, 0, 2, False),
+    ("tiny", 32, 128, 0, 2, True),
+    ("distilbert-base", 8, 64, 0, 1, False),
+    ("distilbert-base", 8, 64, 0, 2, False),
+    ("distilbert-base", 32, 512, 0, 2, False),
+    ("distilbert-base", 32, 512, 0, 2, True),
+    ("distilbert-base", 32, 512, 1, 8, True),
+    ("distilbert-base", 32, 512, 3, 8, True),
 ]
 
 
@@ -199,15 +229,19 @@ def interactive() -> bool:
 
 
 def table(rows=GRID, precision: str = "fp32", overhead_mb: float = 0.0) -> str:
-    head = (f"{'model':<16} {'batch':>5} {'seq':>4} {'ZeRO':>4} {'world':>5} {'recomp':>6} | {'weights':>8} {'grads':>7} "
-            f"{'optim':>7} {'buckets':>7} {'activ':>7} {'peak MiB':>8}")
+    head = (
+        f"{'model':<16} {'batch':>5} {'seq':>4} {'ZeRO':>4} {'world':>5} {'recomp':>6} | {'weights':>8} {'grads':>7} "
+        f"{'optim':>7} {'buckets':>7} {'activ':>7} {'peak MiB':>8}"
+    )
     lines = [head, "-" * len(head)]
     for model, batch, seq, stage, world, rec in rows:
         e = estimate(model, batch, seq, precision, stage, world, rec, overhead_mb=overhead_mb)
         p = e.parts_mb
-        lines.append(f"{model:<16} {batch:>5} {seq:>4} {stage:>4} {world:>5} {('yes' if rec else 'no'):>6} | "
-                     f"{p['weights']:>8.0f} {p['gradients']:>7.0f} {p['optimizer state']:>7.0f} {p['DDP buckets']:>7.0f} "
-                     f"{p['activations']:>7.0f} {e.peak_mb:>8.0f}")
+        lines.append(
+            f"{model:<16} {batch:>5} {seq:>4} {stage:>4} {world:>5} {('yes' if rec else 'no'):>6} | "
+            f"{p['weights']:>8.0f} {p['gradients']:>7.0f} {p['optimizer state']:>7.0f} {p['DDP buckets']:>7.0f} "
+            f"{p['activations']:>7.0f} {e.peak_mb:>8.0f}"
+        )
     return "\n".join(lines)
 
 
@@ -227,9 +261,19 @@ def calculator(overhead_mb: float = 0.0):
             print(f"{k:<18} {v:9.1f} MiB")
         print(f"{'peak':<18} {e.peak_mb:9.1f} MiB per rank")
 
-    display(W.interactive(show, model=list(SHAPES), batch=W.IntSlider(8, 1, 256), seq=W.IntSlider(64, 8, 512, 8),
-                          precision=list(PRECISIONS), stage=W.IntSlider(0, 0, 3), world=W.IntSlider(2, 1, 64),
-                          recompute=False, adamw=list(ADAMW)))
+    display(
+        W.interactive(
+            show,
+            model=list(SHAPES),
+            batch=W.IntSlider(8, 1, 256),
+            seq=W.IntSlider(64, 8, 512, 8),
+            precision=list(PRECISIONS),
+            stage=W.IntSlider(0, 0, 3),
+            world=W.IntSlider(2, 1, 64),
+            recompute=False,
+            adamw=list(ADAMW),
+        )
+    )
     return text
 
 
@@ -237,8 +281,16 @@ def precision_note() -> str:
     return "fp32 AdamW (torch's CPU default, tensor by tensor); MiB per rank (the fullest rank); runtime included in the peak"
 
 
-def judge_peak_prediction(yours_mb, model="tiny", batch: int = 8, seq: int = 64, recompute: bool = False,
-                          world: int = 1, overhead_mb: float = 0.0, tolerance: float = 0.10) -> tuple[bool, str]:
+def judge_peak_prediction(
+    yours_mb,
+    model="tiny",
+    batch: int = 8,
+    seq: int = 64,
+    recompute: bool = False,
+    world: int = 1,
+    overhead_mb: float = 0.0,
+    tolerance: float = 0.10,
+) -> tuple[bool, str]:
     """A learner's prediction of one rank's peak (MiB, plain DDP, fp32, CPU AdamW) against the calculator: right
     within `tolerance`, or which part of the step their number left out or counted wrong."""
     if not isinstance(yours_mb, (int, float)) or isinstance(yours_mb, bool) or yours_mb <= 0:
@@ -246,31 +298,47 @@ def judge_peak_prediction(yours_mb, model="tiny", batch: int = 8, seq: int = 64,
     e = estimate(model, batch, seq, world=world, recompute=recompute, overhead_mb=overhead_mb)
     p = e.parts
     if rel_error(yours_mb * MiB, e.peak) <= tolerance:
-        sets = "activations" if p["activations"] > p["gradients"] + p["AdamW temporaries"] else \
-            "gradients plus AdamW's temporaries"
+        sets = (
+            "activations"
+            if p["activations"] > p["gradients"] + p["AdamW temporaries"]
+            else "gradients plus AdamW's temporaries"
+        )
         return True, f"right: the {sets} set the peak at this setting"
     held = e.peak - max(p["activations"], p["gradients"] + p["AdamW temporaries"])
     mistakes = [  # (the peak a learner gets with one slip, what the slip is)
         (e.peak - p["runtime"], f"you left out the runtime ({p['runtime'] / MiB:.1f} MiB, measured in section 5)"),
-        (held + p["gradients"] + p["AdamW temporaries"],
-         f"you let the gradients and AdamW's temporaries set the peak; here the activations "
-         f"({p['activations'] / MiB:.1f} MiB) outgrow them"),
-        (held + p["activations"],
-         f"you let the activations set the peak; here the gradients plus AdamW's temporaries "
-         f"({(p['gradients'] + p['AdamW temporaries']) / MiB:.1f} MiB) outgrow them"),
-        (e.peak - p["weights"] - p["optimizer state"],
-         "you left out what is held all the time: the weights and AdamW's two moments"),
+        (
+            held + p["gradients"] + p["AdamW temporaries"],
+            f"you let the gradients and AdamW's temporaries set the peak; here the activations "
+            f"({p['activations'] / MiB:.1f} MiB) outgrow them",
+        ),
+        (
+            held + p["activations"],
+            f"you let the activations set the peak; here the gradients plus AdamW's temporaries "
+            f"({(p['gradients'] + p['AdamW temporaries']) / MiB:.1f} MiB) outgrow them",
+        ),
+        (
+            e.peak - p["weights"] - p["optimizer state"],
+            "you left out what is held all the time: the weights and AdamW's two moments",
+        ),
     ]
     if recompute:
         full = estimate(model, batch, seq, world=world, recompute=False, overhead_mb=overhead_mb)
-        mistakes.append((full.peak, "you counted every layer's activations; recomputation keeps only each layer's "
-                                    "input, plus one layer's activations recomputed in backward"))
+        mistakes.append(
+            (
+                full.peak,
+                "you counted every layer's activations; recomputation keeps only each layer's "
+                "input, plus one layer's activations recomputed in backward",
+            )
+        )
     slip = min(mistakes, key=lambda m: abs(m[0] - yours_mb * MiB))
     if rel_error(yours_mb * MiB, slip[0]) <= tolerance / 2:
         return False, f"not yet: {slip[1]}"
     off = yours_mb - e.peak_mb
-    return False, (f"not yet: {abs(off):.0f} MiB {'above' if off > 0 else 'below'} the calculator; add up weights, "
-                   "optimizer state, runtime, and the larger of the activations and gradients + AdamW's temporaries")
+    return False, (
+        f"not yet: {abs(off):.0f} MiB {'above' if off > 0 else 'below'} the calculator; add up weights, "
+        "optimizer state, runtime, and the larger of the activations and gradients + AdamW's temporaries"
+    )
 
 
 def _adamw_step_peaks(model: str) -> dict:
@@ -351,5 +419,7 @@ if __name__ == "__main__":
     elif sys.argv[1:2] == ["preimport"]:
         _preimport_and_run(sys.argv[2:])
     else:
-        raise SystemExit(f"usage: python -m distrinews_lib.course.memory adamw-step {{{','.join(SHAPES)}}}\n"
-                         "       python distrinews_lib/course/memory.py preimport MODULE[,MODULE...] SCRIPT [ARGS...]")
+        raise SystemExit(
+            f"usage: python -m distrinews_lib.course.memory adamw-step {{{','.join(SHAPES)}}}\n"
+            "       python distrinews_lib/course/memory.py preimport MODULE[,MODULE...] SCRIPT [ARGS...]"
+        )

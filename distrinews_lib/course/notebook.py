@@ -36,13 +36,13 @@ from . import gpu_env
 @dataclass
 class CourseEnv:
     root: Path
-    preset: str          # cpu_smoke, single_gpu or kaggle_t4x2
-    nproc: int           # processes for DDP launches: every GPU, else 2 CPU processes
+    preset: str  # cpu_smoke, single_gpu or kaggle_t4x2
+    nproc: int  # processes for DDP launches: every GPU, else 2 CPU processes
     n_gpus: int
     gpu_names: list
     on_kaggle: bool
     on_colab: bool
-    hub: bool            # Hugging Face hub reachable
+    hub: bool  # Hugging Face hub reachable
     data_dir: str | None
 
     @property
@@ -64,7 +64,8 @@ def find_root(start: Path | None = None) -> Path:
             return c
     raise FileNotFoundError(
         "could not find the DistriNews project (a folder with distrinews_lib/ and scripts/) from "
-        f"{start}. Open the notebook from the project's notebooks/ folder, or clone the project first.")
+        f"{start}. Open the notebook from the project's notebooks/ folder, or clone the project first."
+    )
 
 
 def setup(preset: str = "auto", nproc="auto", quiet: bool = False) -> CourseEnv:
@@ -86,12 +87,20 @@ def setup(preset: str = "auto", nproc="auto", quiet: bool = False) -> CourseEnv:
     )
     if not quiet:
         gpus = ", ".join(env.gpu_names) if env.gpu_names else "none (CPU only)"
-        data = "Hugging Face hub" if env.hub else (env.data_dir or "the real AG News sample inside distrinews_lib (offline)")
-        print(f"project root : {env.root}\npreset       : {env.preset}\nGPUs         : {gpus}\n"
-              f"DDP          : {env.nproc} processes, {env.backend}\nhub reachable: {env.hub}\ndata (auto)  : {data}\n"
-              f"torch        : {torch.__version__}")
+        data = (
+            "Hugging Face hub"
+            if env.hub
+            else (env.data_dir or "the real AG News sample inside distrinews_lib (offline)")
+        )
+        print(
+            f"project root : {env.root}\npreset       : {env.preset}\nGPUs         : {gpus}\n"
+            f"DDP          : {env.nproc} processes, {env.backend}\nhub reachable: {env.hub}\ndata (auto)  : {data}\n"
+            f"torch        : {torch.__version__}"
+        )
         if env.on_kaggle and not env.hub:
-            print("Kaggle: switch Internet on (Settings > Internet) to train distilbert-base-uncased on the real AG News.")
+            print(
+                "Kaggle: switch Internet on (Settings > Internet) to train distilbert-base-uncased on the real AG News."
+            )
         if env.on_kaggle and env.n_gpus < 2:
             print("Kaggle: pick the 'GPU T4 x2' accelerator (Settings > Accelerator) to run DDP on two GPUs.")
     gpu_env.first_cell(quiet=quiet)  # versions, GPUs, /dev/shm, P2P (-> NCCL_P2P_DISABLE); stops leftover ranks
@@ -100,9 +109,9 @@ def setup(preset: str = "auto", nproc="auto", quiet: bool = False) -> CourseEnv:
 
 @dataclass
 class ScriptDiff:
-    text: str       # a unified diff that ignores indentation (the DDP body sits inside try/finally)
-    added: int      # lines of the second file that are new or changed
-    removed: int    # lines of the first file that are gone or changed
+    text: str  # a unified diff that ignores indentation (the DDP body sits inside try/finally)
+    added: int  # lines of the second file that are new or changed
+    removed: int  # lines of the first file that are gone or changed
 
 
 def script_diff(a, b, context: int = 1) -> ScriptDiff:
@@ -138,8 +147,10 @@ def solutions_enabled(flag=False) -> bool:
 def solution(fn, flag=False):
     """Run an exercise's solution (a function that runs something and checks what it found), or say how to."""
     if not solutions_enabled(flag):
-        print(f"solution '{fn.__name__}' not run: try the exercise first; set SOLUTIONS = True in the parameters cell "
-              "(or run_course.py --solutions) to run it")
+        print(
+            f"solution '{fn.__name__}' not run: try the exercise first; set SOLUTIONS = True in the parameters cell "
+            "(or run_course.py --solutions) to run it"
+        )
         return None
     print(f"--- solution '{fn.__name__}' ---")
     return fn()

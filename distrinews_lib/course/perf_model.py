@@ -21,8 +21,8 @@ import torch.distributed as dist
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-
 # --------------------------------------------------------------------------- collectives, measured
+
 
 def bytes_written() -> int | None:
     """Bytes this process has written so far (files and sockets), or None where /proc/self/io is missing."""
@@ -75,8 +75,10 @@ def time_collectives(sizes, halves_at: int | None = None) -> list[dict]:
     if halves_at:
         x = torch.ones(halves_at // 4 // n * n)
         part = torch.empty(x.numel() // n)
-        for op, fn in (("reduce_scatter", lambda: dist.reduce_scatter_tensor(part, x)),
-                       ("all_gather", lambda: dist.all_gather_into_tensor(x, part))):
+        for op, fn in (
+            ("reduce_scatter", lambda: dist.reduce_scatter_tensor(part, x)),
+            ("all_gather", lambda: dist.all_gather_into_tensor(x, part)),
+        ):
             t, sent = _timed(fn, reps_for(halves_at))
             rows.append({"op": op, "bytes": x.numel() * 4, "seconds": t, "sent": sent})
     return rows
@@ -84,7 +86,7 @@ def time_collectives(sizes, halves_at: int | None = None) -> list[dict]:
 
 @dataclass
 class Fit:
-    alpha_s: float        # latency: the time of an empty all-reduce
+    alpha_s: float  # latency: the time of an empty all-reduce
     beta_s_per_byte: float
 
     @property
@@ -101,7 +103,7 @@ def fit_alpha_beta(rows) -> Fit:
     """Least squares of t = alpha + beta S on the relative error, so that 4 KB weighs as much as 256 MB."""
     pts = [(r["bytes"], r["seconds"]) for r in rows if r.get("op", "all_reduce") == "all_reduce"]
     # minimise sum(((alpha + beta S) - t) / t)^2: the normal equations of a weighted linear fit
-    w = [1 / t ** 2 for _, t in pts]
+    w = [1 / t**2 for _, t in pts]
     sw, sx, sy = sum(w), sum(wi * s for wi, (s, _) in zip(w, pts)), sum(wi * t for wi, (_, t) in zip(w, pts))
     sxx, sxy = sum(wi * s * s for wi, (s, _) in zip(w, pts)), sum(wi * s * t for wi, (s, t) in zip(w, pts))
     det = sw * sxx - sx * sx
@@ -153,9 +155,12 @@ class StepClock:
         engine.queue_callback(lambda: (self._mark("bwd_end"), engine.queue_callback(lambda: self._mark("bwd_return"))))
 
     def __enter__(self):
-        self._handles = [register_module_forward_pre_hook(self._pre), register_module_forward_hook(self._post),
-                         register_optimizer_step_pre_hook(lambda *_: self._mark("opt_start")),
-                         register_optimizer_step_post_hook(self._step_done)]
+        self._handles = [
+            register_module_forward_pre_hook(self._pre),
+            register_module_forward_hook(self._post),
+            register_optimizer_step_pre_hook(lambda *_: self._mark("opt_start")),
+            register_optimizer_step_post_hook(self._step_done),
+        ]
         return self
 
     def _step_done(self, *_):
@@ -165,7 +170,7 @@ class StepClock:
     def written_per_step(self, first_step: int, steps: int) -> float | None:
         """Bytes written per optimizer step over steps first_step+1 .. first_step+steps: on a DDP rank, its
         all-reduces' traffic (the script writes nothing else while it trains)."""
-        w = self.written[first_step - 1:first_step + steps] if first_step >= 1 else []
+        w = self.written[first_step - 1 : first_step + steps] if first_step >= 1 else []
         if len(w) < steps + 1 or None in (w[0], w[-1]):
             return None
         return (w[-1] - w[0]) / steps
@@ -184,8 +189,9 @@ def steps_of(events) -> list[dict]:
         if name == "opt_end":
             current["opt_end"] = t
             current["prev_end"] = prev_end
-            current["complete"] = prev_end is not None and all(k in current for k in
-                                                               ("fwd_start", "fwd_end", "bwd_end", "bwd_return", "opt_start"))
+            current["complete"] = prev_end is not None and all(
+                k in current for k in ("fwd_start", "fwd_end", "bwd_end", "bwd_return", "opt_start")
+            )
             steps.append(current)
             current, prev_end = {}, t
         elif name in current:
@@ -204,7 +210,7 @@ def breakdown(ranks_events, first_step: int, steps: int) -> list[dict]:
     (compute), comm (backward done to backward returning: DDP waiting for its all-reduces), split into `waiting`
     (until the slowest rank had finished its backward too) and `transfer` (the rest), clip (clipping and
     bookkeeping up to the optimizer step) and optimizer."""
-    per_rank = [steps_of(ev)[first_step:first_step + steps] for ev in ranks_events]
+    per_rank = [steps_of(ev)[first_step : first_step + steps] for ev in ranks_events]
     if any(len(s) < steps for s in per_rank) or not all(st["complete"] for s in per_rank for st in s):
         raise ValueError("the step clock did not see every event of every timed step (accumulation is not supported)")
     out = []
@@ -212,10 +218,15 @@ def breakdown(ranks_events, first_step: int, steps: int) -> list[dict]:
         acc = {p: 0.0 for p in (*PARTS, "waiting", "transfer", "step")}
         for k, st in enumerate(rank_steps):
             last_bwd = max(other[k]["bwd_end"] for other in per_rank)  # the all-reduce's last bucket can start then
-            parts = {"data": st["fwd_start"] - st["prev_end"], "forward": st["fwd_end"] - st["fwd_start"],
-                     "backward": st["bwd_end"] - st["fwd_end"], "comm": st["bwd_return"] - st["bwd_end"],
-                     "clip": st["opt_start"] - st["bwd_return"], "optimizer": st["opt_end"] - st["opt_start"],
-                     "step": st["opt_end"] - st["prev_end"]}
+            parts = {
+                "data": st["fwd_start"] - st["prev_end"],
+                "forward": st["fwd_end"] - st["fwd_start"],
+                "backward": st["bwd_end"] - st["fwd_end"],
+                "comm": st["bwd_return"] - st["bwd_end"],
+                "clip": st["opt_start"] - st["bwd_return"],
+                "optimizer": st["opt_end"] - st["opt_start"],
+                "step": st["opt_end"] - st["prev_end"],
+            }
             parts["waiting"] = min(max(0.0, last_bwd - st["bwd_end"]), parts["comm"])
             parts["transfer"] = parts["comm"] - parts["waiting"]
             for p, v in parts.items():
@@ -225,6 +236,7 @@ def breakdown(ranks_events, first_step: int, steps: int) -> list[dict]:
 
 
 # --------------------------------------------------------------------------- predictions
+
 
 def others_cores(run: dict) -> float | None:
     """Cores other programs kept busy during one run of scripts/bench_runs.py, from its ranks' records: the
@@ -253,8 +265,13 @@ def predict_ddp_step(single: dict, n: int, comm_s: float) -> dict:
     per_example = single["data"] + single["forward"] + single["backward"]
     repeated = single["clip"] + single["optimizer"]
     step = per_example / n + repeated + comm_s
-    return {"per_example": per_example / n, "repeated": repeated, "comm": comm_s, "step": step,
-            "speedup": (per_example + repeated) / step}
+    return {
+        "per_example": per_example / n,
+        "repeated": repeated,
+        "comm": comm_s,
+        "step": step,
+        "speedup": (per_example + repeated) / step,
+    }
 
 
 def best_bucket_mb(fit: Fit, grad_bytes: float, backward_s: float, last_tensor_bytes: float, caps_mb) -> dict:
@@ -265,7 +282,7 @@ def best_bucket_mb(fit: Fit, grad_bytes: float, backward_s: float, last_tensor_b
     is always a bucket of its own at the very end."""
     out = {}
     for cap in caps_mb:
-        cap_b = cap * 2 ** 20
+        cap_b = cap * 2**20
         rest = max(grad_bytes - last_tensor_bytes, 0.0)
         sizes = [cap_b] * int(rest // cap_b) + ([rest % cap_b] if rest % cap_b else [])
         ready, free = 0.0, 0.0
@@ -278,6 +295,7 @@ def best_bucket_mb(fit: Fit, grad_bytes: float, backward_s: float, last_tensor_b
 
 
 # --------------------------------------------------------------------------- chapter 05's exercise 1
+
 
 def grade_allreduce_ms(fn, fits: dict, sizes: list[int]) -> str | None:
     """The learner's allreduce_ms(nbytes, n, alpha_ms, gb_per_s) against the fitted model at every n of `fits`
@@ -300,11 +318,13 @@ def grade_allreduce_ms(fn, fits: dict, sizes: list[int]) -> str | None:
                 why = "the ring factor 2(n-1)/n is missing (at n = 2 it is 1, so it only shows at n = 4)"
             elif close(yours, bytes_ms):
                 why = "alpha is missing: every all-reduce pays it once, whatever its size"
-            elif any(close(yours / want, k) for k in (1e3, 1e-3, 2 ** 30 / 1e9, 1e9 / 2 ** 30)):
+            elif any(close(yours / want, k) for k in (1e3, 1e-3, 2**30 / 1e9, 1e9 / 2**30)):
                 why = "the units: gb_per_s is 1e9 bytes per second, and the answer is in milliseconds"
             else:
                 why = "alpha (ms) once, plus 2(n-1)/n x nbytes over gb_per_s"
-            return f"exercise 1: allreduce_ms({nbytes} bytes, n={n}) = {yours:.3f} ms, the fit says {want:.3f} ms: {why}"
+            return (
+                f"exercise 1: allreduce_ms({nbytes} bytes, n={n}) = {yours:.3f} ms, the fit says {want:.3f} ms: {why}"
+            )
     return None
 
 
@@ -313,20 +333,24 @@ def grade_allreduce_ms(fn, fits: dict, sizes: list[int]) -> str | None:
 # fed published figures instead of measured ones. What each figure is and where it comes from is written next to
 # it; the results are ESTIMATES, and the notebook labels them so.
 
-MIB = 2 ** 20
+MIB = 2**20
 
 
 @dataclass(frozen=True)
 class Link:
     name: str
-    gb_s: float       # per direction, per GPU's share of the ring (data sheet peak)
-    alpha_us: float   # per ring step: a typical NCCL figure, an order of magnitude, not a data sheet's
+    gb_s: float  # per direction, per GPU's share of the ring (data sheet peak)
+    alpha_us: float  # per ring step: a typical NCCL figure, an order of magnitude, not a data sheet's
     source: str
 
 
 LINKS = {
-    "pcie3": Link("PCIe 3.0 x16 (2x T4, no NVLink)", 15.75, 10.0, "PCI-SIG PCIe 3.0: 8 GT/s x 16 lanes, 128b/130b coding"),
-    "nvlink2": Link("NVLink 2, one link (V100, DGX-1)", 25.0, 5.0, "NVIDIA Tesla V100 data sheet: 25 GB/s per link and direction"),
+    "pcie3": Link(
+        "PCIe 3.0 x16 (2x T4, no NVLink)", 15.75, 10.0, "PCI-SIG PCIe 3.0: 8 GT/s x 16 lanes, 128b/130b coding"
+    ),
+    "nvlink2": Link(
+        "NVLink 2, one link (V100, DGX-1)", 25.0, 5.0, "NVIDIA Tesla V100 data sheet: 25 GB/s per link and direction"
+    ),
     "nvlink4": Link("NVLink 4 (H100 SXM)", 450.0, 5.0, "NVIDIA H100 data sheet: 900 GB/s per GPU, both directions"),
     "ib_ndr": Link("InfiniBand NDR, one 400 Gb/s port per GPU", 50.0, 10.0, "NVIDIA ConnectX-7: 400 Gb/s per port"),
 }
@@ -337,12 +361,15 @@ LINKS = {
 INTERFERENCE = 0.45
 
 GPUS = {  # dense fp16/bf16 tensor-core peak, TFLOP/s (data sheets)
-    "T4": 65.0, "V100": 125.0, "H100 SXM": 989.0,
+    "T4": 65.0,
+    "V100": 125.0,
+    "H100 SXM": 989.0,
 }
 
 
-def buckets_in_ready_order(tensors: list[tuple[float, float]], cap_bytes: float = 25 * MIB,
-                           first_cap_bytes: float = 1 * MIB) -> list[tuple[float, float]]:
+def buckets_in_ready_order(
+    tensors: list[tuple[float, float]], cap_bytes: float = 25 * MIB, first_cap_bytes: float = 1 * MIB
+) -> list[tuple[float, float]]:
     """DDP's buckets from (bytes, ready time) of each gradient in the order backward produces them: the first bucket
     holds at most 1 MiB (DDP's first bucket, sent early), the others `cap_bytes`; a tensor is never split. Returns
     (bucket bytes, time its last gradient is ready)."""
@@ -365,11 +392,11 @@ def ring_seconds(nbytes: float, n: int, link: Link) -> float:
 @dataclass
 class DDPEstimate:
     n: int
-    compute_ms: float        # the 1-GPU step: what DDP adds to
-    bookkeeping_ms: float    # per gradient tensor: its hook and its copies into and out of the bucket
-    comm_ms: float           # every bucket's all-reduce, one after another on the link
-    exposed_ms: float        # what runs past the end of backward: the last bucket at least
-    interference_ms: float   # overlapped communication still costs: its kernels share the GPU with backward's
+    compute_ms: float  # the 1-GPU step: what DDP adds to
+    bookkeeping_ms: float  # per gradient tensor: its hook and its copies into and out of the bucket
+    comm_ms: float  # every bucket's all-reduce, one after another on the link
+    exposed_ms: float  # what runs past the end of backward: the last bucket at least
+    interference_ms: float  # overlapped communication still costs: its kernels share the GPU with backward's
 
     @property
     def step_ms(self) -> float:
@@ -389,9 +416,17 @@ class DDPEstimate:
         return self.n * self.efficiency
 
 
-def ddp_estimate(compute_s: float, tensors: list[tuple[float, float]], n: int, link: Link, *,
-                 backward_share: float = 2 / 3, tensor_s: float = 20e-6, interference: float = INTERFERENCE,
-                 cap_bytes: float = 25 * MIB) -> DDPEstimate:
+def ddp_estimate(
+    compute_s: float,
+    tensors: list[tuple[float, float]],
+    n: int,
+    link: Link,
+    *,
+    backward_share: float = 2 / 3,
+    tensor_s: float = 20e-6,
+    interference: float = INTERFERENCE,
+    cap_bytes: float = 25 * MIB,
+) -> DDPEstimate:
     """DDP's step on n GPUs from the 1-GPU step (`compute_s`) and the gradients, `tensors` = (bytes, when it is
     ready as a fraction of backward, 0..1) in the order backward produces them.
 
@@ -411,8 +446,9 @@ def ddp_estimate(compute_s: float, tensors: list[tuple[float, float]], n: int, l
         t = ring_seconds(nbytes, n, link)
         free, total = max(free, ready) + t, total + t
     exposed = max(0.0, free - backward)
-    return DDPEstimate(n, 1000 * compute_s, 1000 * book, 1000 * total, 1000 * exposed,
-                       1000 * interference * max(0.0, total - exposed))
+    return DDPEstimate(
+        n, 1000 * compute_s, 1000 * book, 1000 * total, 1000 * exposed, 1000 * interference * max(0.0, total - exposed)
+    )
 
 
 def uniform_tensors(params: float, tensors: int, bytes_per_param: int = 4) -> list[tuple[float, float]]:
@@ -443,23 +479,49 @@ PUBLIC_DDP_TABLE = {
     "source": "pytorch/pytorch benchmarks/distributed/ddp/README.md (DGX-1, 8x V100 per machine, NCCL, batch 32)",
     "gpus": [1, 2, 4, 8, 16],
     "models": {
-        "resnet50": {"params": 25_557_032, "tensors": 161, "no_ddp_s": 0.097, "ddp_s": [0.100, 0.103, 0.103, 0.104, 0.104]},
-        "resnet101": {"params": 44_549_160, "tensors": 314, "no_ddp_s": 0.162,
-                      "ddp_s": [0.171, 0.176, 0.176, 0.179, 0.179]},
-        "resnext50_32x4d": {"params": 25_028_904, "tensors": 161, "no_ddp_s": 0.145,
-                            "ddp_s": [0.147, 0.153, 0.153, 0.157, 0.157]},
-        "resnext101_32x8d": {"params": 88_791_336, "tensors": 314, "no_ddp_s": 0.415,
-                             "ddp_s": [0.425, 0.438, 0.439, 0.447, 0.450]},
+        "resnet50": {
+            "params": 25_557_032,
+            "tensors": 161,
+            "no_ddp_s": 0.097,
+            "ddp_s": [0.100, 0.103, 0.103, 0.104, 0.104],
+        },
+        "resnet101": {
+            "params": 44_549_160,
+            "tensors": 314,
+            "no_ddp_s": 0.162,
+            "ddp_s": [0.171, 0.176, 0.176, 0.179, 0.179],
+        },
+        "resnext50_32x4d": {
+            "params": 25_028_904,
+            "tensors": 161,
+            "no_ddp_s": 0.145,
+            "ddp_s": [0.147, 0.153, 0.153, 0.157, 0.157],
+        },
+        "resnext101_32x8d": {
+            "params": 88_791_336,
+            "tensors": 314,
+            "no_ddp_s": 0.415,
+            "ddp_s": [0.425, 0.438, 0.439, 0.447, 0.450],
+        },
     },
     # one NVLink 2 per GPU in the ring inside a machine; across the two machines the ring's slowest hop is an
     # InfiniBand EDR port (100 Gb/s = 12.5 GB/s), of which DGX-1 has four: NCCL runs four rings, one per port
-    "link": {n: LINKS["nvlink2"] for n in (2, 4, 8)} | {16: Link("4x InfiniBand EDR (4 rings)", 4 * 12.5, 10.0,
-                                                               "Mellanox ConnectX-4 EDR: 100 Gb/s per port, 4 per DGX-1")},
+    "link": {n: LINKS["nvlink2"] for n in (2, 4, 8)}
+    | {
+        16: Link(
+            "4x InfiniBand EDR (4 rings)", 4 * 12.5, 10.0, "Mellanox ConnectX-4 EDR: 100 Gb/s per port, 4 per DGX-1"
+        )
+    },
 }
 
 # A public Kaggle measurement (2x T4): a 4M-parameter nanoGPT, one GPU against DDP on both.
-KAGGLE_NANOGPT = {"source": "a public Kaggle notebook, 2x T4, nanoGPT with 4M parameters (fp32 gradients)",
-                  "params": 4e6, "one_gpu_ms": 22.03, "ddp_ms": 26.36, "comm_ms": 11.24}
+KAGGLE_NANOGPT = {
+    "source": "a public Kaggle notebook, 2x T4, nanoGPT with 4M parameters (fp32 gradients)",
+    "params": 4e6,
+    "one_gpu_ms": 22.03,
+    "ddp_ms": 26.36,
+    "comm_ms": 11.24,
+}
 
 
 def public_table_predictions(tensor_s: float = 20e-6, interference: float = None) -> list[dict]:
@@ -471,10 +533,23 @@ def public_table_predictions(tensor_s: float = 20e-6, interference: float = None
     for model, m in t["models"].items():
         tensors = uniform_tensors(m["params"], m["tensors"])
         for n, measured_s in zip(t["gpus"], m["ddp_s"]):
-            e = ddp_estimate(m["no_ddp_s"], tensors, n, t["link"].get(n, LINKS["nvlink2"]), tensor_s=tensor_s,
-                             interference=interference)
-            rows.append({"model": model, "gpus": n, "predicted_pts": 100 * e.overhead,
-                         "measured_pts": 100 * (measured_s / m["no_ddp_s"] - 1), "estimate": e})
+            e = ddp_estimate(
+                m["no_ddp_s"],
+                tensors,
+                n,
+                t["link"].get(n, LINKS["nvlink2"]),
+                tensor_s=tensor_s,
+                interference=interference,
+            )
+            rows.append(
+                {
+                    "model": model,
+                    "gpus": n,
+                    "predicted_pts": 100 * e.overhead,
+                    "measured_pts": 100 * (measured_s / m["no_ddp_s"] - 1),
+                    "estimate": e,
+                }
+            )
     return rows
 
 

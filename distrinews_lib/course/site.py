@@ -89,7 +89,8 @@ _SIDEBAR_SLOT = "<!--course-sidebar-->"
 # nbconvert's lab template with its CDN scripts taken out (the course's markdown has no maths or mermaid
 # diagrams; a page that waited on a CDN would show nothing offline), the sidebar and the bars to move between
 # chapters, and each solution cell folded behind "show the solution".
-_TEMPLATE = """{%- extends 'index.html.j2' -%}
+_TEMPLATE = (
+    """{%- extends 'index.html.j2' -%}
 {%- block html_head_js -%}{%- endblock html_head_js -%}
 {%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
 {%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
@@ -99,13 +100,17 @@ _TEMPLATE = """{%- extends 'index.html.j2' -%}
 {%- endblock html_head_css -%}
 {%- block body_header -%}
 <body class="jp-Notebook course-page" data-jp-theme-light="true" data-jp-theme-name="JupyterLab Light">
-""" + _SIDEBAR_SLOT + """
+"""
+    + _SIDEBAR_SLOT
+    + """
 <main class="course-main">
 {{ resources.course_nav }}
 {{ resources.course_run }}
 {%- endblock body_header -%}
 {%- block any_cell -%}
-{%- if '""" + SOLUTION_TAG + """' in cell.metadata.get('tags', []) -%}
+{%- if '"""
+    + SOLUTION_TAG
+    + """' in cell.metadata.get('tags', []) -%}
 <details class="solution"><summary>show the solution</summary>
 {{ super() }}
 </details>
@@ -120,13 +125,14 @@ _TEMPLATE = """{%- extends 'index.html.j2' -%}
 </body>
 {%- endblock body_footer -%}
 """
+)
 
 
 class _LocalPaths(Preprocessor):
     """Replaces the machine's own folders (the project, the run, the notebooks' folder, the home) in every cell's
     source and text output by a name: a page shows `<project>/scripts/...`, never `/home/someone/...`."""
 
-    replacements = List(default_value=[]).tag(config=True)   # (absolute path, what to show instead), longest first
+    replacements = List(default_value=[]).tag(config=True)  # (absolute path, what to show instead), longest first
 
     def scrub(self, text):
         if isinstance(text, list):
@@ -187,9 +193,18 @@ def _exporter(replacements) -> HTMLExporter:
     c = Config()
     c.TagRemovePreprocessor.enabled = True
     c.TagRemovePreprocessor.remove_cell_tags = {HIDDEN_TAG, INJECTED_TAG}
-    c.HTMLExporter.preprocessors = ["nbconvert.preprocessors.TagRemovePreprocessor", _LocalPaths(replacements=replacements)]
-    return HTMLExporter(config=c, template_name="lab", extra_loaders=[DictLoader({"course.html.j2": _TEMPLATE})],
-                        template_file="course.html.j2", embed_images=True, exclude_anchor_links=True)
+    c.HTMLExporter.preprocessors = [
+        "nbconvert.preprocessors.TagRemovePreprocessor",
+        _LocalPaths(replacements=replacements),
+    ]
+    return HTMLExporter(
+        config=c,
+        template_name="lab",
+        extra_loaders=[DictLoader({"course.html.j2": _TEMPLATE})],
+        template_file="course.html.j2",
+        embed_images=True,
+        exclude_anchor_links=True,
+    )
 
 
 def chapter_title(nb) -> str:
@@ -251,8 +266,11 @@ def _sidebar(chapters: list[dict], current: str | None, sections: list[tuple[str
             items.append(f'<li{cls}><a href="{html.escape(ch["page"])}"{aria}>{title}</a></li>')
         else:
             items.append(f'<li class="not-run">{title} (not run)</li>')
-    parts = ['<nav class="course-sidebar" aria-label="course">', '<a class="home" href="index.html">DistriNews course</a>',
-             f'<details class="chapters"><summary>Chapters</summary><ol>{"".join(items)}</ol></details>']
+    parts = [
+        '<nav class="course-sidebar" aria-label="course">',
+        '<a class="home" href="index.html">DistriNews course</a>',
+        f'<details class="chapters"><summary>Chapters</summary><ol>{"".join(items)}</ol></details>',
+    ]
     if sections:
         links = "".join(f'<li><a href="#{slug}">{text}</a></li>' for slug, text in sections)
         parts.append(f'<details class="sections"><summary>On this page</summary><ol>{links}</ol></details>')
@@ -261,7 +279,6 @@ def _sidebar(chapters: list[dict], current: str | None, sections: list[tuple[str
 
 
 class _RemoteRefs(HTMLParser):
-
     def __init__(self):
         super().__init__()
         self.found: list[str] = []
@@ -292,25 +309,40 @@ def _index_page(summary: dict, chapters: list[dict]) -> str:
         name = html.escape(ch["name"])
         title = html.escape(ch["title"] or ch["name"])
         link = f'<a href="{html.escape(ch["page"])}">{title}</a>' if ch["page"] else title
-        secs = f'{ch["seconds"]:.1f}' if ch["seconds"] is not None else "-"
-        figures = "".join(f'<dt>{html.escape(k)}</dt><dd data-key="{html.escape(k)}" '
-                          f'data-value="{html.escape(json.dumps(v))}">{html.escape(_fmt(v))}</dd>'
-                          for k, v in ch["record"].items() if k not in ("headline", "notebook"))
-        details = f"<details><summary>all figures</summary><dl class=\"figures\">{figures}</dl></details>" if figures else ""
-        rows.append(f'<tr data-notebook="{name}" class="{html.escape(ch["status"].replace(" ", "-").lower())}">'
-                    f'<td class="chapter">{link}<div class="stem">{name}</div></td>'
-                    f'<td class="status">{html.escape(ch["status"])}</td><td class="seconds">{secs}</td>'
-                    f'<td class="figures"><div class="headline">{html.escape(ch["headline"] or "")}</div>{details}</td></tr>')
+        secs = f"{ch['seconds']:.1f}" if ch["seconds"] is not None else "-"
+        figures = "".join(
+            f'<dt>{html.escape(k)}</dt><dd data-key="{html.escape(k)}" '
+            f'data-value="{html.escape(json.dumps(v))}">{html.escape(_fmt(v))}</dd>'
+            for k, v in ch["record"].items()
+            if k not in ("headline", "notebook")
+        )
+        details = (
+            f'<details><summary>all figures</summary><dl class="figures">{figures}</dl></details>' if figures else ""
+        )
+        rows.append(
+            f'<tr data-notebook="{name}" class="{html.escape(ch["status"].replace(" ", "-").lower())}">'
+            f'<td class="chapter">{link}<div class="stem">{name}</div></td>'
+            f'<td class="status">{html.escape(ch["status"])}</td><td class="seconds">{secs}</td>'
+            f'<td class="figures"><div class="headline">{html.escape(ch["headline"] or "")}</div>{details}</td></tr>'
+        )
     machine = summary.get("machine") or {}
-    machine_rows = "".join(f'<dt>{html.escape(str(k))}</dt><dd data-key="{html.escape(str(k))}">'
-                           f'{html.escape(", ".join(map(str, v)) if isinstance(v, list) else str(v))}</dd>'
-                           for k, v in machine.items() if v is not None)
-    machine_html = f'<dl class="machine">{machine_rows}</dl>' if machine_rows else \
-        '<p class="machine">This run did not record its machine (a run folder from before run_course.py did).</p>'
+    machine_rows = "".join(
+        f'<dt>{html.escape(str(k))}</dt><dd data-key="{html.escape(str(k))}">'
+        f"{html.escape(', '.join(map(str, v)) if isinstance(v, list) else str(v))}</dd>"
+        for k, v in machine.items()
+        if v is not None
+    )
+    machine_html = (
+        f'<dl class="machine">{machine_rows}</dl>'
+        if machine_rows
+        else '<p class="machine">This run did not record its machine (a run folder from before run_course.py did).</p>'
+    )
     n_ok = sum(ch["status"] == "ok" for ch in chapters)
-    run = html.escape(f'preset {summary.get("preset", "?")}, nproc {summary.get("nproc", "?")}'
-                      + (f', started {summary["started"]}' if summary.get("started") else "")
-                      + f'; {n_ok}/{len(chapters)} chapters ran in {summary.get("seconds", 0):.1f} s')
+    run = html.escape(
+        f"preset {summary.get('preset', '?')}, nproc {summary.get('nproc', '?')}"
+        + (f", started {summary['started']}" if summary.get("started") else "")
+        + f"; {n_ok}/{len(chapters)} chapters ran in {summary.get('seconds', 0):.1f} s"
+    )
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -367,8 +399,10 @@ def render_site(run_dir: Path, site_dir: Path | None = None) -> Path:
     run_dir = Path(run_dir)
     summary_path = run_dir / "summary.json"
     if not summary_path.is_file():
-        raise FileNotFoundError(f"{summary_path}: no summary.json here; is {run_dir} a folder scripts/run_course.py "
-                                "wrote (runs/<timestamp>/)?")
+        raise FileNotFoundError(
+            f"{summary_path}: no summary.json here; is {run_dir} a folder scripts/run_course.py "
+            "wrote (runs/<timestamp>/)?"
+        )
     summary = json.loads(summary_path.read_text())
     site = Path(site_dir) if site_dir else run_dir / "site"
     site.mkdir(parents=True, exist_ok=True)
@@ -377,10 +411,18 @@ def render_site(run_dir: Path, site_dir: Path | None = None) -> Path:
     for entry in summary["notebooks"]:
         executed = run_dir / f"{entry['name']}.ipynb"
         nb = nbformat.read(str(executed), as_version=4) if executed.is_file() else None
-        chapters.append({"name": entry["name"], "status": entry["status"], "seconds": entry.get("seconds"),
-                         "headline": entry.get("headline", ""), "record": entry.get("record") or {},
-                         "title": chapter_title(nb) if nb else "", "nb": nb,
-                         "page": f"{entry['name']}.html" if nb else None})
+        chapters.append(
+            {
+                "name": entry["name"],
+                "status": entry["status"],
+                "seconds": entry.get("seconds"),
+                "headline": entry.get("headline", ""),
+                "record": entry.get("record") or {},
+                "title": chapter_title(nb) if nb else "",
+                "nb": nb,
+                "page": f"{entry['name']}.html" if nb else None,
+            }
+        )
     pages = [ch for ch in chapters if ch["page"]]
     for i, ch in enumerate(pages):
         prev = (pages[i - 1]["page"], pages[i - 1]["title"] or pages[i - 1]["name"]) if i > 0 else None
@@ -388,9 +430,15 @@ def render_site(run_dir: Path, site_dir: Path | None = None) -> Path:
         nb = ch["nb"]
         nb.metadata["title"] = ch["title"] or ch["name"]
         scrub = local_paths(run_dir, nb)
-        body, _ = _exporter(scrub).from_notebook_node(nb, resources={
-            "course_nav": _nav(prev, nxt), "course_run": _LocalPaths(replacements=scrub).scrub(_run_line(nb)),
-            "course_css": _CSS, "course_js": _JS})
+        body, _ = _exporter(scrub).from_notebook_node(
+            nb,
+            resources={
+                "course_nav": _nav(prev, nxt),
+                "course_run": _LocalPaths(replacements=scrub).scrub(_run_line(nb)),
+                "course_css": _CSS,
+                "course_js": _JS,
+            },
+        )
         body, sections = _add_section_ids(body)
         _write_offline(site / ch["page"], body.replace(_SIDEBAR_SLOT, _sidebar(chapters, ch["name"], sections), 1))
     index = site / "index.html"
@@ -402,6 +450,8 @@ def render_site(run_dir: Path, site_dir: Path | None = None) -> Path:
 def _write_offline(path: Path, page: str) -> None:
     remote = remote_references(page)
     if remote:  # a new nbconvert version that adds a CDN script would break the offline promise silently
-        raise RuntimeError(f"{path.name} would load from the internet: {', '.join(remote[:3])}; "
-                           "the site must work offline (see distrinews_lib/course/site.py's template)")
+        raise RuntimeError(
+            f"{path.name} would load from the internet: {', '.join(remote[:3])}; "
+            "the site must work offline (see distrinews_lib/course/site.py's template)"
+        )
     path.write_text(page, encoding="utf-8")

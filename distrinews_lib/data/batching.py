@@ -51,8 +51,8 @@ class LengthGroupedBatchSampler(Sampler):
         order = list(self.sampler)
         batches = []
         for s in range(0, len(order), self.chunk):
-            chunk = sorted(order[s:s + self.chunk], key=lambda i: self.lengths[i])
-            batches += [chunk[b:b + self.batch_size] for b in range(0, len(chunk), self.batch_size)]
+            chunk = sorted(order[s : s + self.chunk], key=lambda i: self.lengths[i])
+            batches += [chunk[b : b + self.batch_size] for b in range(0, len(chunk), self.batch_size)]
         random.Random(self.seed * 1_000_003 + epoch).shuffle(batches)
         return iter(batches)
 
@@ -87,8 +87,17 @@ def loader_options(cfg, pad_id: int | None, device) -> dict:
     return dict(pad_id=pad_id or 0, pad_to_multiple_of=multiple, pin_memory=pin)
 
 
-def make_loader(dataset: Dataset, batch_size: int, sampler=None, *, seed: int = 0, group_by_length: bool = False,
-                pad_id: int = 0, pad_to_multiple_of: int | None = 8, pin_memory: bool = False):
+def make_loader(
+    dataset: Dataset,
+    batch_size: int,
+    sampler=None,
+    *,
+    seed: int = 0,
+    group_by_length: bool = False,
+    pad_id: int = 0,
+    pad_to_multiple_of: int | None = 8,
+    pin_memory: bool = False,
+):
     if sampler is None:
         sampler = SequentialSampler(dataset)
     # Every dataset a task makes brings its collator: padded texts (PadCollator), language-model blocks (their own).

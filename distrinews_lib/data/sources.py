@@ -52,8 +52,14 @@ def _hub_cache_name(spec: DatasetSpec | None, repo_id: str) -> str | None:
     return None
 
 
-def load_hub(name: str = HUB_DATASET, spec: DatasetSpec | None = None, opts: TextOptions = TextOptions(),
-             num_samples: int | None = None, eval_samples: int | None = None, seed: int = 0) -> TextSplits:
+def load_hub(
+    name: str = HUB_DATASET,
+    spec: DatasetSpec | None = None,
+    opts: TextOptions = TextOptions(),
+    num_samples: int | None = None,
+    eval_samples: int | None = None,
+    seed: int = 0,
+) -> TextSplits:
     """A dataset through `datasets`: from the hub, or from its cache (offline, or the hub does not answer).
     Subsets are taken before cleaning (Amazon's 3.6M reviews would take minutes)."""
     if spec is None:
@@ -64,8 +70,10 @@ def load_hub(name: str = HUB_DATASET, spec: DatasetSpec | None = None, opts: Tex
     text_columns = opts.text_columns or (spec.hub_text_columns if spec else ("text",))
     for col in (*text_columns, label_column):
         if col not in tr.column_names:
-            raise UserError(f"'{name}' has no column '{col}' (its columns: {', '.join(tr.column_names)}). Name the text "
-                            "and label columns with --text_column and --label_column.")
+            raise UserError(
+                f"'{name}' has no column '{col}' (its columns: {', '.join(tr.column_names)}). Name the text "
+                "and label columns with --text_column and --label_column."
+            )
     names, tr_labels, te_labels = _hub_labels(name, spec, opts, tr, te, label_column)
     full = {"train": len(tr), "test": len(te)}
     idx_tr, idx_te = subset_index(tr_labels, num_samples, seed), subset_index(te_labels, eval_samples, seed)
@@ -80,8 +88,17 @@ def load_hub(name: str = HUB_DATASET, spec: DatasetSpec | None = None, opts: Tex
         return [clean(*(str(v) if v is not None else "" for v in row)) for row in zip(*columns)]
 
     detail = name + (f" (from the cache in {datasets_cache_dir()}, offline)" if offline else "")
-    return TextSplits(texts(tr), tr_labels, texts(te), te_labels, "hub", detail, full_sizes=full, label_names=names,
-                      name=spec.name if spec else name)
+    return TextSplits(
+        texts(tr),
+        tr_labels,
+        texts(te),
+        te_labels,
+        "hub",
+        detail,
+        full_sizes=full,
+        label_names=names,
+        name=spec.name if spec else name,
+    )
 
 
 def _open_hub_dataset(name: str, spec: DatasetSpec | None):
@@ -91,13 +108,18 @@ def _open_hub_dataset(name: str, spec: DatasetSpec | None):
     if offline:
         load_name = _hub_cache_name(spec, name)
         if load_name is None:
-            why = ("the hub is not reachable (offline mode: HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set)" if env_says_offline()
-                   else "the Hugging Face hub is not reachable from this machine")
-            raise UserError(f"--data hub: {why}, and the Hugging Face datasets cache at {datasets_cache_dir()} holds "
-                            f"no copy of '{name}'. On a machine with internet (a login node), fill that cache with: "
-                            f"{dataset_download_command(name)} - then run again here with HF_HUB_OFFLINE=1 (set HF_HOME "
-                            f"or HF_DATASETS_CACHE the same way on both). Or use a local copy: --data <folder>"
-                            + (" or --data embedded (a real AG News sample, offline)." if name == HUB_DATASET else "."))
+            why = (
+                "the hub is not reachable (offline mode: HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set)"
+                if env_says_offline()
+                else "the Hugging Face hub is not reachable from this machine"
+            )
+            raise UserError(
+                f"--data hub: {why}, and the Hugging Face datasets cache at {datasets_cache_dir()} holds "
+                f"no copy of '{name}'. On a machine with internet (a login node), fill that cache with: "
+                f"{dataset_download_command(name)} - then run again here with HF_HUB_OFFLINE=1 (set HF_HOME "
+                f"or HF_DATASETS_CACHE the same way on both). Or use a local copy: --data <folder>"
+                + (" or --data embedded (a real AG News sample, offline)." if name == HUB_DATASET else ".")
+            )
     from datasets import load_dataset  # deferred: an optional dependency (the hub extra), and a slow import
 
     try:
@@ -105,9 +127,11 @@ def _open_hub_dataset(name: str, spec: DatasetSpec | None):
             ds = load_dataset(load_name, cache_dir=datasets_cache_dir())
     except Exception as err:  # network errors, renamed datasets, a damaged cache... all are the user's environment
         where = f"the cache at {datasets_cache_dir()}" if offline else "the Hugging Face hub"
-        raise UserError(f"could not load '{name}' from {where} ({type(err).__name__}: "
-                        f"{str(err).splitlines()[0][:200] if str(err) else ''}). Use --data <folder>"
-                        + (" or --data embedded." if name == HUB_DATASET else ".")) from None
+        raise UserError(
+            f"could not load '{name}' from {where} ({type(err).__name__}: "
+            f"{str(err).splitlines()[0][:200] if str(err) else ''}). Use --data <folder>"
+            + (" or --data embedded." if name == HUB_DATASET else ".")
+        ) from None
     splits = {k.lower(): v for k, v in ds.items()}
     if "train" not in splits or "test" not in splits:
         raise UserError(f"'{name}' has the splits {', '.join(ds)}; the course needs a 'train' and a 'test' split.")
@@ -117,8 +141,15 @@ def _open_hub_dataset(name: str, spec: DatasetSpec | None):
 def _hub_labels(name: str, spec: DatasetSpec | None, opts: TextOptions, tr, te, label_column: str):
     """(names, train labels, test labels): names from --label_names, the known dataset or a ClassLabel."""
     feature = tr.features[label_column]
-    names = (list(opts.label_names) if opts.label_names else list(spec.label_names) if spec
-             else list(feature.names) if hasattr(feature, "names") else None)
+    names = (
+        list(opts.label_names)
+        if opts.label_names
+        else list(spec.label_names)
+        if spec
+        else list(feature.names)
+        if hasattr(feature, "names")
+        else None
+    )
     tr_labels, te_labels = list(tr[label_column]), list(te[label_column])
     if names is None or not all(isinstance(v, int) for v in tr_labels[:1000]):
         raw_tr = [(str(v), i + 2) for i, v in enumerate(tr_labels)]
@@ -130,8 +161,10 @@ def _hub_labels(name: str, spec: DatasetSpec | None, opts: TextOptions, tr, te, 
         return names, tr_labels, te_labels
     bad = next((v for v in tr_labels + te_labels if not 0 <= v < len(names)), None)
     if bad is not None:
-        raise UserError(f"'{name}' has the label {bad}, outside 0..{len(names) - 1} ({', '.join(names)}). Name every "
-                        "class with --label_names.")
+        raise UserError(
+            f"'{name}' has the label {bad}, outside 0..{len(names) - 1} ({', '.join(names)}). Name every "
+            "class with --label_names."
+        )
     return names, tr_labels, te_labels
 
 
@@ -143,8 +176,10 @@ def resolve_dataset(dataset: str) -> str:
     if dataset.startswith("csv:"):
         path = Path(dataset[4:]).expanduser()
         if not dataset[4:] or not path.exists():
-            raise UserError(f"--dataset {dataset}: no such file or folder. csv:PATH takes a CSV file with a header row, or "
-                            "a folder holding train.csv and test.csv.")
+            raise UserError(
+                f"--dataset {dataset}: no such file or folder. csv:PATH takes a CSV file with a header row, or "
+                "a folder holding train.csv and test.csv."
+            )
         return f"csv:{path.resolve()}"
     if dataset.startswith("hub:"):
         if dataset[4:].count("/") != 1:
@@ -156,7 +191,9 @@ def resolve_dataset(dataset: str) -> str:
     if dataset.count("/") == 1 and not dataset.startswith((".", "/", "~")) and not path.exists():
         known = next((k for k, s in DATASETS.items() if s.hub_id == dataset), None)
         return known or f"hub:{dataset}"
-    raise UserError(f"--dataset {dataset}: not a dataset the course knows and not a folder. Choices: {known_datasets_text()}.")
+    raise UserError(
+        f"--dataset {dataset}: not a dataset the course knows and not a folder. Choices: {known_datasets_text()}."
+    )
 
 
 DATA_DIR_ENV = "DISTRINEWS_DATA_DIR"
@@ -178,8 +215,10 @@ def data_dir(folder: str | None = None, flag: str = "--data", choices: tuple = (
     path = Path(given).expanduser()
     if not path.is_dir():
         why = "is not a folder" if path.exists() else "does not exist"
-        raise UserError(f"{origin}: no such folder ({path} {why}). Point it at a folder with train.csv and test.csv "
-                        f"(.gz ok){instead}.")
+        raise UserError(
+            f"{origin}: no such folder ({path} {why}). Point it at a folder with train.csv and test.csv "
+            f"(.gz ok){instead}."
+        )
     return str(path.resolve())
 
 
@@ -197,12 +236,16 @@ def resolve_source(source: str, dataset: str = "ag_news", hub: bool | None = Non
     spec = DATASETS.get(dataset)
     if spec is None:  # a folder, csv:PATH or hub:ID: --dataset says where it is
         if source not in ("auto", "hub") and not (dataset.startswith("hub:") and source == "hub"):
-            raise UserError(f"--data {source} does not go with --dataset {dataset.split(':', 1)[-1]}: that already says "
-                            "where the data is. Leave --data at auto.")
+            raise UserError(
+                f"--data {source} does not go with --dataset {dataset.split(':', 1)[-1]}: that already says "
+                "where the data is. Leave --data at auto."
+            )
         return "hub" if dataset.startswith("hub:") else dataset.split(":", 1)[0]
     if source in ("embedded", "synthetic") and spec.key != "ag_news":
-        raise UserError(f"--data {source} is AG News only (the sample inside the package, or generated headlines). "
-                        f"For {spec.name} use --data hub (or its cache offline) or --data FOLDER ({spec.folder_hint}).")
+        raise UserError(
+            f"--data {source} is AG News only (the sample inside the package, or generated headlines). "
+            f"For {spec.name} use --data hub (or its cache offline) or --data FOLDER ({spec.folder_hint})."
+        )
     if source != "auto":
         return source
     reachable = (not env_says_offline() and hub_reachable()) if hub is None else hub
@@ -212,18 +255,28 @@ def resolve_source(source: str, dataset: str = "ag_news", hub: bool | None = Non
         return data_dir() or ("hub" if _hub_cache_name(spec, spec.hub_id) else "embedded")
     if _hub_cache_name(spec, spec.hub_id):
         return "hub"
-    raise UserError(f"--dataset {spec.key}: the Hugging Face hub is not reachable and its cache at {datasets_cache_dir()} "
-                    f"holds no copy of {spec.hub_id}. Point --data at a local copy ({spec.folder_hint}), or fill the cache "
-                    f"on a machine with internet (a login node): {dataset_download_command(spec.hub_id)}")
+    raise UserError(
+        f"--dataset {spec.key}: the Hugging Face hub is not reachable and its cache at {datasets_cache_dir()} "
+        f"holds no copy of {spec.hub_id}. Point --data at a local copy ({spec.folder_hint}), or fill the cache "
+        f"on a machine with internet (a login node): {dataset_download_command(spec.hub_id)}"
+    )
 
 
-def load_dataset_splits(dataset: str, source: str, num_samples: int | None = None, eval_samples: int | None = None,
-                        seed: int = 0, opts: TextOptions = TextOptions()) -> TextSplits:
+def load_dataset_splits(
+    dataset: str,
+    source: str,
+    num_samples: int | None = None,
+    eval_samples: int | None = None,
+    seed: int = 0,
+    opts: TextOptions = TextOptions(),
+) -> TextSplits:
     spec = DATASETS.get(dataset)
     if spec is not None:
         if opts.label_names and len(opts.label_names) != len(spec.label_names):
-            raise UserError(f"--label_names gives {len(opts.label_names)} names ({', '.join(opts.label_names)}) but "
-                            f"{spec.name} has {len(spec.label_names)} classes ({', '.join(spec.label_names)}).")
+            raise UserError(
+                f"--label_names gives {len(opts.label_names)} names ({', '.join(opts.label_names)}) but "
+                f"{spec.name} has {len(spec.label_names)} classes ({', '.join(spec.label_names)})."
+            )
         if spec.key == "ag_news" and source in ("embedded", "synthetic"):
             splits = load_embedded() if source == "embedded" else synthetic_agnews()
         elif source == "hub":
@@ -241,13 +294,18 @@ def load_dataset_splits(dataset: str, source: str, num_samples: int | None = Non
     else:
         raise UserError(f"--dataset {dataset}: unknown. Choices: {known_datasets_text()}.")
     if opts.label_names and len(opts.label_names) != len(splits.label_names):
-        raise UserError(f"--label_names gives {len(opts.label_names)} names ({', '.join(opts.label_names)}) but the data "
-                        f"has {len(splits.label_names)} classes ({', '.join(splits.label_names)[:200]}).")
+        raise UserError(
+            f"--label_names gives {len(opts.label_names)} names ({', '.join(opts.label_names)}) but the data "
+            f"has {len(splits.label_names)} classes ({', '.join(splits.label_names)[:200]})."
+        )
     if len(splits.label_names) < 2:
-        raise UserError(f"{splits.detail}: only one class ({', '.join(splits.label_names)}); a classifier needs two or more.")
+        raise UserError(
+            f"{splits.detail}: only one class ({', '.join(splits.label_names)}); a classifier needs two or more."
+        )
     return take_subsets(splits, num_samples, eval_samples, seed)
 
 
-def load_agnews(source: str, num_samples: int | None = None, eval_samples: int | None = None,
-                seed: int = 0) -> TextSplits:
+def load_agnews(
+    source: str, num_samples: int | None = None, eval_samples: int | None = None, seed: int = 0
+) -> TextSplits:
     return load_dataset_splits("ag_news", resolve_source(source), num_samples, eval_samples, seed)

@@ -12,16 +12,18 @@ SYNTHETIC_NOTE = "SYNTHETIC AG-News-shaped data generated offline (not real news
 
 _TOPIC_WORDS = {
     0: "government minister election troops president parliament embassy rebels ceasefire talks diplomats "
-       "refugees military capital sanctions treaty protest border nuclear united nations iraq envoy".split(),
+    "refugees military capital sanctions treaty protest border nuclear united nations iraq envoy".split(),
     1: "team season coach match championship league player scored goal victory tournament olympic "
-       "cup final striker inning quarterback title medal race defeat squad".split(),
+    "cup final striker inning quarterback title medal race defeat squad".split(),
     2: "shares profit quarterly earnings market stocks investors bank oil prices revenue merger "
-       "company economy dollar sales billion analysts deal retail forecast".split(),
+    "company economy dollar sales billion analysts deal retail forecast".split(),
     3: "software internet computer technology researchers space scientists microsoft google launch "
-       "users wireless chip network online device nasa data study web".split(),
+    "users wireless chip network online device nasa data study web".split(),
 }
-_COMMON = ("the a new on in after over with for to as says report week year first said will after "
-           "could amid more than two three monday tuesday wednesday thursday friday").split()
+_COMMON = (
+    "the a new on in after over with for to as says report week year first said will after "
+    "could amid more than two three monday tuesday wednesday thursday friday"
+).split()
 
 
 def synthetic_agnews(n_train: int = 10_000, n_test: int = 2_000, seed: int = 1234) -> TextSplits:
@@ -50,5 +52,13 @@ def synthetic_agnews(n_train: int = 10_000, n_test: int = 2_000, seed: int = 123
 
     tr_x, tr_y = make(n_train)
     te_x, te_y = make(n_test)
-    return TextSplits(tr_x, tr_y, te_x, te_y, "synthetic", SYNTHETIC_NOTE, is_synthetic=True,
-                      full_sizes={"train": n_train, "test": n_test})
+    return TextSplits(
+        tr_x,
+        tr_y,
+        te_x,
+        te_y,
+        "synthetic",
+        SYNTHETIC_NOTE,
+        is_synthetic=True,
+        full_sizes={"train": n_train, "test": n_test},
+    )

@@ -24,16 +24,18 @@ class TextSplits:
     train_labels: list
     test_texts: list
     test_labels: list
-    source: str                  # "hub", "folder", "csv", "embedded" or "synthetic"
-    detail: str                  # human-readable: hub id, folder path, or the synthetic warning
+    source: str  # "hub", "folder", "csv", "embedded" or "synthetic"
+    detail: str  # human-readable: hub id, folder path, or the synthetic warning
     is_synthetic: bool = False
     full_sizes: dict = field(default_factory=dict)
     label_names: list = field(default_factory=lambda: list(AG_NEWS_LABELS))  # label i is label_names[i]
-    name: str = "AG News"        # the dataset, for titles: "AG News", "IMDB", "reviews.csv"...
+    name: str = "AG News"  # the dataset, for titles: "AG News", "IMDB", "reviews.csv"...
 
     def describe(self) -> str:
-        return (f"data: {self.source} ({self.detail}); train {len(self.train_texts)} rows, "
-                f"test {len(self.test_texts)} rows; {len(self.label_names)} classes")
+        return (
+            f"data: {self.source} ({self.detail}); train {len(self.train_texts)} rows, "
+            f"test {len(self.test_texts)} rows; {len(self.label_names)} classes"
+        )
 
     @property
     def title(self) -> str:
@@ -67,14 +69,17 @@ class TextSplits:
         for split in ("train", "test"):
             counts = self.class_counts(split)
             total = max(1, sum(counts))
-            parts.append(f"{split} " + ", ".join(f"{n} {c:,} ({100 * c / total:.1f}%)"
-                                                 for n, c in zip(self.label_names, counts)))
+            parts.append(
+                f"{split} " + ", ".join(f"{n} {c:,} ({100 * c / total:.1f}%)" for n, c in zip(self.label_names, counts))
+            )
             empty = [n for n, c in zip(self.label_names, counts) if c == 0]
             if empty:
                 notes.append(f"no {split} example of {', '.join(empty)}")
             elif max(counts) > 1.5 * min(counts):
-                notes.append(f"{split} is imbalanced (largest class {max(counts) / min(counts):.1f}x the smallest): "
-                             "accuracy alone hides the small classes")
+                notes.append(
+                    f"{split} is imbalanced (largest class {max(counts) / min(counts):.1f}x the smallest): "
+                    "accuracy alone hides the small classes"
+                )
         return "class balance: " + "; ".join(parts) + ("".join(f" | WARNING: {n}" for n in notes))
 
 
@@ -108,29 +113,62 @@ def clean_review(*parts: str) -> str:
 class DatasetSpec:
     """A dataset the course knows by name: its hub id, its label names, and how its rows become one text."""
 
-    key: str                     # --dataset value
-    hub_id: str                  # canonical id on the Hugging Face hub
-    name: str                    # for titles
-    label_names: tuple           # in the order of its labels (0, 1, ...)
-    hub_text_columns: tuple      # hub columns joined into one text
-    zhang_fields: tuple          # text fields after the class in the headerless Zhang et al. CSV layout
-    cache_aliases: tuple = ()    # older names it may be cached under
+    key: str  # --dataset value
+    hub_id: str  # canonical id on the Hugging Face hub
+    name: str  # for titles
+    label_names: tuple  # in the order of its labels (0, 1, ...)
+    hub_text_columns: tuple  # hub columns joined into one text
+    zhang_fields: tuple  # text fields after the class in the headerless Zhang et al. CSV layout
+    cache_aliases: tuple = ()  # older names it may be cached under
     folder_hint: str = ""
-    clean: Callable = None       # its fields -> one text (set below: AG News' news quirks, or reviews')
+    clean: Callable = None  # its fields -> one text (set below: AG News' news quirks, or reviews')
 
 
 DATASETS = {
-    "ag_news": DatasetSpec("ag_news", HUB_DATASET, "AG News", tuple(AG_NEWS_LABELS), ("text",), ("title", "description"),
-                           ("ag_news",), "ag_news_csv (train.csv, test.csv) or the Kaggle CSV, e.g. ../shared/data/ag_news",
-                           clean_news),
-    "imdb": DatasetSpec("imdb", "stanfordnlp/imdb", "IMDB", ("negative", "positive"), ("text",), ("text",), ("imdb",),
-                        "train.csv and test.csv with the header id,rating,label,text, e.g. ../shared/data/imdb", clean_review),
-    "amazon_polarity": DatasetSpec("amazon_polarity", "fancyzhx/amazon_polarity", "Amazon Reviews Polarity",
-                                   ("negative", "positive"), ("title", "content"), ("title", "text"), ("amazon_polarity",),
-                                   "amazon_review_polarity_csv (train.csv, test.csv: \"1|2\",\"title\",\"text\")", clean_review),
-    "yelp_polarity": DatasetSpec("yelp_polarity", "fancyzhx/yelp_polarity", "Yelp Reviews Polarity",
-                                 ("negative", "positive"), ("text",), ("text",), ("yelp_polarity",),
-                                 "yelp_review_polarity_csv (train.csv, test.csv: \"1|2\",\"text\")", clean_review),
+    "ag_news": DatasetSpec(
+        "ag_news",
+        HUB_DATASET,
+        "AG News",
+        tuple(AG_NEWS_LABELS),
+        ("text",),
+        ("title", "description"),
+        ("ag_news",),
+        "ag_news_csv (train.csv, test.csv) or the Kaggle CSV, e.g. ../shared/data/ag_news",
+        clean_news,
+    ),
+    "imdb": DatasetSpec(
+        "imdb",
+        "stanfordnlp/imdb",
+        "IMDB",
+        ("negative", "positive"),
+        ("text",),
+        ("text",),
+        ("imdb",),
+        "train.csv and test.csv with the header id,rating,label,text, e.g. ../shared/data/imdb",
+        clean_review,
+    ),
+    "amazon_polarity": DatasetSpec(
+        "amazon_polarity",
+        "fancyzhx/amazon_polarity",
+        "Amazon Reviews Polarity",
+        ("negative", "positive"),
+        ("title", "content"),
+        ("title", "text"),
+        ("amazon_polarity",),
+        'amazon_review_polarity_csv (train.csv, test.csv: "1|2","title","text")',
+        clean_review,
+    ),
+    "yelp_polarity": DatasetSpec(
+        "yelp_polarity",
+        "fancyzhx/yelp_polarity",
+        "Yelp Reviews Polarity",
+        ("negative", "positive"),
+        ("text",),
+        ("text",),
+        ("yelp_polarity",),
+        'yelp_review_polarity_csv (train.csv, test.csv: "1|2","text")',
+        clean_review,
+    ),
 }
 IMDB_HEADER = ["id", "rating", "label", "text"]
 
@@ -146,8 +184,11 @@ class TextOptions:
     @classmethod
     def from_config(cls, cfg) -> "TextOptions":
         split = lambda v: tuple(x.strip() for x in v.split(",")) if v else None  # noqa: E731
-        return cls(split(getattr(cfg, "text_column", None)), getattr(cfg, "label_column", None),
-                   split(getattr(cfg, "label_names", None)))
+        return cls(
+            split(getattr(cfg, "text_column", None)),
+            getattr(cfg, "label_column", None),
+            split(getattr(cfg, "label_names", None)),
+        )
 
 
 def balanced_subset(labels: list, n: int, seed: int, proportional: bool = False) -> list:
@@ -188,5 +229,7 @@ def take_subsets(splits: TextSplits, num_samples: int | None, eval_samples: int 
 
 
 def known_datasets_text() -> str:
-    return (f"{', '.join(DATASETS)} (through the hub, its cache, or --data FOLDER), hub:OWNER/NAME, a folder with "
-            "train.csv and test.csv, or csv:PATH (a CSV with a header; --text_column, --label_column)")
+    return (
+        f"{', '.join(DATASETS)} (through the hub, its cache, or --data FOLDER), hub:OWNER/NAME, a folder with "
+        "train.csv and test.csv, or csv:PATH (a CSV with a header; --text_column, --label_column)"
+    )

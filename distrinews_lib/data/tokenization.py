@@ -41,7 +41,7 @@ def cut(ids: list, budget: int, truncation: str) -> list:
         return list(ids)
     if truncation == "head_tail":
         head = budget // 4
-        return list(ids[:head]) + list(ids[len(ids) - (budget - head):])
+        return list(ids[:head]) + list(ids[len(ids) - (budget - head) :])
     return list(ids[:budget])
 
 
@@ -97,8 +97,15 @@ class HashTokenizer:
             ids = cut(ids, max(0, max_length - 2), self.truncation)
         return [self.cls_token_id, *ids, self.sep_token_id]
 
-    def __call__(self, texts, truncation: bool = True, max_length: int | None = None, padding=False,
-                 return_tensors: str | None = None, **_ignored):
+    def __call__(
+        self,
+        texts,
+        truncation: bool = True,
+        max_length: int | None = None,
+        padding=False,
+        return_tensors: str | None = None,
+        **_ignored,
+    ):
         """Like a Hugging Face tokenizer: {"input_ids", "attention_mask"}, lists or (padded) tensors."""
         single = isinstance(texts, str)
         ids = [self.encode(t, max_length, truncation) for t in ([texts] if single else texts)]
@@ -109,16 +116,26 @@ class HashTokenizer:
         else:
             masks = [[1] * len(x) for x in ids]
         if return_tensors == "pt":
-            return {"input_ids": torch.tensor(ids, dtype=torch.long).reshape(len(ids), -1),
-                    "attention_mask": torch.tensor(masks, dtype=torch.long).reshape(len(ids), -1)}
+            return {
+                "input_ids": torch.tensor(ids, dtype=torch.long).reshape(len(ids), -1),
+                "attention_mask": torch.tensor(masks, dtype=torch.long).reshape(len(ids), -1),
+            }
         if single:
             return {"input_ids": ids[0], "attention_mask": masks[0]}
         return {"input_ids": ids, "attention_mask": masks}
 
     def to_dict(self) -> dict:
-        return {"tokenizer_class": "HashTokenizer", "version": 1, "buckets": self.buckets, "hash": "blake2b-64",
-                "lowercase": True, "pattern": TOKEN_PATTERN, "specials": list(SPECIALS), "truncation": self.truncation,
-                "model_max_length": self.model_max_length}
+        return {
+            "tokenizer_class": "HashTokenizer",
+            "version": 1,
+            "buckets": self.buckets,
+            "hash": "blake2b-64",
+            "lowercase": True,
+            "pattern": TOKEN_PATTERN,
+            "specials": list(SPECIALS),
+            "truncation": self.truncation,
+            "model_max_length": self.model_max_length,
+        }
 
     def save_pretrained(self, folder) -> list:
         path = Path(folder) / HASH_FILE
@@ -156,8 +173,8 @@ def encode_texts(tokenizer, texts: list, max_length: int, truncation: str | None
     bare = tokenizer(texts, add_special_tokens=False, truncation=False)["input_ids"]
     out = []
     for ids, body in zip(full, bare):
-        start = next((p for p in range(len(ids) - len(body) + 1) if ids[p:p + len(body)] == body), 0)
-        prefix, suffix = ids[:start], ids[start + len(body):]
+        start = next((p for p in range(len(ids) - len(body) + 1) if ids[p : p + len(body)] == body), 0)
+        prefix, suffix = ids[:start], ids[start + len(body) :]
         out.append(prefix + cut(body, max(0, max_length - len(prefix) - len(suffix)), "head_tail") + suffix)
     return out
 
@@ -232,5 +249,7 @@ class TokenizedDataset(Dataset):
 
 
 def tokenize_splits(splits: TextSplits, tokenizer, max_length: int) -> tuple[TokenizedDataset, TokenizedDataset]:
-    return (TokenizedDataset(tokenize_texts(splits.train_texts, tokenizer, max_length), splits.train_labels),
-            TokenizedDataset(tokenize_texts(splits.test_texts, tokenizer, max_length), splits.test_labels))
+    return (
+        TokenizedDataset(tokenize_texts(splits.train_texts, tokenizer, max_length), splits.train_labels),
+        TokenizedDataset(tokenize_texts(splits.test_texts, tokenizer, max_length), splits.test_labels),
+    )

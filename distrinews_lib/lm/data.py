@@ -31,7 +31,8 @@ class VocabSubset:
         self.index = {w: i for i, w in enumerate(self.ids)}
         specials = tokenizer.convert_tokens_to_ids(list(self.SPECIALS))
         self.pad_token_id, self.unk_token_id, self.cls_token_id, self.sep_token_id, self.mask_token_id = (
-            self.index[w] for w in specials)
+            self.index[w] for w in specials
+        )
 
     @classmethod
     def from_corpus(cls, tokenizer, token_ids: list, size: int) -> "VocabSubset":
@@ -76,7 +77,7 @@ def pack(token_ids: list, block_size: int, sep_id: int) -> list:
     for ids in token_ids:
         stream.extend(ids)
         stream.append(sep_id)
-    return [stream[i:i + block_size] for i in range(0, len(stream) - block_size + 1, block_size)]
+    return [stream[i : i + block_size] for i in range(0, len(stream) - block_size + 1, block_size)]
 
 
 class BlockDataset(Dataset):
@@ -123,7 +124,13 @@ class LMCollator:
     masked for the sampler's epoch; `fixed_epoch` pins it: evaluation masks the same way every time)."""
 
     def __init__(self, task, tokenizer, seed: int, sampler=None, fixed_epoch: int | None = None):
-        self.task, self.tokenizer, self.seed, self.sampler, self.fixed_epoch = task, tokenizer, seed, sampler, fixed_epoch
+        self.task, self.tokenizer, self.seed, self.sampler, self.fixed_epoch = (
+            task,
+            tokenizer,
+            seed,
+            sampler,
+            fixed_epoch,
+        )
 
     @property
     def epoch(self) -> int:

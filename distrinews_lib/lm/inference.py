@@ -27,8 +27,17 @@ def load_lm(path, device="cpu"):
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompt: str, max_new_tokens: int = 20, device="cpu", greedy: bool = False, seed: int = 0,
-             temperature: float = 0.8, top_k: int = 20) -> str:
+def generate(
+    model,
+    tokenizer,
+    prompt: str,
+    max_new_tokens: int = 20,
+    device="cpu",
+    greedy: bool = False,
+    seed: int = 0,
+    temperature: float = 0.8,
+    top_k: int = 20,
+) -> str:
     """Continue a prompt with a causal LM over a VocabSubset: sampled from the top_k most likely tokens at the
     given temperature (a fixed seed: the same text every time), or greedy."""
     bare = unwrap(model)

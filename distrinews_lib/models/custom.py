@@ -17,14 +17,14 @@ MODEL_TYPE = "distrinews_custom"
 
 @dataclass
 class CustomConfig:
-    vocab_size: int = 32768          # hash buckets (or the WordPiece vocabulary's size with --tokenizer hf)
-    dim: int = 128                   # width of every token's vector
-    n_layers: int = 2                # encoder layers
-    n_heads: int = 4                 # attention heads per layer (dim must divide by it)
-    hidden_dim: int = 512            # width of each layer's feed-forward block
+    vocab_size: int = 32768  # hash buckets (or the WordPiece vocabulary's size with --tokenizer hf)
+    dim: int = 128  # width of every token's vector
+    n_layers: int = 2  # encoder layers
+    n_heads: int = 4  # attention heads per layer (dim must divide by it)
+    hidden_dim: int = 512  # width of each layer's feed-forward block
     max_position_embeddings: int = 512  # longest text (in tokens) it can read: the position table's size
     dropout: float = 0.1
-    pooling: str = "mean"            # mean over the real tokens, or the first token ([CLS])
+    pooling: str = "mean"  # mean over the real tokens, or the first token ([CLS])
     num_labels: int = 2
     pad_token_id: int = 0
     model_type: str = MODEL_TYPE
@@ -34,9 +34,17 @@ class CustomConfig:
 
     @classmethod
     def from_run(cls, cfg, num_labels: int, vocab_size: int) -> "CustomConfig":
-        return cls(vocab_size=vocab_size, dim=cfg.custom_dim, n_layers=cfg.custom_layers, n_heads=cfg.custom_heads,
-                   hidden_dim=cfg.custom_ffn, max_position_embeddings=cfg.max_length, dropout=cfg.custom_dropout,
-                   pooling=cfg.custom_pooling, num_labels=num_labels)
+        return cls(
+            vocab_size=vocab_size,
+            dim=cfg.custom_dim,
+            n_layers=cfg.custom_layers,
+            n_heads=cfg.custom_heads,
+            hidden_dim=cfg.custom_ffn,
+            max_position_embeddings=cfg.max_length,
+            dropout=cfg.custom_dropout,
+            pooling=cfg.custom_pooling,
+            num_labels=num_labels,
+        )
 
 
 @dataclass

@@ -55,8 +55,11 @@ def tokenizer_from_files(files: dict):
 
 
 def _hash_tokenizer(d: dict) -> HashTokenizer:
-    if (d.get("tokenizer_class") != "HashTokenizer" or d.get("hash") != "blake2b-64"
-            or d.get("pattern") != TOKEN_PATTERN):
+    if (
+        d.get("tokenizer_class") != "HashTokenizer"
+        or d.get("hash") != "blake2b-64"
+        or d.get("pattern") != TOKEN_PATTERN
+    ):
         raise ValueError(f"not a hash tokenizer this version can rebuild: {str(d)[:200]}")
     return HashTokenizer(int(d["buckets"]), d.get("truncation", "head"), int(d.get("model_max_length", 512)))
 

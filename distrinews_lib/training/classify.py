@@ -24,13 +24,16 @@ class Classification(Task):
         cfg = plan.cfg
 
         def load():
-            model, tokenizer, info = build_model(replace(cfg, model=plan.model_name, tokenizer=plan.tokenizer),
-                                                 splits.label_names, hub=plan.hub)
+            model, tokenizer, info = build_model(
+                replace(cfg, model=plan.model_name, tokenizer=plan.tokenizer), splits.label_names, hub=plan.hub
+            )
             limit = position_limit(model)
             if limit is not None and cfg.max_length > limit:
-                raise UserError(f"--max_length {cfg.max_length} is beyond what {info.resolved} can read: its position "
-                                f"embeddings stop at {limit} tokens. Use --max_length {limit} or less; for long texts "
-                                "add --truncation head_tail, which keeps their start and their end.")
+                raise UserError(
+                    f"--max_length {cfg.max_length} is beyond what {info.resolved} can read: its position "
+                    f"embeddings stop at {limit} tokens. Use --max_length {limit} or less; for long texts "
+                    "add --truncation head_tail, which keeps their start and their end."
+                )
             set_truncation(tokenizer, cfg.truncation)  # training, the checkpoint and the server cut texts the same way
             return model, tokenizer, info
 
@@ -39,9 +42,11 @@ class Classification(Task):
         log(splits.balance())
         if splits.is_synthetic:
             log("NOTE: " + SYNTHETIC_NOTE)
-        log(f"model: {info.resolved} ({info.kind}, {info.num_parameters / 1e6:.1f}M parameters"
+        log(
+            f"model: {info.resolved} ({info.kind}, {info.num_parameters / 1e6:.1f}M parameters"
             f"{', pretrained' if info.pretrained else ', random init'}) | tokenizer {tokenizer_name(tokenizer)} | "
-            f"{cfg.max_length} tokens, truncation {cfg.truncation} | labels {', '.join(splits.label_names)}")
+            f"{cfg.max_length} tokens, truncation {cfg.truncation} | labels {', '.join(splits.label_names)}"
+        )
         train_ds, val_ds = D.agree(D.local_main_first, tokenize_splits, splits, tokenizer, cfg.max_length)
         return PreparedRun(splits, model, tokenizer, info, train_ds, val_ds, self)
 

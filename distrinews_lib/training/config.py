@@ -65,8 +65,11 @@ def column_list(v):
 
 
 def experiment_name(v):
-    return None if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,80}", v) else \
-        "must be a simple name (letters, digits, _ . -): it names the folder experiments/<name>/"
+    return (
+        None
+        if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,80}", v)
+        else "must be a simple name (letters, digits, _ . -): it names the folder experiments/<name>/"
+    )
 
 
 def opt(default, help: str, *, check=None, choices=None, ddp: bool = False):
@@ -78,60 +81,115 @@ class RunConfig:
     """Everything a training run is told. Frozen: a run-wide decision is made once, here or in the plan."""
 
     epochs: int = opt(3, "passes over the training data", check=at_least(1))
-    num_samples: typing.Optional[int] = opt(None, "class-balanced subset of the training split (default: all)", check=at_least(4))
-    eval_samples: typing.Optional[int] = opt(None, "class-balanced subset of the test split (default: all)", check=at_least(4))
-    batch_size: int = opt(32, "examples per step and process (the global batch is this x processes x grad_accum)", check=at_least(1))
+    num_samples: typing.Optional[int] = opt(
+        None, "class-balanced subset of the training split (default: all)", check=at_least(4)
+    )
+    eval_samples: typing.Optional[int] = opt(
+        None, "class-balanced subset of the test split (default: all)", check=at_least(4)
+    )
+    batch_size: int = opt(
+        32, "examples per step and process (the global batch is this x processes x grad_accum)", check=at_least(1)
+    )
     eval_batch_size: int = opt(128, "examples per evaluation batch", check=at_least(1))
     lr: float = opt(5e-5, "peak learning rate of AdamW", check=positive)
     weight_decay: float = opt(0.01, "AdamW weight decay (not on biases and LayerNorm)", check=non_negative)
     warmup_ratio: float = opt(0.06, "share of the optimizer steps with a linear warm-up", check=fraction)
-    max_length: int = opt(128, "tokens per text (longer texts are cut, see --truncation); at most the model's position "
-                          "limit, checked when it is loaded (512 for DistilBERT)", check=between(8, 8192))
+    max_length: int = opt(
+        128,
+        "tokens per text (longer texts are cut, see --truncation); at most the model's position "
+        "limit, checked when it is loaded (512 for DistilBERT)",
+        check=between(8, 8192),
+    )
     max_grad_norm: float = opt(1.0, "gradient clipping (0 turns it off)", check=non_negative)
-    model: str = opt("auto", "tiny, minilm, custom (a small transformer from scratch), auto, a hub id "
-                     "(distilbert-base-uncased) or a local folder")
-    data: str = opt("auto", "where the dataset comes from: auto, hub (its cache under HF_HUB_OFFLINE=1), embedded, "
-                    "synthetic (both AG News only), or a folder with train.csv/test.csv (.gz ok)")
-    dataset: str = opt("ag_news", "ag_news, imdb, amazon_polarity, yelp_polarity, hub:OWNER/NAME, a folder, or csv:PATH "
-                       "(a CSV with a header; a folder with train.csv and test.csv, or one file: 10%% held out as test)")
-    text_column: typing.Optional[str] = opt(None, "column(s) with the text in a CSV with a header or a hub dataset "
-                                            "(comma-separated ones are joined; default: text)", check=column_list)
+    model: str = opt(
+        "auto",
+        "tiny, minilm, custom (a small transformer from scratch), auto, a hub id "
+        "(distilbert-base-uncased) or a local folder",
+    )
+    data: str = opt(
+        "auto",
+        "where the dataset comes from: auto, hub (its cache under HF_HUB_OFFLINE=1), embedded, "
+        "synthetic (both AG News only), or a folder with train.csv/test.csv (.gz ok)",
+    )
+    dataset: str = opt(
+        "ag_news",
+        "ag_news, imdb, amazon_polarity, yelp_polarity, hub:OWNER/NAME, a folder, or csv:PATH "
+        "(a CSV with a header; a folder with train.csv and test.csv, or one file: 10%% held out as test)",
+    )
+    text_column: typing.Optional[str] = opt(
+        None,
+        "column(s) with the text in a CSV with a header or a hub dataset "
+        "(comma-separated ones are joined; default: text)",
+        check=column_list,
+    )
     label_column: typing.Optional[str] = opt(None, "column with the label (default: label)", check=column_list)
-    label_names: typing.Optional[str] = opt(None, "class names, comma-separated, in the order of the label indices "
-                                            "(default: from the data)", check=label_list)
-    tokenizer: str = opt("auto", "auto (hash for --model custom, else the model's own), hf (the model's, or DistilBERT's "
-                         "vocabulary for custom), hash (no vocabulary file: models trained from scratch)",
-                         choices=("auto", "hf", "hash"))
+    label_names: typing.Optional[str] = opt(
+        None,
+        "class names, comma-separated, in the order of the label indices (default: from the data)",
+        check=label_list,
+    )
+    tokenizer: str = opt(
+        "auto",
+        "auto (hash for --model custom, else the model's own), hf (the model's, or DistilBERT's "
+        "vocabulary for custom), hash (no vocabulary file: models trained from scratch)",
+        choices=("auto", "hf", "hash"),
+    )
     hash_buckets: int = opt(32768, "ids of the hash tokenizer (its embedding table's rows)", check=between(16, 1 << 24))
-    truncation: str = opt("head", "how long texts are cut to --max_length: head (the first tokens) or head_tail "
-                          "(the first quarter and the last three quarters)", choices=TRUNCATIONS)
+    truncation: str = opt(
+        "head",
+        "how long texts are cut to --max_length: head (the first tokens) or head_tail "
+        "(the first quarter and the last three quarters)",
+        choices=TRUNCATIONS,
+    )
     custom_dim: int = opt(128, "--model custom: width of the token vectors", check=between(8, 4096))
     custom_layers: int = opt(2, "--model custom: encoder layers", check=between(1, 48))
     custom_heads: int = opt(4, "--model custom: attention heads (must divide --custom_dim)", check=between(1, 64))
     custom_ffn: int = opt(512, "--model custom: width of each layer's feed-forward block", check=between(8, 16384))
     custom_dropout: float = opt(0.1, "--model custom: dropout", check=fraction)
-    custom_pooling: str = opt("mean", "--model custom: mean of the real tokens' vectors, or the first token's",
-                              choices=("mean", "cls"))
-    task: str = opt("classify", "what to learn: classify the texts, or language-model them: clm (next token, a small "
-                    "GPT-2) or mlm (masked tokens, DistilBERT-style); the DDP lines are the same",
-                    choices=("classify", "clm", "mlm"))
-    block_size: int = opt(32, "--task clm/mlm: tokens per training block (the texts are packed into blocks)",
-                          check=between(8, 1024))
-    lm_vocab: int = opt(4096, "--task clm/mlm: the most frequent WordPiece tokens kept as the vocabulary (the rest "
-                        "become [UNK]); the output layer costs vocabulary x width per token", check=between(64, 30522))
+    custom_pooling: str = opt(
+        "mean", "--model custom: mean of the real tokens' vectors, or the first token's", choices=("mean", "cls")
+    )
+    task: str = opt(
+        "classify",
+        "what to learn: classify the texts, or language-model them: clm (next token, a small "
+        "GPT-2) or mlm (masked tokens, DistilBERT-style); the DDP lines are the same",
+        choices=("classify", "clm", "mlm"),
+    )
+    block_size: int = opt(
+        32, "--task clm/mlm: tokens per training block (the texts are packed into blocks)", check=between(8, 1024)
+    )
+    lm_vocab: int = opt(
+        4096,
+        "--task clm/mlm: the most frequent WordPiece tokens kept as the vocabulary (the rest "
+        "become [UNK]); the output layer costs vocabulary x width per token",
+        check=between(64, 30522),
+    )
     amp: str = opt("auto", "mixed precision", choices=AMP_MODES)
     grad_accum: int = opt(1, "micro-batches per optimizer step", check=at_least(1))
     seed: int = opt(42, "seed for the model's initialisation and the data order")
-    output: typing.Optional[str] = opt(None, "run folder for metrics and snapshots (default outputs/single or outputs/ddp)")
+    output: typing.Optional[str] = opt(
+        None, "run folder for metrics and snapshots (default outputs/single or outputs/ddp)"
+    )
     checkpoint: str = opt(DEFAULT_CHECKPOINT, "where the trained model is saved")
-    threads: typing.Optional[int] = opt(None, "torch CPU threads per process (default: torch's choice)", check=at_least(1))
+    threads: typing.Optional[int] = opt(
+        None, "torch CPU threads per process (default: torch's choice)", check=at_least(1)
+    )
     progress: bool = opt(True, "tqdm bar on rank 0")
-    report_to: str = opt("none", "experiment tracker rank 0 also writes to (W&B offline unless WANDB_MODE says otherwise)",
-                         choices=("none", "tensorboard", "wandb", "trackio"))
-    max_steps_per_epoch: typing.Optional[int] = opt(None, "stop each epoch after this many optimizer steps (benchmarks)", check=at_least(1))
+    report_to: str = opt(
+        "none",
+        "experiment tracker rank 0 also writes to (W&B offline unless WANDB_MODE says otherwise)",
+        choices=("none", "tensorboard", "wandb", "trackio"),
+    )
+    max_steps_per_epoch: typing.Optional[int] = opt(
+        None, "stop each epoch after this many optimizer steps (benchmarks)", check=at_least(1)
+    )
     # The fast path: each option can be switched off to measure what it buys.
     group_by_length: bool = opt(True, "batch texts of similar length (less padding)")
-    pad_multiple: typing.Optional[int] = opt(None, "pad each batch to a multiple of this (0: no rounding; default: 8 on CUDA for tensor cores, none on CPU)", check=at_least(0))
+    pad_multiple: typing.Optional[int] = opt(
+        None,
+        "pad each batch to a multiple of this (0: no rounding; default: 8 on CUDA for tensor cores, none on CPU)",
+        check=at_least(0),
+    )
     pin_memory: typing.Optional[bool] = opt(None, "pinned host memory + non-blocking copies (default: on with CUDA)")
     fused_adam: typing.Optional[bool] = opt(None, "fused AdamW kernel (default: on where torch has it)")
     compile: bool = opt(False, "torch.compile the model")
@@ -146,11 +204,18 @@ class RunConfig:
     bucket_cap_mb: float = opt(25.0, "DDP gradient bucket size (MB)", check=positive, ddp=True)
     gradient_as_bucket_view: bool = opt(True, "gradients live in DDP's buckets (saves a copy)", ddp=True)
     # Experiments (configs/experiments/*.yaml, run by scripts/run_experiment.py)
-    experiment: typing.Optional[str] = opt(None, "experiment name: metrics, the resolved config and the checkpoint go to "
-                                           "experiments/<name>/ (default for a YAML in configs/experiments: its name)",
-                                           check=experiment_name)
-    processes: typing.Optional[int] = opt(None, "processes the experiment runs on (scripts/run_experiment.py launches "
-                                          "that many; a launch with another number is refused)", check=at_least(1))
+    experiment: typing.Optional[str] = opt(
+        None,
+        "experiment name: metrics, the resolved config and the checkpoint go to "
+        "experiments/<name>/ (default for a YAML in configs/experiments: its name)",
+        check=experiment_name,
+    )
+    processes: typing.Optional[int] = opt(
+        None,
+        "processes the experiment runs on (scripts/run_experiment.py launches "
+        "that many; a launch with another number is refused)",
+        check=at_least(1),
+    )
     preset: str = field(default="none", metadata={"internal": True})  # set by parse()
 
     def to_dict(self) -> dict:
@@ -219,8 +284,10 @@ def preset_path(name: str) -> Path:
     else:
         path = CONFIG_DIR / f"{name}.yaml"
     if not path.is_file():
-        raise UserError(f"--config {name}: no such preset. Choices: auto, {', '.join(PRESETS)}, or a path to a YAML file "
-                        f"(presets live in {CONFIG_DIR}).")
+        raise UserError(
+            f"--config {name}: no such preset. Choices: auto, {', '.join(PRESETS)}, or a path to a YAML file "
+            f"(presets live in {CONFIG_DIR})."
+        )
     return path
 
 
@@ -242,8 +309,10 @@ def read_preset(name: str, ddp: bool = True) -> tuple[str, dict]:
     known = {f.name: f for f in options(ddp=True)}
     unknown = sorted(set(raw) - set(known))
     if unknown:
-        raise UserError(f"preset {path.stem} sets unknown option(s): {', '.join(map(str, unknown))}. "
-                        f"Known: {', '.join(sorted(known))}.")
+        raise UserError(
+            f"preset {path.stem} sets unknown option(s): {', '.join(map(str, unknown))}. "
+            f"Known: {', '.join(sorted(known))}."
+        )
     stem = Path(name).stem
     values = {k: convert(known[k], v, f"preset {stem} ({path}): {k}") for k, v in raw.items()}
     if not ddp:  # DDP-only options in a shared preset are fine; the single-process script ignores them
@@ -257,8 +326,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser(description: str, ddp: bool = False) -> argparse.ArgumentParser:
-    p = _Parser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                argument_default=argparse.SUPPRESS)  # only what was given: the preset fills the rest
+    p = _Parser(
+        description=description,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        argument_default=argparse.SUPPRESS,
+    )  # only what was given: the preset fills the rest
     p.add_argument("--config", default="auto", help="preset: auto, cpu_smoke, single_gpu, kaggle_t4x2, or a YAML path")
     for f in options(ddp):
         base, _ = _kind(f)
@@ -266,8 +338,12 @@ def build_parser(description: str, ddp: bool = False) -> argparse.ArgumentParser
         if base is bool:
             p.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, help=help_text)
         else:
-            p.add_argument(f"--{f.name}", type=lambda raw, f=f: convert(f, raw, f"--{f.name}"),
-                           metavar=f.name.upper(), help=help_text)
+            p.add_argument(
+                f"--{f.name}",
+                type=lambda raw, f=f: convert(f, raw, f"--{f.name}"),
+                metavar=f.name.upper(),
+                help=help_text,
+            )
     return p
 
 
@@ -293,6 +369,8 @@ def finish(cfg: RunConfig, ddp: bool, preset_file=None) -> RunConfig:
     if cfg.output is None:
         cfg = replace(cfg, output=str(Path("outputs") / ("ddp" if ddp else "single")))
     if cfg.model == "custom" and cfg.custom_dim % cfg.custom_heads:
-        raise UserError(f"--custom_dim {cfg.custom_dim} does not divide by --custom_heads {cfg.custom_heads}: every "
-                        "attention head gets an equal share of the width. Pick, e.g., --custom_heads 4 with --custom_dim 128.")
+        raise UserError(
+            f"--custom_dim {cfg.custom_dim} does not divide by --custom_heads {cfg.custom_heads}: every "
+            "attention head gets an equal share of the width. Pick, e.g., --custom_heads 4 with --custom_dim 128."
+        )
     return cfg

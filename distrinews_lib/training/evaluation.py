@@ -20,8 +20,8 @@ from .precision import AmpSettings
 class ClassifierEval:
     loss: float
     accuracy: float
-    n: int                  # distinct examples evaluated (the sampler's padding dropped)
-    indices: torch.Tensor   # dataset index of each prediction, sorted
+    n: int  # distinct examples evaluated (the sampler's padding dropped)
+    indices: torch.Tensor  # dataset index of each prediction, sorted
     predictions: torch.Tensor
     labels: torch.Tensor
 
@@ -65,15 +65,20 @@ def classify(model, loader, device, amp, gather) -> ClassifierEval:
     idx, preds, labels, losses = [], [], [], []
     for batch in loader:
         batch = {k: v.to(device) for k, v in batch.items()}
-        with (amp.autocast(device) if amp else contextlib.nullcontext()):
+        with amp.autocast(device) if amp else contextlib.nullcontext():
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         losses.append(F.cross_entropy(logits.float(), batch["labels"], reduction="none").double())
         preds.append(logits.argmax(-1))
         labels.append(batch["labels"])
         idx.append(batch["index"])
-    idx, preds, labels, losses = D.gather_by_index(concat(idx, torch.long), concat(preds, torch.long),
-                                                   concat(labels, torch.long), concat(losses, torch.float64),
-                                                   device=device, gather=gather)
+    idx, preds, labels, losses = D.gather_by_index(
+        concat(idx, torch.long),
+        concat(preds, torch.long),
+        concat(labels, torch.long),
+        concat(losses, torch.float64),
+        device=device,
+        gather=gather,
+    )
     n = int(idx.numel())
     acc = float((preds == labels).double().mean()) if n else float("nan")
     return ClassifierEval(float(losses.mean()) if n else float("nan"), acc, n, idx, preds, labels)

@@ -24,15 +24,15 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "H200": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.5, "fp32": 66.9},
     "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.2},
     "H100 NVL": {"bf16": 835.0, "fp16": 835.0, "tf32": 417.5, "fp32": 60.0},
-    "H100": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.5, "fp32": 66.9},        # SXM5 / HBM3
+    "H100": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.5, "fp32": 66.9},  # SXM5 / HBM3
     "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
     "L40S": {"bf16": 362.0, "fp16": 362.0, "tf32": 183.0, "fp32": 91.6},
     "L4": {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3},
-    "A10": {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2},          # the A10, not AWS's A10G
-    "T4": {"fp16": 65.0, "fp32": 8.1},                                         # Kaggle's GPU; no bf16
+    "A10": {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2},  # the A10, not AWS's A10G
+    "T4": {"fp16": 65.0, "fp32": 8.1},  # Kaggle's GPU; no bf16
     "V100 PCIE": {"fp16": 112.0, "fp32": 14.0},
-    "V100": {"fp16": 125.0, "fp32": 15.7},                                     # SXM2
-    "P100": {"fp16": 18.7, "fp32": 9.3},                                       # PCIe, no tensor cores
+    "V100": {"fp16": 125.0, "fp32": 15.7},  # SXM2
+    "P100": {"fp16": 18.7, "fp32": 9.3},  # PCIe, no tensor cores
 }
 NOT_IN_TABLE = ("A10G",)  # names that would match an entry above but are different chips
 
@@ -60,8 +60,8 @@ def matmul_dtype(amp_mode: str, device_type: str) -> str:
 
 @dataclass
 class ModelShape:
-    n_params: int            # all parameters
-    n_embedding: int         # embedding tables (lookups: no matmul FLOPs)
+    n_params: int  # all parameters
+    n_embedding: int  # embedding tables (lookups: no matmul FLOPs)
     n_layers: int
     dim: int
 

@@ -68,17 +68,28 @@ def _progress(iterable, total: int, enabled: bool, desc: str):
         return iterable
     tty = sys.stdout.isatty()
     # Piped into a notebook cell by the launcher, redraw less often so the cell stays readable.
-    return tqdm(iterable, total=total, desc=desc, leave=True, dynamic_ncols=tty, ncols=None if tty else 90,
-                mininterval=0.5 if tty else 2.0, file=sys.stdout)
+    return tqdm(
+        iterable,
+        total=total,
+        desc=desc,
+        leave=True,
+        dynamic_ncols=tty,
+        ncols=None if tty else 90,
+        mininterval=0.5 if tty else 2.0,
+        file=sys.stdout,
+    )
 
 
-def accumulate(loader, grad_accum: int, *, skip: int = 0, limit: int | None = None, progress: bool = False,
-               desc: str = "train"):
+def accumulate(
+    loader, grad_accum: int, *, skip: int = 0, limit: int | None = None, progress: bool = False, desc: str = "train"
+):
     """Yield the micro-batches of each optimizer step, `grad_accum` at a time (the last may be shorter).
     skip: batches trained on before a resume; limit: optimizer steps (benchmarks)."""
     if skip % grad_accum:
-        raise UserError(f"cannot resume {skip} batches into an epoch with --grad_accum {grad_accum}: that is inside "
-                        "an accumulation group. Resume with the --grad_accum the snapshot was taken with.")
+        raise UserError(
+            f"cannot resume {skip} batches into an epoch with --grad_accum {grad_accum}: that is inside "
+            "an accumulation group. Resume with the --grad_accum the snapshot was taken with."
+        )
     total = steps_per_epoch(len(loader), grad_accum, limit)
 
     def groups():
@@ -100,17 +111,17 @@ def accumulate(loader, grad_accum: int, *, skip: int = 0, limit: int | None = No
 
 @dataclass
 class EpochStats:
-    loss: float             # mean training loss over every sample of every rank
-    samples: int            # over all ranks
-    tokens: int             # real (non-pad) tokens, over all ranks
-    padded_tokens: int      # tokens including padding, over all ranks
-    sum_sq_len: int         # Σ (text length)², over all ranks: attention's FLOPs grow with it
+    loss: float  # mean training loss over every sample of every rank
+    samples: int  # over all ranks
+    tokens: int  # real (non-pad) tokens, over all ranks
+    padded_tokens: int  # tokens including padding, over all ranks
+    sum_sq_len: int  # Σ (text length)², over all ranks: attention's FLOPs grow with it
     optimizer_steps: int
     seconds: float
     samples_per_s: float
     tokens_per_s: float
     lr: float
-    resumed: bool = False   # part of this epoch ran before a restart (its counters were restored)
+    resumed: bool = False  # part of this epoch ran before a restart (its counters were restored)
     step_losses: list = None  # this rank's mean loss of each optimizer step (for the experiment tracker's curve)
 
 
@@ -141,7 +152,7 @@ class EpochMeter:
         self.first_bad_step = torch.full((), -1, dtype=torch.long, device=device)
         self.samples = self.tokens = self.padded = self.sum_sq = self.steps = self.batches = 0
         self.seconds_before = 0.0  # time spent on this epoch before a resume
-        self.step_losses = []      # device scalars, read once at the end of the epoch
+        self.step_losses = []  # device scalars, read once at the end of the epoch
         self._step_loss, self._step_n = torch.zeros((), device=device), 0
         self.resumed = state is not None
         if state:
@@ -152,7 +163,7 @@ class EpochMeter:
         self.start = time.perf_counter()
 
     SUMMED = ("loss_sum", "samples", "tokens", "padded", "sum_sq")  # over the ranks: the epoch's totals
-    PER_RANK = ("steps", "batches")                                # every rank takes every step
+    PER_RANK = ("steps", "batches")  # every rank takes every step
 
     def add(self, loss: torch.Tensor, cpu_batch: dict) -> None:
         for observe in _BATCH_OBSERVERS.values():
@@ -196,7 +207,8 @@ class EpochMeter:
             raise NonFiniteLoss(
                 f"the training loss (or gradient) became NaN or infinite at optimizer step {int(bad)} of epoch "
                 f"{self.epoch}; training stopped and nothing was saved. Lower the learning rate (--lr), or turn mixed "
-                "precision off (--amp off) if it is on.")
+                "precision off (--amp off) if it is on."
+            )
 
     def state_dict(self) -> dict:
         """This rank's partial counters, for a snapshot taken mid-epoch."""
@@ -208,8 +220,11 @@ class EpochMeter:
         """Counters to resume with on another world size: the first new rank carries the sums, steps scale by
         `ratio` (old world / new world), the time is the old ranks' mean."""
         merged = {k: (sum(s[k] for s in states) if first else 0) for k in cls.SUMMED}
-        merged.update(steps=int(round(states[0]["steps"] * ratio)), batches=batches_done,
-                      seconds=sum(s["seconds"] for s in states) / len(states))
+        merged.update(
+            steps=int(round(states[0]["steps"] * ratio)),
+            batches=batches_done,
+            seconds=sum(s["seconds"] for s in states) / len(states),
+        )
         return merged
 
     def finish(self, lr: float) -> EpochStats:
@@ -219,19 +234,45 @@ class EpochMeter:
         self.check_finite()
         seconds = self.seconds
         comm = D.comm_device(self.device)
-        totals = D.all_reduce_sum(torch.tensor([float(self.loss_sum), self.samples, self.tokens, self.padded, self.sum_sq,
-                                                seconds / D.get_world_size()], dtype=torch.float64, device=comm))
+        totals = D.all_reduce_sum(
+            torch.tensor(
+                [
+                    float(self.loss_sum),
+                    self.samples,
+                    self.tokens,
+                    self.padded,
+                    self.sum_sq,
+                    seconds / D.get_world_size(),
+                ],
+                dtype=torch.float64,
+                device=comm,
+            )
+        )
         loss_sum, samples, tokens, padded, sum_sq, seconds = totals.tolist()
         step_losses = torch.stack(self.step_losses).tolist() if self.step_losses else []
-        return EpochStats(loss_sum / max(samples, 1), int(samples), int(tokens), int(padded), int(sum_sq), self.steps,
-                          seconds, samples / seconds if seconds else 0.0, tokens / seconds if seconds else 0.0, lr,
-                          self.resumed, step_losses)
+        return EpochStats(
+            loss_sum / max(samples, 1),
+            int(samples),
+            int(tokens),
+            int(padded),
+            int(sum_sq),
+            self.steps,
+            seconds,
+            samples / seconds if seconds else 0.0,
+            tokens / seconds if seconds else 0.0,
+            lr,
+            self.resumed,
+            step_losses,
+        )
 
 
 def epoch_line(epoch: int, epochs: int, train: EpochStats, val, mfu: float | None = None) -> str:
     """One line per epoch; `val` is the task's evaluation result (evaluation.ClassifierEval, lm.task.LMEval), which
     says its own metric."""
-    return (f"epoch {epoch}/{epochs} | train loss {train.loss:.4f} | val loss {val.loss:.4f} | "
-            f"{val.metric_line()} | {train.seconds:.1f}s | "
-            f"{train.samples_per_s:.0f} samples/s" + (f" | MFU {mfu_percent(mfu)}" if mfu is not None else "")
-            + (" | resumed mid-epoch" if train.resumed else ""))
+    return (
+        f"epoch {epoch}/{epochs} | train loss {train.loss:.4f} | val loss {val.loss:.4f} | "
+        f"{val.metric_line()} | {train.seconds:.1f}s | "
+        f"{train.samples_per_s:.0f} samples/s"
+        + (f" | MFU {mfu_percent(mfu)}" if mfu is not None else "")
+        + (" | resumed mid-epoch" if train.resumed else "")
+    )

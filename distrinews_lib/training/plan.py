@@ -39,39 +39,51 @@ def choose_task(name: str) -> Task:
 
 @dataclass(frozen=True)
 class RunPlan:
-    cfg: RunConfig                  # rank 0's configuration (its preset, its flags)
-    data_source: str                # hub, embedded, synthetic, or a folder
-    model_name: str                 # tiny, minilm, a hub id or a folder
-    hub: bool                       # whether rank 0 could reach the Hugging Face hub
-    resume: ResumeChoice | None     # the snapshot every rank resumes from, or None
-    decided_by: str                 # host that decided, for the log
-    dataset: str = "ag_news"        # a known dataset, hub:OWNER/NAME, folder:PATH or csv:PATH (sources.resolve_dataset)
-    tokenizer: str = "hf"           # hf (the model's own) or hash
-    task: Task = CLASSIFY           # what the run learns (--task): its data, model head and evaluation
+    cfg: RunConfig  # rank 0's configuration (its preset, its flags)
+    data_source: str  # hub, embedded, synthetic, or a folder
+    model_name: str  # tiny, minilm, a hub id or a folder
+    hub: bool  # whether rank 0 could reach the Hugging Face hub
+    resume: ResumeChoice | None  # the snapshot every rank resumes from, or None
+    decided_by: str  # host that decided, for the log
+    dataset: str = "ag_news"  # a known dataset, hub:OWNER/NAME, folder:PATH or csv:PATH (sources.resolve_dataset)
+    tokenizer: str = "hf"  # hf (the model's own) or hash
+    task: Task = CLASSIFY  # what the run learns (--task): its data, model head and evaluation
 
     def describe(self) -> str:
         resume = f"resume {self.resume.path}" if self.resume else "fresh start"
         dataset = "" if self.dataset == "ag_news" else f"dataset {self.dataset} | "
         tokenizer = " | tokenizer hash" if self.tokenizer == "hash" else ""
-        return (f"plan (decided on {self.decided_by}): {dataset}data {self.data_source} | model {self.model_name}"
-                f"{tokenizer} | preset {self.cfg.preset} | {resume}")
+        return (
+            f"plan (decided on {self.decided_by}): {dataset}data {self.data_source} | model {self.model_name}"
+            f"{tokenizer} | preset {self.cfg.preset} | {resume}"
+        )
 
 
 def decide(cfg: RunConfig, log=print) -> RunPlan:
     """Rank 0 only (or a single process): look at this machine and decide for the whole run."""
     if cfg.processes is not None and cfg.processes != D.get_world_size():
-        raise UserError(f"experiment {cfg.experiment or ''} asks for {cfg.processes} process(es) (processes: in its YAML) "
-                        f"but this launch has {D.get_world_size()}. Run it with: python scripts/run_experiment.py "
-                        f"{cfg.experiment or 'NAME'} (it launches the right number), or drop processes: from the YAML.")
+        raise UserError(
+            f"experiment {cfg.experiment or ''} asks for {cfg.processes} process(es) (processes: in its YAML) "
+            f"but this launch has {D.get_world_size()}. Run it with: python scripts/run_experiment.py "
+            f"{cfg.experiment or 'NAME'} (it launches the right number), or drop processes: from the YAML."
+        )
     dataset = sources.resolve_dataset(cfg.dataset)
     local_model = cfg.model in LOCAL_PRESETS or Path(cfg.model).expanduser().is_dir()
     wants_hub = (cfg.data in ("auto", "hub") and not dataset.startswith(("folder:", "csv:"))) or not local_model
     hub = hub_reachable() if wants_hub and not env_says_offline() else False  # probed once, ≤ 3 s; never offline
     source = sources.resolve_source(cfg.data, dataset, hub)
     model_name = resolve_model_name(cfg.model, hub)
-    return RunPlan(cfg=cfg, data_source=source, model_name=model_name, hub=hub,
-                   resume=choose(cfg.output, cfg.resume, log), decided_by=socket.gethostname(), dataset=dataset,
-                   tokenizer=resolve_tokenizer(cfg.tokenizer, model_name), task=choose_task(cfg.task))
+    return RunPlan(
+        cfg=cfg,
+        data_source=source,
+        model_name=model_name,
+        hub=hub,
+        resume=choose(cfg.output, cfg.resume, log),
+        decided_by=socket.gethostname(),
+        dataset=dataset,
+        tokenizer=resolve_tokenizer(cfg.tokenizer, model_name),
+        task=choose_task(cfg.task),
+    )
 
 
 def prepare(plan: RunPlan, log=D.print0) -> PreparedRun:
@@ -79,10 +91,20 @@ def prepare(plan: RunPlan, log=D.print0) -> PreparedRun:
     them. Collective."""
     cfg = plan.cfg
     log(plan.describe())
-    splits = D.agree(sources.load_dataset_splits, plan.dataset, plan.data_source, cfg.num_samples, cfg.eval_samples,
-                     seed=cfg.seed, opts=TextOptions.from_config(cfg))
-    D.same_on_all_ranks(splits.fingerprint(), "the training data",
-                        hint="every rank must read the same files: check --data, --dataset and $DISTRINEWS_DATA_DIR on every node")
+    splits = D.agree(
+        sources.load_dataset_splits,
+        plan.dataset,
+        plan.data_source,
+        cfg.num_samples,
+        cfg.eval_samples,
+        seed=cfg.seed,
+        opts=TextOptions.from_config(cfg),
+    )
+    D.same_on_all_ranks(
+        splits.fingerprint(),
+        "the training data",
+        hint="every rank must read the same files: check --data, --dataset and $DISTRINEWS_DATA_DIR on every node",
+    )
     run = plan.task.prepare(plan, splits, log)
     if cfg.experiment and D.get_rank() == 0:
         write_resolved_config(plan, run)
@@ -92,16 +114,33 @@ def prepare(plan: RunPlan, log=D.print0) -> PreparedRun:
 def write_resolved_config(plan: RunPlan, run: PreparedRun) -> Path:
     """<output>/config.json: every option as this run resolved it, what the plan decided, and what the data held."""
     cfg, s = plan.cfg, run.splits
-    record = {"experiment": cfg.experiment, "options": cfg.to_dict(),
-              "resolved": {"dataset": plan.dataset, "data_source": plan.data_source, "model": plan.model_name,
-                           "model_resolved": run.info.resolved, "num_parameters": run.info.num_parameters,
-                           "tokenizer": plan.tokenizer, "tokenizer_name": tokenizer_name(run.tokenizer),
-                           "hub_reachable": plan.hub, "world_size": D.get_world_size(),
-                           "global_batch_size": cfg.batch_size * D.get_world_size() * cfg.grad_accum,
-                           "checkpoint": cfg.checkpoint, "metrics_json": str(Path(cfg.output) / "metrics.json"),
-                           "metrics_csv": str(Path(cfg.output) / "metrics.csv")},
-              "data": {"title": s.title, "detail": s.detail, "label_names": s.label_names, "fingerprint": s.fingerprint(),
-                       "train_size": len(s.train_texts), "test_size": len(s.test_texts),
-                       "class_counts": {"train": s.class_counts("train"), "test": s.class_counts("test")}},
-              "decided_by": plan.decided_by}
+    record = {
+        "experiment": cfg.experiment,
+        "options": cfg.to_dict(),
+        "resolved": {
+            "dataset": plan.dataset,
+            "data_source": plan.data_source,
+            "model": plan.model_name,
+            "model_resolved": run.info.resolved,
+            "num_parameters": run.info.num_parameters,
+            "tokenizer": plan.tokenizer,
+            "tokenizer_name": tokenizer_name(run.tokenizer),
+            "hub_reachable": plan.hub,
+            "world_size": D.get_world_size(),
+            "global_batch_size": cfg.batch_size * D.get_world_size() * cfg.grad_accum,
+            "checkpoint": cfg.checkpoint,
+            "metrics_json": str(Path(cfg.output) / "metrics.json"),
+            "metrics_csv": str(Path(cfg.output) / "metrics.csv"),
+        },
+        "data": {
+            "title": s.title,
+            "detail": s.detail,
+            "label_names": s.label_names,
+            "fingerprint": s.fingerprint(),
+            "train_size": len(s.train_texts),
+            "test_size": len(s.test_texts),
+            "class_counts": {"train": s.class_counts("train"), "test": s.class_counts("test")},
+        },
+        "decided_by": plan.decided_by,
+    }
     return atomic_write_json(Path(cfg.output) / "config.json", record)

@@ -24,15 +24,17 @@ def resolve_device(requested: str | None = "auto") -> torch.device:
     except (RuntimeError, ValueError):
         raise UserError(f"device '{requested}' is not a valid torch device; use auto, cpu, cuda or cuda:N.") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"device '{requested}' was asked for, but this machine has no usable CUDA GPU; use cpu or auto.")
+        raise UserError(
+            f"device '{requested}' was asked for, but this machine has no usable CUDA GPU; use cpu or auto."
+        )
     return device
 
 
 @dataclass
 class AmpSettings:
-    mode: str                 # what was resolved: "fp16", "bf16" or "off"
+    mode: str  # what was resolved: "fp16", "bf16" or "off"
     dtype: torch.dtype | None
-    use_scaler: bool          # fp16 needs a GradScaler: its gradients underflow without loss scaling
+    use_scaler: bool  # fp16 needs a GradScaler: its gradients underflow without loss scaling
     reason: str
 
     @property
@@ -70,10 +72,12 @@ def emulated_bf16_warning(flags: set[str] | None = None) -> str | None:
     """None where this CPU has bf16 in hardware (or cannot tell); else one line: emulated, and how much slower."""
     if machine.cpu_native_bf16(flags) is not False:
         return None
-    return (f"warning: --amp bf16 on {machine.cpu_name()}, which has no bf16 in hardware (none of "
-            f"{', '.join(machine.BF16_CPU_FLAGS)} in its flags): torch emulates it; a Linear layer under bf16 "
-            f"autocast just ran {bf16_linear_slowdown():.1f}x slower than in fp32 here, and a whole epoch of the tiny model "
-            "4.7x slower on such an AMD EPYC. The run goes on; --amp off is faster on this machine.")
+    return (
+        f"warning: --amp bf16 on {machine.cpu_name()}, which has no bf16 in hardware (none of "
+        f"{', '.join(machine.BF16_CPU_FLAGS)} in its flags): torch emulates it; a Linear layer under bf16 "
+        f"autocast just ran {bf16_linear_slowdown():.1f}x slower than in fp32 here, and a whole epoch of the tiny model "
+        "4.7x slower on such an AMD EPYC. The run goes on; --amp off is faster on this machine."
+    )
 
 
 def resolve_amp(mode: str, device: torch.device) -> AmpSettings:
@@ -86,20 +90,29 @@ def resolve_amp(mode: str, device: torch.device) -> AmpSettings:
         return AmpSettings("off", None, False, "AMP off (asked for)")
     if mode == "fp16":
         if not on_cuda:
-            raise UserError("--amp fp16 needs a CUDA GPU (fp16 autocast with a GradScaler); this run is on the CPU. "
-                            "Use --amp off (or bf16, which CPUs can autocast), or run on a GPU.")
+            raise UserError(
+                "--amp fp16 needs a CUDA GPU (fp16 autocast with a GradScaler); this run is on the CPU. "
+                "Use --amp off (or bf16, which CPUs can autocast), or run on a GPU."
+            )
         return AmpSettings("fp16", torch.float16, True, "fp16 autocast with GradScaler (asked for)")
     if mode == "bf16":
         if on_cuda and not native_bf16(device):
             name, cap = torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device)
-            raise UserError(f"--amp bf16: {name} (compute capability {cap[0]}.{cap[1]}) has no bf16 in hardware; torch "
-                            "would emulate it, slower than fp32. Use --amp fp16 (or auto, which picks fp16 with a "
-                            "GradScaler here).")
+            raise UserError(
+                f"--amp bf16: {name} (compute capability {cap[0]}.{cap[1]}) has no bf16 in hardware; torch "
+                "would emulate it, slower than fp32. Use --amp fp16 (or auto, which picks fp16 with a "
+                "GradScaler here)."
+            )
         warning = None if on_cuda else emulated_bf16_warning()
         if warning and os.environ.get("RANK", "0") == "0":  # one line per run, not per rank
             print(warning, file=sys.stderr, flush=True)
-        return AmpSettings("bf16", torch.bfloat16, False, f"bf16 autocast on {device.type} (asked for)"
-                           + (" - EMULATED on this CPU, slower than fp32" if warning else ""))
+        return AmpSettings(
+            "bf16",
+            torch.bfloat16,
+            False,
+            f"bf16 autocast on {device.type} (asked for)"
+            + (" - EMULATED on this CPU, slower than fp32" if warning else ""),
+        )
     if not on_cuda:  # never bf16 on its own: a CPU without it in hardware runs it several times slower than fp32
         return AmpSettings("off", None, False, "AMP off: on a CPU fp32 is the safe default")
     name = torch.cuda.get_device_name(device)

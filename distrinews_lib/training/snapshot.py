@@ -24,8 +24,19 @@ from .loop import EpochMeter
 SNAPSHOT_VERSION = 2
 _NAME = re.compile(r"snap_e(\d+)_b(\d+)\.pt$")
 # Config keys that must match for a snapshot to fit the model being trained.
-_FINGERPRINT_KEYS = ("model_type", "vocab_size", "dim", "n_layers", "n_heads", "hidden_dim", "hidden_size",
-                     "num_hidden_layers", "num_attention_heads", "intermediate_size", "num_labels")
+_FINGERPRINT_KEYS = (
+    "model_type",
+    "vocab_size",
+    "dim",
+    "n_layers",
+    "n_heads",
+    "hidden_dim",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "num_labels",
+)
 
 
 class SnapshotError(UserError):
@@ -36,9 +47,11 @@ def rng_state() -> dict:
     """This process's RNG states as plain lists: picklable for all_gather_object, loadable with weights_only."""
     version, internal, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {"python": [version, list(internal), gauss],
-             "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
-             "torch": torch.get_rng_state().tolist()}
+    state = {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state().tolist(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
     return state
@@ -73,8 +86,10 @@ def read_snapshot(path, mmap: bool = False) -> dict:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as err:
-        raise SnapshotError(f"snapshot {path} is unreadable ({type(err).__name__}: {first_line(err, 120)}); "
-                            "it is probably truncated (the run died while copying it?)") from None
+        raise SnapshotError(
+            f"snapshot {path} is unreadable ({type(err).__name__}: {first_line(err, 120)}); "
+            "it is probably truncated (the run died while copying it?)"
+        ) from None
     if not isinstance(payload, dict) or payload.get("snapshot_version") != SNAPSHOT_VERSION:
         raise SnapshotError(f"{path} is not a DistriNews training snapshot (version {SNAPSHOT_VERSION}).")
     return payload
@@ -84,7 +99,7 @@ def read_snapshot(path, mmap: bool = False) -> dict:
 class ResumeChoice:
     """Rank 0's choice of snapshot, shared with every rank in the run plan."""
 
-    path: str           # as every rank should open it: relative to the run folder when found there
+    path: str  # as every rank should open it: relative to the run folder when found there
     epoch: int
     batches_done: int
     global_step: int
@@ -110,8 +125,10 @@ def choose(run_dir, how: str | None, log=print) -> ResumeChoice | None:
         if path.is_dir():
             path = next(reversed(list_snapshots(path)), None) or path / "snapshots"
         if not path.is_file():
-            raise SnapshotError(f"--resume {how}: no snapshot there. Use --resume auto (the newest in "
-                                f"{run_dir / 'snapshots'}) or the path of a snap_e*_b*.pt file.")
+            raise SnapshotError(
+                f"--resume {how}: no snapshot there. Use --resume auto (the newest in "
+                f"{run_dir / 'snapshots'}) or the path of a snap_e*_b*.pt file."
+            )
         candidates = [path]
     for path in candidates:
         try:
@@ -136,7 +153,7 @@ class ResumePoint:
 
     epoch: int = 1
     batches_done: int = 0
-    meter_states: dict = field(default_factory=dict)   # {epoch: this rank's partial EpochMeter counters}
+    meter_states: dict = field(default_factory=dict)  # {epoch: this rank's partial EpochMeter counters}
 
     def skip(self, epoch: int) -> int:
         return self.batches_done if epoch == self.epoch else 0
@@ -180,8 +197,11 @@ class Snapshotter:
         if self.rank == 0:
             payload = {
                 "snapshot_version": SNAPSHOT_VERSION,
-                "epoch": epoch, "batches_done": batches_done, "global_step": self.global_step,
-                "world_size": self.world_size, "grad_accum": self.grad_accum,
+                "epoch": epoch,
+                "batches_done": batches_done,
+                "global_step": self.global_step,
+                "world_size": self.world_size,
+                "grad_accum": self.grad_accum,
                 "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
@@ -210,12 +230,18 @@ class Snapshotter:
             if payload is None:
                 raise SnapshotError(
                     f"{where} cannot find the snapshot {path} that rank 0 chose to resume from. With several nodes, "
-                    "--output must be on storage that every node can read (a shared filesystem), not a node-local disk.")
-            if (payload["epoch"], payload["batches_done"], payload["global_step"]) != (choice.epoch, choice.batches_done, choice.global_step):
+                    "--output must be on storage that every node can read (a shared filesystem), not a node-local disk."
+                )
+            if (payload["epoch"], payload["batches_done"], payload["global_step"]) != (
+                choice.epoch,
+                choice.batches_done,
+                choice.global_step,
+            ):
                 raise SnapshotError(
                     f"{where} reads a different file at {path} than rank 0 did (epoch {payload['epoch']}, batch "
                     f"{payload['batches_done']} instead of epoch {choice.epoch}, batch {choice.batches_done}): the run "
-                    "folder is not the same storage on every node. Put --output on a shared filesystem.")
+                    "folder is not the same storage on every node. Put --output on a shared filesystem."
+                )
             self._check_fits(payload, path)
             return payload
 
@@ -241,9 +267,11 @@ class Snapshotter:
             self._rescale_schedule(old_world / self.world_size)
             set_rng_state(rngs[self.rank % old_world])
             meter = EpochMeter.merged(meters, self.rank == 0, done, old_world / self.world_size) if meters else None
-            self.log(f"resume: the snapshot was taken with {old_world} process(es), this run has {self.world_size}; "
-                     f"the data order changes accordingly (each rank now sees a different shard), so the result "
-                     f"will not be bit-identical to an uninterrupted run")
+            self.log(
+                f"resume: the snapshot was taken with {old_world} process(es), this run has {self.world_size}; "
+                f"the data order changes accordingly (each rank now sees a different shard), so the result "
+                f"will not be bit-identical to an uninterrupted run"
+            )
         self.log(f"resumed from {path} (epoch {epoch}, {done} batches into it, step {self.global_step})")
         return ResumePoint(epoch, done, {epoch: meter} if meter else {})
 
@@ -261,13 +289,20 @@ class Snapshotter:
     def _check_fits(self, payload, path) -> None:
         want = fingerprint(self.model, self.label_names)
         have = payload["fingerprint"]
-        diffs = [f"{k}: snapshot {have['config'].get(k)!r}, model {v!r}" for k, v in want["config"].items()
-                 if have["config"].get(k) != v]
+        diffs = [
+            f"{k}: snapshot {have['config'].get(k)!r}, model {v!r}"
+            for k, v in want["config"].items()
+            if have["config"].get(k) != v
+        ]
         if have["label_names"] != want["label_names"]:
             diffs.append(f"labels: snapshot {have['label_names']}, run {want['label_names']}")
         if payload["grad_accum"] != self.grad_accum:
-            diffs.append(f"--grad_accum: snapshot {payload['grad_accum']}, run {self.grad_accum} (a step would be "
-                         "resumed inside an accumulation group, and the schedule counts steps)")
+            diffs.append(
+                f"--grad_accum: snapshot {payload['grad_accum']}, run {self.grad_accum} (a step would be "
+                "resumed inside an accumulation group, and the schedule counts steps)"
+            )
         if diffs:
-            raise SnapshotError(f"snapshot {path} does not fit this run ({'; '.join(diffs)}). Resume with the same "
-                                "--model, labels and --grad_accum, or start a new run folder with --output.")
+            raise SnapshotError(
+                f"snapshot {path} does not fit this run ({'; '.join(diffs)}). Resume with the same "
+                "--model, labels and --grad_accum, or start a new run folder with --output."
+            )

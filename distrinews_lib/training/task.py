@@ -15,8 +15,10 @@ from ..data.texts import TextSplits
 from ..models.build import ModelInfo
 from .checkpoint import CheckpointError, read_checkpoint
 
-LOADERS = ("classifiers load with distrinews_lib.serving.inference.load_checkpoint (the server), language models "
-           "(--task clm, mlm) with distrinews_lib.lm.inference.load_lm (notebook 11)")
+LOADERS = (
+    "classifiers load with distrinews_lib.serving.inference.load_checkpoint (the server), language models "
+    "(--task clm, mlm) with distrinews_lib.lm.inference.load_lm (notebook 11)"
+)
 
 
 class Task:
@@ -47,8 +49,10 @@ class Task:
         """training.checkpoint.read_checkpoint, refusing a checkpoint that another task wrote."""
         payload = read_checkpoint(path)
         if payload["task"] != self.name:
-            raise CheckpointError(f"checkpoint {path} holds a --task {payload['task']} model, not a --task {self.name} "
-                                  f"one, so it cannot be loaded here: {LOADERS}.")
+            raise CheckpointError(
+                f"checkpoint {path} holds a --task {payload['task']} model, not a --task {self.name} "
+                f"one, so it cannot be loaded here: {LOADERS}."
+            )
         return payload
 
     def __repr__(self) -> str:
@@ -63,7 +67,7 @@ class PreparedRun:
     model: object
     tokenizer: object
     info: ModelInfo
-    train_ds: object   # a Dataset whose collator_for(sampler, pad_id, pad_to_multiple_of) makes its batches
+    train_ds: object  # a Dataset whose collator_for(sampler, pad_id, pad_to_multiple_of) makes its batches
     val_ds: object
     task: Task
 

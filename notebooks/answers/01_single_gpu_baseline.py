@@ -12,5 +12,5 @@ def load_state(path, model, optimizer):
     """Restore a save_state file into freshly built model and optimizer; return the epoch to continue with."""
     state = torch.load(path, weights_only=True)
     model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])   # AdamW's moments and step counts
-    return state["epoch"] + 1                       # the saved epoch is finished
+    optimizer.load_state_dict(state["optimizer"])  # AdamW's moments and step counts
+    return state["epoch"] + 1  # the saved epoch is finished

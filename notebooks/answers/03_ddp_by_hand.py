@@ -23,8 +23,12 @@ def _functions(tree) -> dict:
 
 def _is_stub(node) -> bool:
     body = [s for s in node.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
-    return (len(body) == 1 and isinstance(body[0], ast.Raise) and body[0].exc is not None
-            and getattr(getattr(body[0].exc, "func", body[0].exc), "id", None) == "NotImplementedError")
+    return (
+        len(body) == 1
+        and isinstance(body[0], ast.Raise)
+        and body[0].exc is not None
+        and getattr(getattr(body[0].exc, "func", body[0].exc), "id", None) == "NotImplementedError"
+    )
 
 
 def solution_source(rung: str, functions_only: bool = False) -> str:
@@ -36,10 +40,10 @@ def solution_source(rung: str, functions_only: bool = False) -> str:
     lines = skeleton.splitlines(keepends=True)
     blanks = [(name, node) for name, node in _functions(ast.parse(skeleton)).items() if _is_stub(node)]
     for name, node in sorted(blanks, key=lambda item: -item[1].lineno):  # from the bottom: line numbers hold
-        lines[node.lineno - 1:node.end_lineno] = reference[ref[name].lineno - 1:ref[name].end_lineno]
+        lines[node.lineno - 1 : node.end_lineno] = reference[ref[name].lineno - 1 : ref[name].end_lineno]
     if functions_only:
         imports = "".join(l for l in skeleton.splitlines(keepends=True) if l.startswith(("import ", "from ")))
-        bodies = ["".join(reference[ref[name].lineno - 1:ref[name].end_lineno]) for name, _ in blanks]
+        bodies = ["".join(reference[ref[name].lineno - 1 : ref[name].end_lineno]) for name, _ in blanks]
         return imports + "\n\n" + "\n\n".join(bodies)
     return "".join(lines)
 

@@ -12,7 +12,7 @@ def pick_snapshot(run_dir):
     """The newest snapshot of run_dir that can be read, or None (the run then starts from the beginning)."""
     for path in reversed(snapshot.list_snapshots(run_dir)):  # newest first: by name, i.e. epoch then batch
         try:
-            snapshot.read_snapshot(path, mmap=True)          # mapping the file is enough to tell a damaged one
+            snapshot.read_snapshot(path, mmap=True)  # mapping the file is enough to tell a damaged one
         except snapshot.SnapshotError:
             continue
         return path

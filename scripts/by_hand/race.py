@@ -14,6 +14,7 @@
 
     torchrun --standalone --nproc_per_node=2 scripts/by_hand/race.py --out outputs/by_hand/race.json
 """
+
 import argparse
 import os
 import time
@@ -42,15 +43,22 @@ from distrinews_lib.files import atomic_write_json
 def main():
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument("--rungs", default=",".join(by_hand.RUNGS))
-    p.add_argument("--sections", default="check,timing",
-                   help="check (each contender against DDP), timing (the wide model: the rungs of --timing_rungs "
-                        "against DDP, the facts, the sweep), zero (ZeRO-2 and ZeRO-3 against FSDP2: memory, 20 steps, "
-                        "their timing)")
+    p.add_argument(
+        "--sections",
+        default="check,timing",
+        help="check (each contender against DDP), timing (the wide model: the rungs of --timing_rungs "
+        "against DDP, the facts, the sweep), zero (ZeRO-2 and ZeRO-3 against FSDP2: memory, 20 steps, "
+        "their timing)",
+    )
     p.add_argument("--models", default="tiny,tied")
     p.add_argument("--check_steps", type=int, default=3)
     p.add_argument("--check_only", action="store_true", help="the check (and --probes) only: --sections check")
-    p.add_argument("--exercise", action="append", default=[],
-                   help="RUNG:FILE[:LABEL], the learner's code in a copy of the rung (repeatable)")
+    p.add_argument(
+        "--exercise",
+        action="append",
+        default=[],
+        help="RUNG:FILE[:LABEL], the learner's code in a copy of the rung (repeatable)",
+    )
     p.add_argument("--probes", default="", help="'all' or a comma list of by_hand_check's cases; empty: none")
     p.add_argument("--batch_size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -62,24 +70,36 @@ def main():
     p.add_argument("--round_steps", type=int, default=3)
     p.add_argument("--sweep", default="0.25,1,25", help="bucket sizes (MiB) for the sweep; empty: no sweep")
     p.add_argument("--sweep_rounds", type=int, default=3)
-    p.add_argument("--facts", action=argparse.BooleanOptionalAction, default=True,
-                   help="after the timing: DDP's buckets and rebuild, gradient_as_bucket_view, each collective's bytes")
+    p.add_argument(
+        "--facts",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after the timing: DDP's buckets and rebuild, gradient_as_bucket_view, each collective's bytes",
+    )
     p.add_argument("--zero_steps", type=int, default=20, help="steps of ZeRO-2 and ZeRO-3 against FSDP2")
     p.add_argument("--zero_batch", type=int, default=8, help="texts per rank and step in the zero section")
     p.add_argument("--zero_rounds", type=int, default=3, help="timing rounds of DDP, ZeRO-2, ZeRO-3 and FSDP2")
-    p.add_argument("--memory_steps", type=int, default=2, help="steps of each peak-memory run (0: none); the 2nd "
-                   "step holds the optimizer's state, gradients and activations together")
+    p.add_argument(
+        "--memory_steps",
+        type=int,
+        default=2,
+        help="steps of each peak-memory run (0: none); the 2nd "
+        "step holds the optimizer's state, gradients and activations together",
+    )
     p.add_argument("--timeout_s", type=float, default=60)
     p.add_argument("--out", required=True)
-    p.add_argument("--benchmark", default=None,
-                   help="also write the benchmark file (benchmarks/ddp_by_hand_<machine>.json)")
+    p.add_argument(
+        "--benchmark", default=None, help="also write the benchmark file (benchmarks/ddp_by_hand_<machine>.json)"
+    )
     args = p.parse_args()
     sections = {"check"} if args.check_only else {s for s in args.sections.split(",") if s}
     rungs = [r for r in args.rungs.split(",") if r]
     bad = [r for r in rungs if r not in by_hand.RUNGS] + [s for s in sections if s not in ("check", "timing", "zero")]
     if bad:
-        raise UserError(f"--rungs/--sections: unknown {bad}; the rungs are {', '.join(by_hand.RUNGS)}, the "
-                        "sections check, timing and zero")
+        raise UserError(
+            f"--rungs/--sections: unknown {bad}; the rungs are {', '.join(by_hand.RUNGS)}, the "
+            "sections check, timing and zero"
+        )
     mods, kinds = rung_modules(rungs, args.exercise)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     # Memory first, before this process joins a group (each run in a forked child); the reference rungs only: a
@@ -89,12 +109,26 @@ def main():
     contenders = list(mods)
     # The source files of every contender's code (a learner's file too): a `raise` there is a clear error.
     files = {m.__file__ for m in mods.values()} | {inspect_file(v) for m in mods.values() for v in vars(m).values()}
-    cases = by_hand_check.Cases(lambda name, kind, **kw: Runner(name, kind, args, mods, rank, **kw),
-                                args.batch_size, args.timeout_s, args.seed + 1000, files - {None})
+    cases = by_hand_check.Cases(
+        lambda name, kind, **kw: Runner(name, kind, args, mods, rank, **kw),
+        args.batch_size,
+        args.timeout_s,
+        args.seed + 1000,
+        files - {None},
+    )
     started = time.perf_counter()
-    res = {"rungs": rungs, "contenders": contenders, "kinds": kinds, "sections": sorted(sections), "world_size": world,
-           "steps": args.check_steps, "bucket_mb": args.bucket_mb, "batch_size": args.batch_size, "check": {},
-           "facts": {}}
+    res = {
+        "rungs": rungs,
+        "contenders": contenders,
+        "kinds": kinds,
+        "sections": sorted(sections),
+        "world_size": world,
+        "steps": args.check_steps,
+        "bucket_mb": args.bucket_mb,
+        "batch_size": args.batch_size,
+        "check": {},
+        "facts": {},
+    }
     if "check" in sections:
         for kind in [m for m in args.models.split(",") if m]:
             res["check"][kind] = check(kind, contenders, mods, args, rank, world, res["facts"], cases)
@@ -135,8 +169,10 @@ def main():
         atomic_write_json(args.out, res)
         if args.benchmark and {"timing", "zero"} <= sections:
             atomic_write_json(args.benchmark, benchmark_record(res, args, world))
-        print(f"race: {len(contenders)} contender(s) checked on {', '.join(res['check'])} in {res['seconds']:.1f} s "
-              f"-> {args.out}")
+        print(
+            f"race: {len(contenders)} contender(s) checked on {', '.join(res['check'])} in {res['seconds']:.1f} s "
+            f"-> {args.out}"
+        )
     dist.destroy_process_group()
 
 

@@ -41,8 +41,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SUBNET = "10.88.0"
-PREFIX = "box"            # namespaces are named box<pid>-sw, box<pid>-n0, ...: the next box can tell a leftover
-NOT_POSSIBLE = 3          # exit code: no box can be built on this machine (the reason is printed)
+PREFIX = "box"  # namespaces are named box<pid>-sw, box<pid>-n0, ...: the next box can tell a leftover
+NOT_POSSIBLE = 3  # exit code: no box can be built on this machine (the reason is printed)
 RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
 UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 USERNS_ENV = "DISTRINEWS_BOX_USERNS"  # set when this process is the copy re-run inside `unshare -rnm`
@@ -63,8 +63,10 @@ def parse_rate(text: str) -> float | None:
         return None
     m = RATE.match(t)
     if not m or float(m[1]) <= 0:
-        raise BoxError(f"--link {text!r} is not a rate: write a number and a unit, e.g. 50mbit, 400mbit, 1gbit, "
-                       "2.5gbit (tc's units: bit, kbit, mbit, gbit; bits per second), or none for an unshaped link")
+        raise BoxError(
+            f"--link {text!r} is not a rate: write a number and a unit, e.g. 50mbit, 400mbit, 1gbit, "
+            "2.5gbit (tc's units: bit, kbit, mbit, gbit; bits per second), or none for an unshaped link"
+        )
     bits = float(m[1]) * UNITS[m[2]]
     if not 1e5 <= bits <= 1e11:
         raise BoxError(f"--link {text}: keep the rate between 100kbit and 100gbit (got {bits:.3g} bit/s)")
@@ -96,19 +98,24 @@ def usable() -> tuple[bool, str]:
         return False, "network namespaces are a Linux feature"
     gone = missing_tools()
     if gone:
-        return False, (f"the command(s) {', '.join(gone)} are missing: install iproute2 (ip, tc) and util-linux "
-                       "(nsenter, unshare)")
+        return False, (
+            f"the command(s) {', '.join(gone)} are missing: install iproute2 (ip, tc) and util-linux (nsenter, unshare)"
+        )
     if os.geteuid() == 0 or os.environ.get(USERNS_ENV):
         probe = f"{PREFIX}chk{os.getpid()}"
         p = _run(["ip", "netns", "add", probe], check=False)
         if p.returncode != 0:
             return False, f"`ip netns add` was refused ({p.stderr.strip()[:160]}): a container without CAP_SYS_ADMIN?"
         _run(["ip", "netns", "delete", probe], check=False)
-        return True, "root" if os.geteuid() == 0 and not os.environ.get(USERNS_ENV) else "an unprivileged user namespace"
+        return True, "root" if os.geteuid() == 0 and not os.environ.get(
+            USERNS_ENV
+        ) else "an unprivileged user namespace"
     p = subprocess.run(["unshare", "-rnm", "true"], capture_output=True, text=True, timeout=30)
     if p.returncode != 0:
-        return False, ("not root, and the kernel refuses unprivileged user namespaces (`unshare -rnm`: "
-                       f"{(p.stderr.strip() or 'refused')[:120]}): run as root, or use the unshaped runs")
+        return False, (
+            "not root, and the kernel refuses unprivileged user namespaces (`unshare -rnm`: "
+            f"{(p.stderr.strip() or 'refused')[:120]}): run as root, or use the unshaped runs"
+        )
     return True, "an unprivileged user namespace (unshare -rnm)"
 
 
@@ -241,11 +248,21 @@ class Dialer(threading.Thread):
 
 def rank_env(box: Box, rank: int, port: int, control: Path) -> dict:
     env = dict(os.environ)
-    env.update(RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(box.n), LOCAL_WORLD_SIZE="1", GROUP_RANK=str(rank),
-               MASTER_ADDR=box.addr(0), MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="eth0",
-               TORCH_GLOO_LAZY_INIT=env.get("TORCH_GLOO_LAZY_INIT", "1"), PYTHONUNBUFFERED="1",
-               DISTRINEWS_LINK_CONTROL=str(control), DISTRINEWS_BOX_NODES=str(box.n),
-               DISTRINEWS_BOX_LINK="none" if box.bits is None else f"{int(box.bits)}bit")
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK="0",
+        WORLD_SIZE=str(box.n),
+        LOCAL_WORLD_SIZE="1",
+        GROUP_RANK=str(rank),
+        MASTER_ADDR=box.addr(0),
+        MASTER_PORT=str(port),
+        GLOO_SOCKET_IFNAME="eth0",
+        TORCH_GLOO_LAZY_INIT=env.get("TORCH_GLOO_LAZY_INIT", "1"),
+        PYTHONUNBUFFERED="1",
+        DISTRINEWS_LINK_CONTROL=str(control),
+        DISTRINEWS_BOX_NODES=str(box.n),
+        DISTRINEWS_BOX_LINK="none" if box.bits is None else f"{int(box.bits)}bit",
+    )
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
@@ -258,11 +275,29 @@ def run_ranks(box: Box, script: list[str], control: Path) -> int:
     hosts, resolv = control / "hosts", control / "resolv.conf"
     hosts.write_text("127.0.0.1 localhost\n" + "".join(f"{box.addr(i)} node{i}\n" for i in range(box.n)))
     resolv.write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
-    setup = 'mount --bind "$0" /etc/hosts && mount --bind "$1" /etc/resolv.conf && hostname "$2" && shift 2 && exec "$@"'
+    setup = (
+        'mount --bind "$0" /etc/hosts && mount --bind "$1" /etc/resolv.conf && hostname "$2" && shift 2 && exec "$@"'
+    )
     procs = []
     for i in range(box.n):
-        cmd = ["nsenter", f"--net=/run/netns/{box.ns(i)}", "unshare", "--mount", "--uts", "sh", "-c", setup,
-               str(hosts), str(resolv), f"node{i}", sys.executable, "-u", "-m", "distrinews_lib.course.harden", *script]
+        cmd = [
+            "nsenter",
+            f"--net=/run/netns/{box.ns(i)}",
+            "unshare",
+            "--mount",
+            "--uts",
+            "sh",
+            "-c",
+            setup,
+            str(hosts),
+            str(resolv),
+            f"node{i}",
+            sys.executable,
+            "-u",
+            "-m",
+            "distrinews_lib.course.harden",
+            *script,
+        ]
         procs.append(subprocess.Popen(cmd, env=rank_env(box, i, port, control), cwd=os.getcwd()))
     while True:
         codes = [p.poll() for p in procs]  # every rank, every time: the first failure stops the others at once
@@ -297,16 +332,31 @@ def _terminate(signum, frame):
 def reexec_in_userns(argv: list[str]) -> int:
     """Not root: run this same command inside a new user + network + mount namespace, where we may create network
     namespaces (a tmpfs over /run/netns gives `ip netns` a place for them)."""
-    inner = ("mount -t tmpfs tmpfs /run 2>/dev/null || true; mkdir -p /run/netns; "
-             'exec "$@"')
+    inner = 'mount -t tmpfs tmpfs /run 2>/dev/null || true; mkdir -p /run/netns; exec "$@"'
     env = dict(os.environ, **{USERNS_ENV: "1"})
-    return subprocess.call(["unshare", "-rnm", "--propagation", "private", "sh", "-c", inner, "sh", sys.executable,
-                            os.path.abspath(__file__), *argv], env=env)
+    return subprocess.call(
+        [
+            "unshare",
+            "-rnm",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            inner,
+            "sh",
+            sys.executable,
+            os.path.abspath(__file__),
+            *argv,
+        ],
+        env=env,
+    )
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--nodes", type=int, default=2, help="nodes (one rank each), 2 or more")
     p.add_argument("--link", default="none", help="each node's link rate, both directions: 400mbit, 1gbit, ... or none")
     p.add_argument("--check", action="store_true", help="only say whether a box can be built here (exit 0 or 3)")
@@ -341,8 +391,7 @@ def main(argv=None) -> int:
         with Box(args.nodes, bits) as box, tempfile.TemporaryDirectory(prefix="box_link_") as control:
             dialer = Dialer(box, Path(control))
             dialer.start()
-            say(f"{args.nodes} nodes, each link {args.link} both ways ({box.ns('sw')} switch); "
-                f"rank 0 at {box.addr(0)}")
+            say(f"{args.nodes} nodes, each link {args.link} both ways ({box.ns('sw')} switch); rank 0 at {box.addr(0)}")
             code = run_ranks(box, script, Path(control))
             dialer.stop.set()
     except KeyboardInterrupt as why:

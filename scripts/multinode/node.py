@@ -57,21 +57,58 @@ def log(msg: str) -> None:
 
 def parse(argv=None):
     env = os.environ
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nnodes", default=env.get("NNODES", "1"), help="number of nodes, or MIN:MAX for an elastic run (env NNODES)")
-    p.add_argument("--node-rank", type=int, default=int(env["NODE_RANK"]) if env.get("NODE_RANK", "").isdigit() else None,
-                   help="0 on the node that hosts the rendezvous (MASTER_ADDR); optional (env NODE_RANK)")
-    p.add_argument("--nproc", type=int, default=int(env.get("NPROC_PER_NODE", "1")), help="ranks on this node (env NPROC_PER_NODE)")
-    p.add_argument("--master-addr", default=env.get("MASTER_ADDR"), help="node 0's address or host name (env MASTER_ADDR)")
-    p.add_argument("--master-port", type=int, default=int(env.get("MASTER_PORT", "29500")), help="rendezvous port (env MASTER_PORT)")
-    p.add_argument("--rdzv-id", default=env.get("RDZV_ID", "distrinews"), help="the job's id: the same on every node (env RDZV_ID)")
-    p.add_argument("--ifname", default=env.get("GLOO_SOCKET_IFNAME"), help="network interface the ranks talk over (env GLOO_SOCKET_IFNAME)")
-    p.add_argument("--max-restarts", type=int, default=0, help="torchrun --max-restarts: group restarts after a failure")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--nnodes", default=env.get("NNODES", "1"), help="number of nodes, or MIN:MAX for an elastic run (env NNODES)"
+    )
+    p.add_argument(
+        "--node-rank",
+        type=int,
+        default=int(env["NODE_RANK"]) if env.get("NODE_RANK", "").isdigit() else None,
+        help="0 on the node that hosts the rendezvous (MASTER_ADDR); optional (env NODE_RANK)",
+    )
+    p.add_argument(
+        "--nproc", type=int, default=int(env.get("NPROC_PER_NODE", "1")), help="ranks on this node (env NPROC_PER_NODE)"
+    )
+    p.add_argument(
+        "--master-addr", default=env.get("MASTER_ADDR"), help="node 0's address or host name (env MASTER_ADDR)"
+    )
+    p.add_argument(
+        "--master-port",
+        type=int,
+        default=int(env.get("MASTER_PORT", "29500")),
+        help="rendezvous port (env MASTER_PORT)",
+    )
+    p.add_argument(
+        "--rdzv-id", default=env.get("RDZV_ID", "distrinews"), help="the job's id: the same on every node (env RDZV_ID)"
+    )
+    p.add_argument(
+        "--ifname",
+        default=env.get("GLOO_SOCKET_IFNAME"),
+        help="network interface the ranks talk over (env GLOO_SOCKET_IFNAME)",
+    )
+    p.add_argument(
+        "--max-restarts", type=int, default=0, help="torchrun --max-restarts: group restarts after a failure"
+    )
     p.add_argument("--join-timeout", type=int, default=300, help="seconds the rendezvous waits for every node")
     p.add_argument("--connect-timeout", type=int, default=60, help="seconds to reach MASTER_ADDR:MASTER_PORT")
-    p.add_argument("--last-call", type=int, default=2, help="MIN:MAX runs: seconds to wait for more nodes once MIN are there")
-    p.add_argument("--heartbeat", type=int, default=2, help="seconds between an agent's keep-alives; a node silent for 3 is dropped")
-    p.add_argument("--kill-at-step", type=int, default=None, help="demo: this node dies (agent and ranks, SIGKILL) after optimizer step K")
+    p.add_argument(
+        "--last-call", type=int, default=2, help="MIN:MAX runs: seconds to wait for more nodes once MIN are there"
+    )
+    p.add_argument(
+        "--heartbeat",
+        type=int,
+        default=2,
+        help="seconds between an agent's keep-alives; a node silent for 3 is dropped",
+    )
+    p.add_argument(
+        "--kill-at-step",
+        type=int,
+        default=None,
+        help="demo: this node dies (agent and ranks, SIGKILL) after optimizer step K",
+    )
     p.add_argument("script", help="the training script, e.g. scripts/train_ddp.py")
     p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     a = p.parse_args(argv)
@@ -109,19 +146,25 @@ def check_setup(a) -> tuple[str, str]:
     try:
         master_ip = socket.getaddrinfo(a.master_addr, a.master_port, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
     except socket.gaierror as err:
-        raise Refused(f"MASTER_ADDR '{a.master_addr}' does not resolve on this node ({err.strerror}). Use node 0's "
-                      "address or a host name every node can resolve (on Slurm: the first name of "
-                      "`scontrol show hostnames $SLURM_JOB_NODELIST`).")
+        raise Refused(
+            f"MASTER_ADDR '{a.master_addr}' does not resolve on this node ({err.strerror}). Use node 0's "
+            "address or a host name every node can resolve (on Slurm: the first name of "
+            "`scontrol show hostnames $SLURM_JOB_NODELIST`)."
+        )
     if a.node_rank == 0 and not is_local(master_ip):
         mine = "; ".join(local_addresses()) or "unknown"
-        raise Refused(f"node rank 0 hosts the rendezvous, so MASTER_ADDR must be one of its own addresses, but "
-                      f"'{a.master_addr}' ({master_ip}) is not (this node has: {mine}). Start node rank 0 on "
-                      f"MASTER_ADDR, or set MASTER_ADDR to this node's address.")
+        raise Refused(
+            f"node rank 0 hosts the rendezvous, so MASTER_ADDR must be one of its own addresses, but "
+            f"'{a.master_addr}' ({master_ip}) is not (this node has: {mine}). Start node rank 0 on "
+            f"MASTER_ADDR, or set MASTER_ADDR to this node's address."
+        )
     if a.ifname:
         names = sorted(name for _, name in socket.if_nameindex())
         if a.ifname not in names:
-            raise Refused(f"GLOO_SOCKET_IFNAME/--ifname '{a.ifname}' names no network interface on this node "
-                          f"(it has: {', '.join(names) or 'none found'}). Name the interface the nodes reach each other on.")
+            raise Refused(
+                f"GLOO_SOCKET_IFNAME/--ifname '{a.ifname}' names no network interface on this node "
+                f"(it has: {', '.join(names) or 'none found'}). Name the interface the nodes reach each other on."
+            )
         local = interface_address(a.ifname)
         if not local:
             raise Refused(f"the interface '{a.ifname}' has no IPv4 address on this node.")
@@ -137,14 +180,29 @@ def check_setup(a) -> tuple[str, str]:
 
 
 def torchrun_command(a, local: str) -> list[str]:
-    conf = [f"join_timeout={a.join_timeout}", f"read_timeout={a.connect_timeout + 15}",
-            f"last_call_timeout={a.last_call}", f"keep_alive_interval={a.heartbeat}", "keep_alive_max_attempt=3"]
+    conf = [
+        f"join_timeout={a.join_timeout}",
+        f"read_timeout={a.connect_timeout + 15}",
+        f"last_call_timeout={a.last_call}",
+        f"keep_alive_interval={a.heartbeat}",
+        "keep_alive_max_attempt=3",
+    ]
     if a.node_rank is not None:
         conf.insert(0, f"is_host={int(a.node_rank == 0)}")  # explicit: in a namespace the host-name guess can miss
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={a.nnodes}", f"--nproc_per_node={a.nproc}",
-           "--rdzv_backend=c10d", f"--rdzv_endpoint={a.master_addr}:{a.master_port}", f"--rdzv_id={a.rdzv_id}",
-           f"--rdzv_conf={','.join(conf)}", f"--local_addr={local}", f"--max-restarts={a.max_restarts}",
-           "--monitor-interval=0.5"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={a.nnodes}",
+        f"--nproc_per_node={a.nproc}",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint={a.master_addr}:{a.master_port}",
+        f"--rdzv_id={a.rdzv_id}",
+        f"--rdzv_conf={','.join(conf)}",
+        f"--local_addr={local}",
+        f"--max-restarts={a.max_restarts}",
+        "--monitor-interval=0.5",
+    ]
     # No --node_rank: with c10d the rendezvous numbers the nodes itself (ordered by --local_addr); --node-rank here
     # only says which node hosts the rendezvous store.
     return [*cmd, str(HOOK), a.script, *a.args]
@@ -177,18 +235,26 @@ class Preflight(threading.Thread):
             if time.monotonic() > deadline and self.a.node_rank != 0:  # node 0 waits for its own torchrun to listen
                 where = f"MASTER_ADDR:MASTER_PORT = {a.master_addr}:{a.master_port} ({self.master_ip})"
                 if last == "refused":
-                    why = ("the connection was refused: that machine answers, but nothing listens on that port. "
-                           "Check MASTER_PORT (the same on every node) and that node rank 0 is running.")
+                    why = (
+                        "the connection was refused: that machine answers, but nothing listens on that port. "
+                        "Check MASTER_PORT (the same on every node) and that node rank 0 is running."
+                    )
                 elif last == "timeout":
-                    why = ("no machine answered (timed out): check MASTER_ADDR, it must be node rank 0's address on the "
-                           "network the nodes share, and that no firewall drops the port.")
+                    why = (
+                        "no machine answered (timed out): check MASTER_ADDR, it must be node rank 0's address on the "
+                        "network the nodes share, and that no firewall drops the port."
+                    )
                 elif last in ("No route to host", "Network is unreachable"):
-                    why = (f"{last.lower()} (no machine has that address on this network): check MASTER_ADDR, it must be "
-                           "node rank 0's address on the network the nodes share.")
+                    why = (
+                        f"{last.lower()} (no machine has that address on this network): check MASTER_ADDR, it must be "
+                        "node rank 0's address on the network the nodes share."
+                    )
                 else:
                     why = f"{last}: check MASTER_ADDR and the network between the nodes."
-                raise Refused(f"could not reach the rendezvous at {where} from this node ({self.local}) within "
-                              f"{a.connect_timeout} s: {why}")
+                raise Refused(
+                    f"could not reach the rendezvous at {where} from this node ({self.local}) within "
+                    f"{a.connect_timeout} s: {why}"
+                )
             time.sleep(0.5)
 
     def run(self) -> None:
@@ -199,11 +265,14 @@ class Preflight(threading.Thread):
             self.reached.set()
             from datetime import timedelta
 
-            os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # this process only: no C++ warning when the store goes away
+            os.environ.setdefault(
+                "TORCH_CPP_LOG_LEVEL", "ERROR"
+            )  # this process only: no C++ warning when the store goes away
             from torch.distributed import TCPStore
 
-            store = TCPStore(self.master_ip, self.a.master_port, is_master=False,
-                             timeout=timedelta(seconds=self.a.connect_timeout))
+            store = TCPStore(
+                self.master_ip, self.a.master_port, is_master=False, timeout=timedelta(seconds=self.a.connect_timeout)
+            )
             prefix = f"distrinews/preflight/{self.a.rdzv_id}"
             me = {"host": socket.gethostname(), "addr": self.local, "nnodes": self.a.nnodes, "nproc": self.a.nproc}
             index = store.add(f"{prefix}/arrived", 1) - 1
@@ -226,10 +295,12 @@ class Preflight(threading.Thread):
                             self.stop.wait(0.1)
                     except Exception:
                         pass
-                    raise Refused(f"the nodes disagree on --nnodes: this node ({me['host']}, {me['addr']}) has "
-                                  f"--nnodes={me['nnodes']}, node {odd[0]['host']} ({odd[0]['addr']}) has "
-                                  f"--nnodes={odd[0]['nnodes']}. Every node must pass the same --nnodes (and "
-                                  "--rdzv_id and endpoint); torchrun would otherwise wait or build a smaller world than asked for.")
+                    raise Refused(
+                        f"the nodes disagree on --nnodes: this node ({me['host']}, {me['addr']}) has "
+                        f"--nnodes={me['nnodes']}, node {odd[0]['host']} ({odd[0]['addr']}) has "
+                        f"--nnodes={odd[0]['nnodes']}. Every node must pass the same --nnodes (and "
+                        "--rdzv_id and endpoint); torchrun would otherwise wait or build a smaller world than asked for."
+                    )
                 if count >= self.expected and len(self.nodes) >= self.expected:
                     return  # every node has arrived and agrees
                 self.stop.wait(1.0)
@@ -246,16 +317,22 @@ class Preflight(threading.Thread):
 def explain(rc: int, tail: str, a, pre: Preflight) -> str | None:
     where = f"{a.master_addr}:{a.master_port}"
     if "RendezvousTimeoutError" in tail:
-        return (f"the rendezvous at {where} did not complete within --join-timeout {a.join_timeout} s: --nnodes={a.nnodes} "
-                f"but the nodes that arrived were: {pre.arrived()}. A node never arrived: start node.py/torchrun on every "
-                "node with the same MASTER_ADDR, MASTER_PORT, --rdzv-id and --nnodes, and check that each can reach "
-                f"{where}.")
+        return (
+            f"the rendezvous at {where} did not complete within --join-timeout {a.join_timeout} s: --nnodes={a.nnodes} "
+            f"but the nodes that arrived were: {pre.arrived()}. A node never arrived: start node.py/torchrun on every "
+            "node with the same MASTER_ADDR, MASTER_PORT, --rdzv-id and --nnodes, and check that each can reach "
+            f"{where}."
+        )
     if "RendezvousClosedError" in tail:
-        return (f"the rendezvous at {where} is already closed: the other nodes finished or gave up before this "
-                "node joined. Start all nodes of a job together (or resubmit the whole job).")
+        return (
+            f"the rendezvous at {where} is already closed: the other nodes finished or gave up before this "
+            "node joined. Start all nodes of a job together (or resubmit the whole job)."
+        )
     if "RendezvousConnectionError" in tail or "connection to the C10d store has failed" in tail:
-        return (f"this node lost (or never had) its connection to the rendezvous store at {where}, which node rank 0's "
-                "torchrun hosts: node 0 stopped or is unreachable.")
+        return (
+            f"this node lost (or never had) its connection to the rendezvous store at {where}, which node rank 0's "
+            "torchrun hosts: node 0 stopped or is unreachable."
+        )
     if rc < 0:
         return f"torchrun on this node was killed by signal {-rc} ({signal.Signals(-rc).name}): this node is gone."
     return None
@@ -278,7 +355,9 @@ def main(argv=None) -> int:
         env["DISTRINEWS_KILL_NODE_AT_STEP"] = str(a.kill_at_step)
     cmd = torchrun_command(a, local)
     shown = ["torchrun", *cmd[3:]]
-    log(f"{socket.gethostname()} {local}{f' ({a.ifname})' if a.ifname else ''}: GLOO_SOCKET_IFNAME={a.ifname or '(unset)'}")
+    log(
+        f"{socket.gethostname()} {local}{f' ({a.ifname})' if a.ifname else ''}: GLOO_SOCKET_IFNAME={a.ifname or '(unset)'}"
+    )
     print("+ " + " ".join(shown), flush=True)
 
     try:  # stop torchrun (which stops its ranks) if whoever started us dies

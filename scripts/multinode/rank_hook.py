@@ -55,10 +55,12 @@ def identity() -> str:
     if addr is None and env.get("MASTER_ADDR"):
         addr = route_address(env["MASTER_ADDR"], int(env.get("MASTER_PORT", "29500")))
     via = f" ({ifname})" if ifname else ""
-    return (f"[identity] RANK {env.get('RANK')} | LOCAL_RANK {env.get('LOCAL_RANK')} | node {socket.gethostname()} "
-            f"{addr or '?'}{via} | WORLD_SIZE {env.get('WORLD_SIZE')} | node rank {env.get('GROUP_RANK', '?')} of "
-            f"{env.get('GROUP_WORLD_SIZE', '?')} | store {env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')} | "
-            f"attempt {env.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+    return (
+        f"[identity] RANK {env.get('RANK')} | LOCAL_RANK {env.get('LOCAL_RANK')} | node {socket.gethostname()} "
+        f"{addr or '?'}{via} | WORLD_SIZE {env.get('WORLD_SIZE')} | node rank {env.get('GROUP_RANK', '?')} of "
+        f"{env.get('GROUP_WORLD_SIZE', '?')} | store {env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')} | "
+        f"attempt {env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    )
 
 
 def kill_node_after(step: int) -> None:
@@ -71,8 +73,11 @@ def kill_node_after(step: int) -> None:
     def after_step(optimizer, args, kwargs):
         done[0] += 1
         if done[0] == step:
-            print(f"[node {socket.gethostname()}] RANK {os.environ.get('RANK')}: pulling the plug after step {step}: "
-                  f"SIGKILL to this node's torchrun agent (pid {agent}) and its ranks", flush=True)
+            print(
+                f"[node {socket.gethostname()}] RANK {os.environ.get('RANK')}: pulling the plug after step {step}: "
+                f"SIGKILL to this node's torchrun agent (pid {agent}) and its ranks",
+                flush=True,
+            )
             os.kill(agent, signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
 

@@ -56,7 +56,9 @@ def namespaces_usable() -> tuple[bool, str]:
             return False, f"the `{tool}` command is missing (iproute2 / util-linux)"
     r = subprocess.run(["bash", str(NETNS), "check"], capture_output=True, text=True, timeout=30)
     if r.returncode != 0:
-        return False, "the kernel refused `ip netns add` (a container without CAP_SYS_ADMIN?): " + (r.stderr.strip() or "no reason given")
+        return False, "the kernel refused `ip netns add` (a container without CAP_SYS_ADMIN?): " + (
+            r.stderr.strip() or "no reason given"
+        )
     return True, "root and `ip netns` work"
 
 
@@ -78,15 +80,37 @@ class Node:
         a = c.args
         cwd = c.workdir / self.name
         cwd.mkdir(parents=True, exist_ok=True)
-        overrides = {0: {}, 1: {"master_addr": a.node1_master_addr, "master_port": a.node1_master_port,
-                                "nnodes": a.node1_nnodes}}[self.index]
-        node_args = [sys.executable, str(NODE), "--nnodes", overrides.get("nnodes") or a.nnodes,
-                     "--node-rank", str(self.index), "--nproc", str(a.nproc),
-                     "--master-addr", overrides.get("master_addr") or c.master_addr,
-                     "--master-port", str(overrides.get("master_port") or c.port), "--rdzv-id", c.rdzv_id,
-                     "--ifname", c.ifname, "--max-restarts", str(a.max_restarts),
-                     "--join-timeout", str(a.join_timeout), "--connect-timeout", str(a.connect_timeout), *extra,
-                     str(ROOT / "scripts" / a.script), *c.train_args()]
+        overrides = {
+            0: {},
+            1: {"master_addr": a.node1_master_addr, "master_port": a.node1_master_port, "nnodes": a.node1_nnodes},
+        }[self.index]
+        node_args = [
+            sys.executable,
+            str(NODE),
+            "--nnodes",
+            overrides.get("nnodes") or a.nnodes,
+            "--node-rank",
+            str(self.index),
+            "--nproc",
+            str(a.nproc),
+            "--master-addr",
+            overrides.get("master_addr") or c.master_addr,
+            "--master-port",
+            str(overrides.get("master_port") or c.port),
+            "--rdzv-id",
+            c.rdzv_id,
+            "--ifname",
+            c.ifname,
+            "--max-restarts",
+            str(a.max_restarts),
+            "--join-timeout",
+            str(a.join_timeout),
+            "--connect-timeout",
+            str(a.connect_timeout),
+            *extra,
+            str(ROOT / "scripts" / a.script),
+            *c.train_args(),
+        ]
         if c.netns:
             cmd = ["bash", str(NETNS), "exec", c.prefix, str(self.index), *node_args]
         else:
@@ -108,8 +132,14 @@ class Node:
             log.write(line + "\n")
             log.flush()
             self.cluster.echo(f"{self.name} | {line}")
-            for key, event in (("pulling the plug", "killed"), ("resumed from", "resumed"), ("[identity]", "identity"),
-                               ("error: ", "error"), ("] stopped: ", "stopped"), ("[launcher", "launcher")):
+            for key, event in (
+                ("pulling the plug", "killed"),
+                ("resumed from", "resumed"),
+                ("[identity]", "identity"),
+                ("error: ", "error"),
+                ("] stopped: ", "stopped"),
+                ("[launcher", "launcher"),
+            ):
                 if key in line:
                     self.cluster.event(f"{self.name} {event}", line=line, t=now)
         log.close()
@@ -158,9 +188,11 @@ class Cluster:
         usable, why = namespaces_usable()
         if self.args.loopback or not usable:
             reason = "--loopback was asked for" if self.args.loopback else why
-            say(f"network namespaces not used: {reason}. FALLBACK: both agents on loopback (127.0.0.1, interface lo), "
+            say(
+                f"network namespaces not used: {reason}. FALLBACK: both agents on loopback (127.0.0.1, interface lo), "
                 "each with its own working directory; the rendezvous and the ranks are the same, but the two nodes "
-                "share one network stack, so no real network is crossed.")
+                "share one network stack, so no real network is crossed."
+            )
             from distrinews_lib.distributed import free_port
 
             self.master_addr, self.port, self.ifname = "127.0.0.1", free_port(), "lo"
@@ -179,8 +211,12 @@ class Cluster:
         out = {}
         for i in (0, 1):
             for dev in ("veth0", "lo"):
-                r = subprocess.run(["ip", "-n", f"{self.prefix}-node{i}", "-j", "-s", "link", "show", dev],
-                                   capture_output=True, text=True, timeout=10)
+                r = subprocess.run(
+                    ["ip", "-n", f"{self.prefix}-node{i}", "-j", "-s", "link", "show", dev],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                )
                 try:
                     stats = json.loads(r.stdout)[0]["stats64"]
                     out[f"node{i}/{dev}"] = {"tx_bytes": stats["tx"]["bytes"], "rx_bytes": stats["rx"]["bytes"]}
@@ -192,8 +228,10 @@ class Cluster:
         if self.netns:
             self.bytes = self.traffic()
             if self.bytes:
-                say("bytes sent over each interface: " + ", ".join(
-                    f"{k} {v['tx_bytes'] / 2**20:.1f} MiB" for k, v in self.bytes.items()))
+                say(
+                    "bytes sent over each interface: "
+                    + ", ".join(f"{k} {v['tx_bytes'] / 2**20:.1f} MiB" for k, v in self.bytes.items())
+                )
             subprocess.run(["bash", str(NETNS), "down", self.prefix], capture_output=True, text=True, timeout=60)
             self.netns = False
             say(f"namespaces {self.prefix}-node0/1 deleted")
@@ -224,8 +262,10 @@ class Cluster:
                 others_running = any(n.poll() is None for j, n in self.nodes.items() if j != i)
                 if rc != 0 and a.relaunch and self.relaunches < a.relaunch and others_running:
                     self.relaunches += 1
-                    say(f"node{i} is gone (exit code {rc}). A replacement node{i} starts in {a.relaunch_delay:g} s "
-                        "and joins the next rendezvous round (as a scheduler would put a spare node in)")
+                    say(
+                        f"node{i} is gone (exit code {rc}). A replacement node{i} starts in {a.relaunch_delay:g} s "
+                        "and joins the next rendezvous round (as a scheduler would put a spare node in)"
+                    )
                     time.sleep(a.relaunch_delay)
                     self.start(i)
                 else:
@@ -242,7 +282,9 @@ class Cluster:
         return next((c for c in codes if c != 0), 0)
 
     def _wait_for_first_snapshot(self) -> None:
-        snaps = (self.workdir / "node0" / "run" if self.args.local_output else self.workdir / "shared" / "run") / "snapshots"
+        snaps = (
+            self.workdir / "node0" / "run" if self.args.local_output else self.workdir / "shared" / "run"
+        ) / "snapshots"
         say(f"node1 will join once node0 has written its first snapshot in {snaps}")
         deadline = time.monotonic() + self.args.timeout
         while time.monotonic() < deadline and self.nodes[0].poll() is None:
@@ -263,17 +305,29 @@ class Cluster:
                 node.proc.kill()
 
     def write_record(self, rc: int) -> None:
-        record = {"mode": "netns" if any(e["event"] == "netns up" for e in self.events) else "loopback",
-                  "master_addr": self.master_addr, "port": self.port, "ifname": self.ifname, "exit_code": rc,
-                  "seconds": round(time.time() - self.t0, 2), "relaunches": self.relaunches, "traffic": self.bytes,
-                  "prefix": self.prefix, "events": self.events,
-                  "args": {k: v for k, v in vars(self.args).items() if k != "train"}, "train_args": self.train_args()}
+        record = {
+            "mode": "netns" if any(e["event"] == "netns up" for e in self.events) else "loopback",
+            "master_addr": self.master_addr,
+            "port": self.port,
+            "ifname": self.ifname,
+            "exit_code": rc,
+            "seconds": round(time.time() - self.t0, 2),
+            "relaunches": self.relaunches,
+            "traffic": self.bytes,
+            "prefix": self.prefix,
+            "events": self.events,
+            "args": {k: v for k, v in vars(self.args).items() if k != "train"},
+            "train_args": self.train_args(),
+        }
         (self.workdir / "cluster.json").write_text(json.dumps(record, indent=2))
 
 
 def parse(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     p.add_argument("--workdir", default="outputs/multinode", help="node0/, node1/ (node-local disks), shared/, logs")
     p.add_argument("--script", default="train_ddp.py", help="script in scripts/ to train with")
     p.add_argument("--nproc", type=int, default=1, help="ranks per node (1 on a 2-core machine)")
@@ -282,8 +336,12 @@ def parse(argv=None):
     p.add_argument("--loopback", action="store_true", help="do not use namespaces: both agents on 127.0.0.1")
     p.add_argument("--local-output", action="store_true", help="--output on each node's own disk instead of shared/")
     p.add_argument("--kill-node", type=int, choices=(0, 1), default=1, help="the node --kill-at-step takes down")
-    p.add_argument("--kill-at-step", type=int, default=None, help="that node dies (agent and ranks) after this optimizer step")
-    p.add_argument("--relaunch", type=int, nargs="?", const=1, default=0, help="start a replacement for a node that died (N times)")
+    p.add_argument(
+        "--kill-at-step", type=int, default=None, help="that node dies (agent and ranks) after this optimizer step"
+    )
+    p.add_argument(
+        "--relaunch", type=int, nargs="?", const=1, default=0, help="start a replacement for a node that died (N times)"
+    )
     p.add_argument("--relaunch-delay", type=float, default=1.0)
     p.add_argument("--join-later", action="store_true", help="start node1 only after node0 wrote its first snapshot")
     p.add_argument("--only-node0", action="store_true", help="never start node1 (a node that never arrives)")

@@ -5,6 +5,7 @@ got the same ids, then that 2 ranks x batch b give the same gradients, and after
 parameters, as 1 process with batch 2b on the same samples (the equivalence test of ddp_checks.py, for this
 model). Rank 0 writes custom_ddp_checks.json.
 """
+
 import hashlib
 import json
 import os
@@ -30,8 +31,16 @@ result = {"world_size": world}
 try:
     splits = sources.load_embedded()
     texts, labels = splits.train_texts[:64], splits.train_labels[:64]
-    cfg = RunConfig(model="custom", custom_dim=32, custom_heads=4, custom_ffn=64, custom_layers=2, custom_dropout=0.0,
-                    max_length=48, hash_buckets=2048)
+    cfg = RunConfig(
+        model="custom",
+        custom_dim=32,
+        custom_heads=4,
+        custom_ffn=64,
+        custom_layers=2,
+        custom_dropout=0.0,
+        max_length=48,
+        hash_buckets=2048,
+    )
     model, tok, _ = build_model(replace(cfg, seed=0), splits.label_names)
     ref = build_model(replace(cfg, seed=0), splits.label_names)[0]
     ref.load_state_dict(model.state_dict())

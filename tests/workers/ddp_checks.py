@@ -6,6 +6,7 @@
 4. evaluate() under DDP on an odd-sized set equals single-process evaluate() of the same weights.
 5. A checkpoint saved from the DDP-wrapped model has no `module.` keys and predicts like the model.
 """
+
 import json
 import os
 import sys
@@ -39,7 +40,9 @@ try:
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
-    ref = build_model(RunConfig(model="tiny", seed=0), AG_NEWS_LABELS)[0]  # same init, for the single-process reference (rank 0)
+    ref = build_model(RunConfig(model="tiny", seed=0), AG_NEWS_LABELS)[
+        0
+    ]  # same init, for the single-process reference (rank 0)
     ref.load_state_dict(model.state_dict())
     ref.eval(), model.eval()  # eval(): no dropout; the gradients are still computed
 
@@ -58,10 +61,16 @@ try:
     sampler = DistributedSampler(val, world, rank, shuffle=False)
     loader = batching.make_loader(val, 16, sampler, pad_id=tok.pad_token_id)
     ddp_eval = evaluation.evaluate(ddp, loader, device=device)
-    result["ddp_eval"] = {"accuracy": ddp_eval.accuracy, "loss": ddp_eval.loss, "n": ddp_eval.n,
-                          "shard_sizes": len(sampler)}
+    result["ddp_eval"] = {
+        "accuracy": ddp_eval.accuracy,
+        "loss": ddp_eval.loss,
+        "n": ddp_eval.n,
+        "shard_sizes": len(sampler),
+    }
     if rank == 0:
-        single = evaluation.evaluate(model, batching.make_loader(val, 16, pad_id=tok.pad_token_id), device=device, gather=False)
+        single = evaluation.evaluate(
+            model, batching.make_loader(val, 16, pad_id=tok.pad_token_id), device=device, gather=False
+        )
         result["single_eval"] = {"accuracy": single.accuracy, "loss": single.loss, "n": single.n}
         # what a naive average of per-rank accuracies would give (counts the padded example twice)
         result["val_size"] = len(val)

@@ -1,10 +1,11 @@
 """A 2-rank gloo DDP loop that ends one of several ways (tests/test_process_end.py):
 
-    ok          the loop finishes and the script simply returns (course/harden.py ends the rank)
-    raise       rank 1 raises after the loop: the launch must fail, with rank 1's traceback and a non-zero exit
-    user_error  rank 1 raises a UserError through main_guard: exit code 2 and its message
-    abort       rank 1 prints some lines, then dies by SIGABRT: the launcher must show rank 1's own last lines
+ok          the loop finishes and the script simply returns (course/harden.py ends the rank)
+raise       rank 1 raises after the loop: the launch must fail, with rank 1's traceback and a non-zero exit
+user_error  rank 1 raises a UserError through main_guard: exit code 2 and its message
+abort       rank 1 prints some lines, then dies by SIGABRT: the launcher must show rank 1's own last lines
 """
+
 import os
 import sys
 

@@ -1,5 +1,6 @@
 """The DDP equivalence loop of ddp_checks.py and custom_ddp_checks.py: the same samples trained as 2 ranks x
 batch b (DDP) and, on rank 0, as 1 process with batch 2b, step by step."""
+
 import torch
 import torch.nn.functional as F
 
@@ -17,15 +18,17 @@ def ddp_vs_one_process(ddp, model, ref, ds, collate, pad_id: int, rank: int, b: 
     for step in range(steps):
         # global batch: samples [step*2b, (step+1)*2b); rank r takes its half
         glob = list(range(step * 2 * b, (step + 1) * 2 * b))
-        mine = glob[rank * b:(rank + 1) * b]
+        mine = glob[rank * b : (rank + 1) * b]
         # pad every batch to the same width so rank-local and global batches see identical inputs
         width = max(len(ds[i]["input_ids"]) for i in glob)
 
         def batch_of(idx):
             bt = collate([ds[i] for i in idx])
             pad = width - bt["input_ids"].shape[1]
-            return {k: (F.pad(v, (0, pad), value=pad_id if k == "input_ids" else 0) if v.ndim == 2 else v)
-                    for k, v in bt.items()}
+            return {
+                k: (F.pad(v, (0, pad), value=pad_id if k == "input_ids" else 0) if v.ndim == 2 else v)
+                for k, v in bt.items()
+            }
 
         bt = batch_of(mine)
         loss = F.cross_entropy(logits(ddp, bt), bt["labels"])
@@ -36,7 +39,9 @@ def ddp_vs_one_process(ddp, model, ref, ds, collate, pad_id: int, rank: int, b: 
             rloss = F.cross_entropy(logits(ref, rb), rb["labels"])
             ref_opt.zero_grad()
             rloss.backward()
-            grad_diffs.append(max((p.grad - q.grad).abs().max().item() for p, q in zip(model.parameters(), ref.parameters())))
+            grad_diffs.append(
+                max((p.grad - q.grad).abs().max().item() for p, q in zip(model.parameters(), ref.parameters()))
+            )
         opt.step()
         if rank == 0:
             ref_opt.step()

@@ -1,5 +1,6 @@
 """Under torchrun with 2 gloo ranks: perplexity is exact under DDP, and the ranks' masks differ at every step.
 Rank 0 writes a JSON of what it measured for tests/test_lm.py."""
+
 import json
 import sys
 from datetime import timedelta
@@ -29,11 +30,14 @@ try:
     for name, task in TASKS.items():  # clm, mlm
         model, _ = task.build_model(voc, 16, seed=0)
         sampler = DistributedSampler(blocks, num_replicas=world, rank=rank, shuffle=False)
-        loader = DataLoader(blocks, batch_size=8, sampler=sampler, collate_fn=lm.LMCollator(task, voc, seed=5, fixed_epoch=0))
+        loader = DataLoader(
+            blocks, batch_size=8, sampler=sampler, collate_fn=lm.LMCollator(task, voc, seed=5, fixed_epoch=0)
+        )
         ddp = evaluation.evaluate(model, loader, device=torch.device("cpu"), task=task)
         if rank == 0:  # the same weights, one process, the whole set
             whole = DataLoader(blocks, batch_size=13, collate_fn=lm.LMCollator(task, voc, seed=5, fixed_epoch=0))
             import distrinews_lib.distributed as D
+
             real = D.is_initialized
             D.is_initialized = lambda: False  # evaluate alone, without collectives
             single = evaluation.evaluate(model, whole, device=torch.device("cpu"), task=task)

@@ -7,6 +7,7 @@ For this process's RANK, every key is set as an environment variable (a value of
 except "cwd", which changes the working directory (a node with its own local disk). Then the
 script runs unchanged, as __main__.
 """
+
 import json
 import os
 import runpy

@@ -2,6 +2,7 @@
 
 (`--library`, which the tests pass to some launches, changes nothing any more: every rank that course.launch starts
 runs through course/harden.py, which ties it to its torchrun agent.)"""
+
 import os
 import sys
 import time
