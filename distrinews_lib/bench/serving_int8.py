@@ -5,7 +5,8 @@ For each checkpoint:
 * accuracy: the fp32 model and the int8 one (serving.quantize, as the server builds it) classify every test text of
   --data (the 7,600 of AG News' test set with --data ../shared/data/ag_news), in this process; accuracy of each, the
   difference in points, how often their labels agree, the largest probability difference;
-* model speed without HTTP: the same texts in chunks of 512 that alternate between fp32 and int8 (batch 64);
+* model speed without HTTP: the same texts in chunks of 512 that alternate between fp32 and int8 (batch 64, the
+  server's torch threads);
 * where fp32 spends its forward pass: the share of its time in the Linear layers (torch.profiler), the part int8
   speeds up, and the tokenizer's share of the work: a bound on int8's gain (Amdahl);
 * serving: `python -m distrinews_lib.serving` and the same with --quantize int8, raced as in --litserve
@@ -22,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
-from .serving_race import RACE_DOC, race
+from .serving_race import RACE_DOC, our_settings, race
 from .serving_servers import REPO, Server, free_port, make_checkpoint, model_description
 
 ACCURACY_TOLERANCE_POINTS = 0.5
@@ -112,6 +113,7 @@ def measure_checkpoint(checkpoint: Path, data: tuple, levels: list, duration: fl
     from ..serving.inference import load_for_serving
 
     texts, labels, names, _ = data
+    torch.set_num_threads(max(1, our_settings()["torch_threads"]))  # as the server runs it (1 thread per pass)
     fp32 = load_for_serving(checkpoint, "cpu")
     row = {"model": {**model_description(checkpoint), **weights(fp32.model)}}
     row["fp32_time"] = where_time_goes(fp32, texts)
