@@ -13,7 +13,8 @@ from fastapi.testclient import TestClient
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.errors import UserError
 from distrinews_lib.serving.app import create_app
-from distrinews_lib.serving.inference import CheckpointError, load_checkpoint, load_for_serving, predict_proba
+from distrinews_lib.serving.inference import CheckpointError, load_checkpoint, predict_proba
+from distrinews_lib.serving.loading import load_in_precision
 from distrinews_lib.serving.quantize import MAX_DRIFT, linear_weights
 from distrinews_lib.serving.settings import ServingSettings
 from distrinews_lib.training.checkpoint import save_checkpoint
@@ -73,7 +74,7 @@ def test_fp32_server_reports_fp32(good):
 
 def test_int8_replaces_exactly_the_linear_layers(good):
     fp32 = load_checkpoint(good).model
-    int8 = load_for_serving(good, "cpu", "int8").model
+    int8 = load_in_precision(good, "cpu", "int8").model
     n_linear = sum(type(m) is torch.nn.Linear for m in fp32.modules())
     quantized = [m for m in int8.modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)]
     assert n_linear > 0 and len(quantized) == n_linear
@@ -108,9 +109,9 @@ def test_int8_on_a_gpu_is_refused_before_loading(good, monkeypatch):
 
 def test_a_model_int8_does_not_apply_to_is_refused_at_startup(tmp_path):
     path = gpt2_checkpoint(tmp_path / "gpt2.pt")
-    load_for_serving(path, "cpu")  # it serves in fp32: the refusal below is int8's
+    load_in_precision(path, "cpu")  # it serves in fp32: the refusal below is int8's
     with pytest.raises(CheckpointError) as err:
-        load_for_serving(path, "cpu", "int8")
+        load_in_precision(path, "cpu", "int8")
     message = " ".join(str(err.value).split())
     assert "does not apply" in message and str(path) in message and "Conv1D" in message, message
     with pytest.raises(CheckpointError, match="does not apply"):
@@ -123,7 +124,7 @@ def test_a_model_int8_would_break_is_refused_at_startup(good, tmp_path):
     probs = predict_proba(load_checkpoint(path), TEXTS)
     assert bool(torch.isfinite(probs).all())  # fp32 answers it
     with pytest.raises(CheckpointError, match="would change checkpoint .* answers too much"):
-        load_for_serving(path, "cpu", "int8")
+        load_in_precision(path, "cpu", "int8")
 
 
 @pytest.mark.parametrize("argv,words", [
