@@ -110,14 +110,14 @@ def weights(model) -> dict:
 
 def measure_checkpoint(checkpoint: Path, data: tuple, levels: list, duration: float, warmup: float, rounds: int,
                        quick: bool) -> dict:
-    from ..serving.inference import load_for_serving
+    from ..serving.loading import load_in_precision
 
     texts, labels, names, _ = data
     torch.set_num_threads(max(1, our_settings()["torch_threads"]))  # as the server runs it (1 thread per pass)
-    fp32 = load_for_serving(checkpoint, "cpu")
+    fp32 = load_in_precision(checkpoint, "cpu")
     row = {"model": {**model_description(checkpoint), **weights(fp32.model)}}
     row["fp32_time"] = where_time_goes(fp32, texts)
-    int8 = load_for_serving(checkpoint, "cpu", "int8")
+    int8 = load_in_precision(checkpoint, "cpu", "int8")
     row["quantization"] = int8.quantization
     print(f"[{checkpoint}] accuracy on {len(texts)} test texts, fp32 and int8 ...", flush=True)
     row.update(accuracy_and_speed(fp32, int8, texts, labels, names))
@@ -158,7 +158,7 @@ def headline(r: dict) -> str:
 
 
 def int8_main(args) -> None:
-    from .provenance import machine_slug, provenance
+    from .provenance import load_average, machine_slug, provenance
     from .serving_compare import parse_levels
 
     levels = parse_levels(args.levels) if args.levels_given else ([16] if args.quick else [1, 16])
@@ -185,6 +185,7 @@ def int8_main(args) -> None:
         "settings": {"concurrency_levels": levels, "duration_s_per_slice": duration, "warmup_s_per_slice": warmup,
                      "rounds": rounds, "method": __doc__, "serving_method": RACE_DOC},
         "checkpoints": results,
+        "load_average_at_end": load_average(),  # 1, 5 and 15 minutes; the start is in provenance
         "wall_time_s": round(time.time() - started, 1),
     }
     report["headline"] = {"lines": [headline(r) for r in results]}

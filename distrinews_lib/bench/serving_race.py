@@ -177,7 +177,7 @@ def race_headline(levels: list[dict]) -> dict:
 
 
 def race_main(args) -> None:
-    from .provenance import machine_slug, provenance
+    from .provenance import load_average, machine_slug, provenance
     from .serving_compare import parse_levels
 
     version = litserve_version()
@@ -225,6 +225,7 @@ def race_main(args) -> None:
         "levels": results,
         "idle_cpu_cores": idle,
         "processes": processes,
+        "load_average_at_end": load_average(),  # 1, 5 and 15 minutes; the start is in provenance
         "wall_time_s": round(time.time() - started, 1),
     }
     report["headline"] = race_headline(results)
