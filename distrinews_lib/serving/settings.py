@@ -134,8 +134,9 @@ def settings_table() -> str:
 
 
 def with_defaults(text: str) -> str:
-    """`text` with {settings} replaced by settings_table() and each {name} of SETTINGS by its default."""
-    text = text.replace("{settings}", settings_table())
+    """`text` with {settings} replaced by settings_table(), {checkpoint} by the default checkpoint, and each {name}
+    of SETTINGS by its default."""
+    text = text.replace("{settings}", settings_table()).replace("{checkpoint}", str(DEFAULT_CHECKPOINT))
     for s in SETTINGS:
         text = text.replace("{" + s.name + "}", f"{s.default:g}" if s.kind is float else str(s.default))
     return text
