@@ -159,6 +159,24 @@ def race_servers(checkpoint: Path, quantize: str = "none", quiet: bool = False):
             server.__exit__(None, None, None)
 
 
+def small_race(checkpoint: Path, levels: list[int], duration: float = 1.5, warmup: float = 0.3, rounds: int = 2,
+               quantize: str = "none") -> list[dict]:
+    """race_servers and race in one call, quietly (chapter 10's small race). The load generator runs its own asyncio
+    loop, so where the caller already runs one (a Jupyter kernel does) it runs in a thread of its own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run() -> list[dict]:
+        with race_servers(Path(checkpoint), quantize, quiet=True) as servers:
+            return race(servers, levels, duration, warmup, rounds, our_settings()["deadline_s"])
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return run()
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(run).result()
+
+
 def race_headline(levels: list[dict]) -> dict:
     lines, targets = [], {}
     for row in levels:
