@@ -60,15 +60,23 @@ def test_int8_measured_what_the_issue_asks(path):
 
 def level(concurrency, ours, lit, shed=0):
     def side(per_s, p99, failed, shed=0):
-        return {"answered_per_s": per_s, "answered": int(per_s * 4), "failed": failed, "shed": shed,
-                "latency_answered_ms": {"p50": p99 / 3, "p99": p99}, "cpu_ms_per_answer": 1.0}
+        return {
+            "answered_per_s": per_s,
+            "answered": int(per_s * 4),
+            "failed": failed,
+            "shed": shed,
+            "latency_answered_ms": {"p50": p99 / 3, "p99": p99},
+            "cpu_ms_per_answer": 1.0,
+        }
 
     return {"concurrency": concurrency, "ours": side(*ours, shed=shed), "litserve": side(*lit)}
 
 
 def test_findings_name_each_measure_where_litserve_did_better():
-    report = {"competitors": {"ours": {"settings": {"max_queue": 128}}},
-              "levels": [level(16, (1000, 20, 0), (500, 40, 0)), level(256, (900, 450, 100), (950, 300, 0), shed=100)]}
+    report = {
+        "competitors": {"ours": {"settings": {"max_queue": 128}}},
+        "levels": [level(16, (1000, 20, 0), (500, 40, 0)), level(256, (900, 450, 100), (950, 300, 0), shed=100)],
+    }
     found = race_findings(report)
     assert "16 clients" not in found, found
     assert "256 clients" in found and "throughput 900 against 950" in found and "p99 450 against 300" in found

@@ -26,8 +26,9 @@ def load_in_precision(path, device: str, quantize: str = "none") -> LoadedCheckp
         raise
     except Exception as err:  # torch's own error from quantize_dynamic or the probe texts
         first = (str(err).splitlines() or [""])[0][:200]
-        raise CheckpointError(f"--quantize int8 failed on checkpoint {path} ({type(err).__name__}: {first}). "
-                              "Serve it without --quantize.") from None
+        raise CheckpointError(
+            f"--quantize int8 failed on checkpoint {path} ({type(err).__name__}: {first}). Serve it without --quantize."
+        ) from None
 
 
 def check_for_serving(path, device: str, quantize: str = "none") -> LoadedCheckpoint:
