@@ -107,3 +107,22 @@ def test_bench_command_line_refuses_mixed_modes(argv, words, capsys):
     with pytest.raises(SystemExit) as stopped:
         bench.parse_args(argv)
     assert stopped.value.code == 2 and words in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_small_race_runs_inside_a_running_event_loop_and_stops_both_servers(ckpt_path):
+    """Chapter 10 races from a Jupyter kernel, which already runs an asyncio loop: small_race then runs the load
+    generator in a thread of its own, and both servers are gone afterwards."""
+    import asyncio
+
+    from distrinews_lib.bench.serving_race import small_race
+
+    async def from_a_loop():
+        return small_race(ckpt_path, [1, 4], duration=0.4, warmup=0.1, rounds=1)
+
+    rows = asyncio.run(from_a_loop())
+    assert [row["concurrency"] for row in rows] == [1, 4]
+    for row in rows:
+        assert row["ours"]["answered"] > 0 and row["litserve"]["answered"] > 0, row
+        assert row["ours"]["failed"] == row["litserve"]["failed"] == 0, row
+    assert not live_processes_with(["distrinews_lib", str(ckpt_path)]), "a server was left running"

@@ -13,7 +13,8 @@ from fastapi.testclient import TestClient
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.errors import UserError
 from distrinews_lib.serving.app import create_app
-from distrinews_lib.serving.inference import CheckpointError, load_checkpoint, load_for_serving, predict_proba
+from distrinews_lib.serving.inference import CheckpointError, load_checkpoint, predict_proba
+from distrinews_lib.serving.loading import load_in_precision
 from distrinews_lib.serving.quantize import MAX_DRIFT, linear_weights
 from distrinews_lib.serving.settings import ServingSettings
 from distrinews_lib.training.checkpoint import save_checkpoint
@@ -73,7 +74,7 @@ def test_fp32_server_reports_fp32(good):
 
 def test_int8_replaces_exactly_the_linear_layers(good):
     fp32 = load_checkpoint(good).model
-    int8 = load_for_serving(good, "cpu", "int8").model
+    int8 = load_in_precision(good, "cpu", "int8").model
     n_linear = sum(type(m) is torch.nn.Linear for m in fp32.modules())
     quantized = [m for m in int8.modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)]
     assert n_linear > 0 and len(quantized) == n_linear
@@ -108,9 +109,9 @@ def test_int8_on_a_gpu_is_refused_before_loading(good, monkeypatch):
 
 def test_a_model_int8_does_not_apply_to_is_refused_at_startup(tmp_path):
     path = gpt2_checkpoint(tmp_path / "gpt2.pt")
-    load_for_serving(path, "cpu")  # it serves in fp32: the refusal below is int8's
+    load_in_precision(path, "cpu")  # it serves in fp32: the refusal below is int8's
     with pytest.raises(CheckpointError) as err:
-        load_for_serving(path, "cpu", "int8")
+        load_in_precision(path, "cpu", "int8")
     message = " ".join(str(err.value).split())
     assert "does not apply" in message and str(path) in message and "Conv1D" in message, message
     with pytest.raises(CheckpointError, match="does not apply"):
@@ -123,7 +124,7 @@ def test_a_model_int8_would_break_is_refused_at_startup(good, tmp_path):
     probs = predict_proba(load_checkpoint(path), TEXTS)
     assert bool(torch.isfinite(probs).all())  # fp32 answers it
     with pytest.raises(CheckpointError, match="would change checkpoint .* answers too much"):
-        load_for_serving(path, "cpu", "int8")
+        load_in_precision(path, "cpu", "int8")
 
 
 @pytest.mark.parametrize("argv,words", [
@@ -145,3 +146,60 @@ def test_command_line_refuses_with_exit_code_2(tmp_path, good, argv, words, caps
     err = capsys.readouterr().err
     assert stopped.value.code == 2 and "Traceback" not in err and err.count("error:") == 1, err
     assert words in " ".join(err.split()), err
+
+
+def test_load_in_precision_refuses_an_unknown_precision(good):
+    with pytest.raises(CheckpointError, match="--quantize 'fp16': choose one of none, int8"):
+        load_in_precision(good, "cpu", "fp16")
+
+
+@pytest.mark.slow
+def test_a_real_server_refuses_int8_where_it_does_not_apply(tmp_path):
+    """`python -m distrinews_lib.serving --quantize int8` on a GPT-2 classifier: the process exits 2 before it
+    listens, with one paragraph that names the checkpoint and the reason, and no traceback."""
+    import subprocess
+    import sys
+
+    from .test_serving_live import ROOT, child_env, free_port
+
+    path = gpt2_checkpoint(tmp_path / "gpt2.pt")
+    r = subprocess.run([sys.executable, "-m", "distrinews_lib.serving", "--checkpoint", str(path), "--device", "cpu",
+                        "--port", str(free_port()), "--quantize", "int8"], cwd=ROOT, env=child_env(),
+                       capture_output=True, text=True, timeout=300)
+    said = " ".join(r.stderr.split())
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and "Uvicorn running" not in r.stderr, r.stderr
+    assert f"--quantize int8 does not apply to checkpoint {path}" in said and "Conv1D" in said, said
+    assert "Serve it without --quantize." in said, said
+
+
+@pytest.mark.slow
+def test_a_real_int8_server_reports_int8_and_answers(good, tmp_path):
+    """The real process with --quantize int8: /health says int8 and how it was quantized, /predict answers as the
+    int8 model loaded here does."""
+    import httpx
+
+    from .test_serving_live import free_port, start, stop, wait_ready
+
+    port, log = free_port(), tmp_path / "server.log"
+    proc = start(["-m", "distrinews_lib.serving", "--checkpoint", str(good), "--device", "cpu", "--port", str(port),
+                  "--quantize", "int8", "--log-level", "warning"], log)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(proc, url, log)
+        health = httpx.get(url + "/health", timeout=10).json()
+        answer = httpx.post(url + "/predict", json={"text": TEXTS[0]}, timeout=10).json()
+    finally:
+        stop(proc)
+    assert health["precision"] == "int8" and health["quantization"]["linear_layers"] > 0, health
+    here = predict_proba(load_in_precision(good, "cpu", "int8"), TEXTS[:1])[0].tolist()
+    assert list(answer["all_probabilities"].values()) == pytest.approx(here, abs=1e-4), (answer, here)
+
+
+def test_a_refusal_never_breaks_a_path_or_a_flag_across_lines():
+    from distrinews_lib.errors import format_user_error
+
+    path = "/tmp/pytest-of-root/pytest-68/test_a_real_server_refuses-int8-where-it-does-not-apply0/gpt2-small.pt"
+    text = format_user_error(CheckpointError(f"--quantize int8 does not apply to checkpoint {path}: " + "words " * 30))
+    assert path in text.replace("\n       ", " ").split() or f"{path}:" in text.split(), text
+    assert all(len(line) <= 100 or " " not in line.strip() for line in text.splitlines()), text

@@ -5,7 +5,8 @@ For each checkpoint:
 * accuracy: the fp32 model and the int8 one (serving.quantize, as the server builds it) classify every test text of
   --data (the 7,600 of AG News' test set with --data ../shared/data/ag_news), in this process; accuracy of each, the
   difference in points, how often their labels agree, the largest probability difference;
-* model speed without HTTP: the same texts in chunks of 512 that alternate between fp32 and int8 (batch 64);
+* model speed without HTTP: the same texts in chunks of 512 that alternate between fp32 and int8 (batch 64, the
+  server's torch threads);
 * where fp32 spends its forward pass: the share of its time in the Linear layers (torch.profiler), the part int8
   speeds up, and the tokenizer's share of the work: a bound on int8's gain (Amdahl);
 * serving: `python -m distrinews_lib.serving` and the same with --quantize int8, raced as in --litserve
@@ -22,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
-from .serving_race import RACE_DOC, race
+from .serving_race import RACE_DOC, our_settings, race
 from .serving_servers import REPO, Server, free_port, make_checkpoint, model_description
 
 ACCURACY_TOLERANCE_POINTS = 0.5
@@ -109,13 +110,14 @@ def weights(model) -> dict:
 
 def measure_checkpoint(checkpoint: Path, data: tuple, levels: list, duration: float, warmup: float, rounds: int,
                        quick: bool) -> dict:
-    from ..serving.inference import load_for_serving
+    from ..serving.loading import load_in_precision
 
     texts, labels, names, _ = data
-    fp32 = load_for_serving(checkpoint, "cpu")
+    torch.set_num_threads(max(1, our_settings()["torch_threads"]))  # as the server runs it (1 thread per pass)
+    fp32 = load_in_precision(checkpoint, "cpu")
     row = {"model": {**model_description(checkpoint), **weights(fp32.model)}}
     row["fp32_time"] = where_time_goes(fp32, texts)
-    int8 = load_for_serving(checkpoint, "cpu", "int8")
+    int8 = load_in_precision(checkpoint, "cpu", "int8")
     row["quantization"] = int8.quantization
     print(f"[{checkpoint}] accuracy on {len(texts)} test texts, fp32 and int8 ...", flush=True)
     row.update(accuracy_and_speed(fp32, int8, texts, labels, names))
@@ -156,7 +158,7 @@ def headline(r: dict) -> str:
 
 
 def int8_main(args) -> None:
-    from .provenance import machine_slug, provenance
+    from .provenance import load_average, machine_slug, provenance
     from .serving_compare import parse_levels
 
     levels = parse_levels(args.levels) if args.levels_given else ([16] if args.quick else [1, 16])
@@ -183,6 +185,7 @@ def int8_main(args) -> None:
         "settings": {"concurrency_levels": levels, "duration_s_per_slice": duration, "warmup_s_per_slice": warmup,
                      "rounds": rounds, "method": __doc__, "serving_method": RACE_DOC},
         "checkpoints": results,
+        "load_average_at_end": load_average(),  # 1, 5 and 15 minutes; the start is in provenance
         "wall_time_s": round(time.time() - started, 1),
     }
     report["headline"] = {"lines": [headline(r) for r in results]}

@@ -4,7 +4,7 @@ LitServe (Lightning AI; `pip install litserve`, a benchmark dependency in requir
 is a FastAPI-based serving engine built for this job: a LitAPI with a batched `predict`, dynamic batching
 (`max_batch_size`, `batch_timeout`) and inference workers per device. Here it serves exactly what our server serves:
 
-* the checkpoint loaded and checked by serving.inference.check_for_serving (int8 too, with --quantize int8), and each
+* the checkpoint loaded and checked by serving.loading.check_for_serving (int8 too, with --quantize int8), and each
   batch classified by the same Classifier.predict (tokenize, one forward pass, softmax);
 * the same request and response models: FastAPI validates PredictRequest in LitServe's API process and the answer
   against Prediction, as ours does;
@@ -28,7 +28,8 @@ import argparse
 import litserve as ls
 import torch
 
-from ..serving.inference import Classifier, check_for_serving
+from ..serving.inference import Classifier
+from ..serving.loading import check_for_serving
 from ..serving.schemas import Prediction, PredictRequest
 
 COMMAND = ["-c", "from distrinews_lib.bench.serving_litserve import main; main()"]  # after sys.executable

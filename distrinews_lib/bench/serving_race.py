@@ -6,6 +6,7 @@ run on one machine; writes benchmarks/serving_vs_litserve_<machine>.json. race()
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -137,6 +138,45 @@ def our_settings() -> dict:
             "max_queue": s.max_queue, "torch_threads": s.torch_threads}
 
 
+@contextlib.contextmanager
+def race_servers(checkpoint: Path, quantize: str = "none", quiet: bool = False):
+    """Our server and the LitServe competitor on the same checkpoint, started side by side, ready; both stopped
+    (with every process they started) on leaving."""
+    ours = our_settings()
+    ports = free_port(), free_port()
+    servers = {"ours": Server(checkpoint, ports[0], ["--device", "cpu", "--quantize", quantize]),
+               "litserve": Server(checkpoint, ports[1], [], cmd=litserve_command(checkpoint, ports[1], ours, quantize))}
+    for server in servers.values():
+        server.launch()
+    try:
+        for name, server in servers.items():
+            server.__enter__()
+            if not quiet:
+                print(f"[{name}] ready: {' '.join(server.cmd)}", flush=True)
+        yield servers
+    finally:
+        for server in servers.values():
+            server.__exit__(None, None, None)
+
+
+def small_race(checkpoint: Path, levels: list[int], duration: float = 1.5, warmup: float = 0.3, rounds: int = 2,
+               quantize: str = "none") -> list[dict]:
+    """race_servers and race in one call, quietly (chapter 10's small race). The load generator runs its own asyncio
+    loop, so where the caller already runs one (a Jupyter kernel does) it runs in a thread of its own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run() -> list[dict]:
+        with race_servers(Path(checkpoint), quantize, quiet=True) as servers:
+            return race(servers, levels, duration, warmup, rounds, our_settings()["deadline_s"])
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return run()
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(run).result()
+
+
 def race_headline(levels: list[dict]) -> dict:
     lines, targets = [], {}
     for row in levels:
@@ -155,7 +195,7 @@ def race_headline(levels: list[dict]) -> dict:
 
 
 def race_main(args) -> None:
-    from .provenance import machine_slug, provenance
+    from .provenance import load_average, machine_slug, provenance
     from .serving_compare import parse_levels
 
     version = litserve_version()
@@ -171,21 +211,10 @@ def race_main(args) -> None:
         checkpoint = args.checkpoint[0] if args.checkpoint else make_checkpoint(Path(tmp))
         if not Path(checkpoint).is_file():
             raise UserError(f"--checkpoint {checkpoint} does not exist")
-        ports = free_port(), free_port()
-        servers = {"ours": Server(checkpoint, ports[0], ["--device", "cpu", "--quantize", quantize]),
-                   "litserve": Server(checkpoint, ports[1], [], cmd=litserve_command(checkpoint, ports[1], ours,
-                                                                                      quantize))}
-        for server in servers.values():
-            server.launch()
-        try:
-            for name, server in servers.items():
-                server.__enter__()
-                print(f"[{name}] ready: {' '.join(server.cmd)}", flush=True)
+        with race_servers(checkpoint, quantize) as servers:
+            processes = {name: server.processes() for name, server in servers.items()}
             results = race(servers, levels, duration, warmup, rounds, ours["deadline_s"])
             idle = idle_cpu(servers, 1.0 if args.quick else 3.0)
-        finally:
-            for server in servers.values():
-                server.__exit__(None, None, None)
         model = model_description(checkpoint)
         if not args.checkpoint:
             model["checkpoint"] = "tiny random DistilBERT made by the benchmark (seed 0, max_length 64)"
@@ -213,6 +242,8 @@ def race_main(args) -> None:
                      "rounds": rounds, "method": RACE_DOC},
         "levels": results,
         "idle_cpu_cores": idle,
+        "processes": processes,
+        "load_average_at_end": load_average(),  # 1, 5 and 15 minutes; the start is in provenance
         "wall_time_s": round(time.time() - started, 1),
     }
     report["headline"] = race_headline(results)

@@ -74,17 +74,25 @@ class Server:
             time.sleep(0.2)
         raise UserError(f"the server did not answer GET /health within {self.ready_s:g} s")
 
-    def cpu_seconds(self) -> float:
-        """CPU seconds (user + system) of every live process of the server's session (Linux /proc)."""
-        total = 0.0
+    def _session(self) -> list[list[str]]:
+        """/proc/PID/stat fields (after the name) of every live process of the server's session."""
+        out = []
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
                 fields = stat.read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
             if int(fields[3]) == self.proc.pid:  # the session id: the server and all it started
-                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        return total
+                out.append(fields)
+        return out
+
+    def processes(self) -> int:
+        """How many processes the server runs now (itself and all it started)."""
+        return len(self._session())
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds (user + system) of every live process of the server's session (Linux /proc)."""
+        return sum(int(f[11]) + int(f[12]) for f in self._session()) / os.sysconf("SC_CLK_TCK")
 
     def __exit__(self, *exc):
         if self.proc is not None:

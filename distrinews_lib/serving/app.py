@@ -1,7 +1,7 @@
 """The classification API: FastAPI app that serves one DistriNews checkpoint.
 
     python -m distrinews_lib.serving --checkpoint path/to/model.pt      # the recommended way (all limits)
-    uvicorn distrinews_lib.serving.app:app --port 8000                   # checkpoints/distilbert_agnews.pt
+    uvicorn distrinews_lib.serving.app:app --port 8000                   # {checkpoint}
     DISTRINEWS_CHECKPOINT=path/to/model.pt uvicorn distrinews_lib.serving.app:app
 
 Endpoints: GET (and HEAD) /health, POST /predict, POST /predict/batch, and the OpenAPI page at /docs,

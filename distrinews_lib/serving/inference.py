@@ -170,16 +170,11 @@ def check_predictions(loaded: LoadedCheckpoint) -> torch.Tensor:
     return probs
 
 
-def load_for_serving(path, device: str, quantize: str = "none") -> LoadedCheckpoint:
-    """load_checkpoint (then int8 with quantize="int8"), with any failure turned into a CheckpointError that names
-    the path."""
+def load_for_serving(path, device: str) -> LoadedCheckpoint:
+    """load_checkpoint, with any failure turned into a CheckpointError that names the path (in fp32: int8 and the
+    check that it answers are serving/loading.py's)."""
     try:
-        loaded = load_checkpoint(path, device=device)
-        if quantize == "int8":
-            from .quantize import quantize_int8  # deferred: it imports this module
-
-            loaded = quantize_int8(loaded)
-        return loaded
+        return load_checkpoint(path, device=device)
     except CheckpointError as err:
         if Path(path).is_absolute():
             raise
@@ -190,14 +185,6 @@ def load_for_serving(path, device: str, quantize: str = "none") -> LoadedCheckpo
     except Exception as err:  # e.g. a damaged tokenizer: transformers raises its own errors
         first = (str(err).splitlines() or [""])[0][:200]
         raise CheckpointError(f"checkpoint {path} could not be loaded ({type(err).__name__}: {first}).") from None
-
-
-def check_for_serving(path, device: str, quantize: str = "none") -> LoadedCheckpoint:
-    """Load the checkpoint (int8 with quantize="int8") and make sure it answers finite probabilities;
-    CheckpointError otherwise."""
-    loaded = load_for_serving(path, device, quantize)
-    check_predictions(loaded)
-    return loaded
 
 
 class Classifier:

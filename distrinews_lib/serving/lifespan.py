@@ -18,7 +18,8 @@ import torch
 from fastapi import FastAPI
 
 from .batching import MicroBatcher
-from .inference import Classifier, LoadedCheckpoint, check_predictions, load_for_serving
+from .inference import Classifier, LoadedCheckpoint, check_predictions
+from .loading import load_in_precision
 from .quantize import quantize_int8
 from .settings import QUANTIZE_CHOICES, ServingSettings
 
@@ -44,7 +45,7 @@ def serving_lifespan(given: ServingSettings, loaded: Optional[LoadedCheckpoint] 
         else:
             log.info("loading checkpoint %s on %s (%s)", settings.checkpoint, settings.device,
                      QUANTIZE_CHOICES[settings.quantize])
-            ckpt = await asyncio.to_thread(load_for_serving, settings.checkpoint, settings.device, settings.quantize)
+            ckpt = await asyncio.to_thread(load_in_precision, settings.checkpoint, settings.device, settings.quantize)
         previous_threads = torch.get_num_threads()
         if settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
