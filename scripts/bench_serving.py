@@ -41,42 +41,82 @@ from distrinews_lib.errors import main_guard  # noqa: E402
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", type=Path, action="append", default=None,
-                   help="checkpoint to serve (default: a tiny random model made in a temporary folder); --int8 takes "
-                        "several (repeat the flag)")
+    p.add_argument(
+        "--checkpoint",
+        type=Path,
+        action="append",
+        default=None,
+        help="checkpoint to serve (default: a tiny random model made in a temporary folder); --int8 takes "
+        "several (repeat the flag)",
+    )
     p.add_argument("--quick", action="store_true", help="about 2 s per level: checks the benchmark runs, not how fast")
-    p.add_argument("--duration", type=float, default=None,
-                   help="measured seconds per level (default 8, quick 1.5; --litserve and --int8: per slice, 4)")
-    p.add_argument("--warmup", type=float, default=None,
-                   help="unrecorded seconds before each level (default 1, quick 0.3)")
-    p.add_argument("--rounds", type=int, default=None,
-                   help="alternating slices per level and configuration (default 3, quick 1)")
-    p.add_argument("--levels", default=None, help="concurrency levels, comma separated (default 1,4,16,64; "
-                                                  "--overload 256,1024; --litserve 1,16,64,256; --int8 1,16)")
-    p.add_argument("--max-batch-size", type=int, default=None,
-                   help="batched server's --max-batch-size (default: the server's)")
-    p.add_argument("--batch-window-ms", type=float, default=None,
-                   help="batched server's --batch-window-ms (default: the server's)")
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="measured seconds per level (default 8, quick 1.5; --litserve and --int8: per slice, 4)",
+    )
+    p.add_argument(
+        "--warmup", type=float, default=None, help="unrecorded seconds before each level (default 1, quick 0.3)"
+    )
+    p.add_argument(
+        "--rounds", type=int, default=None, help="alternating slices per level and configuration (default 3, quick 1)"
+    )
+    p.add_argument(
+        "--levels",
+        default=None,
+        help="concurrency levels, comma separated (default 1,4,16,64; "
+        "--overload 256,1024; --litserve 1,16,64,256; --int8 1,16)",
+    )
+    p.add_argument(
+        "--max-batch-size", type=int, default=None, help="batched server's --max-batch-size (default: the server's)"
+    )
+    p.add_argument(
+        "--batch-window-ms", type=float, default=None, help="batched server's --batch-window-ms (default: the server's)"
+    )
     p.add_argument("--no-baseline", action="store_true", help="measure only the batched server (for tuning runs)")
-    p.add_argument("--overload", action="store_true",
-                   help="measure overload and abandoned work instead: concurrency 256 and 1024 (see OVERLOAD_DOC); "
-                        "writes benchmarks/serving_overload.{json,png}")
-    p.add_argument("--before", default=None, metavar="REF",
-                   help="with --overload: also measure the server of this git commit, side by side (a temporary "
-                        "worktree)")
-    p.add_argument("--litserve", action="store_true",
-                   help="race our server against LitServe serving the same checkpoint (serving_race.py); writes "
-                        "benchmarks/serving_vs_litserve_<machine>.json")
-    p.add_argument("--int8", action="store_true",
-                   help="--quantize int8 against fp32 for each --checkpoint: accuracy on --data's test split, speed, "
-                        "serving throughput; writes benchmarks/serving_int8_<machine>.json")
-    p.add_argument("--quantize", default=None, choices=["none", "int8"],
-                   help="with --litserve: the precision both competitors serve in (default none: fp32)")
-    p.add_argument("--data", default="auto",
-                   help="with --int8: where AG News' test split comes from (auto: $DISTRINEWS_DATA_DIR, else the "
-                        "embedded sample; ../shared/data/ag_news has all 7,600 test texts)")
-    p.add_argument("--output", type=Path, default=None, help="JSON results file (default benchmarks/serving.json, "
-                                                             "or the mode's file, see above)")
+    p.add_argument(
+        "--overload",
+        action="store_true",
+        help="measure overload and abandoned work instead: concurrency 256 and 1024 (see OVERLOAD_DOC); "
+        "writes benchmarks/serving_overload.{json,png}",
+    )
+    p.add_argument(
+        "--before",
+        default=None,
+        metavar="REF",
+        help="with --overload: also measure the server of this git commit, side by side (a temporary worktree)",
+    )
+    p.add_argument(
+        "--litserve",
+        action="store_true",
+        help="race our server against LitServe serving the same checkpoint (serving_race.py); writes "
+        "benchmarks/serving_vs_litserve_<machine>.json",
+    )
+    p.add_argument(
+        "--int8",
+        action="store_true",
+        help="--quantize int8 against fp32 for each --checkpoint: accuracy on --data's test split, speed, "
+        "serving throughput; writes benchmarks/serving_int8_<machine>.json",
+    )
+    p.add_argument(
+        "--quantize",
+        default=None,
+        choices=["none", "int8"],
+        help="with --litserve: the precision both competitors serve in (default none: fp32)",
+    )
+    p.add_argument(
+        "--data",
+        default="auto",
+        help="with --int8: where AG News' test split comes from (auto: $DISTRINEWS_DATA_DIR, else the "
+        "embedded sample; ../shared/data/ag_news has all 7,600 test texts)",
+    )
+    p.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help="JSON results file (default benchmarks/serving.json, or the mode's file, see above)",
+    )
     p.add_argument("--plot", type=Path, default=None, help="PNG figure (default: beside --output, .png)")
     args = p.parse_args(argv)
     args.levels_given, args.output_given = args.levels is not None, args.output is not None

@@ -25,8 +25,14 @@ from distrinews_lib.serving.settings import ServingSettings
 from distrinews_lib.training.checkpoint import save_checkpoint
 from distrinews_lib.training.config import RunConfig
 
-METADATA = {"data_source": "synthetic", "final_accuracy": 0.5, "world_size": 2, "model": "tiny",
-            "created": "2024-01-01T00:00:00", "versions": {"torch": str(torch.__version__)}}
+METADATA = {
+    "data_source": "synthetic",
+    "final_accuracy": 0.5,
+    "world_size": 2,
+    "model": "tiny",
+    "created": "2024-01-01T00:00:00",
+    "versions": {"torch": str(torch.__version__)},
+}
 # Different lengths and words, so the (random) model gives visibly different probabilities.
 TEXTS = [
     "Stocks rally on Wall Street.",
@@ -60,8 +66,9 @@ def loaded(ckpt_path):
 @pytest.fixture(scope="module")
 def client(ckpt_path):
     # torch_threads=0: leave the test process's torch settings alone.
-    app = create_app(ServingSettings(checkpoint=ckpt_path, device="cpu", max_batch_size=8, batch_window_ms=2,
-                                     torch_threads=0))
+    app = create_app(
+        ServingSettings(checkpoint=ckpt_path, device="cpu", max_batch_size=8, batch_window_ms=2, torch_threads=0)
+    )
     with TestClient(app) as c:
         yield c
 
@@ -103,8 +110,11 @@ def test_health_reports_model_and_metadata(client, ckpt_path):
     assert (ck["data_source"], ck["final_accuracy"], ck["world_size"], ck["model"]) == ("synthetic", 0.5, 2, "tiny")
     assert ck["max_length"] == 64 and ck["versions"]["torch"] == torch.__version__
     assert body["batching"]["max_batch_size"] == 8
-    assert body["limits"] == {"max_text_chars": MAX_TEXT_CHARS, "max_batch_texts": MAX_BATCH_TEXTS,
-                              "max_body_bytes": MAX_BODY_BYTES}
+    assert body["limits"] == {
+        "max_text_chars": MAX_TEXT_CHARS,
+        "max_batch_texts": MAX_BATCH_TEXTS,
+        "max_body_bytes": MAX_BODY_BYTES,
+    }
 
 
 def test_not_ready_gives_503(ckpt_path):
@@ -138,7 +148,8 @@ def test_batch_matches_predict_proba_and_single_results(client, loaded):
     for single, batched in zip(singles, results):
         assert single["label"] == batched["label"]
         assert list(single["all_probabilities"].values()) == pytest.approx(
-            list(batched["all_probabilities"].values()), abs=1e-5)
+            list(batched["all_probabilities"].values()), abs=1e-5
+        )
 
 
 def test_long_allowed_text_is_truncated_like_predict_proba(client, loaded):
@@ -192,8 +203,18 @@ def test_schema_pattern_and_server_agree_on_blank_texts(client):
     """The OpenAPI `pattern` of a text and the server's own check must refuse exactly the same texts."""
     import re
 
-    pattern = client.get("/openapi.json").json()["components"]["schemas"]["PredictRequest"]["properties"]["text"]["pattern"]
-    candidates = [chr(c) for c in range(0x3001) if chr(c).isspace()] + ["\u200b", "\ufeff", "\x00", "\x1b", "a", "é", "\U0001F600"]
+    pattern = client.get("/openapi.json").json()["components"]["schemas"]["PredictRequest"]["properties"]["text"][
+        "pattern"
+    ]
+    candidates = [chr(c) for c in range(0x3001) if chr(c).isspace()] + [
+        "\u200b",
+        "\ufeff",
+        "\x00",
+        "\x1b",
+        "a",
+        "é",
+        "\U0001f600",
+    ]
     texts = [c * 3 for c in candidates]
     r = client.post("/predict/batch", json={"texts": texts[:MAX_BATCH_TEXTS]})
     refused = {e["field"] for e in r.json().get("errors", [])} if r.status_code == 422 else set()
@@ -213,7 +234,7 @@ BAD_INPUTS = [
     ("/predict", b'{"text": 42}', 422, ["text", "string"]),
     ("/predict", b'{"text": null}', 422, ["text", "string"]),
     ("/predict", b'{"text": ["a", "b"]}', 422, ["text", "string"]),
-    ("/predict", b'{}', 422, ["text", "required"]),
+    ("/predict", b"{}", 422, ["text", "required"]),
     ("/predict", b'{"txt": "typo"}', 422, ["text", "required"]),
     ("/predict", b'{"text": "unterminated"', 400, ["not valid JSON"]),
     ("/predict", b"this is not json", 400, ["not valid JSON"]),
@@ -305,8 +326,9 @@ def escaped_body(code_points):
 bodies = st.one_of(
     json_values.map(lambda v: json.dumps(v).encode()),
     st.fixed_dictionaries({"text": texts_any | json_values}).map(lambda v: json.dumps(v).encode()),
-    st.fixed_dictionaries({"texts": st.lists(texts_any | json_values, max_size=MAX_BATCH_TEXTS + 3)})
-    .map(lambda v: json.dumps(v).encode()),
+    st.fixed_dictionaries({"texts": st.lists(texts_any | json_values, max_size=MAX_BATCH_TEXTS + 3)}).map(
+        lambda v: json.dumps(v).encode()
+    ),
     st.binary(max_size=200),
     # JSON with escapes that decode to odd code points (lone surrogates, controls, NUL).
     st.lists(st.integers(0, 0xFFFF), min_size=1, max_size=5).map(escaped_body),
@@ -314,8 +336,11 @@ bodies = st.one_of(
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(path=st.sampled_from(["/predict", "/predict/batch"]), body=bodies,
-       content_type=st.sampled_from(["application/json", "text/plain", None]))
+@given(
+    path=st.sampled_from(["/predict", "/predict/batch"]),
+    body=bodies,
+    content_type=st.sampled_from(["application/json", "text/plain", None]),
+)
 def test_fuzzed_bodies_never_give_5xx(client, path, body, content_type):
     headers = {"content-type": content_type} if content_type else {}
     r = client.post(path, content=body, headers=headers)
@@ -596,8 +621,11 @@ def concurrently(client, requests):
 
 
 def test_full_queue_answers_503_with_retry_after(ckpt_path, loaded, slow_model):
-    app = create_app(ServingSettings(checkpoint=ckpt_path, device="cpu", max_batch_size=1, torch_threads=0, max_queue=2,
-                                     max_queue_texts=64))
+    app = create_app(
+        ServingSettings(
+            checkpoint=ckpt_path, device="cpu", max_batch_size=1, torch_threads=0, max_queue=2, max_queue_texts=64
+        )
+    )
     requests = [("/predict", {"text": t}) for t in TEXTS] + [("/predict/batch", {"texts": TEXTS})]
     with TestClient(app) as c:
         responses = concurrently(c, requests)
@@ -616,8 +644,9 @@ def test_full_queue_answers_503_with_retry_after(ckpt_path, loaded, slow_model):
 
 
 def test_request_past_its_deadline_gets_503_and_waiting_ones_never_reach_the_model(ckpt_path, slow_model):
-    app = create_app(ServingSettings(checkpoint=ckpt_path, device="cpu", max_batch_size=1, torch_threads=0,
-                                     deadline_s=0.15))
+    app = create_app(
+        ServingSettings(checkpoint=ckpt_path, device="cpu", max_batch_size=1, torch_threads=0, deadline_s=0.15)
+    )
     with TestClient(app) as c:
         slow_model.clear()
         responses = concurrently(c, [("/predict", {"text": t}) for t in TEXTS[:3]])
@@ -640,7 +669,7 @@ def test_every_setting_is_documented(capsys):
     from distrinews_lib.serving.settings import OPTIONS, SETTINGS, settings_markdown, settings_table
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    serving = readme[readme.index("## Serving"):readme.index("## Benchmarks")]
+    serving = readme[readme.index("## Serving") : readme.index("## Benchmarks")]
     with pytest.raises(SystemExit):
         parse_args(["--help"])
     help_text = capsys.readouterr().out
@@ -655,8 +684,10 @@ def test_every_setting_is_documented(capsys):
         assert o.env in app_module.__doc__ and (o.flag in help_text if o.flag else o.env in serving), o
     # The defaults app.py's prose quotes are filled in from the table too.
     defaults = {s.name: s.default for s in SETTINGS}
-    assert (f"--limit-concurrency {defaults['limit_concurrency']} --timeout-keep-alive {defaults['timeout_keep_alive']}"
-            in " ".join(app_module.__doc__.split()))
+    assert (
+        f"--limit-concurrency {defaults['limit_concurrency']} --timeout-keep-alive {defaults['timeout_keep_alive']}"
+        in " ".join(app_module.__doc__.split())
+    )
 
 
 def test_header_limits_of_the_app(ckpt_path):

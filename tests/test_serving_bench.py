@@ -59,9 +59,25 @@ def live_processes_with(words: list[str]) -> list[str]:
 @pytest.mark.bench
 def test_litserve_race_quick_mode_runs_and_leaves_nothing_behind(tmp_path, ckpt_path):
     out = tmp_path / "race.json"
-    r = subprocess.run([sys.executable, "scripts/bench_serving.py", "--litserve", "--quick", "--levels", "1,4",
-                        "--checkpoint", str(ckpt_path), "--output", str(out)], cwd=ROOT, env=child_env(),
-                       capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "scripts/bench_serving.py",
+            "--litserve",
+            "--quick",
+            "--levels",
+            "1,4",
+            "--checkpoint",
+            str(ckpt_path),
+            "--output",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads(out.read_text())
     assert report["quick"] is True and report["versions"]["litserve"] and report["provenance"]["git_commit"]
@@ -79,9 +95,25 @@ def test_litserve_race_quick_mode_runs_and_leaves_nothing_behind(tmp_path, ckpt_
 @pytest.mark.bench
 def test_int8_quick_mode_runs(tmp_path, ckpt_path):
     out = tmp_path / "int8.json"
-    r = subprocess.run([sys.executable, "scripts/bench_serving.py", "--int8", "--quick", "--data", "embedded",
-                        "--checkpoint", str(ckpt_path), "--output", str(out)], cwd=ROOT, env=child_env(),
-                       capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "scripts/bench_serving.py",
+            "--int8",
+            "--quick",
+            "--data",
+            "embedded",
+            "--checkpoint",
+            str(ckpt_path),
+            "--output",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads(out.read_text())
     (row,) = report["checkpoints"]
@@ -93,11 +125,14 @@ def test_int8_quick_mode_runs(tmp_path, ckpt_path):
     assert "throughput_at_16" in row["targets"] and "accuracy" in row["targets"]
 
 
-@pytest.mark.parametrize("argv,words", [
-    (["--quantize", "int8"], "--quantize goes with --litserve"),
-    (["--litserve", "--int8"], "pick one"),
-    (["--checkpoint", "a.pt", "--checkpoint", "b.pt"], "several --checkpoint go with --int8 only"),
-])
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["--quantize", "int8"], "--quantize goes with --litserve"),
+        (["--litserve", "--int8"], "pick one"),
+        (["--checkpoint", "a.pt", "--checkpoint", "b.pt"], "several --checkpoint go with --int8 only"),
+    ],
+)
 def test_bench_command_line_refuses_mixed_modes(argv, words, capsys):
     import importlib.util
 

@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.serving.app import create_app
-from distrinews_lib.serving.settings import ServingSettings
 from distrinews_lib.serving.inference import CheckpointError, load_checkpoint, read_checkpoint
+from distrinews_lib.serving.settings import ServingSettings
 from distrinews_lib.training.checkpoint import save_checkpoint
 
 from .test_serving import make_checkpoint
@@ -34,6 +34,7 @@ def first_weight(value):
     def change(payload):
         name = next(k for k, t in payload["state_dict"].items() if k.endswith("weight") and t.ndim == 2)
         payload["state_dict"][name][0, 0] = value
+
     return change
 
 
@@ -61,8 +62,10 @@ DEFECTS = {
     "six labels for four outputs": (set_labels(AG_NEWS_LABELS + ["Health", "Arts"]), ["names 6 labels", "4 outputs"]),
     "three labels for four outputs": (set_labels(AG_NEWS_LABELS[:3]), ["names 3 labels", "4 outputs"]),
     "duplicate label names": (set_labels(["World", "Sports", "World", "Sci/Tech"]), ["'World' more than once"]),
-    "max_length beyond the position table": (lambda p: p.__setitem__("max_length", 600),
-                                             ["max_length=600", "only 512"]),
+    "max_length beyond the position table": (
+        lambda p: p.__setitem__("max_length", 600),
+        ["max_length=600", "only 512"],
+    ),
     "NaN weight": (first_weight(float("nan")), ["NaN or infinite weights", "lower --lr"]),
     "infinite weight": (first_weight(float("inf")), ["NaN or infinite weights"]),
 }
@@ -123,10 +126,16 @@ def test_folder_given_as_checkpoint_gets_a_clear_message(tmp_path, good):
 
 
 # what -> words its one paragraph must contain
-REFUSALS = {"missing": "not found", "corrupt": "could not be read", "empty": "is empty (0 bytes)",
-            "folder": "is a folder, not a checkpoint file", "labels": "names 6 labels",
-            "nan": "NaN or infinite weights", "overflow": "NaN or infinite probabilities",
-            "unclassifiable": "loaded but could not classify a text"}
+REFUSALS = {
+    "missing": "not found",
+    "corrupt": "could not be read",
+    "empty": "is empty (0 bytes)",
+    "folder": "is a folder, not a checkpoint file",
+    "labels": "names 6 labels",
+    "nan": "NaN or infinite weights",
+    "overflow": "NaN or infinite probabilities",
+    "unclassifiable": "loaded but could not classify a text",
+}
 
 
 def make_bad_checkpoints(folder, good) -> dict:
@@ -149,8 +158,9 @@ def bad_checkpoints(tmp_path_factory, good):
 
 
 @pytest.mark.parametrize("what", list(REFUSALS))
-def test_command_line_refuses_a_checkpoint_that_cannot_serve_with_exit_code_2(bad_checkpoints, what, capsys,
-                                                                              monkeypatch):
+def test_command_line_refuses_a_checkpoint_that_cannot_serve_with_exit_code_2(
+    bad_checkpoints, what, capsys, monkeypatch
+):
     """`python -m distrinews_lib.serving` (its main, in this process) checks the checkpoint before it starts
     uvicorn: every refusal, including "loaded but cannot classify", is one paragraph and exit code 2."""
     import uvicorn
@@ -174,9 +184,11 @@ def test_command_line_refuses_a_checkpoint_that_cannot_serve_with_exit_code_2(ba
 def test_command_line_refuses_bad_limits_with_exit_code_2(good, capsys, monkeypatch):
     from distrinews_lib.serving.__main__ import main
 
-    for argv, words in ((["--max-queue", "0"], "--max-queue='0' is out of range"),
-                        (["--deadline", "soon"], "--deadline='soon' is not a number"),
-                        (["--max-queue-texts", "10"], "between 64 and")):
+    for argv, words in (
+        (["--max-queue", "0"], "--max-queue='0' is out of range"),
+        (["--deadline", "soon"], "--deadline='soon' is not a number"),
+        (["--max-queue-texts", "10"], "between 64 and"),
+    ):
         with pytest.raises(SystemExit) as stopped:
             main(["--checkpoint", str(good), *argv])
         assert stopped.value.code == 2

@@ -36,8 +36,15 @@ def gpt2_checkpoint(path):
     from distrinews_lib.data.tokenization import tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
-    config = GPT2Config(vocab_size=len(tokenizer), n_embd=64, n_layer=2, n_head=2, n_positions=128,
-                        num_labels=len(AG_NEWS_LABELS), pad_token_id=tokenizer.pad_token_id)
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_embd=64,
+        n_layer=2,
+        n_head=2,
+        n_positions=128,
+        num_labels=len(AG_NEWS_LABELS),
+        pad_token_id=tokenizer.pad_token_id,
+    )
     model = AutoModelForSequenceClassification.from_config(config)
     return save_checkpoint(path, model, tokenizer, AG_NEWS_LABELS, {"model": "gpt2-small-test"}, max_length=64)
 
@@ -127,10 +134,13 @@ def test_a_model_int8_would_break_is_refused_at_startup(good, tmp_path):
         load_in_precision(path, "cpu", "int8")
 
 
-@pytest.mark.parametrize("argv,words", [
-    (["--quantize", "fp8"], "--quantize='fp8' is not a precision this server offers"),
-    (["--quantize", "int8"], "does not apply to checkpoint"),
-])
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["--quantize", "fp8"], "--quantize='fp8' is not a precision this server offers"),
+        (["--quantize", "int8"], "does not apply to checkpoint"),
+    ],
+)
 def test_command_line_refuses_with_exit_code_2(tmp_path, good, argv, words, capsys, monkeypatch):
     import uvicorn
 
@@ -163,9 +173,26 @@ def test_a_real_server_refuses_int8_where_it_does_not_apply(tmp_path):
     from .test_serving_live import ROOT, child_env, free_port
 
     path = gpt2_checkpoint(tmp_path / "gpt2.pt")
-    r = subprocess.run([sys.executable, "-m", "distrinews_lib.serving", "--checkpoint", str(path), "--device", "cpu",
-                        "--port", str(free_port()), "--quantize", "int8"], cwd=ROOT, env=child_env(),
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "distrinews_lib.serving",
+            "--checkpoint",
+            str(path),
+            "--device",
+            "cpu",
+            "--port",
+            str(free_port()),
+            "--quantize",
+            "int8",
+        ],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     said = " ".join(r.stderr.split())
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stderr and "Uvicorn running" not in r.stderr, r.stderr
@@ -182,8 +209,23 @@ def test_a_real_int8_server_reports_int8_and_answers(good, tmp_path):
     from .test_serving_live import free_port, start, stop, wait_ready
 
     port, log = free_port(), tmp_path / "server.log"
-    proc = start(["-m", "distrinews_lib.serving", "--checkpoint", str(good), "--device", "cpu", "--port", str(port),
-                  "--quantize", "int8", "--log-level", "warning"], log)
+    proc = start(
+        [
+            "-m",
+            "distrinews_lib.serving",
+            "--checkpoint",
+            str(good),
+            "--device",
+            "cpu",
+            "--port",
+            str(port),
+            "--quantize",
+            "int8",
+            "--log-level",
+            "warning",
+        ],
+        log,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         wait_ready(proc, url, log)

@@ -43,8 +43,14 @@ def child_env(**extra) -> dict:
 
 def start(args, log_path: Path, **env) -> subprocess.Popen:
     log = open(log_path, "w")
-    return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=child_env(**env), stdout=log,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env=child_env(**env),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def wait_ready(proc: subprocess.Popen, url: str, log_path: Path) -> None:
@@ -83,8 +89,20 @@ def loaded(ckpt_path):
 
 
 # The "strict" server: the command line with small limits, so overload and slow clients show quickly.
-STRICT = ["--max-queue", "2", "--max-queue-texts", "64", "--limit-concurrency", "6", "--header-timeout", "1.5",
-          "--body-timeout", "1.5", "--timeout-keep-alive", "1"]
+STRICT = [
+    "--max-queue",
+    "2",
+    "--max-queue-texts",
+    "64",
+    "--limit-concurrency",
+    "6",
+    "--header-timeout",
+    "1.5",
+    "--body-timeout",
+    "1.5",
+    "--timeout-keep-alive",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -99,19 +117,56 @@ def servers(ckpt_path, server_logs):
     logs = server_logs
     p1, p2, p3, p4 = free_port(), free_port(), free_port(), free_port()
     procs = {
-        "uvicorn": (start(["-m", "uvicorn", "distrinews_lib.serving.app:app", "--host", "127.0.0.1", "--port", str(p1)],
-                          logs / "uvicorn.log", DISTRINEWS_CHECKPOINT=str(ckpt_path)), f"http://127.0.0.1:{p1}",
-                    logs / "uvicorn.log"),
-        "cli": (start(["-m", "distrinews_lib.serving", "--checkpoint", str(ckpt_path), "--port", str(p2)],
-                      logs / "cli.log"), f"http://127.0.0.1:{p2}", logs / "cli.log"),
-        "strict": (start(["-m", "distrinews_lib.serving", "--checkpoint", str(ckpt_path), "--port", str(p3), *STRICT],
-                         logs / "strict.log"), f"http://127.0.0.1:{p3}", logs / "strict.log"),
+        "uvicorn": (
+            start(
+                ["-m", "uvicorn", "distrinews_lib.serving.app:app", "--host", "127.0.0.1", "--port", str(p1)],
+                logs / "uvicorn.log",
+                DISTRINEWS_CHECKPOINT=str(ckpt_path),
+            ),
+            f"http://127.0.0.1:{p1}",
+            logs / "uvicorn.log",
+        ),
+        "cli": (
+            start(
+                ["-m", "distrinews_lib.serving", "--checkpoint", str(ckpt_path), "--port", str(p2)], logs / "cli.log"
+            ),
+            f"http://127.0.0.1:{p2}",
+            logs / "cli.log",
+        ),
+        "strict": (
+            start(
+                ["-m", "distrinews_lib.serving", "--checkpoint", str(ckpt_path), "--port", str(p3), *STRICT],
+                logs / "strict.log",
+            ),
+            f"http://127.0.0.1:{p3}",
+            logs / "strict.log",
+        ),
         # Plain uvicorn with the flags the README gives it, the same small limits from the environment.
-        "uvicorn-http": (start(["-m", "uvicorn", "distrinews_lib.serving.app:app", "--host", "127.0.0.1", "--port", str(p4),
-                                "--http", "distrinews_lib.serving.protocol:HttpProtocol", "--limit-concurrency", "6",
-                                "--timeout-keep-alive", "1"], logs / "uvicorn-http.log",
-                               DISTRINEWS_CHECKPOINT=str(ckpt_path), DISTRINEWS_HEADER_TIMEOUT="1.5",
-                               DISTRINEWS_BODY_TIMEOUT="1.5"), f"http://127.0.0.1:{p4}", logs / "uvicorn-http.log"),
+        "uvicorn-http": (
+            start(
+                [
+                    "-m",
+                    "uvicorn",
+                    "distrinews_lib.serving.app:app",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(p4),
+                    "--http",
+                    "distrinews_lib.serving.protocol:HttpProtocol",
+                    "--limit-concurrency",
+                    "6",
+                    "--timeout-keep-alive",
+                    "1",
+                ],
+                logs / "uvicorn-http.log",
+                DISTRINEWS_CHECKPOINT=str(ckpt_path),
+                DISTRINEWS_HEADER_TIMEOUT="1.5",
+                DISTRINEWS_BODY_TIMEOUT="1.5",
+            ),
+            f"http://127.0.0.1:{p4}",
+            logs / "uvicorn-http.log",
+        ),
     }
     try:
         for proc, url, log in procs.values():
@@ -161,7 +216,8 @@ def test_batch_on_a_real_server_equals_single_results(url, loaded, http):
         single = http.post(url + "/predict", json={"text": text}).json()
         assert single["label"] == batched["label"]
         assert list(single["all_probabilities"].values()) == pytest.approx(
-            list(batched["all_probabilities"].values()), abs=1e-5)
+            list(batched["all_probabilities"].values()), abs=1e-5
+        )
 
 
 def test_concurrent_requests_on_a_real_server_each_get_their_own_answer(url, loaded, http):
@@ -195,7 +251,9 @@ def test_absurd_body_on_a_real_server_is_413(url, http):
     assert r.status_code == 413
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(body=bodies)
 def test_fuzzed_bodies_on_a_real_server_never_give_5xx(url, body, http):
     for path in ("/predict", "/predict/batch"):
@@ -211,8 +269,15 @@ def port_of(base: str) -> int:
 
 
 def raw_request(method: str, path: str, body: bytes = b"", extra: bytes = b"") -> bytes:
-    return (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n").encode() + extra + b"\r\n" + body
+    return (
+        (
+            f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n"
+        ).encode()
+        + extra
+        + b"\r\n"
+        + body
+    )
 
 
 def read_until_closed(sock: socket.socket, timeout: float) -> tuple[bytes, float]:
@@ -248,7 +313,9 @@ def test_overload_is_shed_with_503_and_retry_after(servers, loaded):
     runs, at most one waits, the rest are refused at once with 503 and Retry-After instead of queueing without end."""
     base = servers["strict"]
     texts = [TEXTS[i % len(TEXTS)] + " word" * 1500 for i in range(64)]
-    request = raw_request("POST", "/predict/batch", json.dumps({"texts": texts}).encode(), extra=b"Connection: close\r\n")
+    request = raw_request(
+        "POST", "/predict/batch", json.dumps({"texts": texts}).encode(), extra=b"Connection: close\r\n"
+    )
     shed_before = health_of(base)["queue"]["shed"]
     socks = [socket.create_connection(("127.0.0.1", port_of(base))) for _ in range(6)]
     try:
@@ -347,7 +414,7 @@ def test_oversized_headers_get_431(servers, how, what):
         sent = 0
         try:
             for i in range(0, len(request), 1 << 16):
-                sent += sock.send(request[i:i + (1 << 16)])
+                sent += sock.send(request[i : i + (1 << 16)])
         except OSError:
             pass  # the server answered and closed before the client finished sending
         data, _ = read_until_closed(sock, 30)
@@ -370,7 +437,9 @@ def test_pipelining_client_that_half_closes_gives_at_most_one_log_line(servers, 
     time.sleep(1.5)  # let the server finish (and log) whatever it does with them
     new = log_lines(log, since)
     text = "\n".join(new)
-    assert "Traceback" not in text and "Exception in ASGI application" not in text and "unexpected error" not in text, text
+    assert "Traceback" not in text and "Exception in ASGI application" not in text and "unexpected error" not in text, (
+        text
+    )
     assert len(new) <= connections, text
 
 
@@ -395,8 +464,12 @@ def test_work_for_clients_that_left_is_dropped(servers, how):
 
     # What the abandoned work costs on THIS machine, now: one batch call like the burst's, answered.
     start = time.monotonic()
-    assert httpx.post(base + "/predict/batch", content=batch_body, headers={"Content-Type": "application/json"},
-                      timeout=120).status_code == 200
+    assert (
+        httpx.post(
+            base + "/predict/batch", content=batch_body, headers={"Content-Type": "application/json"}, timeout=120
+        ).status_code
+        == 200
+    )
     one_batch_s = time.monotonic() - start
     before = health_of(base)
     asyncio.run(burst())
@@ -410,10 +483,14 @@ def test_work_for_clients_that_left_is_dropped(servers, how):
     sent = 200 + 20 * 64  # texts whose clients left at once
     computed = singles + 64 * batches
     skipped = {k: after["queue"][k] - before["queue"][k] for k in ("abandoned", "shed", "texts_dropped")}
-    story = dict(singles=singles, batches=batches, probe_s=round(probe_s, 3), one_batch_s=round(one_batch_s, 3), **skipped)
+    story = dict(
+        singles=singles, batches=batches, probe_s=round(probe_s, 3), one_batch_s=round(one_batch_s, 3), **skipped
+    )
     assert probe.status_code == 200
     # Without dropping, the probe would wait behind the 20 batch calls: 20x one batch call's time on this machine.
-    assert probe_s < 20 * one_batch_s / 2, f"a request sent after the burst waited as if the abandoned work ran: {story}"
+    assert probe_s < 20 * one_batch_s / 2, (
+        f"a request sent after the burst waited as if the abandoned work ran: {story}"
+    )
     # What still ran is what the model had taken before the server saw the client leave (the command line's protocol
     # sees it at once, plain uvicorn a moment later): a small part of what was sent, however fast the machine.
     assert computed <= sent // 10, story
@@ -444,14 +521,31 @@ def failed_startups(tmp_path_factory, ckpt_path):
 
     paths = make_bad_checkpoints(tmp_path_factory.mktemp("bad"), ckpt_path)
     port = str(free_port())  # never bound: each of them must stop before listening
-    cases = {f"cli-{what}": (["-m", "distrinews_lib.serving", "--checkpoint", str(paths[what]), "--port", port], {})
-             for what in ("missing", "unclassifiable")}
-    cases.update({f"uvicorn-{what}": (["-m", "uvicorn", "distrinews_lib.serving.app:app", "--port", port],
-                                      {"DISTRINEWS_CHECKPOINT": str(paths[what])})
-                  for what in ("missing", "corrupt", "unclassifiable")})
-    procs = {name: subprocess.Popen([sys.executable, *args], cwd=ROOT, env=child_env(**env), text=True,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-             for name, (args, env) in cases.items()}
+    cases = {
+        f"cli-{what}": (["-m", "distrinews_lib.serving", "--checkpoint", str(paths[what]), "--port", port], {})
+        for what in ("missing", "unclassifiable")
+    }
+    cases.update(
+        {
+            f"uvicorn-{what}": (
+                ["-m", "uvicorn", "distrinews_lib.serving.app:app", "--port", port],
+                {"DISTRINEWS_CHECKPOINT": str(paths[what])},
+            )
+            for what in ("missing", "corrupt", "unclassifiable")
+        }
+    )
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, *args],
+            cwd=ROOT,
+            env=child_env(**env),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        for name, (args, env) in cases.items()
+    }
     out = {}
     for name, proc in procs.items():
         try:
@@ -466,8 +560,16 @@ def failed_startups(tmp_path_factory, ckpt_path):
 # The command line exits with 2 (a user's error, as documented) for every checkpoint that cannot serve, including
 # one that loads but cannot classify (it used to exit 3 for that one); plain uvicorn uses its own code for a
 # failed startup, 3.
-@pytest.mark.parametrize("how,what,code", [("cli", "missing", 2), ("cli", "unclassifiable", 2), ("uvicorn", "missing", 3),
-                                           ("uvicorn", "corrupt", 3), ("uvicorn", "unclassifiable", 3)])
+@pytest.mark.parametrize(
+    "how,what,code",
+    [
+        ("cli", "missing", 2),
+        ("cli", "unclassifiable", 2),
+        ("uvicorn", "missing", 3),
+        ("uvicorn", "corrupt", 3),
+        ("uvicorn", "unclassifiable", 3),
+    ],
+)
 def test_bad_checkpoint_stops_startup_with_one_clear_message(failed_startups, how, what, code):
     from .test_serving_checkpoints import REFUSALS
 
@@ -486,8 +588,24 @@ def test_bad_checkpoint_stops_startup_with_one_clear_message(failed_startups, ho
 @pytest.mark.bench
 def test_benchmark_quick_mode_runs(tmp_path):
     out = tmp_path / "serving.json"
-    r = subprocess.run([sys.executable, "scripts/bench_serving.py", "--quick", "--levels", "1,4", "--duration", "0.5",
-                        "--output", str(out)], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=400)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "scripts/bench_serving.py",
+            "--quick",
+            "--levels",
+            "1,4",
+            "--duration",
+            "0.5",
+            "--output",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads(out.read_text())
     assert report["quick"] is True and report["versions"]["torch"] and report["machine"]["cpu"]
@@ -504,8 +622,14 @@ def test_benchmark_quick_mode_runs(tmp_path):
 @pytest.mark.bench
 def test_benchmark_overload_quick_mode_runs(tmp_path):
     out = tmp_path / "serving_overload.json"
-    r = subprocess.run([sys.executable, "scripts/bench_serving.py", "--overload", "--quick", "--output", str(out)],
-                       cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=400)
+    r = subprocess.run(
+        [sys.executable, "scripts/bench_serving.py", "--overload", "--quick", "--output", str(out)],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads(out.read_text())
     assert report["quick"] is True and report["provenance"]["git_commit"] and report["provenance"]["command"]

@@ -25,15 +25,17 @@ from .test_serving import make_checkpoint
 # Bounded: MAX_EXAMPLES per operation and generation mode, about 30 s in all on a 2-core CI machine.
 # A fixed seed keeps CI reproducible; run with another seed or more examples by hand to explore further.
 MAX_EXAMPLES = 50
-CONFIG = Config.from_dict({
-    "seed": 20261122,
-    # Hypothesis's too_slow check times the generation of examples against its own fixed limits: a speed bound
-    # from another machine. What this test asserts is behaviour (schema conformance), so a slow machine must not
-    # fail it (a request that hangs still fails the test: see its 30 s guard).
-    "suppress-health-check": ["too_slow"],
-    "generation": {"mode": "all", "max-examples": MAX_EXAMPLES, "database": "none"},
-    "phases": {"stateful": {"enabled": False}},
-})
+CONFIG = Config.from_dict(
+    {
+        "seed": 20261122,
+        # Hypothesis's too_slow check times the generation of examples against its own fixed limits: a speed bound
+        # from another machine. What this test asserts is behaviour (schema conformance), so a slow machine must not
+        # fail it (a request that hangs still fails the test: see its 30 s guard).
+        "suppress-health-check": ["too_slow"],
+        "generation": {"mode": "all", "max-examples": MAX_EXAMPLES, "database": "none"},
+        "phases": {"stateful": {"enabled": False}},
+    }
+)
 
 # The app plain uvicorn serves. Nothing is loaded until its lifespan starts (at the first request of a
 # test), by which time the fixture below has written the checkpoint; torch_threads=0 leaves the test

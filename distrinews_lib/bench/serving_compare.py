@@ -28,8 +28,9 @@ from .serving_servers import (
 )
 
 
-def measure(configs: dict, checkpoint: Path, levels: list[int], duration: float, warmup: float,
-            rounds: int) -> list[dict]:
+def measure(
+    configs: dict, checkpoint: Path, levels: list[int], duration: float, warmup: float, rounds: int
+) -> list[dict]:
     """Start every server configuration at once, then measure them in turns at each level.
 
     Each level is split into `rounds` slices that alternate between the configurations, so a
@@ -56,16 +57,18 @@ def measure(configs: dict, checkpoint: Path, levels: list[int], duration: float,
                 row = summarize(*acc[name], c)
                 results[name]["levels"].append(row)
                 lat = row["latency_ms"]
-                print(f"  {name:<24} concurrency {c:>3}: {row['requests_per_s']:>8.1f} req/s   "
-                      f"p50 {lat['p50']:7.2f} ms   p95 {lat['p95']:7.2f} ms   p99 {lat['p99']:7.2f} ms   "
-                      f"errors {row['errors']}", flush=True)
+                print(
+                    f"  {name:<24} concurrency {c:>3}: {row['requests_per_s']:>8.1f} req/s   "
+                    f"p50 {lat['p50']:7.2f} ms   p95 {lat['p95']:7.2f} ms   p99 {lat['p99']:7.2f} ms   "
+                    f"errors {row['errors']}",
+                    flush=True,
+                )
         for name, server in servers.items():
             results[name]["server_batching"] = asyncio.run(server_batching(server.port))
         return list(results.values())
     finally:
         for server in started:
             server.__exit__(None, None, None)
-
 
 
 def plot(report: dict, path: Path) -> None:
@@ -79,14 +82,26 @@ def plot(report: dict, path: Path) -> None:
         xs = [r["concurrency"] for r in cfg["levels"]]
         ax1.plot(xs, [r["requests_per_s"] for r in cfg["levels"]], style, color=color, label=cfg["name"])
         ax2.plot(xs, [r["latency_ms"]["p99"] for r in cfg["levels"]], style, color=color, label=f"{cfg['name']} p99")
-        ax2.plot(xs, [r["latency_ms"]["p50"] for r in cfg["levels"]], style, color=color, alpha=0.35,
-                 label=f"{cfg['name']} p50")
+        ax2.plot(
+            xs,
+            [r["latency_ms"]["p50"] for r in cfg["levels"]],
+            style,
+            color=color,
+            alpha=0.35,
+            label=f"{cfg['name']} p50",
+        )
     batched = report["configs"][0]["levels"]
     for row in batched:  # the speed-up over the baseline, written above each batched point
         ratio = report["throughput_ratio_batched_over_baseline"].get(str(row["concurrency"]))
         if ratio is not None:
-            ax1.annotate(f"{ratio:.1f}x", (row["concurrency"], row["requests_per_s"]), textcoords="offset points",
-                         xytext=(0, 7), ha="center", fontsize=9)
+            ax1.annotate(
+                f"{ratio:.1f}x",
+                (row["concurrency"], row["requests_per_s"]),
+                textcoords="offset points",
+                xytext=(0, 7),
+                ha="center",
+                fontsize=9,
+            )
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
         levels = report["settings"]["concurrency_levels"]
@@ -103,9 +118,11 @@ def plot(report: dict, path: Path) -> None:
     ax2.text(1, 100, " 100 ms", va="bottom", fontsize=8, color="grey")
     ax2.set_title("Latency")
     machine = report["machine"]
-    fig.suptitle(f"DistriNews serving, {report['model']['type']} ({report['model']['parameters']:,} params), "
-                 f"{machine['cpu_count']} CPU cores (load average {machine['load_average_1min_before']} at start)",
-                 fontsize=10)
+    fig.suptitle(
+        f"DistriNews serving, {report['model']['type']} ({report['model']['parameters']:,} params), "
+        f"{machine['cpu_count']} CPU cores (load average {machine['load_average_1min_before']} at start)",
+        fontsize=10,
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -149,34 +166,55 @@ def compare_main(args) -> None:
         configs = measure(wanted, checkpoint, levels, duration, warmup, rounds)
         model = model_description(checkpoint)
         if given is None:
-            model["checkpoint"] = ("tiny random DistilBERT made by this script (build_model(RunConfig(model='tiny', "
-                                   "seed=0), AG_NEWS_LABELS), max_length 64)")
+            model["checkpoint"] = (
+                "tiny random DistilBERT made by this script (build_model(RunConfig(model='tiny', "
+                "seed=0), AG_NEWS_LABELS), max_length 64)"
+            )
 
     batched, baseline = configs[0], configs[-1]
-    ratios = {str(b["concurrency"]): round(b["requests_per_s"] / max(a["requests_per_s"], 1e-9), 2)
-              for b, a in zip(batched["levels"], baseline["levels"])} if len(configs) > 1 else {}
+    ratios = (
+        {
+            str(b["concurrency"]): round(b["requests_per_s"] / max(a["requests_per_s"], 1e-9), 2)
+            for b, a in zip(batched["levels"], baseline["levels"])
+        }
+        if len(configs) > 1
+        else {}
+    )
     report = {
-        "what": ("POST /predict throughput and latency, micro-batched server vs the same server with "
-                 "--max-batch-size 1"),
+        "what": (
+            "POST /predict throughput and latency, micro-batched server vs the same server with --max-batch-size 1"
+        ),
         "command": shlex.join([Path(sys.executable).name, *sys.argv]),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "quick": args.quick,
-        "machine": {"platform": platform.platform(), "machine": platform.machine(), "cpu": cpu_name(),
-                    "cpu_count": os.cpu_count(), "python": platform.python_version(),
-                    # Other work on the machine changes the figures (a busy CPU hurts the baseline most).
-                    "load_average_1min_before": load_before, "load_average_1min_after": load_average()},
-        "versions": {"torch": torch.__version__,
-                     **_versions("transformers", "fastapi", "uvicorn", "pydantic", "httptools", "uvloop")},
+        "machine": {
+            "platform": platform.platform(),
+            "machine": platform.machine(),
+            "cpu": cpu_name(),
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
+            # Other work on the machine changes the figures (a busy CPU hurts the baseline most).
+            "load_average_1min_before": load_before,
+            "load_average_1min_after": load_average(),
+        },
+        "versions": {
+            "torch": torch.__version__,
+            **_versions("transformers", "fastapi", "uvicorn", "pydantic", "httptools", "uvloop"),
+        },
         # uvicorn picks its HTTP parser and event loop by what is installed: the C ones are much cheaper.
         "uvicorn_http": "httptools" if importlib.util.find_spec("httptools") else "h11",
         "uvicorn_loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
         "git_commit": git_commit(),
         "model": model,
-        "settings": {"concurrency_levels": levels, "duration_s": duration, "warmup_s_per_slice": warmup,
-                     "rounds": rounds,
-                     "method": "both servers run at once; each level is measured in `rounds` alternating slices "
-                               "of duration/rounds seconds per server, after an unrecorded warm-up per slice",
-                     "client": "asyncio HTTP/1.1, one keep-alive connection per concurrent client, separate process"},
+        "settings": {
+            "concurrency_levels": levels,
+            "duration_s": duration,
+            "warmup_s_per_slice": warmup,
+            "rounds": rounds,
+            "method": "both servers run at once; each level is measured in `rounds` alternating slices "
+            "of duration/rounds seconds per server, after an unrecorded warm-up per slice",
+            "client": "asyncio HTTP/1.1, one keep-alive connection per concurrent client, separate process",
+        },
         "configs": configs,
         "throughput_ratio_batched_over_baseline": ratios,
         "wall_time_s": round(time.time() - started, 1),
@@ -185,7 +223,9 @@ def compare_main(args) -> None:
     if c16 is not None and ratios:
         report["target_at_concurrency_16"] = {
             "goal": ">= 3x baseline requests/s, p99 < 100 ms, 0 errors",
-            "ratio": ratios["16"], "p99_ms": c16["latency_ms"]["p99"], "errors": c16["errors"],
+            "ratio": ratios["16"],
+            "p99_ms": c16["latency_ms"]["p99"],
+            "errors": c16["errors"],
             "met": ratios["16"] >= 3 and c16["latency_ms"]["p99"] < 100 and c16["errors"] == 0,
         }
     args.output.parent.mkdir(parents=True, exist_ok=True)
@@ -195,6 +235,8 @@ def compare_main(args) -> None:
     print("\nbatched / baseline requests/s: " + ", ".join(f"c={c}: {r}x" for c, r in ratios.items()))
     if "target_at_concurrency_16" in report:
         t = report["target_at_concurrency_16"]
-        print(f"target at concurrency 16 ({t['goal']}): ratio {t['ratio']}x, p99 {t['p99_ms']} ms, "
-              f"errors {t['errors']} -> {'met' if t['met'] else 'NOT met'}")
+        print(
+            f"target at concurrency 16 ({t['goal']}): ratio {t['ratio']}x, p99 {t['p99_ms']} ms, "
+            f"errors {t['errors']} -> {'met' if t['met'] else 'NOT met'}"
+        )
     print(f"wrote {args.output} and {png}")

@@ -47,13 +47,16 @@ def accuracy_and_speed(fp32, int8, texts: list, labels: list, names: list) -> di
     from ..serving.inference import predict_proba
 
     if list(fp32.label_names) != names:
-        raise UserError(f"checkpoint {fp32.path} has the labels {fp32.label_names}, the test data {names}: "
-                        "it was not trained on this dataset.")
+        raise UserError(
+            f"checkpoint {fp32.path} has the labels {fp32.label_names}, the test data {names}: "
+            "it was not trained on this dataset."
+        )
     probs, seconds = {"fp32": [], "int8": []}, {"fp32": 0.0, "int8": 0.0}
     for i in range(0, len(texts), 512):
-        chunk = texts[i:i + 512]
-        for name, loaded in (("fp32", fp32), ("int8", int8)) if (i // 512) % 2 == 0 else (("int8", int8),
-                                                                                           ("fp32", fp32)):
+        chunk = texts[i : i + 512]
+        for name, loaded in (
+            (("fp32", fp32), ("int8", int8)) if (i // 512) % 2 == 0 else (("int8", int8), ("fp32", fp32))
+        ):
             t = time.perf_counter()
             probs[name].append(predict_proba(loaded, chunk, batch_size=64))
             seconds[name] += time.perf_counter() - t
@@ -63,14 +66,20 @@ def accuracy_and_speed(fp32, int8, texts: list, labels: list, names: list) -> di
     acc8 = float((p8.argmax(-1) == y).float().mean())
     return {
         "texts": len(texts),
-        "accuracy": {"fp32": round(acc32, 5), "int8": round(acc8, 5),
-                     "delta_points": round(100 * (acc8 - acc32), 3),
-                     "labels_agree": round(float((p32.argmax(-1) == p8.argmax(-1)).float().mean()), 5),
-                     "largest_probability_difference": round(float((p32 - p8).abs().max()), 4)},
-        "model_only": {"fp32_texts_per_s": round(len(texts) / seconds["fp32"], 1),
-                       "int8_texts_per_s": round(len(texts) / seconds["int8"], 1),
-                       "speedup": round(seconds["fp32"] / seconds["int8"], 3), "batch_size": 64,
-                       "torch_threads": torch.get_num_threads()},
+        "accuracy": {
+            "fp32": round(acc32, 5),
+            "int8": round(acc8, 5),
+            "delta_points": round(100 * (acc8 - acc32), 3),
+            "labels_agree": round(float((p32.argmax(-1) == p8.argmax(-1)).float().mean()), 5),
+            "largest_probability_difference": round(float((p32 - p8).abs().max()), 4),
+        },
+        "model_only": {
+            "fp32_texts_per_s": round(len(texts) / seconds["fp32"], 1),
+            "int8_texts_per_s": round(len(texts) / seconds["int8"], 1),
+            "speedup": round(seconds["fp32"] / seconds["int8"], 3),
+            "batch_size": 64,
+            "torch_threads": torch.get_num_threads(),
+        },
     }
 
 
@@ -93,23 +102,33 @@ def where_time_goes(loaded, texts: list) -> dict:
             loaded.model(**enc)
         forward_s = (time.perf_counter() - t) / 3
     linear_us = sum(e.cpu_time_total for e in prof.key_averages() if e.key == "aten::linear") / 3
-    return {"batch": len(batch), "tokenize_ms": round(1000 * tokenize_s, 2), "forward_ms": round(1000 * forward_s, 2),
-            "linear_share_of_forward": round(min(1.0, linear_us / 1e6 / forward_s), 3),
-            "note": "Linear time from torch.profiler (aten::linear, in a profiled run, so slower than unprofiled); "
-                    "the share is what int8 can speed up"}
+    return {
+        "batch": len(batch),
+        "tokenize_ms": round(1000 * tokenize_s, 2),
+        "forward_ms": round(1000 * forward_s, 2),
+        "linear_share_of_forward": round(min(1.0, linear_us / 1e6 / forward_s), 3),
+        "note": "Linear time from torch.profiler (aten::linear, in a profiled run, so slower than unprofiled); "
+        "the share is what int8 can speed up",
+    }
 
 
 def weights(model) -> dict:
-    embed = sum(p.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding)
-                for p in m.parameters(recurse=False))
+    embed = sum(
+        p.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters(recurse=False)
+    )
     linear = sum(p.numel() for m in model.modules() if type(m) is torch.nn.Linear for p in m.parameters(recurse=False))
     total = sum(p.numel() for p in model.parameters())
-    return {"parameters": total, "embedding_parameters": embed, "linear_parameters": linear,
-            "linear_share_of_all": round(linear / total, 4)}
+    return {
+        "parameters": total,
+        "embedding_parameters": embed,
+        "linear_parameters": linear,
+        "linear_share_of_all": round(linear / total, 4),
+    }
 
 
-def measure_checkpoint(checkpoint: Path, data: tuple, levels: list, duration: float, warmup: float, rounds: int,
-                       quick: bool) -> dict:
+def measure_checkpoint(
+    checkpoint: Path, data: tuple, levels: list, duration: float, warmup: float, rounds: int, quick: bool
+) -> dict:
     from ..serving.loading import load_in_precision
 
     texts, labels, names, _ = data
@@ -123,8 +142,10 @@ def measure_checkpoint(checkpoint: Path, data: tuple, levels: list, duration: fl
     row.update(accuracy_and_speed(fp32, int8, texts, labels, names))
     del fp32, int8
     ports = free_port(), free_port()
-    servers = {"fp32": Server(checkpoint, ports[0], ["--device", "cpu"]),
-               "int8": Server(checkpoint, ports[1], ["--device", "cpu", "--quantize", "int8"])}
+    servers = {
+        "fp32": Server(checkpoint, ports[0], ["--device", "cpu"]),
+        "int8": Server(checkpoint, ports[1], ["--device", "cpu", "--quantize", "int8"]),
+    }
     for server in servers.values():
         server.launch()
     try:
@@ -137,24 +158,33 @@ def measure_checkpoint(checkpoint: Path, data: tuple, levels: list, duration: fl
             server.__exit__(None, None, None)
     at16 = next((r for r in row["serving"] if r["concurrency"] == 16), None)
     acc = row["accuracy"]
-    row["targets"] = {"accuracy": {"target": f"int8 within {ACCURACY_TOLERANCE_POINTS} points of fp32",
-                                   "delta_points": acc["delta_points"],
-                                   "met": abs(acc["delta_points"]) <= ACCURACY_TOLERANCE_POINTS}}
+    row["targets"] = {
+        "accuracy": {
+            "target": f"int8 within {ACCURACY_TOLERANCE_POINTS} points of fp32",
+            "delta_points": acc["delta_points"],
+            "met": abs(acc["delta_points"]) <= ACCURACY_TOLERANCE_POINTS,
+        }
+    }
     if at16:
         speedup = at16["int8"]["answered_per_s"] / max(at16["fp32"]["answered_per_s"], 1e-9)
         row["speedup_at_16_clients"] = round(speedup, 3)
-        row["targets"]["throughput_at_16"] = {"target": f">= {SPEEDUP_TARGET_AT_16}x fp32's requests/s at 16 clients",
-                                              "speedup": round(speedup, 3), "met": speedup >= SPEEDUP_TARGET_AT_16}
+        row["targets"]["throughput_at_16"] = {
+            "target": f">= {SPEEDUP_TARGET_AT_16}x fp32's requests/s at 16 clients",
+            "speedup": round(speedup, 3),
+            "met": speedup >= SPEEDUP_TARGET_AT_16,
+        }
     return row
 
 
 def headline(r: dict) -> str:
     m, acc = r["model"], r["accuracy"]
-    return (f"{m['checkpoint']} ({m['metadata_model']}, {m['parameters']:,} parameters, Linear "
-            f"{100 * m['linear_share_of_all']:.0f}% of them and {100 * r['fp32_time']['linear_share_of_forward']:.0f}% "
-            f"of the forward time): accuracy fp32 {100 * acc['fp32']:.2f}% int8 {100 * acc['int8']:.2f}% "
-            f"({acc['delta_points']:+.2f} points); model-only speedup {r['model_only']['speedup']}x; "
-            f"serving at 16 clients {r.get('speedup_at_16_clients')}x")
+    return (
+        f"{m['checkpoint']} ({m['metadata_model']}, {m['parameters']:,} parameters, Linear "
+        f"{100 * m['linear_share_of_all']:.0f}% of them and {100 * r['fp32_time']['linear_share_of_forward']:.0f}% "
+        f"of the forward time): accuracy fp32 {100 * acc['fp32']:.2f}% int8 {100 * acc['int8']:.2f}% "
+        f"({acc['delta_points']:+.2f} points); model-only speedup {r['model_only']['speedup']}x; "
+        f"serving at 16 clients {r.get('speedup_at_16_clients')}x"
+    )
 
 
 def int8_main(args) -> None:
@@ -178,12 +208,18 @@ def int8_main(args) -> None:
             results.append(measure_checkpoint(Path(checkpoint), data, levels, duration, warmup, rounds, args.quick))
     report = {
         "what": "--quantize int8 against fp32, per checkpoint: accuracy on the test set, model speed, and serving "
-                "throughput side by side (issue 34)",
+        "throughput side by side (issue 34)",
         "quick": args.quick,
         "provenance": info,
         "data": {"detail": data[3], "test_texts": len(data[0])},
-        "settings": {"concurrency_levels": levels, "duration_s_per_slice": duration, "warmup_s_per_slice": warmup,
-                     "rounds": rounds, "method": __doc__, "serving_method": RACE_DOC},
+        "settings": {
+            "concurrency_levels": levels,
+            "duration_s_per_slice": duration,
+            "warmup_s_per_slice": warmup,
+            "rounds": rounds,
+            "method": __doc__,
+            "serving_method": RACE_DOC,
+        },
         "checkpoints": results,
         "load_average_at_end": load_average(),  # 1, 5 and 15 minutes; the start is in provenance
         "wall_time_s": round(time.time() - started, 1),

@@ -68,8 +68,13 @@ def main(argv=None) -> None:
     p.add_argument("--workers", type=int, default=1, help="inference workers (workers_per_device on the CPU)")
     p.add_argument("--quantize", default="none")
     args = p.parse_args(argv)
-    api = DistriNewsLitAPI(args.checkpoint, args.torch_threads, args.quantize, max_batch_size=args.max_batch_size,
-                           batch_timeout=args.batch_timeout_ms / 1000)
+    api = DistriNewsLitAPI(
+        args.checkpoint,
+        args.torch_threads,
+        args.quantize,
+        max_batch_size=args.max_batch_size,
+        batch_timeout=args.batch_timeout_ms / 1000,
+    )
     server = ls.LitServer(api, accelerator="cpu", workers_per_device=args.workers, timeout=args.timeout_s)
     server.run(host="127.0.0.1", port=args.port, log_level="warning", generate_client_file=False)
 

@@ -29,7 +29,6 @@ TEXTS = [
 ]
 
 
-
 class Connection:
     """One keep-alive HTTP/1.1 connection: POST a JSON body, read status and body."""
 
@@ -41,8 +40,10 @@ class Connection:
     async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
-        head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
         self.writer.write(head + body)
         status_line = await self.reader.readline()
         if not status_line:
@@ -101,8 +102,9 @@ async def drive(port: int, concurrency: int, duration: float, warmup: float, tim
             if t0 >= stop_at:
                 break
             try:
-                status, payload = await asyncio.wait_for(conn.request("POST", "/predict", bodies[i % len(bodies)]),
-                                                         timeout)
+                status, payload = await asyncio.wait_for(
+                    conn.request("POST", "/predict", bodies[i % len(bodies)]), timeout
+                )
                 ok = status == 200 and b'"label"' in payload
                 kind = None if ok else f"HTTP {status}"
             except (OSError, asyncio.TimeoutError, ValueError, IndexError, asyncio.IncompleteReadError) as err:
@@ -139,9 +141,13 @@ def summarize(latencies, errors, elapsed, concurrency) -> dict:
         "errors": sum(errors.values()),
         "error_kinds": errors,
         "requests_per_s": round(len(lat) / elapsed, 1),
-        "latency_ms": {"mean": ms(statistics.fmean(lat)) if lat else None, "p50": ms(percentile(lat, 50)),
-                       "p95": ms(percentile(lat, 95)), "p99": ms(percentile(lat, 99)),
-                       "max": ms(lat[-1]) if lat else None},
+        "latency_ms": {
+            "mean": ms(statistics.fmean(lat)) if lat else None,
+            "p50": ms(percentile(lat, 50)),
+            "p95": ms(percentile(lat, 95)),
+            "p99": ms(percentile(lat, 99)),
+            "max": ms(lat[-1]) if lat else None,
+        },
     }
 
 
@@ -152,7 +158,6 @@ async def server_batching(port: int) -> dict:
         return json.loads(payload).get("batching") or {}
     finally:
         conn.close()
-
 
 
 async def drive_overload(port: int, concurrency: int, duration: float, warmup: float, timeout: float = 60.0):
@@ -172,8 +177,9 @@ async def drive_overload(port: int, concurrency: int, duration: float, warmup: f
                 break
             wait = 0.0
             try:
-                status, payload = await asyncio.wait_for(conn.request("POST", "/predict", bodies[i % len(bodies)]),
-                                                         timeout)
+                status, payload = await asyncio.wait_for(
+                    conn.request("POST", "/predict", bodies[i % len(bodies)]), timeout
+                )
                 if status == 200 and b'"label"' in payload:
                     kind = "ok"
                 elif status in (429, 503):
@@ -206,12 +212,20 @@ def summarize_overload(records, elapsed: float, deadline_s: float) -> dict:
     ms = lambda v: round(v * 1000, 1)  # noqa: E731
     sent = len(records)
     return {
-        "sent": sent, "answered": len(ok), "shed": len(shed), "errors": sum(errors.values()), "error_kinds": errors,
+        "sent": sent,
+        "answered": len(ok),
+        "shed": len(shed),
+        "errors": sum(errors.values()),
+        "error_kinds": errors,
         "shed_fraction": round(len(shed) / sent, 4) if sent else None,
         "answered_per_s": round(len(ok) / elapsed, 1),
         "answered_within_deadline": sum(1 for v in ok if v <= deadline_s),
-        "latency_answered_ms": {"p50": ms(percentile(ok, 50)), "p95": ms(percentile(ok, 95)),
-                                "p99": ms(percentile(ok, 99)), "max": ms(ok[-1]) if ok else None},
+        "latency_answered_ms": {
+            "p50": ms(percentile(ok, 50)),
+            "p95": ms(percentile(ok, 95)),
+            "p99": ms(percentile(ok, 99)),
+            "max": ms(ok[-1]) if ok else None,
+        },
         "latency_shed_ms": {"p50": ms(percentile(shed, 50)), "p99": ms(percentile(shed, 99))} if shed else None,
         "measured_s": round(elapsed, 2),
     }
@@ -239,8 +253,10 @@ async def send_and_close(port: int, requests: list[bytes], parallel: int = 100) 
 
 def raw_post(path: str, payload: dict) -> bytes:
     body = json.dumps(payload).encode()
-    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
 async def health_json(port: int) -> dict:
@@ -250,4 +266,3 @@ async def health_json(port: int) -> dict:
         return json.loads(payload)
     finally:
         conn.close()
-

@@ -50,8 +50,12 @@ def work_counters(health: dict) -> dict:
     texts, estimated = b.get("texts_run"), False
     if texts is None:  # the old server: batches x their mean size (rounded to 2 decimals), so approximate
         texts, estimated = b.get("batches_run", 0) * (b.get("mean_batch_size") or 0), True
-    return {"predict_texts_run": texts, "estimated": estimated, "batch_calls_run": b.get("batch_calls_run"),
-            "queue": health.get("queue")}
+    return {
+        "predict_texts_run": texts,
+        "estimated": estimated,
+        "batch_calls_run": b.get("batch_calls_run"),
+        "queue": health.get("queue"),
+    }
 
 
 def abandoned_burst(server: "Server", requests: list[bytes]) -> dict:
@@ -87,14 +91,22 @@ def abandoned_burst(server: "Server", requests: list[bytes]) -> dict:
     delta = {"predict_texts_run": texts, "batch_calls_run": calls}
     if after["estimated"]:
         delta["note"] = "server reports /predict texts only approximately and /predict/batch calls not at all"
-    queue = {k: v - (before["queue"] or {}).get(k, 0) for k, v in (after["queue"] or {}).items()
-             if isinstance(v, int) and k not in ("max_requests", "max_texts", "waiting_requests", "waiting_texts")}
-    return {"requests": len(requests), "burst_sent_s": round(sent_s, 2), "probe_status": status,
-            "probe_wait_s": round(probe_s, 3), "probe_refused": len(statuses) - 1,
-            "probe_first_retry_after": retry_after,
-            "server_cpu_s": round(cpu1 - cpu0, 2),
-            "computed": delta, "server_queue_counters": queue or None}
-
+    queue = {
+        k: v - (before["queue"] or {}).get(k, 0)
+        for k, v in (after["queue"] or {}).items()
+        if isinstance(v, int) and k not in ("max_requests", "max_texts", "waiting_requests", "waiting_texts")
+    }
+    return {
+        "requests": len(requests),
+        "burst_sent_s": round(sent_s, 2),
+        "probe_status": status,
+        "probe_wait_s": round(probe_s, 3),
+        "probe_refused": len(statuses) - 1,
+        "probe_first_retry_after": retry_after,
+        "server_cpu_s": round(cpu1 - cpu0, 2),
+        "computed": delta,
+        "server_queue_counters": queue or None,
+    }
 
 
 def plot_overload(report: dict, path: Path) -> None:
@@ -113,8 +125,10 @@ def plot_overload(report: dict, path: Path) -> None:
         rows = [next(r for r in report["levels"] if r["concurrency"] == c)[name] for c in levels]
         axes[0].bar(xs, [r["latency_answered_ms"]["p99"] for r in rows], width, color=colors[name], label=name)
         axes[1].bar(xs, [100 * (r["shed_fraction"] or 0) for r in rows], width, color=colors[name], label=name)
-    for ax, title, unit in ((axes[0], "p99 latency of answered requests", "ms"),
-                            (axes[1], "requests shed (503 + Retry-After)", "% of sent")):
+    for ax, title, unit in (
+        (axes[0], "p99 latency of answered requests", "ms"),
+        (axes[1], "requests shed (503 + Retry-After)", "% of sent"),
+    ):
         ax.set_xticks(range(len(levels)), [f"{c} clients" for c in levels])
         ax.set_title(title, fontsize=10)
         ax.set_ylabel(unit)
@@ -123,16 +137,20 @@ def plot_overload(report: dict, path: Path) -> None:
     bursts = list(report["abandoned"][names[0]])
     for j, name in enumerate(names):
         xs = [i + (j - (len(names) - 1) / 2) * width for i in range(len(bursts))]
-        axes[2].bar(xs, [report["abandoned"][name][b]["probe_wait_s"] for b in bursts], width, color=colors[name],
-                    label=name)
+        axes[2].bar(
+            xs, [report["abandoned"][name][b]["probe_wait_s"] for b in bursts], width, color=colors[name], label=name
+        )
     axes[2].set_xticks(range(len(bursts)), [report["abandoned"][names[0]][b]["label"] for b in bursts], fontsize=8)
     axes[2].set_yscale("log")
     axes[2].set_ylabel("s (log)")
     axes[2].set_title("wait of a real request sent after\nrequests whose clients left", fontsize=10)
     axes[2].legend()
     axes[2].grid(True, axis="y", alpha=0.3)
-    fig.suptitle(f"DistriNews server past its capacity, tiny model, {report['provenance']['machine']} "
-                 f"(load average {report['provenance']['load_average_at_start']} at start)", fontsize=10)
+    fig.suptitle(
+        f"DistriNews server past its capacity, tiny model, {report['provenance']['machine']} "
+        f"(load average {report['provenance']['load_average_at_start']} at start)",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -153,15 +171,21 @@ def overload_main(args) -> None:
         trees = {"after": REPO}
         if args.before:
             before_tree = tmp / "before"
-            r = subprocess.run(["git", "worktree", "add", "--detach", str(before_tree), args.before], cwd=REPO,
-                               capture_output=True, text=True)
+            r = subprocess.run(
+                ["git", "worktree", "add", "--detach", str(before_tree), args.before],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+            )
             if r.returncode != 0:
                 raise UserError(f"--before {args.before}: git worktree add failed: {r.stderr.strip()[:300]}")
             trees = {"before": before_tree, "after": REPO}
         commits = {name: commit_of(tree) for name, tree in trees.items()}
         try:
-            servers = {name: Server(make_checkpoint_with(tree, tmp / f"ckpt_{name}"), free_port(), [], tree=tree)
-                       for name, tree in trees.items()}
+            servers = {
+                name: Server(make_checkpoint_with(tree, tmp / f"ckpt_{name}"), free_port(), [], tree=tree)
+                for name, tree in trees.items()
+            }
             for server in servers.values():
                 server.launch()
             try:
@@ -176,15 +200,22 @@ def overload_main(args) -> None:
                         records, elapsed = asyncio.run(drive_overload(server.port, c, duration, warmup))
                         row[name] = summarize_overload(records, elapsed, deadline_s)
                         r = row[name]
-                        print(f"  {name:<6} c={c:>5}: sent {r['sent']:>6}  answered {r['answered']:>6}  "
-                              f"shed {r['shed']:>6}  errors {r['errors']:>4}  "
-                              f"p99 answered {r['latency_answered_ms']['p99']} ms", flush=True)
+                        print(
+                            f"  {name:<6} c={c:>5}: sent {r['sent']:>6}  answered {r['answered']:>6}  "
+                            f"shed {r['shed']:>6}  errors {r['errors']:>4}  "
+                            f"p99 answered {r['latency_answered_ms']['p99']} ms",
+                            flush=True,
+                        )
                     results.append(row)
                 bursts = {
-                    "predict": (f"{n_single} /predict", [raw_post("/predict", {"text": TEXTS[i % len(TEXTS)]})
-                                                         for i in range(n_single)]),
-                    "batch": (f"{n_batch} maximal /predict/batch",
-                              [raw_post("/predict/batch", {"texts": [MAXIMAL_TEXT] * 64}) for _ in range(n_batch)]),
+                    "predict": (
+                        f"{n_single} /predict",
+                        [raw_post("/predict", {"text": TEXTS[i % len(TEXTS)]}) for i in range(n_single)],
+                    ),
+                    "batch": (
+                        f"{n_batch} maximal /predict/batch",
+                        [raw_post("/predict/batch", {"texts": [MAXIMAL_TEXT] * 64}) for _ in range(n_batch)],
+                    ),
                 }
                 abandoned = {}
                 for name, server in servers.items():
@@ -193,28 +224,37 @@ def overload_main(args) -> None:
                         res = abandoned_burst(server, requests)
                         res["label"] = label
                         abandoned[name][key] = res
-                        print(f"  {name:<6} {label} sent and closed: a real request then waited "
-                              f"{res['probe_wait_s']} s; server CPU {res['server_cpu_s']} s; "
-                              f"computed {res['computed']}", flush=True)
+                        print(
+                            f"  {name:<6} {label} sent and closed: a real request then waited "
+                            f"{res['probe_wait_s']} s; server CPU {res['server_cpu_s']} s; "
+                            f"computed {res['computed']}",
+                            flush=True,
+                        )
             finally:
                 for server in servers.values():
                     server.__exit__(None, None, None)
         finally:
             if args.before:
-                subprocess.run(["git", "worktree", "remove", "--force", str(tmp / "before")], cwd=REPO,
-                               capture_output=True)
+                subprocess.run(
+                    ["git", "worktree", "remove", "--force", str(tmp / "before")], cwd=REPO, capture_output=True
+                )
     report = {
         "what": "the server past its capacity (POST /predict at high concurrency) and work for clients that left: "
-                "before and after load shedding (issue 12), measured side by side in one run",
+        "before and after load shedding (issue 12), measured side by side in one run",
         "quick": args.quick,
         "provenance": info,
-        "servers": {name: {"git_commit": commits[name], "command": s.cmd, "settings": "defaults"}
-                    for name, s in servers.items()},
-        "settings": {"concurrency_levels": levels, "duration_s": duration, "warmup_s": warmup,
-                     "deadline_s_of_after": deadline_s,
-                     "client": "asyncio HTTP/1.1 in this process, one keep-alive connection per client, back to back; "
-                               "a shed client (503/429) waits its Retry-After, then goes on; 60 s client timeout",
-                     "method": OVERLOAD_DOC},
+        "servers": {
+            name: {"git_commit": commits[name], "command": s.cmd, "settings": "defaults"} for name, s in servers.items()
+        },
+        "settings": {
+            "concurrency_levels": levels,
+            "duration_s": duration,
+            "warmup_s": warmup,
+            "deadline_s_of_after": deadline_s,
+            "client": "asyncio HTTP/1.1 in this process, one keep-alive connection per client, back to back; "
+            "a shed client (503/429) waits its Retry-After, then goes on; 60 s client timeout",
+            "method": OVERLOAD_DOC,
+        },
         "levels": results,
         "abandoned": abandoned,
         "wall_time_s": round(time.time() - started, 1),
@@ -235,14 +275,17 @@ def overload_headline(report: dict) -> dict:
         for name in ("before", "after"):
             if name in row:
                 r = row[name]
-                lines.append(f"c={row['concurrency']} {name}: shed {r['shed']} of {r['sent']} "
-                             f"({100 * (r['shed_fraction'] or 0):.1f}%), p99 of answered "
-                             f"{r['latency_answered_ms']['p99']} ms, answered within "
-                             f"{report['settings']['deadline_s_of_after']:g} s: "
-                             f"{r['answered_within_deadline']} of {r['answered']}, errors {r['errors']}")
+                lines.append(
+                    f"c={row['concurrency']} {name}: shed {r['shed']} of {r['sent']} "
+                    f"({100 * (r['shed_fraction'] or 0):.1f}%), p99 of answered "
+                    f"{r['latency_answered_ms']['p99']} ms, answered within "
+                    f"{report['settings']['deadline_s_of_after']:g} s: "
+                    f"{r['answered_within_deadline']} of {r['answered']}, errors {r['errors']}"
+                )
     for name, bursts in report["abandoned"].items():
         for b in bursts.values():
-            lines.append(f"{name}: {b['label']} sent and closed -> a real request waited {b['probe_wait_s']} s, "
-                         f"server CPU {b['server_cpu_s']} s, computed {b['computed']}")
+            lines.append(
+                f"{name}: {b['label']} sent and closed -> a real request waited {b['probe_wait_s']} s, "
+                f"server CPU {b['server_cpu_s']} s, computed {b['computed']}"
+            )
     return {"lines": lines}
-

@@ -47,8 +47,15 @@ def measure_slice(server: Server, concurrency: int, duration: float, warmup: flo
     server_cpu, own = server.cpu_seconds() - srv0, time.process_time() - own0
     busy1 = cpu_busy_seconds()
     others = None if busy0 is None or busy1 is None else max(0.0, (busy1 - busy0 - own - server_cpu) / seconds)
-    return records, elapsed, {"server_cpu_s": round(server_cpu, 3), "others_cores": None if others is None
-                              else round(others, 3), "window_s": round(seconds, 2)}
+    return (
+        records,
+        elapsed,
+        {
+            "server_cpu_s": round(server_cpu, 3),
+            "others_cores": None if others is None else round(others, 3),
+            "window_s": round(seconds, 2),
+        },
+    )
 
 
 def summarize_slice(records, elapsed: float, extra: dict, deadline_s: float) -> dict:
@@ -58,8 +65,9 @@ def summarize_slice(records, elapsed: float, extra: dict, deadline_s: float) -> 
     return {**row, **extra}
 
 
-def race(servers: dict[str, Server], levels: list[int], duration: float, warmup: float, rounds: int,
-         deadline_s: float = 10.0) -> list[dict]:
+def race(
+    servers: dict[str, Server], levels: list[int], duration: float, warmup: float, rounds: int, deadline_s: float = 10.0
+) -> list[dict]:
     """Every server measured at every level, alternating in rounds, the others paused (see RACE_DOC)."""
     names = list(servers)
     out = []
@@ -81,9 +89,15 @@ def race(servers: dict[str, Server], levels: list[int], duration: float, warmup:
                 acc["others_cores"].append(extra["others_cores"])
                 pooled[name] = (recs, secs + elapsed, acc)
             per_round.append(this_round)
-            print(f"  c={c:>4} round {r + 1}: " + "   ".join(
-                f"{n} {row['answered_per_s']:.0f}/s p99 {row['latency_answered_ms']['p99']} ms failed {row['failed']}"
-                f" (others {row['others_cores']} cores)" for n, row in this_round.items()), flush=True)
+            print(
+                f"  c={c:>4} round {r + 1}: "
+                + "   ".join(
+                    f"{n} {row['answered_per_s']:.0f}/s p99 {row['latency_answered_ms']['p99']} ms "
+                    f"failed {row['failed']} (others {row['others_cores']} cores)"
+                    for n, row in this_round.items()
+                ),
+                flush=True,
+            )
         for name in names:
             pause(servers[name], False)
         row = {"concurrency": c, "rounds": per_round}
@@ -114,8 +128,10 @@ def litserve_version() -> str:
     try:
         import litserve
     except ImportError as err:
-        raise UserError(f"--litserve needs LitServe, the competitor it races: pip install litserve (it is in "
-                        f"requirements-dev.txt; a benchmark dependency, the server never needs it). ({err})") from None
+        raise UserError(
+            f"--litserve needs LitServe, the competitor it races: pip install litserve (it is in "
+            f"requirements-dev.txt; a benchmark dependency, the server never needs it). ({err})"
+        ) from None
     return litserve.__version__
 
 
@@ -123,10 +139,26 @@ def litserve_command(checkpoint: Path, port: int, ours: dict, quantize: str) -> 
     """The LitServe competitor, configured as our server is (ours: its resolved settings)."""
     from .serving_litserve import COMMAND
 
-    return [sys.executable, *COMMAND, "--checkpoint", str(checkpoint), "--port", str(port),
-            "--max-batch-size", str(ours["max_batch_size"]), "--batch-timeout-ms", str(ours["batch_window_ms"]),
-            "--timeout-s", str(ours["deadline_s"]), "--torch-threads", str(ours["torch_threads"]), "--workers", "1",
-            "--quantize", quantize]
+    return [
+        sys.executable,
+        *COMMAND,
+        "--checkpoint",
+        str(checkpoint),
+        "--port",
+        str(port),
+        "--max-batch-size",
+        str(ours["max_batch_size"]),
+        "--batch-timeout-ms",
+        str(ours["batch_window_ms"]),
+        "--timeout-s",
+        str(ours["deadline_s"]),
+        "--torch-threads",
+        str(ours["torch_threads"]),
+        "--workers",
+        "1",
+        "--quantize",
+        quantize,
+    ]
 
 
 def our_settings() -> dict:
@@ -134,8 +166,13 @@ def our_settings() -> dict:
     from ..serving.settings import ServingSettings
 
     s = ServingSettings.resolve(device="cpu")
-    return {"max_batch_size": s.max_batch_size, "batch_window_ms": s.batch_window_ms, "deadline_s": s.deadline_s,
-            "max_queue": s.max_queue, "torch_threads": s.torch_threads}
+    return {
+        "max_batch_size": s.max_batch_size,
+        "batch_window_ms": s.batch_window_ms,
+        "deadline_s": s.deadline_s,
+        "max_queue": s.max_queue,
+        "torch_threads": s.torch_threads,
+    }
 
 
 @contextlib.contextmanager
@@ -144,8 +181,10 @@ def race_servers(checkpoint: Path, quantize: str = "none", quiet: bool = False):
     (with every process they started) on leaving."""
     ours = our_settings()
     ports = free_port(), free_port()
-    servers = {"ours": Server(checkpoint, ports[0], ["--device", "cpu", "--quantize", quantize]),
-               "litserve": Server(checkpoint, ports[1], [], cmd=litserve_command(checkpoint, ports[1], ours, quantize))}
+    servers = {
+        "ours": Server(checkpoint, ports[0], ["--device", "cpu", "--quantize", quantize]),
+        "litserve": Server(checkpoint, ports[1], [], cmd=litserve_command(checkpoint, ports[1], ours, quantize)),
+    }
     for server in servers.values():
         server.launch()
     try:
@@ -159,8 +198,14 @@ def race_servers(checkpoint: Path, quantize: str = "none", quiet: bool = False):
             server.__exit__(None, None, None)
 
 
-def small_race(checkpoint: Path, levels: list[int], duration: float = 1.5, warmup: float = 0.3, rounds: int = 2,
-               quantize: str = "none") -> list[dict]:
+def small_race(
+    checkpoint: Path,
+    levels: list[int],
+    duration: float = 1.5,
+    warmup: float = 0.3,
+    rounds: int = 2,
+    quantize: str = "none",
+) -> list[dict]:
     """race_servers and race in one call, quietly (chapter 10's small race). The load generator runs its own asyncio
     loop, so where the caller already runs one (a Jupyter kernel does) it runs in a thread of its own."""
     from concurrent.futures import ThreadPoolExecutor
@@ -184,13 +229,18 @@ def race_headline(levels: list[dict]) -> dict:
         tput = ours["answered_per_s"] / lit["answered_per_s"] if lit["answered_per_s"] else None
         p99o, p99l = ours["latency_answered_ms"]["p99"], lit["latency_answered_ms"]["p99"]
         met = tput is not None and tput >= 1 and p99o <= p99l
-        targets[str(row["concurrency"])] = {"throughput_ratio_ours_over_litserve": round(tput, 3) if tput else None,
-                                            "p99_ms": {"ours": p99o, "litserve": p99l}, "met": met}
-        lines.append(f"c={row['concurrency']}: ours {ours['answered_per_s']:.0f} req/s p50 "
-                     f"{ours['latency_answered_ms']['p50']} ms p99 {p99o} ms failed {ours['failed']} | LitServe "
-                     f"{lit['answered_per_s']:.0f} req/s p50 {lit['latency_answered_ms']['p50']} ms p99 {p99l} ms "
-                     f"failed {lit['failed']} | throughput {tput:.2f}x, target (>= 1x, p99 no worse) "
-                     f"{'met' if met else 'NOT met'}")
+        targets[str(row["concurrency"])] = {
+            "throughput_ratio_ours_over_litserve": round(tput, 3) if tput else None,
+            "p99_ms": {"ours": p99o, "litserve": p99l},
+            "met": met,
+        }
+        lines.append(
+            f"c={row['concurrency']}: ours {ours['answered_per_s']:.0f} req/s p50 "
+            f"{ours['latency_answered_ms']['p50']} ms p99 {p99o} ms failed {ours['failed']} | LitServe "
+            f"{lit['answered_per_s']:.0f} req/s p50 {lit['latency_answered_ms']['p50']} ms p99 {p99l} ms "
+            f"failed {lit['failed']} | throughput {tput:.2f}x, target (>= 1x, p99 no worse) "
+            f"{'met' if met else 'NOT met'}"
+        )
     return {"lines": lines, "targets": targets}
 
 
@@ -220,26 +270,41 @@ def race_main(args) -> None:
             model["checkpoint"] = "tiny random DistilBERT made by the benchmark (seed 0, max_length 64)"
     report = {
         "what": "our server (python -m distrinews_lib.serving, its defaults) raced against LitServe serving the same "
-                "checkpoint through its own API (a LitAPI with batched predict), in one run on one machine (issue 34)",
+        "checkpoint through its own API (a LitAPI with batched predict), in one run on one machine (issue 34)",
         "quick": args.quick,
         "provenance": info,
-        "versions": {**_versions("litserve", "fastapi", "uvicorn", "pydantic", "httptools", "uvloop", "pyzmq"),
-                     "litserve": version},
+        "versions": {
+            **_versions("litserve", "fastapi", "uvicorn", "pydantic", "httptools", "uvloop", "pyzmq"),
+            "litserve": version,
+        },
         "model": model,
         "precision": {"none": "fp32", "int8": "int8"}.get(quantize, quantize),
         "competitors": {
-            "ours": {"command": servers["ours"].cmd, "settings": ours,
-                     "workers": "1 process: the event loop reads requests, 1 model thread runs batches"},
-            "litserve": {"command": servers["litserve"].cmd,
-                         "settings": {"max_batch_size": ours["max_batch_size"],
-                                      "batch_timeout_s": ours["batch_window_ms"] / 1000,
-                                      "timeout_s": ours["deadline_s"], "workers_per_device": 1,
-                                      "num_api_servers": "default (1: one per inference worker)",
-                                      "torch_threads": ours["torch_threads"]},
-                         "code": "distrinews_lib/bench/serving_litserve.py"},
+            "ours": {
+                "command": servers["ours"].cmd,
+                "settings": ours,
+                "workers": "1 process: the event loop reads requests, 1 model thread runs batches",
+            },
+            "litserve": {
+                "command": servers["litserve"].cmd,
+                "settings": {
+                    "max_batch_size": ours["max_batch_size"],
+                    "batch_timeout_s": ours["batch_window_ms"] / 1000,
+                    "timeout_s": ours["deadline_s"],
+                    "workers_per_device": 1,
+                    "num_api_servers": "default (1: one per inference worker)",
+                    "torch_threads": ours["torch_threads"],
+                },
+                "code": "distrinews_lib/bench/serving_litserve.py",
+            },
         },
-        "settings": {"concurrency_levels": levels, "duration_s_per_slice": duration, "warmup_s_per_slice": warmup,
-                     "rounds": rounds, "method": RACE_DOC},
+        "settings": {
+            "concurrency_levels": levels,
+            "duration_s_per_slice": duration,
+            "warmup_s_per_slice": warmup,
+            "rounds": rounds,
+            "method": RACE_DOC,
+        },
         "levels": results,
         "idle_cpu_cores": idle,
         "processes": processes,

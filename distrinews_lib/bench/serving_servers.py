@@ -35,19 +35,43 @@ def make_checkpoint(folder: Path) -> Path:
     from distrinews_lib.training.checkpoint import save_checkpoint
 
     model, tokenizer, _ = build_model(RunConfig(model="tiny", seed=0), AG_NEWS_LABELS)
-    return save_checkpoint(folder / "bench_tiny.pt", model, tokenizer, AG_NEWS_LABELS,
-                           {"data_source": "synthetic", "model": "tiny", "final_accuracy": 0.0, "world_size": 1},
-                           max_length=64)
+    return save_checkpoint(
+        folder / "bench_tiny.pt",
+        model,
+        tokenizer,
+        AG_NEWS_LABELS,
+        {"data_source": "synthetic", "model": "tiny", "final_accuracy": 0.0, "world_size": 1},
+        max_length=64,
+    )
 
 
 class Server:
     """`python -m distrinews_lib.serving` (or `cmd`, such as the LitServe competitor) in a child process of its own
     session, stopped on exit with every process it started."""
 
-    def __init__(self, checkpoint: Path, port: int, extra: list[str], tree: Path = REPO, cmd: list[str] | None = None,
-                 ready_s: float = 300):
-        self.cmd = cmd or [sys.executable, "-m", "distrinews_lib.serving", "--checkpoint", str(checkpoint),
-                           "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *extra]
+    def __init__(
+        self,
+        checkpoint: Path,
+        port: int,
+        extra: list[str],
+        tree: Path = REPO,
+        cmd: list[str] | None = None,
+        ready_s: float = 300,
+    ):
+        self.cmd = cmd or [
+            sys.executable,
+            "-m",
+            "distrinews_lib.serving",
+            "--checkpoint",
+            str(checkpoint),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            *extra,
+        ]
         self.port = port
         self.tree = tree  # the checkout whose distrinews_lib serves (--overload --before: an older commit's)
         self.ready_s = ready_s  # LitServe spawns processes that import torch again: minutes on a busy machine
@@ -56,8 +80,9 @@ class Server:
 
     def launch(self):
         env = dict(os.environ, PYTHONPATH=str(self.tree) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        self.proc = subprocess.Popen(self.cmd, cwd=self.tree, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.cmd, cwd=self.tree, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         return self
 
     def __enter__(self):
@@ -67,8 +92,9 @@ class Server:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self.log.seek(0)
-                raise UserError(f"the server exited with code {self.proc.returncode} before it was ready: "
-                                f"{self.log.read()[-1500:]}")
+                raise UserError(
+                    f"the server exited with code {self.proc.returncode} before it was ready: {self.log.read()[-1500:]}"
+                )
             if asyncio.run(http_health(self.port)):
                 return self
             time.sleep(0.2)
@@ -129,10 +155,15 @@ def load_average():
 
 def git_commit() -> str:
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "distrinews_lib", "scripts/bench_serving.py"],
-                               cwd=REPO, capture_output=True, text=True).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "distrinews_lib", "scripts/bench_serving.py"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         return sha + ("+uncommitted-changes" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -142,10 +173,13 @@ def model_description(checkpoint: Path) -> dict:
     from distrinews_lib.serving.inference import load_checkpoint
 
     loaded = load_checkpoint(checkpoint)
-    return {"checkpoint": str(checkpoint), "type": loaded.model.config.model_type,
-            "parameters": sum(p.numel() for p in loaded.model.parameters()),
-            "max_length": loaded.max_length, "metadata_model": loaded.metadata.get("model")}
-
+    return {
+        "checkpoint": str(checkpoint),
+        "type": loaded.model.config.model_type,
+        "parameters": sum(p.numel() for p in loaded.model.parameters()),
+        "max_length": loaded.max_length,
+        "metadata_model": loaded.metadata.get("model"),
+    }
 
 
 def _versions(*names):
@@ -179,26 +213,27 @@ def wait_idle(pid: int, settle_s: float = 1.0, limit_s: float = 900.0) -> float:
     return proc_cpu_seconds(pid)
 
 
-
 def make_checkpoint_with(tree: Path, folder: Path) -> Path:
     """A tiny random model (seed 0) saved by `tree`'s own distrinews_lib, in `tree`'s checkpoint format."""
     folder.mkdir(parents=True, exist_ok=True)
     # Both library layouts (before and after the reshape), so `--before` can point at an older tree.
-    code = ("import sys\n"
-            "try:\n"
-            "    from distrinews_lib.data.texts import AG_NEWS_LABELS\n"
-            "    from distrinews_lib.training.checkpoint import save_checkpoint\n"
-            "    from distrinews_lib.training.config import RunConfig\n"
-            "    from distrinews_lib.models.build import build_model\n"
-            "    m, t, _ = build_model(RunConfig(model='tiny', seed=0), AG_NEWS_LABELS)\n"
-            "except ImportError:\n"
-            "    from distrinews_lib import AG_NEWS_LABELS\n"
-            "    from distrinews_lib.checkpoint import save_checkpoint\n"
-            "    from distrinews_lib.config import RunConfig\n"
-            "    from distrinews_lib.model import build_model\n"
-            "    m, t, _ = build_model(RunConfig(model='tiny', seed=0), AG_NEWS_LABELS)\n"
-            "save_checkpoint(sys.argv[1], m, t, AG_NEWS_LABELS, {'data_source': 'synthetic', 'model': 'tiny', "
-            "'final_accuracy': 0.0, 'world_size': 1}, max_length=64)")
+    code = (
+        "import sys\n"
+        "try:\n"
+        "    from distrinews_lib.data.texts import AG_NEWS_LABELS\n"
+        "    from distrinews_lib.training.checkpoint import save_checkpoint\n"
+        "    from distrinews_lib.training.config import RunConfig\n"
+        "    from distrinews_lib.models.build import build_model\n"
+        "    m, t, _ = build_model(RunConfig(model='tiny', seed=0), AG_NEWS_LABELS)\n"
+        "except ImportError:\n"
+        "    from distrinews_lib import AG_NEWS_LABELS\n"
+        "    from distrinews_lib.checkpoint import save_checkpoint\n"
+        "    from distrinews_lib.config import RunConfig\n"
+        "    from distrinews_lib.model import build_model\n"
+        "    m, t, _ = build_model(RunConfig(model='tiny', seed=0), AG_NEWS_LABELS)\n"
+        "save_checkpoint(sys.argv[1], m, t, AG_NEWS_LABELS, {'data_source': 'synthetic', 'model': 'tiny', "
+        "'final_accuracy': 0.0, 'world_size': 1}, max_length=64)"
+    )
     path = folder / "bench_tiny.pt"
     env = dict(os.environ, PYTHONPATH=str(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, "-c", code, str(path)], cwd=tree, env=env, capture_output=True, text=True)
@@ -209,8 +244,8 @@ def make_checkpoint_with(tree: Path, folder: Path) -> Path:
 
 def commit_of(tree: Path) -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=tree, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=tree, capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-

@@ -35,32 +35,55 @@ def parse_args(argv=None) -> argparse.Namespace:
         prog="python -m distrinews_lib.serving",
         description="Serve a DistriNews checkpoint: GET /health, POST /predict, POST /predict/batch, docs at /docs.",
     )
-    p.add_argument("--checkpoint", default=None,
-                   help=f"checkpoint file (default: ${ENV_CHECKPOINT} or {DEFAULT_CHECKPOINT})")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 exposes it)")
+    p.add_argument(
+        "--checkpoint", default=None, help=f"checkpoint file (default: ${ENV_CHECKPOINT} or {DEFAULT_CHECKPOINT})"
+    )
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 exposes it)",
+    )
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
-    p.add_argument("--device", default=None, help=f"cpu, cuda or cuda:N (default: ${ENV_DEVICE}, else cuda if "
-                                                  "available, else cpu)")
-    p.add_argument("--torch-threads", type=int, default=None,
-                   help=f"threads per forward pass (default: ${ENV_TORCH_THREADS}, else all CPU cores but one, "
-                        "leaving one for the web server; 0 keeps torch's own setting)")
-    p.add_argument("--quantize", default=None, metavar="{none,int8}",
-                   help=f"int8: the Linear layers in dynamic int8, on the CPU; refused at start-up for a model it does "
-                        f"not apply to (default: ${ENV_QUANTIZE}, else none)")
+    p.add_argument(
+        "--device", default=None, help=f"cpu, cuda or cuda:N (default: ${ENV_DEVICE}, else cuda if available, else cpu)"
+    )
+    p.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help=f"threads per forward pass (default: ${ENV_TORCH_THREADS}, else all CPU cores but one, "
+        "leaving one for the web server; 0 keeps torch's own setting)",
+    )
+    p.add_argument(
+        "--quantize",
+        default=None,
+        metavar="{none,int8}",
+        help=f"int8: the Linear layers in dynamic int8, on the CPU; refused at start-up for a model it does "
+        f"not apply to (default: ${ENV_QUANTIZE}, else none)",
+    )
     for s in SETTINGS:
         # Read as text and checked by ServingSettings.resolve, so a flag and its variable give the same message.
-        p.add_argument(s.flag, dest=s.name, default=None, metavar="N",
-                       help=f"{s.help} (default: ${s.env}, else {s.default})")
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
-                   help="uvicorn log level (default info)")
+        p.add_argument(
+            s.flag, dest=s.name, default=None, metavar="N", help=f"{s.help} (default: ${s.env}, else {s.default})"
+        )
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn log level (default info)",
+    )
     return p.parse_args(argv)
 
 
 def settings_from(args: argparse.Namespace) -> ServingSettings:
     """Flags win, then DISTRINEWS_* variables, then defaults: gathered and checked once, here."""
-    return ServingSettings.resolve(checkpoint=args.checkpoint, device=args.device, torch_threads=args.torch_threads,
-                                   quantize=args.quantize, **{s.name: getattr(args, s.name) for s in SETTINGS})
+    return ServingSettings.resolve(
+        checkpoint=args.checkpoint,
+        device=args.device,
+        torch_threads=args.torch_threads,
+        quantize=args.quantize,
+        **{s.name: getattr(args, s.name) for s in SETTINGS},
+    )
 
 
 def log_config(level: str) -> dict:
@@ -81,16 +104,29 @@ def main(argv=None) -> None:
     app = create_app(settings, loaded=loaded)
     connection = settings.group("connection")
     config = uvicorn.Config(
-        app, host=args.host, port=args.port, log_level=args.log_level, log_config=log_config(args.log_level),
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        log_config=log_config(args.log_level),
         http=HttpProtocol.configured(**connection) if HttpProtocol else "h11",
-        limit_concurrency=connection["limit_concurrency"], timeout_keep_alive=connection["timeout_keep_alive"],
+        limit_concurrency=connection["limit_concurrency"],
+        timeout_keep_alive=connection["timeout_keep_alive"],
         h11_max_incomplete_event_size=connection["max_header_bytes"],
     )
-    print(f"DistriNews: serving {settings.checkpoint} on {settings.device} in {loaded.precision} "
-          f"at http://{args.host}:{args.port} (API docs: http://{args.host}:{args.port}/docs)", file=sys.stderr, flush=True)
+    print(
+        f"DistriNews: serving {settings.checkpoint} on {settings.device} in {loaded.precision} "
+        f"at http://{args.host}:{args.port} (API docs: http://{args.host}:{args.port}/docs)",
+        file=sys.stderr,
+        flush=True,
+    )
     if HttpProtocol is None:
-        print("DistriNews: httptools is not installed (pip install 'uvicorn[standard]'), so the header and body "
-              "timeouts are off; h11 still limits the header size.", file=sys.stderr, flush=True)
+        print(
+            "DistriNews: httptools is not installed (pip install 'uvicorn[standard]'), so the header and body "
+            "timeouts are off; h11 still limits the header size.",
+            file=sys.stderr,
+            flush=True,
+        )
     server = uvicorn.Server(config)
     try:
         server.run()

@@ -72,7 +72,7 @@ def create_app(settings: Optional[ServingSettings] = None, *, loaded: Optional[L
             f"Limits: each text 1 to {MAX_TEXT_CHARS:,} characters and not only whitespace (longer-than-window "
             f"texts are truncated to the model's token window); at most {MAX_BATCH_TEXTS} texts per "
             f"/predict/batch call; bodies up to {MAX_BODY_BYTES:,} bytes. Errors are JSON "
-            "`{\"detail\": ..., \"errors\": [{\"field\", \"message\"}]}` with status 400 (bad JSON), "
+            '`{"detail": ..., "errors": [{"field", "message"}]}` with status 400 (bad JSON), '
             "413 (too large), 422 (invalid field), 431 (headers too large) or 503 (model not ready, or "
             "overloaded: retry after the `Retry-After` header's seconds).\n\n"
             "Concurrent /predict calls are grouped into one forward pass (micro-batching); every "
@@ -81,10 +81,14 @@ def create_app(settings: Optional[ServingSettings] = None, *, loaded: Optional[L
         ),
         lifespan=serving_lifespan(settings or ServingSettings(), loaded),
         # Outermost first; each does one thing (see middleware.py).
-        middleware=[Middleware(StartupFailureMessage), Middleware(HeaderLimits), Middleware(ClientGoneLogging),
-                    Middleware(BodySizeLimit)],
+        middleware=[
+            Middleware(StartupFailureMessage),
+            Middleware(HeaderLimits),
+            Middleware(ClientGoneLogging),
+            Middleware(BodySizeLimit),
+        ],
         exception_handlers=EXCEPTION_HANDLERS,
-        docs_url=None,   # served below from local files: the default page loads Swagger UI from a CDN
+        docs_url=None,  # served below from local files: the default page loads Swagger UI from a CDN
         redoc_url=None,  # ReDoc would need a CDN too
     )
     app.state.classifier = None

@@ -60,10 +60,10 @@ class Job:
 
     def __init__(self, texts: list[str], single: bool, future: asyncio.Future, deadline: float):
         self.texts = texts
-        self.single = single          # a /predict text: may share a forward pass with other single texts
+        self.single = single  # a /predict text: may share a forward pass with other single texts
         self.future = future
-        self.deadline = deadline      # event-loop time
-        self.state = "queued"         # queued -> running, or queued -> dropped
+        self.deadline = deadline  # event-loop time
+        self.state = "queued"  # queued -> running, or queued -> dropped
         self.drop_reason: Optional[str] = None
 
 
@@ -75,9 +75,15 @@ class MicroBatcher:
     threads at once.
     """
 
-    def __init__(self, predict_batch: Callable[[list[str]], Sequence], max_batch_size: int = 32,
-                 window_ms: float = 2.0, max_queue: int = 128, max_queue_texts: int = 512,
-                 deadline_s: float = 10.0):
+    def __init__(
+        self,
+        predict_batch: Callable[[list[str]], Sequence],
+        max_batch_size: int = 32,
+        window_ms: float = 2.0,
+        max_queue: int = 128,
+        max_queue_texts: int = 512,
+        deadline_s: float = 10.0,
+    ):
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
         if window_ms < 0:
@@ -94,18 +100,18 @@ class MicroBatcher:
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self.waiting_jobs = 0      # queued, not dropped, not yet taken by the worker
+        self.waiting_jobs = 0  # queued, not dropped, not yet taken by the worker
         self.waiting_texts = 0
         self._seconds_per_text = 0.0  # running average of model time per text (for Retry-After)
         # Counters for /health and the benchmark.
-        self.batches_run = 0       # forward passes for /predict texts
-        self.texts_run = 0         # /predict texts classified
-        self.batch_calls_run = 0   # /predict/batch calls classified
-        self.shed = 0              # refused because the queue was full
-        self.expired = 0           # dropped at their deadline, before the model
-        self.abandoned = 0         # dropped because their client went away, before the model
-        self.texts_dropped = 0     # texts of the expired and abandoned jobs: model work saved
-        self.texts_unused = 0      # texts computed whose answer nobody was waiting for any more
+        self.batches_run = 0  # forward passes for /predict texts
+        self.texts_run = 0  # /predict texts classified
+        self.batch_calls_run = 0  # /predict/batch calls classified
+        self.shed = 0  # refused because the queue was full
+        self.expired = 0  # dropped at their deadline, before the model
+        self.abandoned = 0  # dropped because their client went away, before the model
+        self.texts_dropped = 0  # texts of the expired and abandoned jobs: model work saved
+        self.texts_unused = 0  # texts computed whose answer nobody was waiting for any more
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -155,7 +161,8 @@ class MicroBatcher:
             raise Overloaded(
                 f"the server is overloaded: {self.waiting_jobs} requests with {self.waiting_texts} texts are already "
                 f"waiting for the model (limits {self.max_queue} requests, {self.max_queue_texts} texts)",
-                self.retry_after())
+                self.retry_after(),
+            )
         loop = asyncio.get_running_loop()
         job = Job(list(texts), single, loop.create_future(), loop.time() + (deadline_s or self.deadline_s))
         self._jobs.append(job)
@@ -173,8 +180,12 @@ class MicroBatcher:
         elif job.drop_reason is None:
             job.drop_reason = reason
         if not job.future.done():
-            _fail(job.future, DeadlineExceeded("the request's deadline passed") if reason == "expired"
-                  else JobAbandoned("the client went away"))
+            _fail(
+                job.future,
+                DeadlineExceeded("the request's deadline passed")
+                if reason == "expired"
+                else JobAbandoned("the client went away"),
+            )
 
     def _drop(self, job: Job, reason: str) -> None:
         job.state, job.drop_reason = "dropped", reason
@@ -269,7 +280,9 @@ class MicroBatcher:
         start = time.perf_counter()
         results = await loop.run_in_executor(self._executor, self.predict_batch, texts)
         per_text = (time.perf_counter() - start) / max(len(texts), 1)
-        self._seconds_per_text = per_text if not self._seconds_per_text else 0.8 * self._seconds_per_text + 0.2 * per_text
+        self._seconds_per_text = (
+            per_text if not self._seconds_per_text else 0.8 * self._seconds_per_text + 0.2 * per_text
+        )
         return results
 
     async def _serve(self, batch: list[Job]) -> None:
@@ -306,7 +319,7 @@ class MicroBatcher:
         i = 0
         for job in live:
             n = len(job.texts)
-            self._deliver(job, results[i:i + n])
+            self._deliver(job, results[i : i + n])
             i += n
 
     async def _serve_alone(self, job: Job) -> None:

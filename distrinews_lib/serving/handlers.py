@@ -33,10 +33,11 @@ def _message(err: dict) -> tuple[str, str]:
         return "body", f"the request body is not valid JSON ({ctx.get('error', 'decode error')} at character {pos})"
     if field == "body":
         if kind == "missing":
-            return "body", "the request body is missing; send JSON such as {\"text\": \"...\"}"
+            return "body", 'the request body is missing; send JSON such as {"text": "..."}'
         # Not a JSON object: a list, a string, or a body sent without Content-Type: application/json.
-        return "body", ("the request body must be a JSON object such as {\"text\": \"...\"}, "
-                        "sent with Content-Type: application/json")
+        return "body", (
+            'the request body must be a JSON object such as {"text": "..."}, sent with Content-Type: application/json'
+        )
     if kind == "missing":
         return field, "is required"
     if kind in ("string_type", "string_strict_type"):
@@ -55,7 +56,7 @@ def _message(err: dict) -> tuple[str, str]:
         return field, f"has more than the limit of {MAX_BATCH_TEXTS} texts; split it into several calls"
     msg = str(err.get("msg", "is invalid"))
     if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
+        msg = msg[len("Value error, ") :]
     if field == "texts" and msg.startswith("texts["):  # the batch validator names the position itself
         field, _, msg = msg.partition(" ")
     return field, msg
@@ -91,5 +92,8 @@ async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(500, f"internal server error ({type(exc).__name__}); see the server log")
 
 
-EXCEPTION_HANDLERS = {RequestValidationError: validation_error, StarletteHTTPException: http_error,
-                      Exception: unexpected_error}
+EXCEPTION_HANDLERS = {
+    RequestValidationError: validation_error,
+    StarletteHTTPException: http_error,
+    Exception: unexpected_error,
+}

@@ -49,7 +49,7 @@ class LoadedCheckpoint:
     max_length: int
     path: Path
     truncation: str = "head"  # how texts longer than max_length are cut: head, or head_tail
-    precision: str = "fp32"   # what the model computes in: fp32, or int8 (quantize.quantize_int8)
+    precision: str = "fp32"  # what the model computes in: fp32, or int8 (quantize.quantize_int8)
     quantization: Optional[dict] = None  # int8: how (method, engine, layers, share, probe drift)
 
 
@@ -57,38 +57,48 @@ def check_servable(path, payload: dict, model: torch.nn.Module) -> None:
     """Refuse a checkpoint that would load but answer wrongly: label names that do not match the model's
     outputs, a token window longer than its position table, or NaN/infinite weights."""
     labels = payload["label_names"]
-    if (not isinstance(labels, (list, tuple)) or not labels
-            or not all(isinstance(n, str) and n.strip() for n in labels)):
-        raise CheckpointError(f"checkpoint {path} has label names {str(labels)[:120]}; they must be a non-empty list of "
-                              "non-empty strings, one per model output. Retrain it.")
+    if not isinstance(labels, (list, tuple)) or not labels or not all(isinstance(n, str) and n.strip() for n in labels):
+        raise CheckpointError(
+            f"checkpoint {path} has label names {str(labels)[:120]}; they must be a non-empty list of "
+            "non-empty strings, one per model output. Retrain it."
+        )
     outputs = int(model.config.num_labels)  # strict load_state_dict has checked the head against the config
     if len(labels) != outputs:
         raise CheckpointError(
             f"checkpoint {path} names {len(labels)} labels ({', '.join(map(str, labels))[:200]}) but its model has "
             f"{outputs} outputs, so its answers would carry the wrong names. Retrain it, or fix its label_names to "
-            f"list exactly {outputs} classes in the order of the model's outputs.")
+            f"list exactly {outputs} classes in the order of the model's outputs."
+        )
     repeated = sorted({n for n in labels if list(labels).count(n) > 1})
     if repeated:
         raise CheckpointError(
-            f"checkpoint {path} names the label{'s' if len(repeated) > 1 else ''} {', '.join(map(repr, repeated))} more "
-            "than once; each of the model's outputs needs its own name, or answers would lose classes. Retrain it, "
-            "or fix its label_names.")
+            f"checkpoint {path} names the label{'s' if len(repeated) > 1 else ''} "
+            f"{', '.join(map(repr, repeated))} more than once; each of the model's outputs needs its own name, "
+            "or answers would lose classes. Retrain it, or fix its label_names."
+        )
     max_length = payload.get("max_length", 128)
     if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
-        raise CheckpointError(f"checkpoint {path} has max_length={max_length!r}; it must be a whole number of tokens, "
-                              "at least 2. Retrain it with a valid --max_length.")
+        raise CheckpointError(
+            f"checkpoint {path} has max_length={max_length!r}; it must be a whole number of tokens, "
+            "at least 2. Retrain it with a valid --max_length."
+        )
     limit = position_limit(model)
     if limit is not None and max_length > limit:
         raise CheckpointError(
             f"checkpoint {path} cuts texts at max_length={max_length} tokens, but its model has position embeddings "
-            f"for only {limit} tokens, so every longer text would fail. Retrain it with --max_length {limit} or less.")
-    bad = [name for name, t in payload["state_dict"].items()
-           if torch.is_tensor(t) and t.is_floating_point() and not bool(torch.isfinite(t).all())]
+            f"for only {limit} tokens, so every longer text would fail. Retrain it with --max_length {limit} or less."
+        )
+    bad = [
+        name
+        for name, t in payload["state_dict"].items()
+        if torch.is_tensor(t) and t.is_floating_point() and not bool(torch.isfinite(t).all())
+    ]
     if bad:
         raise CheckpointError(
             f"checkpoint {path} has NaN or infinite weights in {len(bad)} tensor{'s' if len(bad) > 1 else ''} "
             f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): the training run that wrote it diverged. "
-            "Retrain it with a lower --lr, or with --amp off.")
+            "Retrain it with a lower --lr, or with --amp off."
+        )
 
 
 def load_checkpoint(path=DEFAULT_CHECKPOINT, device: str | torch.device = "cpu") -> LoadedCheckpoint:
@@ -104,25 +114,36 @@ def load_checkpoint(path=DEFAULT_CHECKPOINT, device: str | torch.device = "cpu")
         try:
             model = CustomClassifier(_custom_config(cfg_dict))
         except (TypeError, ValueError) as err:
-            raise CheckpointError(f"checkpoint {path} has a custom model config this version cannot build ({err}); "
-                                  "retrain it.") from None
+            raise CheckpointError(
+                f"checkpoint {path} has a custom model config this version cannot build ({err}); retrain it."
+            ) from None
     else:
         config = AutoConfig.for_model(model_type, **cfg_dict)
         model = AutoModelForSequenceClassification.from_config(config)
     try:
         model.load_state_dict(payload["state_dict"], strict=True)
     except RuntimeError as err:
-        raise CheckpointError(f"checkpoint {path} does not match its own model config: {str(err).splitlines()[0][:200]}") from None
+        raise CheckpointError(
+            f"checkpoint {path} does not match its own model config: {str(err).splitlines()[0][:200]}"
+        ) from None
     check_servable(path, payload, model)
     model.to(device).eval()
     tokenizer = tokenizer_from_files(payload["tokenizer_files"])
     truncation = payload.get("truncation", "head")
     if truncation not in TRUNCATIONS:
-        raise CheckpointError(f"checkpoint {path} has truncation={truncation!r}; it must be one of {', '.join(TRUNCATIONS)}. "
-                              "Retrain it.")
+        raise CheckpointError(
+            f"checkpoint {path} has truncation={truncation!r}; it must be one of {', '.join(TRUNCATIONS)}. Retrain it."
+        )
     set_truncation(tokenizer, truncation)
-    return LoadedCheckpoint(model, tokenizer, list(payload["label_names"]), dict(payload.get("metadata", {})),
-                            int(payload.get("max_length", 128)), path, truncation)
+    return LoadedCheckpoint(
+        model,
+        tokenizer,
+        list(payload["label_names"]),
+        dict(payload.get("metadata", {})),
+        int(payload.get("max_length", 128)),
+        path,
+        truncation,
+    )
 
 
 @torch.inference_mode()
@@ -134,11 +155,16 @@ def predict_proba(loaded: LoadedCheckpoint, texts: list[str], batch_size: int = 
     head_tail = loaded.truncation == "head_tail" and not isinstance(loaded.tokenizer, HashTokenizer)
     for i in range(0, len(texts), batch_size):
         if head_tail:  # the text's start and end, cut exactly as in training (tokenization.encode_texts)
-            ids = encode_texts(loaded.tokenizer, texts[i:i + batch_size], loaded.max_length, "head_tail")
+            ids = encode_texts(loaded.tokenizer, texts[i : i + batch_size], loaded.max_length, "head_tail")
             enc = loaded.tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt")
         else:
-            enc = loaded.tokenizer(texts[i:i + batch_size], truncation=True, max_length=loaded.max_length,
-                                   padding=True, return_tensors="pt")
+            enc = loaded.tokenizer(
+                texts[i : i + batch_size],
+                truncation=True,
+                max_length=loaded.max_length,
+                padding=True,
+                return_tensors="pt",
+            )
         if not keep_tt:
             enc.pop("token_type_ids", None)
         logits = loaded.model(**{k: v.to(device) for k, v in enc.items()}).logits
@@ -156,17 +182,24 @@ def check_predictions(loaded: LoadedCheckpoint) -> torch.Tensor:
         reason = (str(err).splitlines() or [""])[0][:200]
         raise CheckpointError(
             f"checkpoint {loaded.path} loaded but could not classify a text ({type(err).__name__}"
-            f"{': ' + reason if reason else ''}). Its model and tokenizer may not belong together; retrain it.") from None
+            f"{': ' + reason if reason else ''}). Its model and tokenizer may not belong together; retrain it."
+        ) from None
     expected = (len(texts), len(loaded.label_names))
     if tuple(probs.shape) != expected:
-        raise CheckpointError(f"checkpoint {loaded.path} answered with shape {tuple(probs.shape)} instead of {expected} "
-                              "(texts x labels); retrain it.")
+        raise CheckpointError(
+            f"checkpoint {loaded.path} answered with shape {tuple(probs.shape)} instead of {expected} "
+            "(texts x labels); retrain it."
+        )
     if not bool(torch.isfinite(probs).all()):
-        raise CheckpointError(f"checkpoint {loaded.path} loaded but answers NaN or infinite probabilities; the model is "
-                              "broken (a diverged training run). Retrain it with a lower --lr, or with --amp off.")
+        raise CheckpointError(
+            f"checkpoint {loaded.path} loaded but answers NaN or infinite probabilities; the model is "
+            "broken (a diverged training run). Retrain it with a lower --lr, or with --amp off."
+        )
     if bool((probs < 0).any()) or bool(((probs.sum(-1) - 1).abs() > 1e-3).any()):
-        raise CheckpointError(f"checkpoint {loaded.path} answers values that are not probabilities "
-                              f"(row sums {probs.sum(-1).tolist()}); retrain it.")
+        raise CheckpointError(
+            f"checkpoint {loaded.path} answers values that are not probabilities "
+            f"(row sums {probs.sum(-1).tolist()}); retrain it."
+        )
     return probs
 
 
@@ -203,8 +236,9 @@ class Classifier:
         best = probs.argmax(dim=-1).tolist()
         results = []
         for row, i in zip(probs.tolist(), best):
-            results.append({"label": self.labels[i], "confidence": row[i],
-                            "all_probabilities": dict(zip(self.labels, row))})
+            results.append(
+                {"label": self.labels[i], "confidence": row[i], "all_probabilities": dict(zip(self.labels, row))}
+            )
         return results
 
     def info(self) -> CheckpointInfo:
@@ -219,8 +253,13 @@ class Classifier:
 
         return CheckpointInfo(
             # The file name only: the folder it lives in is the server's business, not its clients'.
-            file=Path(self.loaded.path).name, data_source=pick("data_source", str),
-            final_accuracy=pick("final_accuracy", float), world_size=pick("world_size", int), preset=pick("preset", str),
-            model=pick("model", str), created=pick("created", str), max_length=self.loaded.max_length,
+            file=Path(self.loaded.path).name,
+            data_source=pick("data_source", str),
+            final_accuracy=pick("final_accuracy", float),
+            world_size=pick("world_size", int),
+            preset=pick("preset", str),
+            model=pick("model", str),
+            created=pick("created", str),
+            max_length=self.loaded.max_length,
             versions=meta.get("versions") if isinstance(meta.get("versions"), dict) else None,
         )

@@ -43,8 +43,12 @@ def serving_lifespan(given: ServingSettings, loaded: Optional[LoadedCheckpoint] 
             if ckpt.precision != QUANTIZE_CHOICES[settings.quantize]:  # given fp32, asked for int8
                 ckpt = await asyncio.to_thread(quantize_int8, ckpt)
         else:
-            log.info("loading checkpoint %s on %s (%s)", settings.checkpoint, settings.device,
-                     QUANTIZE_CHOICES[settings.quantize])
+            log.info(
+                "loading checkpoint %s on %s (%s)",
+                settings.checkpoint,
+                settings.device,
+                QUANTIZE_CHOICES[settings.quantize],
+            )
             ckpt = await asyncio.to_thread(load_in_precision, settings.checkpoint, settings.device, settings.quantize)
         previous_threads = torch.get_num_threads()
         if settings.torch_threads:
@@ -54,9 +58,14 @@ def serving_lifespan(given: ServingSettings, loaded: Optional[LoadedCheckpoint] 
             # but cannot classify, or answers NaN, is refused now rather than on every request.
             await asyncio.to_thread(check_predictions, ckpt)
             classifier = Classifier(ckpt, settings.device)
-            batcher = MicroBatcher(classifier.predict, window_ms=settings.batch_window_ms,
-                                   max_batch_size=settings.max_batch_size, max_queue=settings.max_queue,
-                                   max_queue_texts=settings.max_queue_texts, deadline_s=settings.deadline_s)
+            batcher = MicroBatcher(
+                classifier.predict,
+                window_ms=settings.batch_window_ms,
+                max_batch_size=settings.max_batch_size,
+                max_queue=settings.max_queue,
+                max_queue_texts=settings.max_queue_texts,
+                deadline_s=settings.deadline_s,
+            )
             await batcher.start()
         except BaseException:
             torch.set_num_threads(previous_threads)
@@ -67,10 +76,20 @@ def serving_lifespan(given: ServingSettings, loaded: Optional[LoadedCheckpoint] 
             gc.collect()
             gc.freeze()
             state.classifier, state.batcher, state.settings, state.status = classifier, batcher, settings, "ok"
-            log.info("serving %s (labels %s) on %s in %s (%d torch threads), max batch %d, window %.1f ms, queue %d "
-                     "requests / %d texts, deadline %g s", Path(ckpt.path).name, ", ".join(classifier.labels),
-                     settings.device, ckpt.precision, torch.get_num_threads(), settings.max_batch_size,
-                     settings.batch_window_ms, batcher.max_queue, batcher.max_queue_texts, batcher.deadline_s)
+            log.info(
+                "serving %s (labels %s) on %s in %s (%d torch threads), max batch %d, window %.1f ms, queue %d "
+                "requests / %d texts, deadline %g s",
+                Path(ckpt.path).name,
+                ", ".join(classifier.labels),
+                settings.device,
+                ckpt.precision,
+                torch.get_num_threads(),
+                settings.max_batch_size,
+                settings.batch_window_ms,
+                batcher.max_queue,
+                batcher.max_queue_texts,
+                batcher.deadline_s,
+            )
             yield
         finally:
             state.status = "stopping"

@@ -66,8 +66,11 @@ class HeaderLimits:
             size = sum(len(k) + len(v) + 4 for k, v in headers) + len(scope.get("raw_path") or b"")
             if len(headers) > settings.max_headers or size > settings.max_header_bytes:
                 throttled("431", logging.WARNING, "refused a request over the header limits (431)")
-                response = error_response(431, f"the request has more than {settings.max_headers} header lines or "
-                                               f"{settings.max_header_bytes:,} bytes of request line and headers")
+                response = error_response(
+                    431,
+                    f"the request has more than {settings.max_headers} header lines or "
+                    f"{settings.max_header_bytes:,} bytes of request line and headers",
+                )
                 return await response(scope, receive, send)
         return await self.app(scope, receive, send)
 
@@ -96,9 +99,15 @@ class ClientGoneLogging:
         try:
             return await self.app(scope, receive, send_or_raise)
         except ResponseWriteFailed as failed:
-            throttled("gone", logging.INFO, "client %s went away before its response to %s %s was sent (%s)",
-                      "%s:%s" % tuple(scope.get("client") or ("?", "?")), scope.get("method"), scope.get("path"),
-                      failed)
+            throttled(
+                "gone",
+                logging.INFO,
+                "client %s went away before its response to %s %s was sent (%s)",
+                "%s:%s" % tuple(scope.get("client") or ("?", "?")),
+                scope.get("method"),
+                scope.get("path"),
+                failed,
+            )
             # Let the server see the closed connection before this request ends, so it does not also report a
             # response that was never completed.
             with contextlib.suppress(Exception):
@@ -138,8 +147,11 @@ class BodySizeLimit:
         return await self.app(scope, _replay(chunks, receive), send)
 
     async def _too_large(self, scope, receive, send):
-        response = error_response(413, f"the request body is larger than the limit of {self.max_body_bytes:,} bytes "
-                                       f"(at most {MAX_BATCH_TEXTS} texts of {MAX_TEXT_CHARS:,} characters)")
+        response = error_response(
+            413,
+            f"the request body is larger than the limit of {self.max_body_bytes:,} bytes "
+            f"(at most {MAX_BATCH_TEXTS} texts of {MAX_TEXT_CHARS:,} characters)",
+        )
         await response(scope, receive, send)
 
 

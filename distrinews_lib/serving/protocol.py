@@ -48,8 +48,11 @@ def _error_body(status: int, detail: str) -> bytes:
 def _refusal_app(status: int, detail: str, retry_after: Optional[int] = None):
     """A tiny ASGI app answering one JSON error and closing the connection (it never reads the body)."""
     body = _error_body(status, detail)
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               (b"connection", b"close")]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
     if retry_after is not None:
         headers.append((b"retry-after", str(retry_after).encode()))
 
@@ -91,12 +94,12 @@ class HttpProtocol(HttpToolsProtocol):
         self.body_timeout = float(limits["body_timeout"])
         self.max_header_bytes = int(limits["max_header_bytes"])
         self.max_headers = int(limits["max_headers"])
-        self._in_head = False           # a request line + headers are being received
-        self._head_bytes = 0            # bytes of the current head received so far (at least)
-        self._head_seen = 0             # bytes of the current head seen by the parser's callbacks
+        self._in_head = False  # a request line + headers are being received
+        self._head_bytes = 0  # bytes of the current head received so far (at least)
+        self._head_seen = 0  # bytes of the current head seen by the parser's callbacks
         self._header_count = 0
-        self._timer = None              # the header or body timeout of the request being received
-        self._open_cycles: list = []    # requests of this connection whose response is not complete
+        self._timer = None  # the header or body timeout of the request being received
+        self._open_cycles: list = []  # requests of this connection whose response is not complete
 
     # ------------------------------------------------------------------ timers
 
@@ -114,8 +117,12 @@ class HttpProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         if self._in_head:
-            throttled("header-timeout", logging.INFO, "closed a connection that sent no complete request headers "
-                      "within %g s (408)", self.header_timeout)
+            throttled(
+                "header-timeout",
+                logging.INFO,
+                "closed a connection that sent no complete request headers within %g s (408)",
+                self.header_timeout,
+            )
             self._write_error(408, f"the request headers were not received within {self.header_timeout:g} s")
         self.transport.close()
 
@@ -125,11 +132,16 @@ class HttpProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         # Armed from a request's headers until its body is complete: the body is still incomplete.
-        throttled("body-timeout", logging.INFO, "closed a connection whose request body was not received within "
-                  "%g s (408)", self.body_timeout)
+        throttled(
+            "body-timeout",
+            logging.INFO,
+            "closed a connection whose request body was not received within %g s (408)",
+            self.body_timeout,
+        )
         if cycle is not None and not cycle.response_started:
-            self._write_error(408, f"the request body was not received within {self.body_timeout:g} s",
-                              for_current_cycle=True)
+            self._write_error(
+                408, f"the request body was not received within {self.body_timeout:g} s", for_current_cycle=True
+            )
         self._mark_disconnected()
         self.transport.close()
 
@@ -140,8 +152,13 @@ class HttpProtocol(HttpToolsProtocol):
         head = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
             head += [name, b": ", value, b"\r\n"]
-        head += [b"content-type: application/json\r\n", b"content-length: " + str(len(body)).encode() + b"\r\n",
-                 b"connection: close\r\n", b"\r\n", body]
+        head += [
+            b"content-type: application/json\r\n",
+            b"content-length: " + str(len(body)).encode() + b"\r\n",
+            b"connection: close\r\n",
+            b"\r\n",
+            body,
+        ]
         self.transport.write(b"".join(head))
 
     # ------------------------------------------------------------------ connection events
@@ -183,11 +200,15 @@ class HttpProtocol(HttpToolsProtocol):
 
     def _refuse_head(self) -> None:
         self._disarm()
-        what = (f"more than {self.max_headers} header lines" if self._header_count > self.max_headers
-                else f"more than {self.max_header_bytes:,} bytes of request line and headers")
+        what = (
+            f"more than {self.max_headers} header lines"
+            if self._header_count > self.max_headers
+            else f"more than {self.max_header_bytes:,} bytes of request line and headers"
+        )
         throttled("431", logging.WARNING, "refused a request with %s (431)", what)
-        self._write_error(431, f"the request has {what}; the limit is {self.max_headers} headers and "
-                               f"{self.max_header_bytes:,} bytes")
+        self._write_error(
+            431, f"the request has {what}; the limit is {self.max_headers} headers and {self.max_header_bytes:,} bytes"
+        )
         self._in_head = False
         self.transport.close()
 
@@ -215,17 +236,30 @@ class HttpProtocol(HttpToolsProtocol):
         size = max(self._head_bytes, self._head_seen)
         refusal = None
         if self._header_count > self.max_headers or size > self.max_header_bytes:
-            what = (f"more than {self.max_headers} header lines" if self._header_count > self.max_headers
-                    else f"more than {self.max_header_bytes:,} bytes of request line and headers")
+            what = (
+                f"more than {self.max_headers} header lines"
+                if self._header_count > self.max_headers
+                else f"more than {self.max_header_bytes:,} bytes of request line and headers"
+            )
             throttled("431", logging.WARNING, "refused a request with %s (431)", what)
-            refusal = _refusal_app(431, f"the request has {what}; the limit is {self.max_headers} headers and "
-                                        f"{self.max_header_bytes:,} bytes")
-        elif self.connection_limit is not None and (len(self.connections) > self.connection_limit
-                                                    or len(self.tasks) >= self.connection_limit):
-            throttled("connections", logging.WARNING, "refused a request with 503: %d connections, %d requests in "
-                      "progress (limit %d)", len(self.connections), len(self.tasks), self.connection_limit)
-            refusal = _refusal_app(503, f"the server is at its limit of {self.connection_limit} connections; "
-                                        "retry shortly", retry_after=1)
+            refusal = _refusal_app(
+                431,
+                f"the request has {what}; the limit is {self.max_headers} headers and {self.max_header_bytes:,} bytes",
+            )
+        elif self.connection_limit is not None and (
+            len(self.connections) > self.connection_limit or len(self.tasks) >= self.connection_limit
+        ):
+            throttled(
+                "connections",
+                logging.WARNING,
+                "refused a request with 503: %d connections, %d requests in progress (limit %d)",
+                len(self.connections),
+                len(self.tasks),
+                self.connection_limit,
+            )
+            refusal = _refusal_app(
+                503, f"the server is at its limit of {self.connection_limit} connections; retry shortly", retry_after=1
+            )
         if refusal is not None:
             app, self.app = self.app, refusal
             try:
@@ -248,7 +282,13 @@ class HttpProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         cycle = self.cycle
-        if (not self.transport.is_closing() and cycle is not None and cycle.more_body
-                and not cycle.response_complete and self._timer is None and not self._in_head):
+        if (
+            not self.transport.is_closing()
+            and cycle is not None
+            and cycle.more_body
+            and not cycle.response_complete
+            and self._timer is None
+            and not self._in_head
+        ):
             # A pipelined request just started and its body is still to come.
             self._arm(self.body_timeout, self._body_timeout_fired)

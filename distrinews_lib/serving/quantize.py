@@ -26,8 +26,8 @@ import torch
 
 from .inference import CheckpointError, LoadedCheckpoint, predict_proba
 
-MIN_LINEAR_SHARE = 0.5   # of the weights outside the embeddings
-MAX_DRIFT = 0.1          # largest change of a class probability, int8 vs fp32, on PROBE_TEXTS
+MIN_LINEAR_SHARE = 0.5  # of the weights outside the embeddings
+MAX_DRIFT = 0.1  # largest change of a class probability, int8 vs fp32, on PROBE_TEXTS
 METHOD = "dynamic int8 (torch.ao.quantization.quantize_dynamic, per-channel weights) for torch.nn.Linear layers"
 # Varied news texts: int8 must answer them (nearly) as fp32 does before the server starts.
 PROBE_TEXTS = [
@@ -47,8 +47,9 @@ def linear_weights(model: torch.nn.Module) -> tuple[int, float]:
     would quantize. Subclasses such as MultiheadAttention's out_proj are not quantized, so only nn.Linear counts."""
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
     in_linear = sum(p.numel() for m in linears for p in m.parameters(recurse=False))
-    embeddings = sum(p.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding)
-                     for p in m.parameters(recurse=False))
+    embeddings = sum(
+        p.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters(recurse=False)
+    )
     rest = sum(p.numel() for p in model.parameters()) - embeddings
     return len(linears), (in_linear / rest if rest else 0.0)
 
@@ -69,8 +70,10 @@ def quantize_int8(loaded: LoadedCheckpoint) -> LoadedCheckpoint:
     path, model = loaded.path, loaded.model
     device = next(model.parameters()).device
     if device.type != "cpu":
-        raise CheckpointError(f"--quantize int8 runs on the CPU only, but checkpoint {path} is loaded on {device}. "
-                              "Serve it with --device cpu, or leave out --quantize on a GPU.")
+        raise CheckpointError(
+            f"--quantize int8 runs on the CPU only, but checkpoint {path} is loaded on {device}. "
+            "Serve it with --device cpu, or leave out --quantize on a GPU."
+        )
     with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao
         warnings.simplefilter("ignore", DeprecationWarning)
         try:
@@ -82,20 +85,23 @@ def quantize_int8(loaded: LoadedCheckpoint) -> LoadedCheckpoint:
         raise CheckpointError(
             f"--quantize int8: this torch ({torch.__version__}) has no CPU int8 path "
             f"({'no quantized engine' if quantize_dynamic else 'torch.ao.quantization.quantize_dynamic is gone'}). "
-            "Serve without --quantize, or install a torch that has it (torchao is its successor).")
+            "Serve without --quantize, or install a torch that has it (torchao is its successor)."
+        )
     layers, share = linear_weights(model)
     if share < MIN_LINEAR_SHARE:
         raise CheckpointError(
             f"--quantize int8 does not apply to checkpoint {path}: its torch.nn.Linear layers ({layers}) hold "
             f"{100 * share:.1f}% of its weights outside the embeddings, and dynamic int8 quantizes only those "
             f"(a {type(model).__name__}'s other layers, such as transformers' Conv1D, stay fp32), so it would serve "
-            "about as slowly as fp32. Serve it without --quantize.")
+            "about as slowly as fp32. Serve it without --quantize."
+        )
     fp32 = predict_proba(loaded, PROBE_TEXTS)
     with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao on every call
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", UserWarning)
-        qmodel = quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8,
-                                  inplace=True)
+        qmodel = quantize_dynamic(
+            model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True
+        )
     int8 = dataclasses.replace(loaded, model=qmodel, precision="int8")
     probs = predict_proba(int8, PROBE_TEXTS)
     drift = float((probs - fp32).abs().max()) if bool(torch.isfinite(probs).all()) else float("inf")
@@ -104,7 +110,13 @@ def quantize_int8(loaded: LoadedCheckpoint) -> LoadedCheckpoint:
             f"--quantize int8 would change checkpoint {path}'s answers too much: a class probability moved by "
             f"{drift:.2f} (more than {MAX_DRIFT}) on {len(PROBE_TEXTS)} test texts, int8 against fp32. Some of its "
             "layers have weights int8 cannot represent finely enough (a few very large ones). Serve it without "
-            "--quantize.")
-    int8.quantization = {"method": METHOD, "engine": engine, "linear_layers": layers,
-                         "linear_share": round(share, 4), "probe_drift": round(drift, 5)}
+            "--quantize."
+        )
+    int8.quantization = {
+        "method": METHOD,
+        "engine": engine,
+        "linear_layers": layers,
+        "linear_share": round(share, 4),
+        "probe_drift": round(drift, 5),
+    }
     return int8

@@ -28,24 +28,28 @@ from .schemas import (
     CheckpointInfo,
     ErrorResponse,
     HealthResponse,
-    QuantizationInfo,
     Prediction,
     PredictRequest,
+    QuantizationInfo,
     QueueInfo,
 )
 
 throttled = ThrottledLog(logging.getLogger("distrinews.serving"))
 router = APIRouter()
 
-RETRY_AFTER_HEADER = {"Retry-After": {"description": "Whole seconds worth waiting before trying again.",
-                                      "schema": {"type": "integer"}}}
+RETRY_AFTER_HEADER = {
+    "Retry-After": {"description": "Whole seconds worth waiting before trying again.", "schema": {"type": "integer"}}
+}
 ERRORS = {
     400: {"model": ErrorResponse, "description": "The body is not valid JSON."},
     413: {"model": ErrorResponse, "description": f"The body is larger than {MAX_BODY_BYTES:,} bytes."},
     422: {"model": ErrorResponse, "description": "A field is missing, of the wrong type, empty, or over its limit."},
-    503: {"model": ErrorResponse, "headers": RETRY_AFTER_HEADER,
-          "description": "The model is not loaded yet (starting) or any more (stopping), or the server is "
-                         "overloaded: its queue is full, or the request was not answered within its deadline."},
+    503: {
+        "model": ErrorResponse,
+        "headers": RETRY_AFTER_HEADER,
+        "description": "The model is not loaded yet (starting) or any more (stopping), or the server is "
+        "overloaded: its queue is full, or the request was not answered within its deadline.",
+    },
 }
 
 
@@ -72,10 +76,18 @@ def not_ready(why: str = "the model is not loaded yet (or the server is stopping
 
 def too_late(batcher: MicroBatcher) -> JSONResponse:
     wait = batcher.retry_after()
-    throttled("deadline", logging.WARNING, "answered 503: a request was not answered within its deadline of %g s",
-              batcher.deadline_s)
-    return error_response(503, f"the server is overloaded: the request was not answered within its deadline of "
-                               f"{batcher.deadline_s:g} s; retry after {wait} s", headers={"Retry-After": str(wait)})
+    throttled(
+        "deadline",
+        logging.WARNING,
+        "answered 503: a request was not answered within its deadline of %g s",
+        batcher.deadline_s,
+    )
+    return error_response(
+        503,
+        f"the server is overloaded: the request was not answered within its deadline of "
+        f"{batcher.deadline_s:g} s; retry after {wait} s",
+        headers={"Retry-After": str(wait)},
+    )
 
 
 async def classify(request: Request, texts: list[str], single: bool):
@@ -87,8 +99,9 @@ async def classify(request: Request, texts: list[str], single: bool):
         job = batcher.enqueue(texts, single=single)
     except Overloaded as err:
         throttled("shed", logging.WARNING, "answered 503 with Retry-After %d: %s", err.retry_after, err)
-        return error_response(503, f"{err}; retry after {err.retry_after} s",
-                              headers={"Retry-After": str(err.retry_after)})
+        return error_response(
+            503, f"{err}; retry after {err.retry_after} s", headers={"Retry-After": str(err.retry_after)}
+        )
     except BatcherStopped as err:
         return not_ready(str(err))
     loop = asyncio.get_running_loop()
@@ -120,7 +133,8 @@ async def root():
 async def docs(request: Request):
     root_path = request.scope.get("root_path", "").rstrip("/")
     return get_swagger_ui_html(
-        openapi_url=root_path + request.app.openapi_url, title=request.app.title + " - API docs",
+        openapi_url=root_path + request.app.openapi_url,
+        title=request.app.title + " - API docs",
         swagger_js_url=root_path + "/docs/assets/swagger-ui-bundle.js",
         swagger_css_url=root_path + "/docs/assets/swagger-ui.css",
         swagger_favicon_url=root_path + "/docs/assets/favicon-32x32.png",
@@ -129,9 +143,13 @@ async def docs(request: Request):
     )
 
 
-@router.api_route("/health", methods=["GET", "HEAD"], response_model=HealthResponse,
-                  responses={503: {"model": HealthResponse}},
-                  summary="Is the model loaded? Which checkpoint, device and labels? How full is the queue?")
+@router.api_route(
+    "/health",
+    methods=["GET", "HEAD"],
+    response_model=HealthResponse,
+    responses={503: {"model": HealthResponse}},
+    summary="Is the model loaded? Which checkpoint, device and labels? How full is the queue?",
+)
 async def health(request: Request):
     st = request.app.state
     clf: Optional[Classifier] = st.classifier
@@ -146,17 +164,30 @@ async def health(request: Request):
         labels=clf.labels if clf else [],
         checkpoint=clf.info() if clf else CheckpointInfo(),
         batching=BatchingInfo(
-            max_batch_size=batcher.max_batch_size, batch_window_ms=batcher.window_s * 1000,
-            torch_threads=torch.get_num_threads(), batches_run=batcher.batches_run,
+            max_batch_size=batcher.max_batch_size,
+            batch_window_ms=batcher.window_s * 1000,
+            torch_threads=torch.get_num_threads(),
+            batches_run=batcher.batches_run,
             mean_batch_size=round(batcher.texts_run / batcher.batches_run, 2) if batcher.batches_run else None,
-            texts_run=batcher.texts_run, batch_calls_run=batcher.batch_calls_run,
-        ) if batcher else None,
+            texts_run=batcher.texts_run,
+            batch_calls_run=batcher.batch_calls_run,
+        )
+        if batcher
+        else None,
         queue=QueueInfo(
-            max_requests=batcher.max_queue, max_texts=batcher.max_queue_texts, deadline_s=batcher.deadline_s,
-            waiting_requests=batcher.waiting_jobs, waiting_texts=batcher.waiting_texts, shed=batcher.shed,
-            expired=batcher.expired, abandoned=batcher.abandoned, texts_dropped=batcher.texts_dropped,
+            max_requests=batcher.max_queue,
+            max_texts=batcher.max_queue_texts,
+            deadline_s=batcher.deadline_s,
+            waiting_requests=batcher.waiting_jobs,
+            waiting_texts=batcher.waiting_texts,
+            shed=batcher.shed,
+            expired=batcher.expired,
+            abandoned=batcher.abandoned,
+            texts_dropped=batcher.texts_dropped,
             texts_unused=batcher.texts_unused,
-        ) if batcher else None,
+        )
+        if batcher
+        else None,
     )
     return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
 
@@ -167,8 +198,12 @@ async def predict(body: PredictRequest, request: Request):
     return result[0] if isinstance(result, list) else result
 
 
-@router.post("/predict/batch", response_model=BatchPredictResponse, responses=ERRORS,
-             summary=f"Classify 1 to {MAX_BATCH_TEXTS} texts; results[i] belongs to texts[i]")
+@router.post(
+    "/predict/batch",
+    response_model=BatchPredictResponse,
+    responses=ERRORS,
+    summary=f"Classify 1 to {MAX_BATCH_TEXTS} texts; results[i] belongs to texts[i]",
+)
 async def predict_batch(body: BatchPredictRequest, request: Request):
     result = await classify(request, body.texts, single=False)  # already a batch: one forward pass
     return {"results": result} if isinstance(result, list) else result

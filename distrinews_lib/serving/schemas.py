@@ -32,8 +32,9 @@ EXAMPLE_TEXTS = [
 # Python's whitespace (str.isspace, what str.strip removes), spelled out so that the OpenAPI schema's
 # `pattern` (an ECMA-262 regular expression) and the server's check agree character for character:
 # a text is refused as blank exactly when the schema says it does not match.
-WHITESPACE_CLASS = ("\\u0009-\\u000d\\u001c-\\u0020\\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029"
-                    "\\u202f\\u205f\\u3000")
+WHITESPACE_CLASS = (
+    "\\u0009-\\u000d\\u001c-\\u0020\\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000"
+)
 NOT_BLANK_PATTERN = f"[^{WHITESPACE_CLASS}]"  # at least one character that is not whitespace
 _NOT_BLANK = re.compile(NOT_BLANK_PATTERN)
 
@@ -50,8 +51,10 @@ def check_text(value: str) -> str:
     return value
 
 
-TEXT_DESCRIPTION = (f"1 to {MAX_TEXT_CHARS:,} characters, at least one of them not whitespace. Texts longer than "
-                    "the model's token window are truncated.")
+TEXT_DESCRIPTION = (
+    f"1 to {MAX_TEXT_CHARS:,} characters, at least one of them not whitespace. Texts longer than "
+    "the model's token window are truncated."
+)
 # One text, with every limit in the schema (so /docs and schema-driven clients know them) and checked in order:
 # type, length, then blankness and Unicode (check_text).
 Text = Annotated[
@@ -64,8 +67,9 @@ Text = Annotated[
 class PredictRequest(BaseModel):
     """One text to classify."""
 
-    text: Text = Field(..., description="The news text (headline and/or description): " + TEXT_DESCRIPTION,
-                       examples=[EXAMPLE_TEXT])
+    text: Text = Field(
+        ..., description="The news text (headline and/or description): " + TEXT_DESCRIPTION, examples=[EXAMPLE_TEXT]
+    )
 
     model_config = ConfigDict(json_schema_extra={"examples": [{"text": EXAMPLE_TEXT}]})
 
@@ -90,7 +94,8 @@ class Prediction(BaseModel):
     label: str = Field(..., description="The most probable class.", examples=["Sci/Tech"])
     confidence: float = Field(..., ge=0.0, le=1.0, description="The probability of `label`.", examples=[0.89])
     all_probabilities: dict[str, float] = Field(
-        ..., description="Probability of each class, in the checkpoint's label order; they sum to 1.",
+        ...,
+        description="Probability of each class, in the checkpoint's label order; they sum to 1.",
         examples=[{"World": 0.04, "Sports": 0.02, "Business": 0.05, "Sci/Tech": 0.89}],
     )
 
@@ -104,15 +109,22 @@ class BatchPredictResponse(BaseModel):
 class CheckpointInfo(BaseModel):
     """What the checkpoint says about how it was trained (fields absent from it are null)."""
 
-    file: Optional[str] = Field(None, description="The name of the checkpoint file being served (not its folder).",
-                                examples=["distilbert_agnews.pt"])
+    file: Optional[str] = Field(
+        None,
+        description="The name of the checkpoint file being served (not its folder).",
+        examples=["distilbert_agnews.pt"],
+    )
     data_source: Optional[str] = Field(None, description="Where the training data came from.", examples=["ag_news"])
-    final_accuracy: Optional[float] = Field(None, description="Test accuracy at the end of training (0..1).", examples=[0.91])
+    final_accuracy: Optional[float] = Field(
+        None, description="Test accuracy at the end of training (0..1).", examples=[0.91]
+    )
     world_size: Optional[int] = Field(None, description="How many processes (DDP ranks) trained it.", examples=[2])
     preset: Optional[str] = Field(None, description="The training preset.")
     model: Optional[str] = Field(None, description="The model it was built from.", examples=["tiny"])
     created: Optional[str] = Field(None, description="When it was saved (ISO time).")
-    max_length: Optional[int] = Field(None, description="Token window; longer texts are truncated to it.", examples=[128])
+    max_length: Optional[int] = Field(
+        None, description="Token window; longer texts are truncated to it.", examples=[128]
+    )
     versions: Optional[dict] = Field(None, description="Library versions it was trained with.")
 
 
@@ -148,8 +160,11 @@ class QuantizationInfo(BaseModel):
     engine: str = Field(..., description="torch's quantized engine on this CPU.", examples=["x86"])
     linear_layers: int = Field(..., description="Linear layers now computing in int8.")
     linear_share: float = Field(..., description="Their share of the weights outside the embeddings (0..1).")
-    probe_drift: float = Field(..., description="Largest change of a class probability, int8 against fp32, on the "
-                                                "server's probe texts at start-up.")
+    probe_drift: float = Field(
+        ...,
+        description="Largest change of a class probability, int8 against fp32, on the "
+        "server's probe texts at start-up.",
+    )
 
 
 class Limits(BaseModel):
@@ -161,12 +176,14 @@ class Limits(BaseModel):
 class HealthResponse(BaseModel):
     """Readiness of the server. Returned with 200 when ready, 503 while the model is not loaded."""
 
-    status: str = Field(..., description='"ok" when predictions can be served, else "loading" or "stopping".',
-                        examples=["ok"])
+    status: str = Field(
+        ..., description='"ok" when predictions can be served, else "loading" or "stopping".', examples=["ok"]
+    )
     model_loaded: bool
     device: Optional[str] = Field(None, examples=["cpu"])
-    precision: Optional[str] = Field(None, description='What the model computes in: "fp32", or "int8" '
-                                                       "(--quantize int8).", examples=["fp32"])
+    precision: Optional[str] = Field(
+        None, description='What the model computes in: "fp32", or "int8" (--quantize int8).', examples=["fp32"]
+    )
     quantization: Optional[QuantizationInfo] = Field(None, description="With --quantize int8: how.")
     labels: list[str] = Field(default_factory=list, examples=[["World", "Sports", "Business", "Sci/Tech"]])
     checkpoint: CheckpointInfo = Field(default_factory=CheckpointInfo)
@@ -183,6 +200,9 @@ class FieldError(BaseModel):
 class ErrorResponse(BaseModel):
     """Every error (4xx; 503 while loading or overloaded) has this shape."""
 
-    detail: str = Field(..., description="One readable sentence saying what is wrong.",
-                        examples=["text: must not be empty or only whitespace"])
+    detail: str = Field(
+        ...,
+        description="One readable sentence saying what is wrong.",
+        examples=["text: must not be empty or only whitespace"],
+    )
     errors: list[FieldError] = Field(default_factory=list)

@@ -43,63 +43,161 @@ QUANTIZE_CHOICES = {"none": "fp32", "int8": "int8"}  # flag value -> the precisi
 
 @dataclass(frozen=True)
 class Setting:
-    name: str            # field of ServingSettings
-    env: str             # environment variable
-    flag: str            # command-line flag of python -m distrinews_lib.serving
-    kind: type           # int or float
+    name: str  # field of ServingSettings
+    env: str  # environment variable
+    flag: str  # command-line flag of python -m distrinews_lib.serving
+    kind: type  # int or float
     default: Any
-    low: float           # smallest allowed value
-    high: float          # largest allowed value
+    low: float  # smallest allowed value
+    high: float  # largest allowed value
     help: str
-    group: str           # "app" or "connection"
-    short: str           # the meaning in a few words, for the tables (settings_table, settings_markdown)
+    group: str  # "app" or "connection"
+    short: str  # the meaning in a few words, for the tables (settings_table, settings_markdown)
 
 
 SETTINGS = [
     # --- the model queue (app); defaults chosen on the tiny CPU model (benchmarks/serving.json): a lone request
     # never waits (collection stops when no other request is being read), 32 texts get most of the gain ---
-    Setting("max_batch_size", "DISTRINEWS_MAX_BATCH_SIZE", "--max-batch-size", int, 32, 1, 4096,
-            "most /predict requests run together in one forward pass (1 turns batching off)", "app",
-            "most /predict requests per forward pass (1: no batching)"),
-    Setting("batch_window_ms", "DISTRINEWS_BATCH_WINDOW_MS", "--batch-window-ms", float, 2.0, 0, 1000,
-            "longest wait, in ms, for more requests to join a batch", "app",
-            "longest wait, in ms, for more requests to batch"),
+    Setting(
+        "max_batch_size",
+        "DISTRINEWS_MAX_BATCH_SIZE",
+        "--max-batch-size",
+        int,
+        32,
+        1,
+        4096,
+        "most /predict requests run together in one forward pass (1 turns batching off)",
+        "app",
+        "most /predict requests per forward pass (1: no batching)",
+    ),
+    Setting(
+        "batch_window_ms",
+        "DISTRINEWS_BATCH_WINDOW_MS",
+        "--batch-window-ms",
+        float,
+        2.0,
+        0,
+        1000,
+        "longest wait, in ms, for more requests to join a batch",
+        "app",
+        "longest wait, in ms, for more requests to batch",
+    ),
     # 512 requests, not 128 (#34): 128 waiting singles are under 0.1 s of the tiny model's work, so at 256 clients
     # it shed 8% of them (each client then waits Retry-After, 1 s) and cut throughput to 887 req/s; with 512 none
     # was shed, 1,477 req/s at the same p99 (LitServe, which never sheds, 753). The texts bound stays 512.
-    Setting("max_queue", "DISTRINEWS_MAX_QUEUE", "--max-queue", int, 512, 1, 1_000_000,
-            "most requests waiting for the model; more are refused at once with 503 and Retry-After", "app",
-            "most requests waiting for the model"),
-    Setting("max_queue_texts", "DISTRINEWS_MAX_QUEUE_TEXTS", "--max-queue-texts", int, 512, MAX_BATCH_TEXTS, 10_000_000,
-            f"most texts waiting for the model (a /predict/batch call counts its texts; at least {MAX_BATCH_TEXTS}); "
-            "more are refused with 503 and Retry-After", "app",
-            f"most texts waiting for the model (at least {MAX_BATCH_TEXTS})"),
-    Setting("deadline_s", "DISTRINEWS_DEADLINE_S", "--deadline", float, 10.0, 0.001, 3600,
-            "seconds a request may wait for its answer; later it gets 503, and if it had not reached the model "
-            "yet, the model never sees it", "app",
-            "seconds a request may wait for its answer"),
+    Setting(
+        "max_queue",
+        "DISTRINEWS_MAX_QUEUE",
+        "--max-queue",
+        int,
+        512,
+        1,
+        1_000_000,
+        "most requests waiting for the model; more are refused at once with 503 and Retry-After",
+        "app",
+        "most requests waiting for the model",
+    ),
+    Setting(
+        "max_queue_texts",
+        "DISTRINEWS_MAX_QUEUE_TEXTS",
+        "--max-queue-texts",
+        int,
+        512,
+        MAX_BATCH_TEXTS,
+        10_000_000,
+        f"most texts waiting for the model (a /predict/batch call counts its texts; at least {MAX_BATCH_TEXTS}); "
+        "more are refused with 503 and Retry-After",
+        "app",
+        f"most texts waiting for the model (at least {MAX_BATCH_TEXTS})",
+    ),
+    Setting(
+        "deadline_s",
+        "DISTRINEWS_DEADLINE_S",
+        "--deadline",
+        float,
+        10.0,
+        0.001,
+        3600,
+        "seconds a request may wait for its answer; later it gets 503, and if it had not reached the model "
+        "yet, the model never sees it",
+        "app",
+        "seconds a request may wait for its answer",
+    ),
     # --- connections (uvicorn) ---
-    Setting("limit_concurrency", "DISTRINEWS_LIMIT_CONCURRENCY", "--limit-concurrency", int, 512, 1, 1_000_000,
-            "most open connections (and requests in progress); past it a request gets 503 and Retry-After and its "
-            "connection is closed", "connection",
-            "most open connections / requests in progress"),
-    Setting("timeout_keep_alive", "DISTRINEWS_TIMEOUT_KEEP_ALIVE", "--timeout-keep-alive", int, 5, 1, 3600,
-            "seconds an idle keep-alive connection stays open", "connection",
-            "seconds an idle keep-alive connection stays open"),
-    Setting("header_timeout", "DISTRINEWS_HEADER_TIMEOUT", "--header-timeout", float, 10.0, 0.1, 3600,
-            "seconds a client has to send a request's line and headers (from connecting, or from the request's "
-            "first byte); then 408 and the connection is closed", "connection",
-            "seconds to send a request's line and headers (408)"),
-    Setting("body_timeout", "DISTRINEWS_BODY_TIMEOUT", "--body-timeout", float, 30.0, 0.1, 3600,
-            "seconds a client has to send a request's body once its headers are in; then 408 and close",
-            "connection",
-            "seconds to send a request's body (408)"),
-    Setting("max_header_bytes", "DISTRINEWS_MAX_HEADER_BYTES", "--max-header-bytes", int, 32 * 1024, 1024, 16 * 1024 * 1024,
-            "largest request line plus headers, in bytes; larger gets 431", "connection",
-            "largest request line + headers, in bytes (431)"),
-    Setting("max_headers", "DISTRINEWS_MAX_HEADERS", "--max-headers", int, 100, 4, 100_000,
-            "most header lines in a request; more gets 431", "connection",
-            "most header lines (431)"),
+    Setting(
+        "limit_concurrency",
+        "DISTRINEWS_LIMIT_CONCURRENCY",
+        "--limit-concurrency",
+        int,
+        512,
+        1,
+        1_000_000,
+        "most open connections (and requests in progress); past it a request gets 503 and Retry-After and its "
+        "connection is closed",
+        "connection",
+        "most open connections / requests in progress",
+    ),
+    Setting(
+        "timeout_keep_alive",
+        "DISTRINEWS_TIMEOUT_KEEP_ALIVE",
+        "--timeout-keep-alive",
+        int,
+        5,
+        1,
+        3600,
+        "seconds an idle keep-alive connection stays open",
+        "connection",
+        "seconds an idle keep-alive connection stays open",
+    ),
+    Setting(
+        "header_timeout",
+        "DISTRINEWS_HEADER_TIMEOUT",
+        "--header-timeout",
+        float,
+        10.0,
+        0.1,
+        3600,
+        "seconds a client has to send a request's line and headers (from connecting, or from the request's "
+        "first byte); then 408 and the connection is closed",
+        "connection",
+        "seconds to send a request's line and headers (408)",
+    ),
+    Setting(
+        "body_timeout",
+        "DISTRINEWS_BODY_TIMEOUT",
+        "--body-timeout",
+        float,
+        30.0,
+        0.1,
+        3600,
+        "seconds a client has to send a request's body once its headers are in; then 408 and close",
+        "connection",
+        "seconds to send a request's body (408)",
+    ),
+    Setting(
+        "max_header_bytes",
+        "DISTRINEWS_MAX_HEADER_BYTES",
+        "--max-header-bytes",
+        int,
+        32 * 1024,
+        1024,
+        16 * 1024 * 1024,
+        "largest request line plus headers, in bytes; larger gets 431",
+        "connection",
+        "largest request line + headers, in bytes (431)",
+    ),
+    Setting(
+        "max_headers",
+        "DISTRINEWS_MAX_HEADERS",
+        "--max-headers",
+        int,
+        100,
+        4,
+        100_000,
+        "most header lines in a request; more gets 431",
+        "connection",
+        "most header lines (431)",
+    ),
 ]
 BY_NAME = {s.name: s for s in SETTINGS}
 
@@ -110,17 +208,20 @@ class Option:
 
     env: str
     flag: str
-    default: str    # as written in the docs
+    default: str  # as written in the docs
     help: str
 
 
 OPTIONS = [
     Option(ENV_CHECKPOINT, "--checkpoint", str(DEFAULT_CHECKPOINT), "the checkpoint file to serve"),
     Option(ENV_DEVICE, "--device", "cuda if available, else cpu", "cpu, cuda or cuda:N"),
-    Option(ENV_TORCH_THREADS, "--torch-threads", "all CPU cores but one",
-           "threads per forward pass (0 keeps torch's own setting)"),
-    Option(ENV_QUANTIZE, "--quantize", "none",
-           "int8: dynamic int8 Linear layers (CPU only)"),
+    Option(
+        ENV_TORCH_THREADS,
+        "--torch-threads",
+        "all CPU cores but one",
+        "threads per forward pass (0 keeps torch's own setting)",
+    ),
+    Option(ENV_QUANTIZE, "--quantize", "none", "int8: dynamic int8 Linear layers (CPU only)"),
     Option(ENV_BATCHING, "", "on", "off: one forward pass per request (the benchmark's baseline)"),
 ]
 
@@ -132,8 +233,7 @@ def settings_table() -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     head = ("environment variable", "CLI flag", "default", "meaning")
     widths = [max(w, len(h)) for w, h in zip(widths, head)]
-    return "\n".join("  " + "  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3]
-                     for r in [head, *rows])
+    return "\n".join("  " + "  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3] for r in [head, *rows])
 
 
 def with_defaults(text: str) -> str:
@@ -163,8 +263,7 @@ def _parse(setting: Setting, raw, source: str):
             raise ValueError
     except (TypeError, ValueError):
         kind = "whole number" if setting.kind is int else "number"
-        raise UserError(f"{source}={raw!r} is not a {kind}; {setting.help} "
-                        f"(default {setting.default}).") from None
+        raise UserError(f"{source}={raw!r} is not a {kind}; {setting.help} (default {setting.default}).") from None
     if not setting.low <= value <= setting.high or value != value:  # value != value: NaN
         low, high = (f"{int(v):,}" if setting.kind is int else f"{v:g}" for v in (setting.low, setting.high))
         raise UserError(f"{source}={raw!r} is out of range: it must be between {low} and {high} ({setting.help}).")
@@ -201,11 +300,15 @@ def _quantize(given: Optional[str], device: str) -> str:
         given, source = os.environ.get(ENV_QUANTIZE, "").strip() or "none", f"environment variable {ENV_QUANTIZE}"
     value = str(given).strip().lower()
     if value not in QUANTIZE_CHOICES:
-        raise UserError(f"{source}={given!r} is not a precision this server offers: none (the checkpoint's fp32 "
-                        "weights, the default) or int8 (dynamic int8 for the Linear layers, on the CPU).")
+        raise UserError(
+            f"{source}={given!r} is not a precision this server offers: none (the checkpoint's fp32 "
+            "weights, the default) or int8 (dynamic int8 for the Linear layers, on the CPU)."
+        )
     if value == "int8" and device != "cpu":
-        raise UserError(f"{source}=int8 runs on the CPU only (torch's dynamic int8 kernels are CPU kernels), but this "
-                        f"server would run on {device}. Serve with --device cpu, or leave out --quantize on a GPU.")
+        raise UserError(
+            f"{source}=int8 runs on the CPU only (torch's dynamic int8 kernels are CPU kernels), but this "
+            f"server would run on {device}. Serve with --device cpu, or leave out --quantize on a GPU."
+        )
     return value
 
 
@@ -235,11 +338,11 @@ class ServingSettings:
     """What the server is told. A field left None is filled in by resolve(): environment, else default."""
 
     checkpoint: Optional[str | Path] = None  # $DISTRINEWS_CHECKPOINT, else checkpoints/distilbert_agnews.pt
-    device: Optional[str] = None             # auto, cpu, cuda, cuda:N; $DISTRINEWS_DEVICE, else cuda if available
-    torch_threads: Optional[int] = None      # 0: leave torch's setting; $DISTRINEWS_TORCH_THREADS, else all cores but one
-    quantize: Optional[str] = None           # none or int8; $DISTRINEWS_QUANTIZE, else none
+    device: Optional[str] = None  # auto, cpu, cuda, cuda:N; $DISTRINEWS_DEVICE, else cuda if available
+    torch_threads: Optional[int] = None  # 0: leave torch's setting; $DISTRINEWS_TORCH_THREADS, else all cores but one
+    quantize: Optional[str] = None  # none or int8; $DISTRINEWS_QUANTIZE, else none
     # The table's settings (see SETTINGS for each one's meaning, range and default):
-    max_batch_size: Optional[int] = None     # 1: no batching; $DISTRINEWS_BATCHING=off gives 1 too
+    max_batch_size: Optional[int] = None  # 1: no batching; $DISTRINEWS_BATCHING=off gives 1 too
     batch_window_ms: Optional[float] = None
     max_queue: Optional[int] = None
     max_queue_texts: Optional[int] = None
@@ -255,15 +358,24 @@ class ServingSettings:
     def resolve(cls, **given) -> "ServingSettings":
         """Every field filled in and checked: a given (not None) value wins, then the environment, then the default."""
         given = {k: v for k, v in given.items() if v is not None}
-        if "max_batch_size" not in given and os.environ.get(ENV_BATCHING, "").strip().lower() in ("off", "0", "false", "no"):
+        if "max_batch_size" not in given and os.environ.get(ENV_BATCHING, "").strip().lower() in (
+            "off",
+            "0",
+            "false",
+            "no",
+        ):
             given["max_batch_size"] = 1
         values = resolve_all(**given)
         if values["max_batch_size"] == 1:
             values["batch_window_ms"] = 0.0  # nothing to wait for: every request runs alone
         device = str(resolve_device(given.get("device") or os.environ.get(ENV_DEVICE)))
-        return cls(checkpoint=Path(given.get("checkpoint") or os.environ.get(ENV_CHECKPOINT) or DEFAULT_CHECKPOINT),
-                   device=device, torch_threads=_torch_threads(given.get("torch_threads"), device),
-                   quantize=_quantize(given.get("quantize"), device), **values)
+        return cls(
+            checkpoint=Path(given.get("checkpoint") or os.environ.get(ENV_CHECKPOINT) or DEFAULT_CHECKPOINT),
+            device=device,
+            torch_threads=_torch_threads(given.get("torch_threads"), device),
+            quantize=_quantize(given.get("quantize"), device),
+            **values,
+        )
 
     def resolved(self) -> "ServingSettings":
         """This object's given fields, the others filled in (see resolve)."""
