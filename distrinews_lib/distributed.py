@@ -63,8 +63,9 @@ def choose_backend(requested: str = "auto", local_world_size: int | None = None)
             )
         if not nccl_fits(n_gpu, local_world_size):
             raise UserError(
-                f"--backend nccl with {local_world_size} processes on this node but only {n_gpu} GPU(s): NCCL needs one "
-                f"GPU per rank, and ranks sharing a GPU fail or hang. Launch with --nproc_per_node={n_gpu}, or use --backend gloo."
+                f"--backend nccl with {local_world_size} processes on this node but only {n_gpu} GPU(s): "
+                "NCCL needs one GPU per rank, and ranks sharing a GPU fail or hang. "
+                f"Launch with --nproc_per_node={n_gpu}, or use --backend gloo."
             )
         return "nccl", f"nccl (asked for): {local_world_size} rank(s), each with its own GPU"
     if requested == "gloo":

@@ -68,7 +68,8 @@ def main_guard(fn):
             _say(
                 format_user_error(
                     f"[rank {rank}] a collective operation could not complete: it waited longer than the process "
-                    f"group's timeout (--ddp_timeout), or a peer's connection dropped. Likely cause: another rank died, "
+                    f"group's timeout (--ddp_timeout), or a peer's connection dropped. "
+                    f"Likely cause: another rank died, "
                     f"hangs, or skipped a collective "
                     f"(uneven numbers of batches per rank, a collective inside `if rank == 0:`, a rank stuck in I/O). "
                     f"Look above for the first rank that failed. ({first_line(err, 160)})"

@@ -71,7 +71,10 @@ def models_cache_dir() -> str:
 
 
 def dataset_cache_folder(repo_id: str, cache_dir: str | None = None) -> str:
-    """The folder `datasets` prepares `repo_id` in: <cache>/<owner>___<name> (see datasets' CachedDatasetModuleFactory)."""
+    """The folder `datasets` prepares `repo_id` in: <cache>/<owner>___<name>.
+
+    See datasets' CachedDatasetModuleFactory.
+    """
     parts = repo_id.split("/")
     name = parts[-1]
     # datasets' camelcase_to_snakecase, for names such as "AgNews"
@@ -81,7 +84,10 @@ def dataset_cache_folder(repo_id: str, cache_dir: str | None = None) -> str:
 
 
 def dataset_cached(repo_id: str, cache_dir: str | None = None) -> bool:
-    """Does the datasets cache hold a prepared copy of repo_id (<folder>/<config>/<version>/<hash>/dataset_info.json)?"""
+    """Does the datasets cache hold a prepared copy of repo_id?
+
+    That is a <folder>/<config>/<version>/<hash>/dataset_info.json.
+    """
     return any(
         os.path.isfile(os.path.join(p, "dataset_info.json"))
         for p in glob.glob(os.path.join(dataset_cache_folder(repo_id, cache_dir), "*", "*", "*"))

@@ -351,10 +351,12 @@ def main(argv=None) -> int:
         result = {**result, **kept}
     out_path.write_text(json.dumps(provenance.as_jsonable(ordered(result)), indent=1))
     print(
-        f"single process : {a1:.2f}% (per epoch {', '.join(f'{100 * x:.2f}' for x in result['single']['accuracy_per_epoch'])})"
+        f"single process : {a1:.2f}% "
+        f"(per epoch {', '.join(f'{100 * x:.2f}' for x in result['single']['accuracy_per_epoch'])})"
     )
     print(
-        f"{nproc}-process DDP : {a2:.2f}% (per epoch {', '.join(f'{100 * x:.2f}' for x in result['ddp']['accuracy_per_epoch'])})"
+        f"{nproc}-process DDP : {a2:.2f}% "
+        f"(per epoch {', '.join(f'{100 * x:.2f}' for x in result['ddp']['accuracy_per_epoch'])})"
     )
     print(
         f"gap {gap:.2f} points (target <= {args.tolerance}) | {result['single']['eval_examples']} test texts | "

@@ -9,8 +9,8 @@ rank sleeps that long after each optimizer step), "breakdown": true (each step's
 rank: course/perf_model.py's StepClock) and "profile": PREFIX (a torch.profiler Chrome trace of two
 steps per rank, PREFIX_rank<r>.json). A run with "world": 1 is scripts/train_single.py on rank 0 alone
 (the other ranks wait: one device), or with "every_rank": true on every rank at once, each on its own
-(what sharing the machine costs, without any communication); any other run is scripts/train_ddp.py on every rank, with every
-gradient bucket's all-reduce timed and every byte sent counted. A run {"collectives": {"sizes": [...]}}
+(what sharing the machine costs, without any communication); any other run is scripts/train_ddp.py on every
+rank, with every gradient bucket's all-reduce timed and every byte sent counted. A run {"collectives": {"sizes": [...]}}
 times all_reduce over those message sizes instead (perf_model.time_collectives). Inside scripts/cluster/box.py a run's
 "link": RATE first dials every node's link to that rate (course/link.py).
 """
@@ -71,11 +71,13 @@ with harness.shared_process_group():
         elif run["world"] == 1:
             if rank == 0:
                 with harness.alone(), timers, prof:
-                    window = harness.run("scripts/train_single.py", run["flags"], warmup=run["warmup"], steps=run["steps"])
+                    window = harness.run("scripts/train_single.py", run["flags"], warmup=run["warmup"],
+                                         steps=run["steps"])
             dist.barrier()
         else:
             slow = rank == world - 1 and run.get("straggler_ms")
-            hook = register_optimizer_step_post_hook(lambda *_: time.sleep(run["straggler_ms"] / 1000)) if slow else None
+            hook = (register_optimizer_step_post_hook(lambda *_: time.sleep(run["straggler_ms"] / 1000))
+                    if slow else None)
             with timers, prof:
                 window = harness.run("scripts/train_ddp.py", run["flags"], warmup=run["warmup"], steps=run["steps"],
                                      comm=True, hook=run.get("hook"))

@@ -1,7 +1,8 @@
 """Training throughput of the course's own scripts: against Hugging Face Trainer, what each fast-path option
 buys, and DDP scaling.
 
-    python scripts/bench_train.py             # full run (about 10 min on a 2-core CPU): benchmarks/train_<machine>.json + plots
+    python scripts/bench_train.py             # full run (about 10 min on a 2-core CPU):
+                                              # benchmarks/train_<machine>.json + plots
     python scripts/bench_train.py --quick     # a few tiny steps of everything (CI keeps the script working with it)
 
 "Our loop" is scripts/train_single.py and scripts/train_ddp.py themselves, unchanged, run in-process by

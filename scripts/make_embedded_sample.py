@@ -95,7 +95,7 @@ Provenance:
 Licence: AG's corpus of news articles is provided for non-commercial research and educational use only
 (see the original readme.txt by Xiang Zhang: http://groups.di.unipi.it/~gulli/AG_corpus_of_news_articles.html).
 The course uses it for teaching; do not use this sample commercially.
-""")
+""")  # noqa: E501
     total = sum((OUT / n).stat().st_size for n in files)
     print(f"wrote {OUT}: {len(picked)} train + {len(test)} test rows, {total / 2**20:.2f} MB gzipped")
 

@@ -1,7 +1,8 @@
 """The 2-process CPU speedup of the custom transformer (hash tokenizer) next to the tiny DistilBERT's, measured
 inside the course's own scripts, in alternating rounds, on a quiet CPU where possible.
 
-    python scripts/measure_speedup.py                 # records the section custom_hash_speedup of benchmarks/accuracy.json
+    python scripts/measure_speedup.py                 # records the section custom_hash_speedup
+                                                      # of benchmarks/accuracy.json
     python scripts/measure_speedup.py --quick         # a few steps (keeps the script working)
 
 An epoch's time (experiments/*/metrics.json) on a CPU shared with other jobs mixes the run with its neighbours.
@@ -187,7 +188,8 @@ def _print(pairs: list) -> None:
     for s in pairs:
         print(
             f"{s['pair']:28s} speedup {s['speedup']:.2f}x ({s['rounds_used']}; every round: {s['speedup_per_round']}), "
-            f"all-reduce {s['allreduce_mb_per_step']} MB/step, {100 * (s['allreduce_share_of_step_2p'] or 0):.0f}% of a "
+            f"all-reduce {s['allreduce_mb_per_step']} MB/step, "
+            f"{100 * (s['allreduce_share_of_step_2p'] or 0):.0f}% of a "
             "2-process step"
         )
 

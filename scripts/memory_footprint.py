@@ -418,7 +418,8 @@ def main(argv=None) -> None:
             r = max(result["per_rank"], key=lambda x: x["peak_rss_above_start_mb"])
             print(
                 f"{run['name']:<22} params {r['params'] / 2**20:7.2f} MiB | grads {r['grads'] / 2**20:7.2f} MiB | "
-                f"optimizer {r['optimizer_state'] / 2**20:7.2f} MiB | activations {r['activations_saved'] / 2**20:7.2f} MiB"
+                f"optimizer {r['optimizer_state'] / 2**20:7.2f} MiB | "
+                f"activations {r['activations_saved'] / 2**20:7.2f} MiB"
                 f" | peak RSS +{r['peak_rss_above_start_mb']:7.1f} MiB | {1000 * r['seconds_per_step']:6.0f} ms/step | "
                 f"weights vs first {r['max_weight_diff_vs_first']:.1e}",
                 flush=True,

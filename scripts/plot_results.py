@@ -352,7 +352,8 @@ def main(argv=None) -> int:
         )
     for s in pairs:
         print(
-            f"scaling {s['single']} -> {s['multi']}: speedup {s['speedup']:.2f}x, efficiency {100 * s['efficiency']:.0f}%, "
+            f"scaling {s['single']} -> {s['multi']}: speedup {s['speedup']:.2f}x, "
+            f"efficiency {100 * s['efficiency']:.0f}%, "
             f"accuracy gap {s['accuracy_gap_points']:+.2f} points"
         )
     print(f"wrote {', '.join(str(out / w) for w in written)} and {out / 'summary.json'}")

@@ -149,7 +149,8 @@ def main(argv=None) -> int:
     print("\npattern  mode   launches  aborted  hung  other failures")
     for s in summary.values():
         print(
-            f"{s['pattern']:<8} {s['mode']:<6} {s['launches']:8d} {s['aborted']:8d} {s['hung']:5d} {s['other_failures']:15d}"
+            f"{s['pattern']:<8} {s['mode']:<6} {s['launches']:8d} {s['aborted']:8d} {s['hung']:5d} "
+            f"{s['other_failures']:15d}"
         )
     if args.out:
         sys.path.insert(0, str(REPO))

@@ -146,7 +146,8 @@ def main(argv=None):
             script, args = command(path, s, extra)
             launcher = "python" if s["processes"] == 1 else f"torchrun --standalone --nproc_per_node={s['processes']}"
             print(
-                f"{s['name']}: OMP_NUM_THREADS={s['threads'] or 1} {launcher} {os.path.relpath(script, REPO)} {' '.join(args)}"
+                f"{s['name']}: OMP_NUM_THREADS={s['threads'] or 1} {launcher} "
+                f"{os.path.relpath(script, REPO)} {' '.join(args)}"
             )
         return
     done = [run_one(path, extra, a.timeout) for path in paths]

@@ -123,7 +123,8 @@ def check_notebooks(notebooks, root: Path = ROOT, log=None) -> list[Problem]:
                 continue
             if git_ignored(root / cell.target, root):
                 log and log(
-                    f"skip {_rel(cell.notebook)} cell {cell.index}: {cell.target} is git-ignored scratch the notebook owns"
+                    f"skip {_rel(cell.notebook)} cell {cell.index}: "
+                    f"{cell.target} is git-ignored scratch the notebook owns"
                 )
                 continue
             problem = check_cell(cell, root)

@@ -62,7 +62,8 @@ MUTANTS = [
     (
         "second_backward",
         "bucketed",
-        "    if dp.ready[i] > len(dp.buckets[i]):  # more gradients than the bucket holds: a second backward before the "
+        "    if dp.ready[i] > len(dp.buckets[i]):  # more gradients than the bucket holds: "
+        "a second backward before the "
         'step\n        raise UserError(f"a second backward() before step(): bucket {i} had already been averaged. This '
         'rung averages "\n                        "one backward per step: call step() after each backward().")\n',
         "",
@@ -81,8 +82,8 @@ MUTANTS = [
     (
         "unused_parameter",
         "zero1",
-        "        by_hand.stop_unless_every_rank_has(self, [p for p in self.params if p.grad is None])  # on every rank, "
-        "not one\n",
+        "        by_hand.stop_unless_every_rank_has(self, [p for p in self.params if p.grad is None])  "
+        "# on every rank, not one\n",
         "",
         "unused_parameter",
         r"^an unused parameter \(a head unused on rank 1\): rank 0: \w+: .*; rank 1: AttributeError",

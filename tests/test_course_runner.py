@@ -24,7 +24,7 @@ RUNNER = ROOT / "scripts" / "run_course.py"
 PARAMS = 'PRESET = "auto"\nNPROC = "auto"'
 RECORD = """import json, os
 from pathlib import Path
-Path(os.environ["DISTRINEWS_COURSE_RECORDS"], "01_ok.json").write_text(json.dumps({"headline": f"all good with {PRESET}"}))"""
+Path(os.environ["DISTRINEWS_COURSE_RECORDS"], "01_ok.json").write_text(json.dumps({"headline": f"all good with {PRESET}"}))"""  # noqa: E501
 FAILING_LAUNCH = """import sys, tempfile
 from pathlib import Path
 from distrinews_lib.course.launch import run_python

@@ -46,7 +46,7 @@ print("cwd", os.getcwd())
 print("run", Path(os.environ["DISTRINEWS_COURSE_RECORDS"]).parent)
 print("home", Path.home())
 print("LONG-" + "x" * 400)   # no space to break at: it must wrap inside the cell, not widen the page
-# a code line much longer than a phone is wide, which must wrap inside its cell too ............................................................. end"""
+# a code line much longer than a phone is wide, which must wrap inside its cell too ............................................................. end"""  # noqa: E501
 WIDE_TABLE = (
     "## A wide table\n\n| "
     + " | ".join(f"column {i}" for i in range(14))
@@ -196,14 +196,14 @@ _WIDER_THAN_WINDOW = """() => [...document.querySelectorAll('body *')]
 # Code and text outputs wrap: a <pre> that scrolls or clips sideways hides part of its line from the reader.
 _UNWRAPPED = """() => [...document.querySelectorAll('pre')]
     .filter(p => Math.max(p.scrollWidth, p.getBoundingClientRect().width) > (p.closest('.jp-Cell') || document.body).clientWidth + 1)
-    .slice(0, 3).map(p => p.textContent.slice(0, 60))"""
+    .slice(0, 3).map(p => p.textContent.slice(0, 60))"""  # noqa: E501
 
 
 # The index's headers, statuses and seconds are short: each on one line, never "stat|us" or "130.|2".
 _BROKEN_CELLS = """() => [...document.querySelectorAll('table.summary th, table.summary td.status, table.summary td.seconds')]
     .filter(c => { const r = document.createRange(); r.selectNodeContents(c);
                    return new Set([...r.getClientRects()].map(x => Math.round(x.top))).size > 1; })
-    .slice(0, 3).map(c => c.textContent)"""
+    .slice(0, 3).map(c => c.textContent)"""  # noqa: E501
 
 
 def _overflow(page) -> str | None:
@@ -322,7 +322,7 @@ def browse_site(run_dir: Path) -> dict:
                 chapters: [...document.querySelectorAll('nav.course-sidebar details.chapters a')].map(a => a.getAttribute('href')),
                 current: [...document.querySelectorAll('nav.course-sidebar li.current a')].map(a => a.getAttribute('href')),
                 sections: [...document.querySelectorAll('nav.course-sidebar details.sections a')].map(a => [a.getAttribute('href'), a.textContent]),
-                headings: [...document.querySelectorAll('main h2[id]')].map(h => ['#' + h.id, h.textContent])})""")
+                headings: [...document.querySelectorAll('main h2[id]')].map(h => ['#' + h.id, h.textContent])})""")  # noqa: E501
             assert sidebar["chapters"] == linked and sidebar["current"] == [row["link"]], (row["link"], sidebar)
             assert sidebar["sections"] == sidebar["headings"], (
                 f"{row['link']}: the sidebar's sections are not the page's: {sidebar}"

@@ -113,7 +113,7 @@ def test_training_parser(tmp_path):
     }
     (tmp_path / "metrics.json").write_text(json.dumps(metrics))
     text = (
-        "preset single_gpu | 2 processes | nccl | device cuda:0 | fp16 + GradScaler: Tesla T4 has no native bf16 (e.g. T4)\n"
+        "preset single_gpu | 2 processes | nccl | device cuda:0 | fp16 + GradScaler: Tesla T4 has no native bf16 (e.g. T4)\n"  # noqa: E501
         "epoch 1/1 | train loss 0.3 | val loss 0.3 | val acc 90.00% (2000 texts) | 9.0s | 900 samples/s | MFU 31.2%\n"
         "parameters identical on all 2 ranks: True (max difference 0)\n"
     )

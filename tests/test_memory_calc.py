@@ -1,4 +1,4 @@
-"""Chapter 06's memory calculator (distrinews_lib.course.memory) and memory_footprint.py's run specs: fast, no launch."""
+"""Chapter 06's memory calculator (distrinews_lib.course.memory), memory_footprint.py's run specs: fast, no launch."""
 
 from __future__ import annotations
 

@@ -4,8 +4,8 @@
 - committed without outputs or execution counts;
 - the first code cell is tagged `parameters` and sets PRESET and NPROC; the next one calls setup();
 - torchrun is only ever launched through distrinews_lib.course.launch (a bare `!torchrun` cannot fail a notebook);
-- a chapter with reference answers (notebooks/answers/<chapter>.py) keeps them off its page: only its solution cells load
-  them, through answer(), no cell defines them, and its solution cells are collapsed.
+- a chapter with reference answers (notebooks/answers/<chapter>.py) keeps them off its page: only its solution cells
+  load them, through answer(), no cell defines them, and its solution cells are collapsed.
 """
 
 from __future__ import annotations

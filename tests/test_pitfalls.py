@@ -34,7 +34,10 @@ def test_there_are_thirteen_pitfalls_and_five_concepts():
     ids=lambda p: f"{p.parent.name}/{p.name}",
 )
 def test_demo_scripts_share_the_plumbing(path):
-    """Concepts 02+ and every pitfall start their group through distrinews_lib.course.demo (concept 01 shows it by hand)."""
+    """Concepts 02+ and every pitfall start their group through distrinews_lib.course.demo.
+
+    Concept 01 shows it by hand.
+    """
     text = path.read_text()
     assert "from distrinews_lib.course.demo import" in text
     assert "init_process_group" not in text or path.name == "10_nccl_backend.py"  # 10's bug IS a hard-coded init
@@ -178,7 +181,7 @@ def test_failure_story_tells_rank_error_wait_and_exit_code_in_a_few_lines():
     output = "\n".join(
         [
             "RESULT rank=0 mode=broken error=RuntimeError waited_s=3.1",
-            "[rank 0] RuntimeError: [/__w/pytorch/third_party/gloo/unbound_buffer.cc:78] Timed out waiting 3000ms for recv",
+            "[rank 0] RuntimeError: [/__w/pytorch/third_party/gloo/unbound_buffer.cc:78] Timed out waiting 3000ms for recv",  # noqa: E501
             tb,
             "[rank1]: ValueError: SyncBatchNorm layers only work with GPU modules",
             "Failures:",
@@ -203,7 +206,10 @@ def test_failure_story_tells_rank_error_wait_and_exit_code_in_a_few_lines():
 
 
 def test_sections_split_a_shared_launch_per_script():
-    out = "noise\n=== demo: a.py --mode x\nA1\nA2\n=== demo: done in 0.1 s\n=== demo: b.py\r\nB1\n=== demo: done in 0.2 s\n"
+    out = (
+        "noise\n=== demo: a.py --mode x\nA1\nA2\n=== demo: done in 0.1 s\n"
+        "=== demo: b.py\r\nB1\n=== demo: done in 0.2 s\n"
+    )
     assert sections(out) == {"a.py": "A1\nA2\n", "b.py": "B1\n"}
 
 

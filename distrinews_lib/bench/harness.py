@@ -190,10 +190,11 @@ def run(script, argv, *, warmup: int, steps: int, device=None, comm: bool = Fals
 
 # --------------------------------------------------------------------------- the one substitution
 # Many runs of the scripts share ONE torchrun launch (its start-up costs seconds each time), so they must share
-# its process group (and the process: run() keeps a script's last line, run_and_end, from ending it). The scripts create and destroy theirs themselves (dist.init_process_group is part of the
-# lesson) and torch has no hook for that, so inside shared_process_group() those two functions are swapped for
-# no-ops; and a single-process script run on one rank of that group must not meet the others in collectives,
-# so alone() makes distrinews_lib.distributed report no process group. Both are undone on leaving the block.
+# its process group (and the process: run() keeps a script's last line, run_and_end, from ending it). The scripts
+# create and destroy theirs themselves (dist.init_process_group is part of the lesson) and torch has no hook for
+# that, so inside shared_process_group() those two functions are swapped for no-ops; and a single-process script
+# run on one rank of that group must not meet the others in collectives, so alone() makes
+# distrinews_lib.distributed report no process group. Both are undone on leaving the block.
 
 
 @contextlib.contextmanager

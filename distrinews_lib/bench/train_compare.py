@@ -43,7 +43,9 @@ def compare_contenders(model_name: str, plan: dict, device, args, log) -> tuple[
             kind="trainer",
             same_options=True,
             compile=False,
-            description="Trainer with our options: length grouping, fused AdamW, same precision/padding/pinning/decay/warm-up",
+            description=(
+                "Trainer with our options: length grouping, fused AdamW, same precision/padding/pinning/decay/warm-up"
+            ),
         )
     else:
         log(f"   Trainer contenders SKIPPED: {why_no_trainer}")
@@ -129,7 +131,8 @@ def compare_section(plan, data_arg: str, device, args, log, workdir: Path) -> di
             f"{cfg['rounds']} rounds | {args.threads or torch.get_num_threads()} thread(s) | {device}"
         )
         log(
-            f"   {n_real} texts, mean {mean_len:.1f} tokens (max_length {args.max_length}); model FLOPs per text at the "
+            f"   {n_real} texts, mean {mean_len:.1f} tokens (max_length {args.max_length}); "
+            "model FLOPs per text at the "
             f"mean length: {throughput.training_flops(shape, [round(mean_len)]) / 1e6:.1f} M; ratios quoted on {metric}"
         )
         hf_train = hf_dataset(prepared.train_ds) if any(c["kind"] == "trainer" for c in contenders.values()) else None

@@ -247,7 +247,8 @@ def summarize_ddp(raw: dict, log) -> dict:
                 ],
             }
             log(
-                f"     knob {n!r} / {ref!r}: {fmt(p['median_of_rounds'], 3)}x (clean rounds: {p['median_of_clean_rounds']})"
+                f"     knob {n!r} / {ref!r}: {fmt(p['median_of_rounds'], 3)}x "
+                f"(clean rounds: {p['median_of_clean_rounds']})"
             )
     return out
 
@@ -292,8 +293,11 @@ def ddp_worker(spec_path: str) -> None:
                         + " ".join(argv),
                     )
                     results.append(res)
+                    rate = timing.format_rate(
+                        res["samples_per_s"], res["tokens_per_s"], res["model_tflops"], res["mfu"]
+                    )
                     print(
-                        f"  {c['name']:48s} {timing.format_rate(res['samples_per_s'], res['tokens_per_s'], res['model_tflops'], res['mfu'])}"
+                        f"  {c['name']:48s} {rate}"
                         f" | others {fmt(res['foreign_cores'])} cores"
                         + (
                             f" | all-reduce {100 * res['comm_fraction']:.0f}% of the window"

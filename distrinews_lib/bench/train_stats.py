@@ -68,7 +68,8 @@ def summarise(
 def line(name: str, res: dict) -> str:
     fc = res.get("foreign_cores")
     return (
-        f"  {name:34s} {timing.format_rate(res['samples_per_s'], res['tokens_per_s'], res.get('model_tflops'), res.get('mfu'))}"
+        f"  {name:34s} "
+        f"{timing.format_rate(res['samples_per_s'], res['tokens_per_s'], res.get('model_tflops'), res.get('mfu'))}"
         f" | pad {100 * (res.get('padding_fraction') or 0):.0f}% | others {'?' if fc is None else round(fc, 2)} cores"
     )
 

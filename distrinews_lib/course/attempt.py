@@ -142,7 +142,8 @@ def judge_prediction(name: str, predicted, actual, *, right: bool | None = None,
         return None
     ok = (predicted == actual) if right is None else right
     print(
-        f"{name}: you predicted {predicted!r}, the run gave {actual!r}: {'right' if ok else 'not quite'}. {why}".rstrip()
+        f"{name}: you predicted {predicted!r}, the run gave {actual!r}: "
+        f"{'right' if ok else 'not quite'}. {why}".rstrip()
     )
     return ok
 

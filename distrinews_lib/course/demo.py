@@ -237,7 +237,7 @@ def failing_limit(startup_s: float | None, launches: int, hang_timeout_s: float)
 
 
 def run_alone(script, out, nproc: int, timeout: float, *args):
-    """torchrun `script` on its own (raises if it fails) and return (the launch's result, the JSON it wrote to `out`)."""
+    """torchrun `script` on its own (raises if it fails); return (the launch's result, the JSON it wrote to `out`)."""
     out = Path(out)
     out.unlink(missing_ok=True)  # never read a stale result
     res = torchrun(script, nproc, [str(a) for a in args], timeout=timeout, echo=False)

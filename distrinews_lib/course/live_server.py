@@ -118,7 +118,8 @@ def running_server(checkpoint, timeout: float = 120, log_path="outputs/serving/s
         stop(server)
         if not quiet:
             print(
-                f"server stopped after {' then '.join(server.signals_sent) or 'no signal'} (exit code {proc.returncode})"
+                f"server stopped after {' then '.join(server.signals_sent) or 'no signal'} "
+                f"(exit code {proc.returncode})"
             )
 
 

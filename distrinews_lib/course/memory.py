@@ -170,7 +170,8 @@ def estimate(
         "gradients": b["grad"] * P * grad_share,
         # DDP (plain and under torch's ZeRO-1) all-reduces flat bucket copies of the gradients
         "DDP buckets": b["grad"] * P if (N > 1 and stage <= 1 and not bucket_view) else 0,
-        # fp32 temporaries (the moments are fp32 in both precisions): two of the largest tensor, one of every tensor, none
+        # fp32 temporaries (the moments are fp32 in both precisions):
+        # two of the largest tensor, one of every tensor, none
         "AdamW temporaries": {
             "for-loop": 2 * 4 * biggest * (grad_share if stage >= 2 else 1.0),
             "foreach": 4 * P * opt_share,
@@ -278,7 +279,10 @@ def calculator(overhead_mb: float = 0.0):
 
 
 def precision_note() -> str:
-    return "fp32 AdamW (torch's CPU default, tensor by tensor); MiB per rank (the fullest rank); runtime included in the peak"
+    return (
+        "fp32 AdamW (torch's CPU default, tensor by tensor); MiB per rank (the fullest rank); "
+        "runtime included in the peak"
+    )
 
 
 def judge_peak_prediction(
@@ -355,8 +359,9 @@ def _adamw_step_peaks(model: str) -> dict:
         line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field))
         return int(line.split()[1]) * 1024
 
-    # Every block of 4 KiB or more gets pages of its own (M_MMAP_THRESHOLD) and the heap never shrinks (M_TRIM_THRESHOLD):
-    # a small tensor's temporary can then neither reuse freed heap nor hide behind a trim, and the peak counts it
+    # Every block of 4 KiB or more gets pages of its own (M_MMAP_THRESHOLD) and the heap never shrinks
+    # (M_TRIM_THRESHOLD): a small tensor's temporary can then neither reuse freed heap nor hide behind a trim, and the
+    # peak counts it
     libc = ctypes.CDLL(None)
     libc.mallopt(-3, 4096)
     libc.mallopt(-1, 1 << 30)

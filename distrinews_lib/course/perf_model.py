@@ -37,7 +37,7 @@ def bytes_written() -> int | None:
 
 
 def ring_bytes_per_rank(nbytes: float, n: int) -> float:
-    """What each rank sends in a ring all-reduce of `nbytes`: a reduce-scatter ((n-1)/n) then an all-gather ((n-1)/n)."""
+    """What each rank sends in a ring all-reduce of `nbytes`: a reduce-scatter ((n-1)/n), then an all-gather (same)."""
     return 2 * (n - 1) / n * nbytes
 
 

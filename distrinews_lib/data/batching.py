@@ -82,7 +82,8 @@ def loader_options(cfg, pad_id: int | None, device) -> dict:
     """DataLoader options from the fast-path flags (pinned memory only helps host-to-GPU copies)."""
     on_cuda = device.type == "cuda"
     pin = on_cuda if cfg.pin_memory is None else bool(cfg.pin_memory) and on_cuda
-    # Multiples of 8 feed tensor cores; a CPU has none, so there they are only extra pad tokens (4-8% more CPU time per sample).
+    # Multiples of 8 feed tensor cores; a CPU has none, so there they are only extra pad tokens
+    # (4-8% more CPU time per sample).
     multiple = (8 if on_cuda else None) if cfg.pad_multiple is None else (cfg.pad_multiple or None)
     return dict(pad_id=pad_id or 0, pad_to_multiple_of=multiple, pin_memory=pin)
 

@@ -122,7 +122,8 @@ def read_header_csv(path: str | os.PathLike, text_columns: tuple, label_column: 
             missing = [c for c in (*text_columns, label_column) if c.lower() not in lowered]
             if missing:
                 raise UserError(
-                    f"{path} has no column {', '.join(map(repr, missing))} (its header: {', '.join(map(repr, names))[:300]}). "
+                    f"{path} has no column {', '.join(map(repr, missing))} "
+                    f"(its header: {', '.join(map(repr, names))[:300]}). "
                     "Name the text and label columns with --text_column and --label_column "
                     "(several text columns, comma-separated, are joined)."
                 )
@@ -238,7 +239,8 @@ def load_folder(
     if not folder.is_dir():
         raise UserError(
             f"data folder {folder} does not exist. Pass a folder holding train.csv and test.csv "
-            f"({spec.folder_hint if spec else 'a layout of the ones --help lists'}), or use --data synthetic / --data hub."
+            f"({spec.folder_hint if spec else 'a layout of the ones --help lists'}), "
+            "or use --data synthetic / --data hub."
         )
     train_file, test_file = find_split_file(folder, "train"), find_split_file(folder, "test")
     layout = sniff_layout(train_file)

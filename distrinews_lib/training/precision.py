@@ -75,7 +75,8 @@ def emulated_bf16_warning(flags: set[str] | None = None) -> str | None:
     return (
         f"warning: --amp bf16 on {machine.cpu_name()}, which has no bf16 in hardware (none of "
         f"{', '.join(machine.BF16_CPU_FLAGS)} in its flags): torch emulates it; a Linear layer under bf16 "
-        f"autocast just ran {bf16_linear_slowdown():.1f}x slower than in fp32 here, and a whole epoch of the tiny model "
+        f"autocast just ran {bf16_linear_slowdown():.1f}x slower than in fp32 here, "
+        "and a whole epoch of the tiny model "
         "4.7x slower on such an AMD EPYC. The run goes on; --amp off is faster on this machine."
     )
 

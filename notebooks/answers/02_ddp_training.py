@@ -4,7 +4,10 @@ import torch
 
 
 def my_shard(n, rank, world, epoch, seed=0):
-    """The indices DistributedSampler(range(n), num_replicas=world, rank=rank, seed=seed) yields after set_epoch(epoch)."""
+    """The indices DistributedSampler yields after set_epoch(epoch).
+
+    That is DistributedSampler(range(n), num_replicas=world, rank=rank, seed=seed).
+    """
     g = torch.Generator()
     g.manual_seed(seed + epoch)  # the same seed on every rank: one shared permutation
     order = torch.randperm(n, generator=g).tolist()

@@ -4,7 +4,7 @@ from distrinews_lib.course import memory as M
 
 
 def my_zero1_split(sizes, world):
-    """Parameters per rank under ZeroRedundancyOptimizer: whole tensors, largest first, each to the least loaded rank."""
+    """Parameters per rank under ZeroRedundancyOptimizer: whole tensors, largest first, each to the least loaded one."""
     ranks = [0] * world
     for n in sorted(sizes, reverse=True):
         ranks[ranks.index(min(ranks))] += n  # the rank holding the fewest parameters so far

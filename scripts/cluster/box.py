@@ -202,7 +202,7 @@ class Box:
         self.dial(self.bits, first=True)
 
     def qdiscs(self):
-        """(namespace, device) of every filter: each node's eth0 (what it sends), the switch's end (what it receives)."""
+        """(namespace, device) of every filter: each node's eth0 (what it sends), the switch end (what it receives)."""
         for i in range(self.n):
             yield self.ns(i), "eth0"
             yield self.ns("sw"), f"{self.tag}p{i}"

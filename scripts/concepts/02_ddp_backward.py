@@ -90,8 +90,9 @@ mean_local /= ctx.world
 g0 = ddp_grads.clone()
 dist.broadcast(g0, src=0)                            # rank 0's gradients, to compare with
 last = steps[-1]
-sys.stdout.write(f"[rank {ctx.rank}] backward {1000 * last['backward_s']:.1f} ms, {len(last['buckets'])} bucket all-reduces; "
-                 f"the first started with {last['buckets'][0]['not_ready']} of {len(params)} gradients still to compute\n")
+sys.stdout.write(f"[rank {ctx.rank}] backward {1000 * last['backward_s']:.1f} ms, {len(last['buckets'])} bucket "
+                 f"all-reduces; the first started with {last['buckets'][0]['not_ready']} of {len(params)} gradients "
+                 f"still to compute\n")
 report = {
     "rank": ctx.rank, "world_size": ctx.world, "backend": ctx.backend, "bucket_cap_mb": args.bucket_cap_mb,
     "n_params": sum(p_.numel() for p_ in params), "param_numel": [p_.numel() for p_ in params],

@@ -63,10 +63,12 @@ opt2 = torch.optim.AdamW(resumed.parameters(), lr=1e-2)
 opt2.load_state_dict(ckpt["optimizer"])
 same = all(torch.equal(a, b) for a, b in zip(unwrap(resumed).parameters(), unwrap(ddp).parameters()))
 diff = max_param_difference(resumed)
-sys.stdout.write(f"[rank {rank}] loaded on {device}: identical to the trained model: {same}; resume at epoch {ckpt['epoch']}\n")
+sys.stdout.write(f"[rank {rank}] loaded on {device}: identical to the trained model: {same}; "
+                 f"resume at epoch {ckpt['epoch']}\n")
 everyone = gather({"rank": rank, "device": str(device), "identical": same,
                    "loaded_tensor_device": str(next(iter(ckpt["model"].values())).device),
                    "max_param_difference_across_ranks": diff, "max_param_difference_after_wrap": at_wrap})
-write_json(args.out, {"world_size": ctx.world, "keys": list(ckpt["model"]), "epoch": ckpt["epoch"], "ranks": everyone}, rank)
+write_json(args.out, {"world_size": ctx.world, "keys": list(ckpt["model"]), "epoch": ckpt["epoch"],
+                      "ranks": everyone}, rank)
 del ddp, resumed  # free the DDP models (they hold the group and in-flight work) before the group goes
 finish()

@@ -44,7 +44,8 @@ try:
     average_gradients(plain, ctx.world)
 except Exception as err:  # reported to the notebook in one line
     error = f"{type(err).__name__}: {err}"
-got = torch.cat([q.grad.reshape(-1) for q in plain.parameters()]) if all(q.grad is not None for q in plain.parameters()) else None
+got = (torch.cat([q.grad.reshape(-1) for q in plain.parameters()])
+       if all(q.grad is not None for q in plain.parameters()) else None)
 diff = lambda a: None if got is None else float((got - a).abs().max())
 report = {"rank": ctx.rank, "error": error, "vs_ddp": diff(want), "vs_sum": diff(summed), "vs_local": diff(local)}
 write_json(args.out, {"world_size": ctx.world, "ranks": gather(report)}, ctx.rank)

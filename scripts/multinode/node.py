@@ -299,7 +299,8 @@ class Preflight(threading.Thread):
                         f"the nodes disagree on --nnodes: this node ({me['host']}, {me['addr']}) has "
                         f"--nnodes={me['nnodes']}, node {odd[0]['host']} ({odd[0]['addr']}) has "
                         f"--nnodes={odd[0]['nnodes']}. Every node must pass the same --nnodes (and "
-                        "--rdzv_id and endpoint); torchrun would otherwise wait or build a smaller world than asked for."
+                        "--rdzv_id and endpoint); "
+                        "torchrun would otherwise wait or build a smaller world than asked for."
                     )
                 if count >= self.expected and len(self.nodes) >= self.expected:
                     return  # every node has arrived and agrees
@@ -356,7 +357,8 @@ def main(argv=None) -> int:
     cmd = torchrun_command(a, local)
     shown = ["torchrun", *cmd[3:]]
     log(
-        f"{socket.gethostname()} {local}{f' ({a.ifname})' if a.ifname else ''}: GLOO_SOCKET_IFNAME={a.ifname or '(unset)'}"
+        f"{socket.gethostname()} {local}{f' ({a.ifname})' if a.ifname else ''}: "
+        f"GLOO_SOCKET_IFNAME={a.ifname or '(unset)'}"
     )
     print("+ " + " ".join(shown), flush=True)
 

@@ -14,7 +14,7 @@ For the course's demo of a dying machine: with DISTRINEWS_KILL_NODE_AT_STEP=K in
 scripts/multinode/two_nodes.py on one node's first launch only), the ranks of this node SIGKILL their torchrun
 agent right after optimizer step K, and then themselves: the agent and every rank on the node vanish at once,
 as when a machine loses power. The training script knows nothing about it.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 

@@ -43,8 +43,9 @@ try:
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)          # nccl is asynchronous: wait for the result here
     result(ctx, mode=args.mode, finished=True, seconds=f"{time.perf_counter() - t0:.2f}")
-    write_json(args.out.format(mode=args.mode), {"world_size": ctx.world, "global_val_loss": val_loss.item() / ctx.world,
-                                                 "seconds": time.perf_counter() - t0}, ctx.rank)
+    write_json(args.out.format(mode=args.mode),
+               {"world_size": ctx.world, "global_val_loss": val_loss.item() / ctx.world,
+                "seconds": time.perf_counter() - t0}, ctx.rank)
 except Exception as err:
     msg = " ".join(str(err).split())[:160]
     result(ctx, mode=args.mode, error=type(err).__name__, waited_s=f"{time.perf_counter() - t0:.1f}")
