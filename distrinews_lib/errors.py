@@ -32,8 +32,9 @@ def first_line(err: BaseException, limit: int) -> str:
 def format_user_error(err: BaseException) -> str:
     text = " ".join(str(err).split())
     # Lines break at spaces only: a path or a flag (/tmp/pytest-of-root/x.pt, --max-queue) stays whole, to be copied.
-    return "error: " + textwrap.fill(text, width=100, subsequent_indent="       ", break_on_hyphens=False,
-                                     break_long_words=False)
+    return "error: " + textwrap.fill(
+        text, width=100, subsequent_indent="       ", break_on_hyphens=False, break_long_words=False
+    )
 
 
 def _say(text: str) -> None:
