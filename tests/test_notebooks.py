@@ -51,7 +51,9 @@ def test_valid_notebook(path):
     nbformat.validate(nbformat.read(str(path), as_version=4))
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS + sorted((ROOT / "notebooks" / "answers").glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", NOTEBOOKS + sorted((ROOT / "notebooks" / "answers").glob("*.py")), ids=lambda p: p.name
+)
 def test_every_code_cell_is_valid_python(path):
     """A syntax error in a cell fails here in a second, not after the chapter's launches under nbval."""
     if path.suffix == ".py":
@@ -60,7 +62,9 @@ def test_every_code_cell_is_valid_python(path):
     for i, cell in enumerate(_code_cells(path)):
         if cell.source.lstrip().startswith(("%%", "!")):
             continue  # a cell magic (%%writefile: its file is compiled as a script) or a shell line
-        source = "\n".join("pass" if line.lstrip().startswith(("%", "!")) else line for line in cell.source.splitlines())
+        source = "\n".join(
+            "pass" if line.lstrip().startswith(("%", "!")) else line for line in cell.source.splitlines()
+        )
         try:
             compile(source, f"{path.name} code cell {i}", "exec")
         except SyntaxError as err:
