@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
+from ..serving.settings import serve_command
 from ..training.config import RunConfig
 from .serving_load import http_health
 
@@ -58,20 +59,7 @@ class Server:
         cmd: list[str] | None = None,
         ready_s: float = 300,
     ):
-        self.cmd = cmd or [
-            sys.executable,
-            "-m",
-            "distrinews_lib.serving",
-            "--checkpoint",
-            str(checkpoint),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-            *extra,
-        ]
+        self.cmd = cmd or serve_command(checkpoint, port, extra)
         self.port = port
         self.tree = tree  # the checkout whose distrinews_lib serves (--overload --before: an older commit's)
         self.ready_s = ready_s  # LitServe spawns processes that import torch again: minutes on a busy machine

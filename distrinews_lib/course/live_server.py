@@ -19,7 +19,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..distributed import free_port
+from ..serving.settings import serve_command
 
 
 def call(base, method, path, body=None, timeout=30):
@@ -78,19 +78,7 @@ def running_server(checkpoint, timeout: float = 120, log_path="outputs/serving/s
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "distrinews_lib.serving",
-                "--checkpoint",
-                str(checkpoint),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-            ],
+            serve_command(checkpoint, port),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

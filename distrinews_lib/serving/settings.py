@@ -22,6 +22,7 @@ line, a failed startup under plain uvicorn.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Optional
@@ -384,3 +385,10 @@ class ServingSettings:
     def group(self, name: str) -> dict:
         """{setting: value} for one group of the table ("app" or "connection")."""
         return {s.name: getattr(self, s.name) for s in SETTINGS if s.group == name}
+
+
+def serve_command(checkpoint, port: int, extra=()) -> list[str]:
+    """The command line that starts this server on 127.0.0.1:`port` with warnings-only logs (what the chapter's live
+    server and the serving benchmarks launch)."""
+    return [sys.executable, "-m", "distrinews_lib.serving", "--checkpoint", str(checkpoint), "--host", "127.0.0.1",
+            "--port", str(port), "--log-level", "warning", *extra]  # fmt: skip
