@@ -93,3 +93,44 @@ def test_one_dtype_per_flat_buffer():
     )
     with pytest.raises(Exception, match="mix dtypes"):
         by_hand.one_dtype([torch.zeros(2), torch.zeros(2, dtype=torch.bfloat16)])
+
+
+def test_without_dropout_makes_a_training_forward_repeatable_and_step_seconds_times_each_part():
+    """The dialed race's model: dropout off (its masks are CPU work that moves no byte), and the step without
+    communication that chapter 03's cost model starts from."""
+    model = by_hand.build_model("wide", seed=0).train()
+    batch = by_hand.batches("wide", 0, 1, 1, 4)[0]
+    assert not torch.equal(model(**batch).logits, model(**batch).logits)  # dropout on: two draws differ
+    assert by_hand.without_dropout(model) is model
+    assert torch.equal(model(**batch).logits, model(**batch).logits)
+    threads = torch.get_num_threads()
+    parts = by_hand.step_seconds("wide", 4, dropout=False, steps=2)
+    assert set(parts) == {"forward", "backward", "optimizer"} and all(v > 0 for v in parts.values()), parts
+    assert torch.get_num_threads() == threads  # one thread while timing, the caller's count restored after
+
+
+@pytest.mark.slow
+def test_the_race_times_another_batch_without_dropout(tmp_path):
+    res = by_hand.run_race(
+        [
+            "--rungs",
+            "flat,bucketed",
+            "--sections",
+            "timing",
+            "--timing_rungs",
+            "flat,bucketed",
+            "--timing_batch_size",
+            4,
+            "--no-dropout",
+            "--rounds",
+            1,
+            "--round_steps",
+            1,
+            "--sweep",
+            "",
+            "--no-facts",
+        ],
+        tmp_path / "race.json",
+    )
+    assert res["batch_size"] == 16 and res["timing_batch_size"] == 4 and res["dropout_when_timed"] is False
+    assert set(res["timing"]["median_step_s"]) == {"ddp", "flat", "bucketed"}

@@ -121,6 +121,43 @@ def build_model(kind: str, seed: int, unused: str | None = None):
     raise UserError(f"unknown model {kind!r}: choose one of {', '.join(MODELS)}")
 
 
+def without_dropout(model):
+    """Every dropout of `model` set to p=0 (chapter 06's memory model, and the dialed race: its random masks are CPU
+    work that moves no byte). Returns the model."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    return model
+
+
+def step_seconds(kind: str, batch_size: int, dropout: bool = True, steps: int = 3) -> dict:
+    """A step of a fresh `kind` model on `batch_size` real texts with no communication at all, on one thread (a
+    rank's share of this machine): median seconds of its forward, backward and AdamW step, after a warm-up step."""
+    import statistics
+
+    model = build_model(kind, seed=0)
+    if not dropout:
+        without_dropout(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    times = {"forward": [], "backward": [], "optimizer": []}
+    try:
+        for batch in batches(kind, 0, 1, steps + 1, batch_size):
+            t0 = time.perf_counter()
+            loss = model(**batch).loss
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = time.perf_counter()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            for part, t in zip(times, (t1 - t0, t2 - t1, time.perf_counter() - t2)):
+                times[part].append(t)
+    finally:
+        torch.set_num_threads(threads)
+    return {part: statistics.median(v[1:]) for part, v in times.items()}
+
+
 def batches(kind: str, rank: int, world: int, steps: int, batch_size: int) -> list:
     """This rank's `steps` batches of real AG News texts (the embedded sample), disjoint from the other ranks'."""
     from ..data.sources import load_embedded

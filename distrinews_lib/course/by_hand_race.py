@@ -97,10 +97,8 @@ class Runner:
         self.model = by_hand.build_model(kind, seed=args.seed + rank, **model_kw)  # a different init per rank
         if dtype is not None:
             self.model.to(dtype)
-        if not dropout:  # chapter 06's memory model (and its measurements) have none
-            for m in self.model.modules():
-                if isinstance(m, torch.nn.Dropout):
-                    m.p = 0.0
+        if not dropout:  # chapter 06's memory model (and its measurements) have none; nor has the dialed race
+            by_hand.without_dropout(self.model)
         if name != "fsdp2":  # (FSDP2 replaces the parameters: a hook would keep the unsharded ones alive)
             names = by_hand.param_names(self.model)
             for p in self.model.parameters():  # first, so a tick is recorded before the rung's own hook runs
@@ -437,13 +435,13 @@ def race(names, make, batches, rounds, warmup=1):
 def timing(names, mods, args, rank, world, rounds, benchmark=False) -> tuple:
     """The wide model: `rounds` alternating rounds of every contender in `names` (torch's DDP first); their median
     step times and ratios to DDP's, the collectives per step, the other programs' load meanwhile, the timelines."""
-    batches = by_hand.batches("wide", rank, world, args.round_steps, args.batch_size)
+    batches = by_hand.batches("wide", rank, world, args.round_steps, args.timing_batch_size)
     out = {}
     if benchmark and rank == 0:  # a benchmark file waits (up to a minute) for the other processes to calm down
         out["quiet_wait"] = wait_for_quiet(0.3, timeout_s=60)
     dist.barrier()
     busy0, cpu0, t0 = cpu_busy_seconds(), time.process_time(), time.perf_counter()
-    runners, times = race(names, lambda n: Runner(n, "wide", args, mods, rank), batches, rounds)
+    runners, times = race(names, lambda n: Runner(n, "wide", args, mods, rank, dropout=args.dropout), batches, rounds)
     own = torch.tensor([time.process_time() - cpu0])
     dist.all_reduce(own)  # both ranks' CPU time: the rest of the machine's busy time is someone else's
     busy1, span = cpu_busy_seconds(), time.perf_counter() - t0
@@ -530,7 +528,7 @@ def bucket_sweep(sizes_mb, batches, args, mods, rank) -> dict:
     for mb in sizes_mb:
 
         def make(n, mb=mb):
-            return Runner(n.split("@")[0], "wide", args, mods, rank, bucket_mb=mb)
+            return Runner(n.split("@")[0], "wide", args, mods, rank, bucket_mb=mb, dropout=args.dropout)
 
         runners, times = race(["ddp", "bucketed"], make, batches, args.sweep_rounds)
         out[str(mb)] = {

@@ -66,6 +66,16 @@ def main():
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--bucket_mb", type=float, default=1.0)
     p.add_argument("--timing_rungs", default="naive,flat,overlapped,bucketed,zero1")
+    p.add_argument(
+        "--timing_batch_size", type=int, default=None, help="texts per rank and step when timed (default: --batch_size)"
+    )
+    p.add_argument(
+        "--dropout",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="dropout in the timed runs (its random masks are CPU work that moves no byte: chapter 03's dialed race "
+        "leaves it out)",
+    )
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--round_steps", type=int, default=3)
     p.add_argument("--sweep", default="0.25,1,25", help="bucket sizes (MiB) for the sweep; empty: no sweep")
@@ -92,6 +102,7 @@ def main():
         "--benchmark", default=None, help="also write the benchmark file (benchmarks/ddp_by_hand_<machine>.json)"
     )
     args = p.parse_args()
+    args.timing_batch_size = args.timing_batch_size or args.batch_size
     sections = {"check"} if args.check_only else {s for s in args.sections.split(",") if s}
     rungs = [r for r in args.rungs.split(",") if r]
     bad = [r for r in rungs if r not in by_hand.RUNGS] + [s for s in sections if s not in ("check", "timing", "zero")]
@@ -126,6 +137,8 @@ def main():
         "steps": args.check_steps,
         "bucket_mb": args.bucket_mb,
         "batch_size": args.batch_size,
+        "timing_batch_size": args.timing_batch_size,
+        "dropout_when_timed": args.dropout,
         "check": {},
         "facts": {},
     }
