@@ -44,6 +44,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from distrinews_lib.bench.provenance import provenance
+from distrinews_lib.course.by_hand import without_dropout
 from distrinews_lib.course.fresh import in_child
 from distrinews_lib.data import batching, sources, tokenization
 from distrinews_lib.data.texts import AG_NEWS_LABELS
@@ -104,9 +105,7 @@ def make_model(name: str, seed: int, ckpt: bool = False):
 
         torch.manual_seed(seed)
         model = AutoModelForSequenceClassification.from_config(DistilBertConfig(num_labels=4))
-    for m in model.modules():  # no dropout: every variant must compute the same thing
-        if isinstance(m, torch.nn.Dropout):
-            m.p = 0.0
+    without_dropout(model)  # every variant must compute the same thing
     if ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import threading
 import time
 from contextlib import contextmanager
@@ -122,8 +123,8 @@ def build_model(kind: str, seed: int, unused: str | None = None):
 
 
 def without_dropout(model):
-    """Every dropout of `model` set to p=0 (chapter 06's memory model, and the dialed race: its random masks are CPU
-    work that moves no byte). Returns the model."""
+    """Every dropout of `model` set to p=0 (chapter 06's memory model and scripts/memory_footprint.py, and the dialed
+    race: its random masks are CPU work that moves no byte). Returns the model."""
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
@@ -133,8 +134,6 @@ def without_dropout(model):
 def step_seconds(kind: str, batch_size: int, dropout: bool = True, steps: int = 3) -> dict:
     """A step of a fresh `kind` model on `batch_size` real texts with no communication at all, on one thread (a
     rank's share of this machine): median seconds of its forward, backward and AdamW step, after a warm-up step."""
-    import statistics
-
     model = build_model(kind, seed=0)
     if not dropout:
         without_dropout(model)
