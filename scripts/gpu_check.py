@@ -91,7 +91,7 @@ def choose_data(data_dir: str | None) -> str:
 def train_argv(model: str, data_arg: str, out: Path, amp: str, s: dict) -> list:
     # single_gpu's learning rate is a pretrained model's: the tiny random model sits at chance with it (measured
     # on an H200: val loss ln 4 after an epoch), so it trains at its own preset's rate.
-    lr = ["--lr", str(config.read_preset("cpu_smoke")[1]["lr"])] if model == "tiny" else []
+    lr = ["--lr", str(config.from_scratch_lr())] if model == "tiny" else []
     return [
         "--config",
         "single_gpu",

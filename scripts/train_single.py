@@ -22,6 +22,7 @@ def main():
     print(f"preset {cfg.preset} | 1 process | device {device} | {amp.reason}")
 
     run_plan = plan.decide(cfg)  # data source, model and the snapshot to resume from, decided once
+    cfg = run_plan.cfg  # as the plan settled it (a model from random weights gets its own learning rate)
     run = plan.prepare(run_plan)  # texts, model and tokenizer as planned; tokenized once and cached
     model = run.model.to(device)
     shape, peak = flops.model_shape(model), flops.device_peak(device, amp.mode)  # for MFU (GPUs)

@@ -39,7 +39,12 @@ class ClassifierEval:
 
     def summary(self) -> dict:
         """What the inference checkpoint records about the final model."""
-        return {"final_accuracy": self.accuracy, "final_val_loss": self.loss, "eval_examples": self.n}
+        # metrics.json's 6 decimals, so the checkpoint and the metrics hold the same number for any test size
+        return {
+            "final_accuracy": round(self.accuracy, 6),
+            "final_val_loss": round(self.loss, 6),
+            "eval_examples": self.n,
+        }
 
 
 def concat(xs: list, dtype) -> torch.Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import distributed as D
@@ -19,9 +19,9 @@ from ..data.texts import TextOptions
 from ..errors import UserError
 from ..files import atomic_write_json
 from ..hub import env_says_offline, hub_reachable
-from ..models.build import LOCAL_PRESETS, resolve_model_name, resolve_tokenizer
+from ..models.build import FROM_SCRATCH, LOCAL_PRESETS, resolve_model_name, resolve_tokenizer
 from .classify import CLASSIFY
-from .config import RunConfig
+from .config import RunConfig, from_scratch_lr
 from .snapshot import ResumeChoice, choose
 from .task import PreparedRun, Task, tokenizer_name
 
@@ -73,6 +73,7 @@ def decide(cfg: RunConfig, log=print) -> RunPlan:
     hub = hub_reachable() if wants_hub and not env_says_offline() else False  # probed once, ≤ 3 s; never offline
     source = sources.resolve_source(cfg.data, dataset, hub)
     model_name = resolve_model_name(cfg.model, hub)
+    cfg = fit_lr_to_model(cfg, model_name, log)
     return RunPlan(
         cfg=cfg,
         data_source=source,
@@ -84,6 +85,19 @@ def decide(cfg: RunConfig, log=print) -> RunPlan:
         tokenizer=resolve_tokenizer(cfg.tokenizer, model_name),
         task=choose_task(cfg.task),
     )
+
+
+def fit_lr_to_model(cfg: RunConfig, model_name: str, log=print) -> RunConfig:
+    """--model auto fell back to a model from random weights (offline): it trains at a from-scratch rate, not at the
+    pretrained fine-tuning rate the GPU presets carry, unless --lr was typed."""
+    if cfg.model != "auto" or model_name not in FROM_SCRATCH or "lr" in cfg.given or cfg.lr != RunConfig.lr:
+        return cfg
+    lr = from_scratch_lr()
+    log(
+        f"model auto -> {model_name} (random weights): lr {lr:g}, not the preset's {cfg.lr:g}, which fine-tunes a "
+        "pretrained model and leaves this one near chance (--lr sets another)"
+    )
+    return replace(cfg, lr=lr)
 
 
 def prepare(plan: RunPlan, log=D.print0) -> PreparedRun:
