@@ -28,7 +28,6 @@ would reuse it without raising the peak. Per rank and run it reports:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import os
@@ -41,11 +40,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from distrinews_lib.bench.provenance import provenance
 from distrinews_lib.course.by_hand import without_dropout
 from distrinews_lib.course.fresh import in_child
+from distrinews_lib.course.memory_probe import counted_loss, loss_of, nbytes, reset_peak, status_mb
 from distrinews_lib.data import batching, sources, tokenization
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.data.tokenization import tiny_tokenizer
@@ -73,28 +72,6 @@ def parse_run(text: str, batch: int, seq: int) -> dict:
         "ckpt": "ckpt" in flags,
         "view": "view" in flags,
     }
-
-
-def status_mb(field: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def reset_peak() -> None:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")  # Linux: the peak (VmHWM) starts again from now
-    except OSError:
-        pass
-
-
-def nbytes(t) -> int:
-    if t is None:
-        return 0
-    if hasattr(t, "to_local"):  # a DTensor: only the local shard lives here
-        t = t.to_local()
-    return t.numel() * t.element_size()
 
 
 def make_model(name: str, seed: int, ckpt: bool = False):
@@ -130,37 +107,6 @@ def batches(ds, pad_id, run, steps, rank, world) -> list:
         b["input_ids"], b["attention_mask"] = b["input_ids"][:, : run["seq"]], b["attention_mask"][:, : run["seq"]]
         out.append(b)
     return out
-
-
-def loss_of(model, batch):
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    return F.cross_entropy(logits.float(), batch["labels"])
-
-
-class SavedActivations:
-    """Counts the bytes autograd saves for backward (each storage once, parameters excluded)."""
-
-    def __init__(self, params):
-        self.skip = {p.untyped_storage().data_ptr() for p in params if not hasattr(p, "to_local")}
-        self.seen: dict[int, int] = {}
-
-    def pack(self, t):
-        st = t.untyped_storage()
-        if st.data_ptr() not in self.skip:
-            self.seen[st.data_ptr()] = st.nbytes()
-        return t
-
-    @property
-    def bytes(self) -> int:
-        return sum(self.seen.values())
-
-
-def counted_loss(model, batch, params, count: bool):
-    """The loss of one forward, and the bytes autograd saved for its backward (0 unless `count`: the first step's)."""
-    counter = SavedActivations(params)
-    with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t) if count else contextlib.nullcontext():
-        loss = loss_of(model, batch)
-    return loss, counter.bytes
 
 
 def step_loop(my_batches, forward_backward, opt_step):

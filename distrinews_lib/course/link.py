@@ -9,12 +9,17 @@ links it dials, and a rank inside the box dials every link to another rate betwe
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
 
+from ..errors import UserError
+
+RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
+UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 BOX = Path(__file__).resolve().parent.parent.parent / "scripts" / "cluster" / "box.py"
 # TCP over Ethernet carries 1448 bytes of payload in a 1514-byte frame (MTU 1500, TCP timestamps on): what a
 # program can push through a link of rate R is at most this share of R.
@@ -58,13 +63,21 @@ def run_in_box(
 
 
 def bits_per_s(rate: str) -> float | None:
-    """'400mbit' -> 4e8, 'none' -> None (the box's own parser: one rule for what a rate is)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("distrinews_box", BOX)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.parse_rate(rate)
+    """'400mbit' -> 4e8 bits/s, tc's units; 'none' -> None (unshaped). Anything else: UserError naming the forms
+    accepted. The box reads --link and every dial() with it, and the chapters their rates: one rule for a rate."""
+    t = str(rate).strip().lower()
+    if t in ("none", "off", "unshaped"):
+        return None
+    m = RATE.match(t)
+    if not m or float(m[1]) <= 0:
+        raise UserError(
+            f"--link {rate!r} is not a rate: write a number and a unit, e.g. 50mbit, 400mbit, 1gbit, "
+            "2.5gbit (tc's units: bit, kbit, mbit, gbit; bits per second), or none for an unshaped link"
+        )
+    bits = float(m[1]) * UNITS[m[2]]
+    if not 1e5 <= bits <= 1e11:
+        raise UserError(f"--link {rate}: keep the rate between 100kbit and 100gbit (got {bits:.3g} bit/s)")
+    return bits
 
 
 # ------------------------------------------------------------------------------------------------ inside the box

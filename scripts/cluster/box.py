@@ -40,37 +40,23 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(ROOT))
+
+from distrinews_lib.course.link import bits_per_s as parse_rate  # noqa: E402  (one rule for what a rate is)
+from distrinews_lib.errors import UserError  # noqa: E402
+
 SUBNET = "10.88.0"
 PREFIX = "box"  # namespaces are named box<pid>-sw, box<pid>-n0, ...: the next box can tell a leftover
 NOT_POSSIBLE = 3  # exit code: no box can be built on this machine (the reason is printed)
-RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
-UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 USERNS_ENV = "DISTRINEWS_BOX_USERNS"  # set when this process is the copy re-run inside `unshare -rnm`
 
 
-class BoxError(Exception):
+class BoxError(UserError):
     """A box cannot be built or run here; the message says why and what to do."""
 
 
 def say(msg: str) -> None:
     print(f"[box] {msg}", flush=True)
-
-
-def parse_rate(text: str) -> float | None:
-    """'400mbit' -> 4e8 bits/s; 'none' -> None (unshaped). Anything else: BoxError naming the forms accepted."""
-    t = str(text).strip().lower()
-    if t in ("none", "off", "unshaped"):
-        return None
-    m = RATE.match(t)
-    if not m or float(m[1]) <= 0:
-        raise BoxError(
-            f"--link {text!r} is not a rate: write a number and a unit, e.g. 50mbit, 400mbit, 1gbit, "
-            "2.5gbit (tc's units: bit, kbit, mbit, gbit; bits per second), or none for an unshaped link"
-        )
-    bits = float(m[1]) * UNITS[m[2]]
-    if not 1e5 <= bits <= 1e11:
-        raise BoxError(f"--link {text}: keep the rate between 100kbit and 100gbit (got {bits:.3g} bit/s)")
-    return bits
 
 
 def tbf_args(bits: float) -> list[str]:
@@ -238,7 +224,7 @@ class Dialer(threading.Thread):
                     text = req.read_text().strip()
                     self.box.dial(parse_rate(text))
                     answer = f"ok {text}"
-                except (BoxError, OSError) as err:
+                except (UserError, OSError) as err:
                     answer = f"error {err}"
                 req.unlink(missing_ok=True)
                 tmp = self.folder / f".done.{ident}"
@@ -378,7 +364,7 @@ def main(argv=None) -> int:
             raise BoxError("no script to run: put it after --, e.g. -- scripts/by_hand/race.py --out race.json")
         if os.geteuid() != 0 and not os.environ.get(USERNS_ENV):
             return reexec_in_userns(argv)
-    except BoxError as err:
+    except UserError as err:  # a BoxError, or a rate that is not one
         say(f"error: {err}")
         return 2
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # SIGINT too: a background job may inherit it ignored
@@ -397,7 +383,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt as why:
         say(f"stopped ({why or 'Ctrl-C'}); the box is removed")
         return 130
-    except BoxError as err:
+    except UserError as err:  # a BoxError, or a rate that is not one
         say(f"error: {err}")
         return 2
     say(f"done in {time.time() - t0:.1f} s, exit code {code}; the box is removed")
