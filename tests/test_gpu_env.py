@@ -117,6 +117,26 @@ def test_course_setup_prints_the_report(monkeypatch, capsys):
         assert os.environ[leftovers.MARKER].startswith(f"{os.getpid()}:")
 
 
+def test_a_chapter_that_compares_1_process_with_2_runs_on_2_cpu_processes_when_given_1(monkeypatch, capsys):
+    # One GPU (Colab's T4) gives NPROC auto = 1: chapter 05 failed there (a DDP-only flag sent to train_single.py)
+    from distrinews_lib.course import notebook as course
+
+    monkeypatch.setenv(leftovers.MARKER, "")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # restored after the test; setup hides the GPUs from launches
+    cwd = os.getcwd()
+    try:
+        as_given = course.setup("cpu_smoke", 2, quiet=True, min_nproc=2)
+        assert "this chapter compares" not in capsys.readouterr().out
+        env = course.setup("single_gpu", 1, quiet=True, min_nproc=2)
+    finally:
+        os.chdir(cwd)
+    assert as_given.nproc == 2 and as_given.preset == "cpu_smoke"
+    assert (env.nproc, env.preset, env.n_gpus, env.backend) == (2, "cpu_smoke", 0, "gloo")
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("this chapter compares 1 process with 2, and this machine gives NPROC=1: it runs on 2 CPU")
+
+
 # --------------------------------------------------------------------------- leftover ranks
 
 SLEEPER = "import time; time.sleep(120)"

@@ -97,7 +97,7 @@ def test_first_code_cell_is_parameters_then_setup(path):
         f"{path.name}: the first code cell must be tagged 'parameters'"
     )
     assert re.search(r"^PRESET\s*=", first.source, re.M) and re.search(r"^NPROC\s*=", first.source, re.M), first.source
-    assert "setup(PRESET, NPROC)" in cells[1].source, (
+    assert re.search(r"setup\(PRESET, NPROC\b", cells[1].source), (
         f"{path.name}: the second code cell must call setup(PRESET, NPROC)"
     )
     tagged = [i for i, c in enumerate(cells) if "parameters" in c.metadata.get("tags", [])]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import difflib
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -68,7 +68,9 @@ def find_root(start: Path | None = None) -> Path:
     )
 
 
-def setup(preset: str = "auto", nproc="auto", quiet: bool = False) -> CourseEnv:
+def setup(preset: str = "auto", nproc="auto", quiet: bool = False, min_nproc: int = 1) -> CourseEnv:
+    """The chapter's environment. A chapter that compares 1 process with N gives min_nproc=2: where this machine
+    gives fewer (one GPU, or --nproc 1) it runs on min_nproc CPU processes instead, and says so in one line."""
     root = find_root()
     os.chdir(root)  # %%writefile scripts/... and checkpoints/... are relative to the project root
     if str(root) not in sys.path:
@@ -104,6 +106,15 @@ def setup(preset: str = "auto", nproc="auto", quiet: bool = False) -> CourseEnv:
         if env.on_kaggle and env.n_gpus < 2:
             print("Kaggle: pick the 'GPU T4 x2' accelerator (Settings > Accelerator) to run DDP on two GPUs.")
     gpu_env.first_cell(quiet=quiet)  # versions, GPUs, /dev/shm, P2P (-> NCCL_P2P_DISABLE); stops leftover ranks
+    if env.nproc < min_nproc:
+        why = f"{env.n_gpus} GPU" if env.n_gpus == 1 and nproc in ("auto", None, "") else f"NPROC={env.nproc}"
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the launches of this kernel: CPU processes, as on a laptop
+        env = replace(env, preset="cpu_smoke", nproc=min_nproc, n_gpus=0, gpu_names=[])
+        print(
+            f"this chapter compares 1 process with {min_nproc}, and this machine gives {why}: it runs on "
+            f"{min_nproc} CPU processes (gloo), preset cpu_smoke. Its GPU figures need {min_nproc}+ GPUs "
+            "(Kaggle's T4 x2)."
+        )
     return env
 
 

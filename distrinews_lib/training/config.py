@@ -218,10 +218,11 @@ class RunConfig:
     )
     preset: str = field(default="none", metadata={"internal": True})  # set by parse()
     # the options typed on the command line (set by parse()): a later decision never overrides one of them
-    given: tuple = field(default=(), metadata={"internal": True})
+    given: tuple = field(default=(), metadata={"internal": True, "record": False})
 
     def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The run's options as metrics.json, config.json and the trackers record them (scalars only)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("record", True)}
 
 
 def options(ddp: bool = True) -> list:
