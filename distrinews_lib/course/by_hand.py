@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import UserError
+from .memory_probe import reset_peak, status_mb
 
 SCRIPTS = Path(__file__).resolve().parent.parent.parent / "scripts" / "by_hand"
 RUNGS = ("naive", "flat", "overlapped", "bucketed", "zero1", "zero2", "zero3")
@@ -354,27 +355,19 @@ class PeakMemory:
         import gc
 
         gc.collect()
-        self.before, self.peak_mb = _status_mb("VmRSS"), None
+        self.peak_mb = None
         try:
-            Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) starts again from now
-        except OSError:
+            self.before = status_mb("VmRSS")
+        except OSError:  # no /proc: not Linux
+            self.before = None
+        if not reset_peak():
             self.before = None
         return self
 
     def __exit__(self, *exc):
         if self.before is not None:
-            self.peak_mb = _status_mb("VmHWM") - self.before
+            self.peak_mb = status_mb("VmHWM") - self.before
         return False
-
-
-def _status_mb(field: str) -> float | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
 
 
 def settle_allocator() -> None:

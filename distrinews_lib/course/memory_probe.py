@@ -18,11 +18,13 @@ def status_mb(field: str) -> float:
     return float("nan")
 
 
-def reset_peak() -> None:
+def reset_peak() -> bool:
+    """Restart this process's peak (VmHWM) from now; False where Linux's /proc/self/clear_refs is not there."""
     try:
-        Path("/proc/self/clear_refs").write_text("5")  # Linux: the peak (VmHWM) starts again from now
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
     except OSError:
-        pass
+        return False
 
 
 def nbytes(t) -> int:
