@@ -173,7 +173,7 @@ class _DelayedWork:
                 else:
                     fut.set_result(None)
 
-            when_done(self.work, arrived)
+            self.work = when_done(self.work, arrived)  # its waiter thread and ours share one wait
         return self._future
 
     def __getattr__(self, name):
