@@ -21,7 +21,6 @@ from ..hub import (
     offline_datasets,
 )
 from .readers import label_indices, load_csv, load_folder
-from .synthetic import synthetic_agnews
 from .texts import (
     DATASETS,
     HUB_DATASET,
@@ -277,8 +276,12 @@ def load_dataset_splits(
                 f"--label_names gives {len(opts.label_names)} names ({', '.join(opts.label_names)}) but "
                 f"{spec.name} has {len(spec.label_names)} classes ({', '.join(spec.label_names)})."
             )
-        if spec.key == "ag_news" and source in ("embedded", "synthetic"):
-            splits = load_embedded() if source == "embedded" else synthetic_agnews()
+        if spec.key == "ag_news" and source == "embedded":
+            splits = load_embedded()
+        elif spec.key == "ag_news" and source == "synthetic":
+            from .synthetic import synthetic_agnews  # only when asked for: not part of a normal run
+
+            splits = synthetic_agnews()
         elif source == "hub":
             splits = load_hub(spec.hub_id, spec, opts, num_samples, eval_samples, seed)
         else:

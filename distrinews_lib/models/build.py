@@ -15,7 +15,6 @@ import torch
 from ..data.tokenization import HashTokenizer, tiny_tokenizer
 from ..errors import UserError
 from ..hub import env_says_offline, hub_reachable, model_download_command, models_cache_dir
-from .custom import CustomClassifier, CustomConfig
 
 DEFAULT_HUB_MODEL = "distilbert-base-uncased"
 
@@ -115,6 +114,8 @@ def build_model(cfg, label_names: list, *, hub: bool | None = None):
         return tiny_tokenizer()
 
     if resolved == "custom":
+        from .custom import CustomClassifier, CustomConfig  # an option, not the core: read only when chosen
+
         tokenizer_obj = make_tokenizer()
         model = CustomClassifier(CustomConfig.from_run(cfg, len(names), len(tokenizer_obj)))
         info = ModelInfo(cfg.model, "custom", "preset", False, 0)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .. import distributed as D
-from ..data.synthetic import SYNTHETIC_NOTE
 from ..data.texts import TextSplits
 from ..data.tokenization import set_truncation, tokenize_splits
 from ..errors import UserError
@@ -41,7 +40,7 @@ class Classification(Task):
         log(splits.describe() + f" | fingerprint {splits.fingerprint()}")
         log(splits.balance())
         if splits.is_synthetic:
-            log("NOTE: " + SYNTHETIC_NOTE)
+            log("NOTE: " + splits.detail)  # synthetic data's detail is its warning
         log(
             f"model: {info.resolved} ({info.kind}, {info.num_parameters / 1e6:.1f}M parameters"
             f"{', pretrained' if info.pretrained else ', random init'}) | tokenizer {tokenizer_name(tokenizer)} | "

@@ -1,18 +1,16 @@
 """Per-run metrics, written by rank 0 after every epoch: metrics.csv (one row per epoch), metrics.json
 (config, data, DDP, series, aggregates) and, with --report_to, TensorBoard, W&B (offline by default) or
-Trackio.
+Trackio (training/reporters.py).
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import os
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ..errors import UserError
 from ..files import atomic_write_json, atomic_write_text
 from ..machine import git_commit, machine_info, versions
 
@@ -28,52 +26,6 @@ CSV_FIELDS = [
     "lr",
     "resumed",
 ]
-
-
-class Reporter:
-    """One experiment tracker, the same three calls whatever the backend (each an optional package)."""
-
-    def __init__(self, kind: str, out_dir: Path, config: dict, name: str):
-        self.kind = kind
-        try:
-            if kind == "tensorboard":
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.writer = SummaryWriter(log_dir=str(out_dir / "tensorboard"))
-                self.writer.add_text("config", "\n".join(f"{k}: {v}" for k, v in config.items()))
-            elif kind == "wandb":
-                os.environ.setdefault("WANDB_MODE", "offline")  # a course run never needs an account
-                os.environ.setdefault("WANDB_SILENT", "true")
-                import wandb
-
-                self.run = wandb.init(project="distrinews", name=name, dir=str(out_dir), config=config)
-            elif kind == "trackio":
-                os.environ.setdefault("TRACKIO_DIR", str(out_dir / "trackio"))
-                import trackio
-
-                self.run = trackio.init(project="distrinews", name=name, config=config)
-        except ImportError as err:
-            raise UserError(
-                f"--report_to {kind} needs the {err.name} package: pip install {err.name} "
-                f"(or pip install -e '.[track]'), or use --report_to tensorboard / none."
-            ) from None
-
-    def log(self, values: dict, step: int) -> None:
-        if self.kind == "tensorboard":
-            for key, value in values.items():
-                self.writer.add_scalar(key, value, step)
-        else:  # wandb's and trackio's runs log alike
-            self.run.log(values, step=step)
-
-    def finish(self) -> None:
-        if self.kind == "tensorboard":
-            self.writer.close()
-        elif self.kind == "wandb":
-            self.run.finish()
-        else:
-            import trackio
-
-            trackio.finish()
 
 
 class RunTracker:
@@ -108,9 +60,11 @@ class RunTracker:
         }
         if enabled:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.reporter = (
-            Reporter(report_to, self.out_dir, config, self.out_dir.name) if enabled and report_to != "none" else None
-        )
+        self.reporter = None
+        if enabled and report_to != "none":
+            from .reporters import Reporter  # TensorBoard, W&B or Trackio: options, read only when chosen
+
+            self.reporter = Reporter(report_to, self.out_dir, config, self.out_dir.name)
 
     @classmethod
     def for_run(cls, cfg, plan, run, *, world_size: int, backend: str | None, enabled: bool) -> "RunTracker":
