@@ -30,6 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from distrinews_lib.bench.provenance import provenance  # noqa: E402
 from distrinews_lib.course import launch  # noqa: E402
 
 SCRIPTS = REPO / "scripts"
@@ -296,16 +297,14 @@ def tally(launches: dict) -> dict:
     }
 
 
-def write(out, launches: dict, args, started: float, done: bool) -> dict:
-    from distrinews_lib.bench.provenance import provenance
-
+def write(out, launches: dict, args, started: float, done: bool, prov: dict) -> dict:
     summary = tally(launches)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(
         json.dumps(
             {
                 "benchmark": "launch_stress",
-                **provenance(),
+                **prov,  # taken at the start: its load average and time are the run's, not the last launch's
                 "times": args.times,
                 "finished": done,
                 "timeout_s": args.timeout,
@@ -340,6 +339,7 @@ def main(argv=None) -> int:
             )
         launches = {n: [] for n in names}
         started = time.time()
+        prov = provenance()
         for i in range(args.times):
             for name in names:
                 while args.pause_file and Path(args.pause_file).exists():  # someone needs a quiet machine for a while
@@ -355,11 +355,11 @@ def main(argv=None) -> int:
                     rec["log"] = str(log)
                 launches[name].append(rec)
                 if args.out:  # after every launch: a run stopped half-way keeps what it counted
-                    write(args.out, launches, args, started, done=False)
+                    write(args.out, launches, args, started, done=False, prov=prov)
                 print(f"{i + 1:3d}/{args.times} {name:<18} {rec['state']:<8} {rec['seconds']:6.1f} s", flush=True)
                 if rec["state"] != "ok":
                     print("    " + "\n    ".join(rec.get("abort_lines") or rec.get("last_lines", [])[-6:]), flush=True)
-    summary = write(args.out, launches, args, started, done=True) if args.out else tally(launches)
+    summary = write(args.out, launches, args, started, done=True, prov=prov) if args.out else tally(launches)
     print(f"\n{'entry point':<18} {'launches':>8} {'ok':>5} {'aborted':>8} {'hung':>5} {'failed':>7} {'median s':>9}")
     for n, s in summary.items():
         print(
