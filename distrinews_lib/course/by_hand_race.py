@@ -522,21 +522,28 @@ def ddp_facts(runners, batches, names, args, mods, rank, world) -> dict:
     return facts
 
 
-def bucket_sweep(sizes_mb, batches, args, mods, rank) -> dict:
-    """The hand-built bucketed rung against torch's DDP at each bucket size, alternating rounds."""
+def bucket_sweep(sizes_mb, batches, args, mods, rank, with_ddp=True) -> dict:
+    """The hand-built bucketed rung (and torch's DDP, with_ddp) at each bucket size: every size in the same
+    alternating rounds, so that a slower minute of the machine cannot make one size look worse than the next."""
+    impls = ("ddp", "bucketed") if with_ddp else ("bucketed",)
+    names = [f"{impl}@{mb}" for mb in sizes_mb for impl in impls]
+
+    def make(n):
+        impl, mb = n.split("@")
+        return Runner(impl, "wide", args, mods, rank, bucket_mb=float(mb), dropout=args.dropout)
+
+    runners, times = race(names, make, batches, args.sweep_rounds)
     out = {}
     for mb in sizes_mb:
-
-        def make(n, mb=mb):
-            return Runner(n.split("@")[0], "wide", args, mods, rank, bucket_mb=mb, dropout=args.dropout)
-
-        runners, times = race(["ddp", "bucketed"], make, batches, args.sweep_rounds)
         out[str(mb)] = {
-            "ddp_step_s": statistics.median(times["ddp"]),
-            "bucketed_step_s": statistics.median(times["bucketed"]),
-            "bucketed_buckets": len(runners["bucketed"].dp.buckets),
-            "ddp_buckets": len(ddp_buckets(runners["ddp"].dp)),
+            "bucketed_step_s": statistics.median(times[f"bucketed@{mb}"]),
+            "bucketed_buckets": len(runners[f"bucketed@{mb}"].dp.buckets),
         }
+        if with_ddp:
+            out[str(mb)] |= {
+                "ddp_step_s": statistics.median(times[f"ddp@{mb}"]),
+                "ddp_buckets": len(ddp_buckets(runners[f"ddp@{mb}"].dp)),
+            }
     return out
 
 

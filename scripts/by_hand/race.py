@@ -81,6 +81,12 @@ def main():
     p.add_argument("--sweep", default="0.25,1,25", help="bucket sizes (MiB) for the sweep; empty: no sweep")
     p.add_argument("--sweep_rounds", type=int, default=3)
     p.add_argument(
+        "--sweep_ddp",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="torch's DDP at each size of the sweep too (--no-sweep_ddp: the hand-built rung only)",
+    )
+    p.add_argument(
         "--facts",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -176,7 +182,7 @@ def main():
             res["facts"].update(ddp_facts(runners, batches, names, args, mods, rank, world))
         sweep = [float(x) for x in args.sweep.split(",") if x]
         if sweep and "bucketed" in rungs:
-            res["sweep"] = bucket_sweep(sweep, batches, args, mods, rank)
+            res["sweep"] = bucket_sweep(sweep, batches, args, mods, rank, args.sweep_ddp)
     res["seconds"] = time.perf_counter() - started
     if rank == 0:
         atomic_write_json(args.out, res)
