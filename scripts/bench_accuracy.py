@@ -4,7 +4,7 @@
     python scripts/bench_accuracy.py --quick    # tiny model, a few hundred texts (CI keeps the script working)
 
 Runs the course's own scripts (scripts/train_single.py, and scripts/train_ddp.py under torchrun through
-distrinews_lib.course.launch), reads the metrics.json each writes, and records the two test accuracies, their
+distrinews_course.launch), reads the metrics.json each writes, and records the two test accuracies, their
 gap (target: within 0.5 points) and the pretrained model's accuracy (target: >= 90%) in
 benchmarks/accuracy.json together with the exact commands that produced them.
 
@@ -28,8 +28,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from distrinews_lib.bench import provenance
-from distrinews_lib.course import launch  # noqa: E402
+from distrinews_course import launch  # noqa: E402
+from distrinews_course.bench import provenance
 from distrinews_lib.data import sources
 from distrinews_lib.errors import UserError, main_guard  # noqa: E402
 

@@ -19,9 +19,9 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from distrinews_lib.bench.provenance import provenance  # noqa: E402
-from distrinews_lib.course.launch import torchrun  # noqa: E402
-from distrinews_lib.course.plots import load_metrics  # noqa: E402
+from distrinews_course.bench.provenance import provenance  # noqa: E402
+from distrinews_course.launch import torchrun  # noqa: E402
+from distrinews_course.plots import load_metrics  # noqa: E402
 from distrinews_lib.training import config, evaluation, plan  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 """Run the course's training scripts UNCHANGED, many times in ONE torchrun launch, and time a window of
-their optimizer steps (distrinews_lib.bench.harness). The measuring tool of chapter 05.
+their optimizer steps (distrinews_course.bench.harness). The measuring tool of chapter 05.
 
     torchrun --nproc_per_node=2 scripts/bench_runs.py RESULTS.json RUNS.json
 
@@ -23,8 +23,8 @@ import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from distrinews_lib.bench import harness, throughput
-from distrinews_lib.course import link, perf_model
+from distrinews_course import link, perf_model
+from distrinews_course.bench import harness, throughput
 from distrinews_lib.distributed import end_process
 
 

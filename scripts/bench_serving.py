@@ -15,8 +15,9 @@ concurrency 1, 4, 16 and 64 for a fixed time per level, split into slices that a
 the two servers (each after a short unrecorded warm-up), so background load on a shared machine
 hits both alike.  It reports requests/s, p50/p95/p99 latency and errors.
 
---overload, --litserve and --int8 are other measurements, each in its module of distrinews_lib/bench/ (serving_overload,
-serving_race with the LitServe competitor in serving_litserve, serving_int8), which documents its method.
+--overload, --litserve and --int8 are other measurements, each in its module of distrinews_course/bench/
+(serving_overload, serving_race with the LitServe competitor in serving_litserve, serving_int8), which documents its
+method.
 
 The load generator speaks HTTP/1.1 over plain asyncio streams with one keep-alive connection per
 concurrent client: on a 2-core machine a heavier client (httpx, requests) would eat the CPU the
@@ -32,10 +33,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing the package
 
-from distrinews_lib.bench.serving_compare import compare_main  # noqa: E402
-from distrinews_lib.bench.serving_int8 import int8_main  # noqa: E402
-from distrinews_lib.bench.serving_overload import overload_main  # noqa: E402
-from distrinews_lib.bench.serving_race import race_main  # noqa: E402
+from distrinews_course.bench.serving_compare import compare_main  # noqa: E402
+from distrinews_course.bench.serving_int8 import int8_main  # noqa: E402
+from distrinews_course.bench.serving_overload import overload_main  # noqa: E402
+from distrinews_course.bench.serving_race import race_main  # noqa: E402
 from distrinews_lib.errors import main_guard  # noqa: E402
 
 

@@ -6,7 +6,7 @@ buys, and DDP scaling.
     python scripts/bench_train.py --quick     # a few tiny steps of everything (CI keeps the script working with it)
 
 "Our loop" is scripts/train_single.py and scripts/train_ddp.py themselves, unchanged, run in-process by
-distrinews_lib.bench.harness: a global optimizer-step hook marks the clock after warm-up step W and after step
+distrinews_course.bench.harness: a global optimizer-step hook marks the clock after warm-up step W and after step
 W + K, and the batches the scripts' EpochMeter sees in between give the samples, tokens and model FLOPs.
 
 Every figure is measured side by side in ONE run on ONE machine: the contenders alternate round after
@@ -40,7 +40,7 @@ counts each text's real length, and the section says so (`headline_metric`).
 
 On CUDA each line also shows model FLOPs utilisation (MFU; distrinews_lib.training.flops has the formula).
 
-The parts live in distrinews_lib/bench/: train_setup (plans, contenders' command lines), train_measure (timing a
+The parts live in distrinews_course/bench/: train_setup (plans, contenders' command lines), train_measure (timing a
 script or Trainer), train_stats (ratios over rounds), train_compare and train_scaling (the two sections; the
 latter also runs each rank of the --ddp-worker launch) and train_report (plots, targets, headline, --refresh).
 """
@@ -61,12 +61,12 @@ sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
 import torch  # noqa: E402
 
-from distrinews_lib.bench import provenance  # noqa: E402
-from distrinews_lib.bench.train_compare import compare_section  # noqa: E402
-from distrinews_lib.bench.train_report import headline, ordered, plot, refresh, targets  # noqa: E402
-from distrinews_lib.bench.train_scaling import ddp_section, ddp_worker, one_gpu_for_this_process  # noqa: E402
-from distrinews_lib.bench.train_setup import MODELS, data_note, full_plan, resolve_data  # noqa: E402
-from distrinews_lib.course import launch  # noqa: E402
+from distrinews_course import launch  # noqa: E402
+from distrinews_course.bench import provenance  # noqa: E402
+from distrinews_course.bench.train_compare import compare_section  # noqa: E402
+from distrinews_course.bench.train_report import headline, ordered, plot, refresh, targets  # noqa: E402
+from distrinews_course.bench.train_scaling import ddp_section, ddp_worker, one_gpu_for_this_process  # noqa: E402
+from distrinews_course.bench.train_setup import MODELS, data_note, full_plan, resolve_data  # noqa: E402
 from distrinews_lib.data import sources  # noqa: E402
 from distrinews_lib.distributed import run_and_end  # noqa: E402
 from distrinews_lib.errors import UserError, main_guard  # noqa: E402

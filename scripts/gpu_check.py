@@ -5,7 +5,7 @@
     python scripts/gpu_check.py --dry-run                # anywhere: the plan, every command checked, a marked JSON
 
 Stages, in order (each one a separate process with a timeout; its output goes to <run dir>/<stage>.log):
-  env            the course's first-cell report (distrinews_lib.course.gpu_env): GPUs, versions, /dev/shm, P2P
+  env            the course's first-cell report (distrinews_course.gpu_env): GPUs, versions, /dev/shm, P2P
   cuda_tests     the CUDA unit tests (tests/test_gpu_cuda.py and the CUDA cases of the other unit tests); a test
                  skipped for want of CUDA on this CUDA machine counts as a failure
   train_fp16     scripts/train_single.py --amp fp16 (GradScaler): samples/s, tokens/s, MFU, accuracy
@@ -38,10 +38,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from distrinews_lib.bench import provenance  # noqa: E402
-from distrinews_lib.bench.gpu_estimate import flops_per_text, t4_epoch_estimate  # noqa: E402
-from distrinews_lib.bench.gpu_plan import STAGES, Stage, check_plan, choose_data, choose_model, make_plan  # noqa: E402
-from distrinews_lib.bench.gpu_stages import PARSERS, serving_stage  # noqa: E402
+from distrinews_course.bench import provenance  # noqa: E402
+from distrinews_course.bench.gpu_estimate import flops_per_text, t4_epoch_estimate  # noqa: E402
+from distrinews_course.bench.gpu_plan import STAGES, Stage, check_plan, choose_data, choose_model, make_plan  # noqa: E402
+from distrinews_course.bench.gpu_stages import PARSERS, serving_stage  # noqa: E402
 from distrinews_lib.data import sources  # noqa: E402
 from distrinews_lib.errors import UserError, main_guard  # noqa: E402
 
@@ -49,7 +49,7 @@ from distrinews_lib.errors import UserError, main_guard  # noqa: E402
 
 
 def run_stage(stage: Stage, run_dir: Path, echo: bool) -> dict:
-    from distrinews_lib.course import launch
+    from distrinews_course import launch
 
     log = run_dir / f"{stage.name}.log"
     t = time.time()
@@ -142,7 +142,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from distrinews_lib.course import gpu_env
+    from distrinews_course import gpu_env
     from distrinews_lib.hub import hub_reachable
 
     cuda = torch.cuda.is_available()

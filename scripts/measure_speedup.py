@@ -9,7 +9,7 @@ An epoch's time (experiments/*/metrics.json) on a CPU shared with other jobs mix
 Here one torchrun launch with 2 gloo ranks (1 thread each) runs, round after round and in rotating order, each
 experiment's 1-process contender (scripts/train_single.py on rank 0 while rank 1 waits) and its 2-process
 contender (scripts/train_ddp.py on both), with the experiment's own YAML (configs/experiments/*_1p / *_2p: the same
-global batch). distrinews_lib.bench.harness times a window of optimizer steps after a warm-up and, under DDP, every
+global batch). distrinews_course.bench.harness times a window of optimizer steps after a warm-up and, under DDP, every
 gradient bucket's all-reduce; before each window rank 0 waits (a bounded time) for the other jobs to leave the CPU.
 Speedup = median samples/s of 2 processes / median samples/s of 1 process, over the rounds in which both windows
 were quiet (the other jobs used at most 0.3 cores besides the run's own ranks), else over all rounds; every
@@ -35,9 +35,9 @@ sys.path.insert(0, str(REPO))  # run from a checkout without installing
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from distrinews_course import launch  # noqa: E402
+from distrinews_course.bench import harness, provenance, throughput, timing  # noqa: E402
 from distrinews_lib import machine  # noqa: E402
-from distrinews_lib.bench import harness, provenance, throughput, timing  # noqa: E402
-from distrinews_lib.course import launch  # noqa: E402
 from distrinews_lib.distributed import run_and_end  # noqa: E402
 
 PAIRS = [  # (label, 1-process experiment, 2-process experiment, warm-up steps, timed steps)

@@ -154,7 +154,7 @@ def main(argv=None) -> int:
         )
     if args.out:
         sys.path.insert(0, str(REPO))
-        from distrinews_lib.bench.provenance import provenance
+        from distrinews_course.bench.provenance import provenance
 
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(

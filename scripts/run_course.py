@@ -15,7 +15,7 @@ bar in between. The first failure stops the run: the runner names the notebook, 
 status, time and key figures, read from the small JSON record each chapter writes into
 $DISTRINEWS_COURSE_RECORDS (set here to runs/<timestamp>/records/). summary.json holds the same table, and the
 machine it ran on. With --html the executed chapters become a static site that works offline,
-runs/<timestamp>/site/index.html: that table with a link to each chapter's page (distrinews_lib.course.site).
+runs/<timestamp>/site/index.html: that table with a link to each chapter's page (distrinews_course.site).
 """
 
 from __future__ import annotations
@@ -246,7 +246,7 @@ def the_machine() -> dict:
 
 def render_html(run_dir: Path) -> Path | None:
     """The site of a run folder; None (and the reason on stderr) when it cannot be rendered."""
-    from distrinews_lib.course.site import render_site  # deferred on purpose: nbconvert only for --html
+    from distrinews_course.site import render_site  # deferred on purpose: nbconvert only for --html
 
     try:
         index = render_site(run_dir)

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 EXPERIMENT_DIR = REPO / "configs" / "experiments"  # the checkout's experiments (the presets ship in the package)
 sys.path.insert(0, str(REPO))
 
-from distrinews_lib.course import launch
+from distrinews_course import launch
 from distrinews_lib.errors import UserError, main_guard  # noqa: E402
 from distrinews_lib.training import config  # noqa: E402
 

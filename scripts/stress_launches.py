@@ -30,8 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from distrinews_lib.bench.provenance import provenance  # noqa: E402
-from distrinews_lib.course import launch  # noqa: E402
+from distrinews_course import launch  # noqa: E402
+from distrinews_course.bench.provenance import provenance  # noqa: E402
 
 SCRIPTS = REPO / "scripts"
 ABORT = re.compile(r"terminate called without an active exception|exitcode\s*:\s*-6\b|SIGABRT")
@@ -125,7 +125,7 @@ def entry_points(tmp: Path) -> dict:
     def torchrun(script, args, timeout):
         return launch.torchrun(script, 2, args, timeout=timeout, echo=False, check=False, cwd=REPO)
 
-    from distrinews_lib.course import demo
+    from distrinews_course import demo
 
     return {
         "train_ddp": lambda t: torchrun(

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from distrinews_lib.bench import (
+from distrinews_course.bench import (
     provenance,
     throughput,
     timing,

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from distrinews_lib.course.launch import LaunchError, accelerate_launch, run_python, torchrun
-from distrinews_lib.course.plots import load_metrics, read_tensorboard
+from distrinews_course.launch import LaunchError, accelerate_launch, run_python, torchrun
+from distrinews_course.plots import load_metrics, read_tensorboard
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.models.build import build_model
 from distrinews_lib.training.config import RunConfig

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from distrinews_lib.course import by_hand, by_hand_check
+from distrinews_course import by_hand, by_hand_check
 
 ROOT = Path(__file__).resolve().parent.parent
 EXERCISES = ("overlapped", "bucketed", "zero1", "zero3")

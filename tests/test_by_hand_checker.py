@@ -1,4 +1,4 @@
-"""Chapter 03's checker (distrinews_lib/course/by_hand_check.py): every mistake it claims to catch, caught on a
+"""Chapter 03's checker (distrinews_course/by_hand_check.py): every mistake it claims to catch, caught on a
 deliberately wrong answer (a mutant of the reference answer) with its one-line message; the reference answers pass
 every case; a blank or unfinished exercise is told so without a launch; the hints come one at a time."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from distrinews_lib.course import by_hand, by_hand_check
+from distrinews_course import by_hand, by_hand_check
 
 ROOT = Path(__file__).resolve().parent.parent
 EXERCISES = ("overlapped", "bucketed", "zero1", "zero3")

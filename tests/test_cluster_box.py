@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from distrinews_lib.course import link
+from distrinews_course import link
 
 from .helpers import ROOT
 
@@ -19,7 +19,7 @@ needs_box = pytest.mark.skipif(not USABLE, reason=f"no cluster in a box here: {W
 
 PROBE = """
 import time, torch, torch.distributed as dist
-from distrinews_lib.course import link
+from distrinews_course import link
 from distrinews_lib.distributed import end_process
 dist.init_process_group("gloo")
 x = torch.ones(2 * 2**20)   # 8 MiB

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from distrinews_lib.course.attempt import grade, is_stub, judge_prediction
+from distrinews_course.attempt import grade, is_stub, judge_prediction
 
 CASES = [("two plus one", (2,), lambda got: None if got == 3 else f"returned {got!r}, expected 3")]
 

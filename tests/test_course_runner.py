@@ -2,7 +2,7 @@
 
 Runs the real runner (papermill, a real kernel) on a tiny temporary course of three notebooks:
 01 succeeds and writes its record, 02 launches a script that exits with code 3 through
-distrinews_lib.course.launch.run_python, 03 must never run. About 10-20 s on a 2-core CPU.
+distrinews_course.launch.run_python, 03 must never run. About 10-20 s on a 2-core CPU.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 Path(os.environ["DISTRINEWS_COURSE_RECORDS"], "01_ok.json").write_text(json.dumps({"headline": f"all good with {PRESET}"}))"""  # noqa: E501
 FAILING_LAUNCH = """import sys, tempfile
 from pathlib import Path
-from distrinews_lib.course.launch import run_python
+from distrinews_course.launch import run_python
 script = Path(tempfile.mkdtemp()) / "broken_train.py"
 script.write_text("print('training step 1', flush=True)\\nraise SystemExit(3)\\n")
 run_python(script, timeout=60)

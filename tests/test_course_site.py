@@ -26,7 +26,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from distrinews_lib.course.site import local_paths, remote_references
+from distrinews_course.site import local_paths, remote_references
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNNER = ROOT / "scripts" / "run_course.py"
@@ -62,7 +62,7 @@ SOLUTION = """def exercise_1():
 
 exercise_1()"""
 # The record cell, as every chapter's: tagged `hide`, so neither it nor what it prints reaches the page.
-RECORD = """from distrinews_lib.course.records import write_record
+RECORD = """from distrinews_course.records import write_record
 write_record("01_plot", {"accuracy": 0.8125, "samples_per_s": 363.25, "steps": 12, "data": "a tiny sample"},
              headline=f"accuracy 81.2% with {PRESET}")  # HIDDEN-SOURCE-2207
 print("HIDDEN-PRINT-5519")"""

@@ -116,7 +116,7 @@ def test_no_script_reads_the_data_folder_variable_itself():
     reads = re.compile(r"environ(\.get\(|\[)\s*[\"']DISTRINEWS_DATA_DIR")
     files = [p for folder in ("scripts", "distrinews_lib") for p in (ROOT / folder).rglob("*.py")]
     readers_ = {p.relative_to(ROOT).as_posix() for p in files if reads.search(p.read_text(encoding="utf-8"))}
-    assert readers_ <= {"scripts/run_course.py", "distrinews_lib/course/notebook.py"}, readers_
+    assert readers_ <= {"scripts/run_course.py", "distrinews_course/notebook.py"}, readers_
     assert "os.environ.get(DATA_DIR_ENV)" in (ROOT / "distrinews_lib" / "data" / "sources.py").read_text()
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.data.distributed import DistributedSampler
 
-from distrinews_lib.course.launch import torchrun
+from distrinews_course.launch import torchrun
 from distrinews_lib.data import batching
 
 from .helpers import ROOT

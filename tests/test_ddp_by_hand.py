@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distrinews_lib.course import by_hand, by_hand_check
-from distrinews_lib.course.launch import torchrun
+from distrinews_course import by_hand, by_hand_check
+from distrinews_course.launch import torchrun
 
 ROOT = Path(__file__).resolve().parent.parent
 

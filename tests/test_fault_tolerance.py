@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from distrinews_lib.course import faults
-from distrinews_lib.course.launch import torchrun
+from distrinews_course import faults
+from distrinews_course.launch import torchrun
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.errors import UserError
 from distrinews_lib.models.build import build_model

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from distrinews_lib.bench import gpu_estimate, gpu_stages
+from distrinews_course.bench import gpu_estimate, gpu_stages
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from distrinews_lib.course import gpu_env
+from distrinews_course import gpu_env
 from distrinews_lib.data import batching, tokenization
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.errors import UserError

@@ -1,5 +1,5 @@
-"""The first cell's checks (distrinews_lib.course.gpu_env) with CUDA mocked, the leftover-rank finder
-(distrinews_lib.course.leftovers) against real processes, and the install rule that keeps Kaggle's CUDA torch."""
+"""The first cell's checks (distrinews_course.gpu_env) with CUDA mocked, the leftover-rank finder
+(distrinews_course.leftovers) against real processes, and the install rule that keeps Kaggle's CUDA torch."""
 
 import os
 import re
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from distrinews_lib.course import gpu_env, leftovers
+from distrinews_course import gpu_env, leftovers
 
 ROOT = Path(__file__).resolve().parent.parent
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -103,7 +103,7 @@ def test_p2p_copy_check_runs_apart_and_reports_a_hang():
 
 
 def test_course_setup_prints_the_report(monkeypatch, capsys):
-    from distrinews_lib.course import notebook as course
+    from distrinews_course import notebook as course
 
     monkeypatch.setenv(leftovers.MARKER, "")  # restored after the test (setup marks this process)
     cwd = os.getcwd()
@@ -119,7 +119,7 @@ def test_course_setup_prints_the_report(monkeypatch, capsys):
 
 def test_a_chapter_that_compares_1_process_with_2_runs_on_2_cpu_processes_when_given_1(monkeypatch, capsys):
     # One GPU (Colab's T4) gives NPROC auto = 1: chapter 05 failed there (a DDP-only flag sent to train_single.py)
-    from distrinews_lib.course import notebook as course
+    from distrinews_course import notebook as course
 
     monkeypatch.setenv(leftovers.MARKER, "")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # restored after the test; setup hides the GPUs from launches

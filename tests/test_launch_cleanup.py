@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from distrinews_lib.course.launch import LaunchError, torchrun
+from distrinews_course.launch import LaunchError, torchrun
 
 from .helpers import ROOT
 
@@ -41,7 +41,7 @@ def _children(pid: int) -> list:
 def _start_launcher(pid_dir: Path, *extra):
     """A parent process (standing in for a notebook kernel) that launches 2 sleeping ranks through the library."""
     code = (
-        "import sys; from distrinews_lib.course.launch import torchrun; "
+        "import sys; from distrinews_course.launch import torchrun; "
         f"torchrun({str(SLEEPER)!r}, 2, [{str(pid_dir)!r}, *sys.argv[1:]], timeout=300, echo=False)"
     )
     started = time.time()

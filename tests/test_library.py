@@ -5,8 +5,8 @@ import re
 import pytest
 import torch
 
+from distrinews_course.launch import LaunchError, run_python, torchrun
 from distrinews_lib import distributed, machine
-from distrinews_lib.course.launch import LaunchError, run_python, torchrun
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.errors import UserError
 from distrinews_lib.models.build import build_model

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from distrinews_lib.course.launch import torchrun
+from distrinews_course.launch import torchrun
 from distrinews_lib.data import sources, tokenization
 from distrinews_lib.data.tokenization import tiny_tokenizer
 from distrinews_lib.lm import data as lm
@@ -73,7 +73,7 @@ def test_perplexity_is_exact_under_ddp_and_ranks_never_mask_alike(tmp_path):
 
 @pytest.mark.slow
 def test_a_killed_language_model_run_resumes_bit_identical(tmp_path):
-    from distrinews_lib.course import faults
+    from distrinews_course import faults
 
     from .helpers import SCRIPTS
 

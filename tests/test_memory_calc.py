@@ -1,4 +1,4 @@
-"""Chapter 06's memory calculator (distrinews_lib.course.memory), memory_footprint.py's run specs: fast, no launch."""
+"""Chapter 06's memory calculator (distrinews_course.memory), memory_footprint.py's run specs: fast, no launch."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from distrinews_lib.course import memory as M
+from distrinews_course import memory as M
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.models.build import build_model
 from distrinews_lib.training.config import RunConfig

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from distrinews_lib.course.launch import run, torchrun
+from distrinews_course.launch import run, torchrun
 
 from .helpers import ROOT, SCRIPTS
 

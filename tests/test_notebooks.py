@@ -3,7 +3,7 @@
 - every `%%writefile` cell is byte-identical to the file it writes (scripts/sync_notebooks.py);
 - committed without outputs or execution counts;
 - the first code cell is tagged `parameters` and sets PRESET and NPROC; the next one calls setup();
-- torchrun is only ever launched through distrinews_lib.course.launch (a bare `!torchrun` cannot fail a notebook);
+- torchrun is only ever launched through distrinews_course.launch (a bare `!torchrun` cannot fail a notebook);
 - a chapter with reference answers (notebooks/answers/<chapter>.py) keeps them off its page: only its solution cells
   load them, through answer(), no cell defines them, and its solution cells are collapsed.
 """
@@ -108,7 +108,7 @@ BARE_LAUNCH = re.compile(r"(torchrun|torch\.distributed\.run|torch\.distributed\
 
 
 def bare_launches(source: str) -> list[str]:
-    """Lines of a code cell that launch torchrun outside distrinews_lib.course.launch."""
+    """Lines of a code cell that launch torchrun outside distrinews_course.launch."""
     if source.startswith("%%writefile"):
         return []  # a script's text (its docstring may show the torchrun command line)
     lines = source.splitlines()
@@ -130,7 +130,7 @@ def bare_launches(source: str) -> list[str]:
 def test_torchrun_only_through_the_library(path):
     bad = [(i, l) for i, c in enumerate(_code_cells(path)) for l in bare_launches(c.source)]
     assert not bad, (
-        f"{path.name}: launch torchrun with distrinews_lib.course.launch.torchrun(...), which fails the cell "
+        f"{path.name}: launch torchrun with distrinews_course.launch.torchrun(...), which fails the cell "
         f"when the script fails; found {bad}"
     )
 

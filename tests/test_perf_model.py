@@ -1,4 +1,4 @@
-"""Chapter 05's cost model (distrinews_lib/course/perf_model.py): the fit, the step clock, the predictions, and
+"""Chapter 05's cost model (distrinews_course/perf_model.py): the fit, the step clock, the predictions, and
 the collectives measured on real gloo processes."""
 
 import json
@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from distrinews_lib.course import perf_model as pm
+from distrinews_course import perf_model as pm
 from tests.helpers import ROOT
 
 
@@ -165,7 +165,7 @@ def test_collectives_on_real_gloo_processes(tmp_path):
     script = tmp_path / "coll.py"
     script.write_text(
         "import json, sys, torch.distributed as dist\n"
-        "from distrinews_lib.course import perf_model as pm\n"
+        "from distrinews_course import perf_model as pm\n"
         "dist.init_process_group('gloo')\n"
         "rows = pm.time_collectives([4096, 1 << 20], halves_at=1 << 20)\n"
         "if dist.get_rank() == 0: json.dump(rows, open(sys.argv[1], 'w'))\n"

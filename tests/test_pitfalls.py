@@ -1,5 +1,5 @@
 """The concept and pitfall scripts that notebooks 00 and 04 write, and the plumbing they share
-(distrinews_lib.course.demo): static checks, and the key symptoms (broken vs fixed) measured with real
+(distrinews_course.demo): static checks, and the key symptoms (broken vs fixed) measured with real
 2-rank gloo launches."""
 
 import ast
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from distrinews_lib.course import demo as demo_module
-from distrinews_lib.course.demo import SharedLaunch, failure_story, sections, show_fix
-from distrinews_lib.course.launch import LaunchResult, torchrun
+from distrinews_course import demo as demo_module
+from distrinews_course.demo import SharedLaunch, failure_story, sections, show_fix
+from distrinews_course.launch import LaunchResult, torchrun
 from distrinews_lib.distributed import choose_backend
 from distrinews_lib.errors import UserError
 
@@ -34,12 +34,12 @@ def test_there_are_thirteen_pitfalls_and_five_concepts():
     ids=lambda p: f"{p.parent.name}/{p.name}",
 )
 def test_demo_scripts_share_the_plumbing(path):
-    """Concepts 02+ and every pitfall start their group through distrinews_lib.course.demo.
+    """Concepts 02+ and every pitfall start their group through distrinews_course.demo.
 
     Concept 01 shows it by hand.
     """
     text = path.read_text()
-    assert "from distrinews_lib.course.demo import" in text
+    assert "from distrinews_course.demo import" in text
     assert "init_process_group" not in text or path.name == "10_nccl_backend.py"  # 10's bug IS a hard-coded init
 
 
@@ -221,7 +221,7 @@ def test_shared_launch_runs_everything_once_then_only_an_edited_script(tmp_path,
     launches = []
 
     def fake_torchrun(script, nproc, args, **kwargs):
-        assert script == "distrinews_lib.course.demo" and kwargs["module"] is True
+        assert script == "distrinews_course.demo" and kwargs["module"] is True
         names = [Path(a).name for i, a in enumerate(args) if i == 0 or args[i - 1] == "--"]
         launches.append(names)
         (tmp_path / "a.json").write_text(json.dumps({"run": len(launches)}))
@@ -241,7 +241,7 @@ def test_shared_launch_runs_everything_once_then_only_an_edited_script(tmp_path,
 
 @pytest.fixture(scope="module")
 def shared_launch(tmp_path_factory):
-    """ONE launch (python -m distrinews_lib.course.demo) running the new pitfalls' fixed runs and concept 02."""
+    """ONE launch (python -m distrinews_course.demo) running the new pitfalls' fixed runs and concept 02."""
     tmp = tmp_path_factory.mktemp("shared")
     run = SharedLaunch(
         [

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from distrinews_lib.course.launch import LaunchError, signalled_ranks, torchrun
+from distrinews_course.launch import LaunchError, signalled_ranks, torchrun
 
 from .helpers import ROOT, SCRIPTS
 
@@ -121,7 +121,7 @@ def test_exit_code_of_reads_a_main_as_a_script_would_end(capsys):
 
 def test_a_launch_whose_store_port_was_taken_starts_again(monkeypatch, capsys):
     """torchrun --standalone's port taken between choosing and binding it (seen in the stress run): launched again."""
-    from distrinews_lib.course import launch
+    from distrinews_course import launch
 
     taken = (
         "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
@@ -152,7 +152,7 @@ def test_a_launch_whose_store_port_was_taken_starts_again(monkeypatch, capsys):
 
 
 def test_torchrun_s_root_cause_is_shown_when_the_last_lines_do_not_hold_it():
-    from distrinews_lib.course.launch import root_causes
+    from distrinews_course.launch import root_causes
 
     report = [
         "node0 | Root Cause (first observed failure):",

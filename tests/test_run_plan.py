@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from distrinews_lib.course.launch import torchrun
+from distrinews_course.launch import torchrun
 from distrinews_lib.data import synthetic
 
 from .helpers import ROOT, SCRIPTS, run_script
@@ -177,7 +177,7 @@ def test_the_checkpoint_and_metrics_json_record_the_same_final_accuracy_for_any_
 
 
 def test_a_run_is_held_to_the_accuracy_its_kind_of_model_can_reach():
-    from distrinews_lib.course.notebook import accuracy_floor
+    from distrinews_course.notebook import accuracy_floor
 
     assert accuracy_floor({"model": {"pretrained": True}}) == 0.90
     assert accuracy_floor({"model": {"pretrained": False}}) == 0.80

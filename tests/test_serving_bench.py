@@ -30,7 +30,7 @@ def ckpt_path(tmp_path_factory):
 def test_litserve_competitor_serves_what_our_server_serves(ckpt_path):
     """The LitAPI decodes our request model, predicts a whole batch with our classifier, and answers our response
     model: the race compares engines, not models."""
-    from distrinews_lib.bench.serving_litserve import DistriNewsLitAPI
+    from distrinews_course.bench.serving_litserve import DistriNewsLitAPI
     from distrinews_lib.serving.schemas import Prediction, PredictRequest
 
     api = DistriNewsLitAPI(str(ckpt_path), torch_threads=0, max_batch_size=32, batch_timeout=0.002)
@@ -150,7 +150,7 @@ def test_small_race_runs_inside_a_running_event_loop_and_stops_both_servers(ckpt
     generator in a thread of its own, and both servers are gone afterwards."""
     import asyncio
 
-    from distrinews_lib.bench.serving_race import small_race
+    from distrinews_course.bench.serving_race import small_race
 
     async def from_a_loop():
         return small_race(ckpt_path, [1, 4], duration=0.4, warmup=0.1, rounds=1)

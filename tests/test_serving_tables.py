@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from distrinews_lib.bench.serving_tables import int8_table, model_name, race_findings, race_rows, race_table
+from distrinews_course.bench.serving_tables import int8_table, model_name, race_findings, race_rows, race_table
 
 ROOT = Path(__file__).resolve().parent.parent
 RACES = sorted((ROOT / "benchmarks").glob("serving_vs_litserve_*.json"))

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from distrinews_lib.course.launch import torchrun
+from distrinews_course.launch import torchrun
 from distrinews_lib.serving import inference
 from distrinews_lib.training import loop
 
@@ -235,7 +235,7 @@ def test_the_training_loop_is_in_the_scripts():
 
 
 def test_ddp_script_reads_as_a_small_diff_of_the_single_script():
-    from distrinews_lib.course.notebook import script_diff
+    from distrinews_course.notebook import script_diff
 
     d = script_diff(SCRIPTS / "train_single.py", SCRIPTS / "train_ddp.py")
     assert d.added <= 38 and d.removed <= 15, f"{d.added} added, {d.removed} removed"

@@ -1,6 +1,6 @@
 """Chapter 06's reference answers (read only by its solution cells; see README.md here)."""
 
-from distrinews_lib.course import memory as M
+from distrinews_course import memory as M
 
 
 def my_zero1_split(sizes, world):

@@ -5,7 +5,7 @@
 import torch
 import torch.distributed as dist
 
-from distrinews_lib.course import by_hand
+from distrinews_course import by_hand
 from distrinews_lib.distributed import run_and_end
 from distrinews_lib.errors import main_guard
 

@@ -21,8 +21,8 @@ import time
 
 import torch.distributed as dist
 
-from distrinews_lib.course import by_hand, by_hand_check
-from distrinews_lib.course.by_hand_race import (
+from distrinews_course import by_hand, by_hand_check
+from distrinews_course.by_hand_race import (
     Runner,
     benchmark_record,
     bucket_sweep,

@@ -6,7 +6,7 @@ AdamW state for its even share of the flat buffer only, updates that share, then
 import torch
 import torch.distributed as dist
 
-from distrinews_lib.course import by_hand
+from distrinews_course import by_hand
 from distrinews_lib.distributed import run_and_end
 from distrinews_lib.errors import main_guard
 

@@ -14,8 +14,8 @@ The box:
   (what the node sends) and on the switch's end (what it receives). While bytes wait in the filter the CPU is free to
   compute, as it is behind a real NIC. This kernel has no netem: bandwidth is the dial, latency is what it is;
 - node i runs rank i of the script (RANK=i, WORLD_SIZE=N, MASTER_ADDR=10.88.0.1, GLOO_SOCKET_IFNAME=eth0), through
-  distrinews_lib.course.harden, as the course's launcher runs every rank.
-A rank may dial every link to another rate between two measurements: distrinews_lib.course.link.dial("200mbit") asks
+  distrinews_course.harden, as the course's launcher runs every rank.
+A rank may dial every link to another rate between two measurements: distrinews_course.link.dial("200mbit") asks
 the box (a request file in $DISTRINEWS_LINK_CONTROL), which applies it with `tc qdisc change` and answers.
 
 Everything the box makes is removed when it ends: on success, on a rank's failure, on Ctrl-C and on SIGTERM (the
@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
-from distrinews_lib.course.link import bits_per_s as parse_rate  # noqa: E402  (one rule for what a rate is)
+from distrinews_course.link import bits_per_s as parse_rate  # noqa: E402  (one rule for what a rate is)
 from distrinews_lib.errors import UserError  # noqa: E402
 
 SUBNET = "10.88.0"
@@ -210,7 +210,7 @@ class Box:
 
 
 class Dialer(threading.Thread):
-    """Applies the rates the ranks ask for (distrinews_lib.course.link.dial): request.<id> -> done.<id>."""
+    """Applies the rates the ranks ask for (distrinews_course.link.dial): request.<id> -> done.<id>."""
 
     def __init__(self, box: Box, folder: Path):
         super().__init__(daemon=True)
@@ -281,7 +281,7 @@ def run_ranks(box: Box, script: list[str], control: Path) -> int:
             sys.executable,
             "-u",
             "-m",
-            "distrinews_lib.course.harden",
+            "distrinews_course.harden",
             *script,
         ]
         procs.append(subprocess.Popen(cmd, env=rank_env(box, i, port, control), cwd=os.getcwd()))

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from distrinews_lib.course.demo import finish, gather, start, write_json
+from distrinews_course.demo import finish, gather, start, write_json
 
 p = argparse.ArgumentParser()
 p.add_argument("--layers", type=int, default=6)

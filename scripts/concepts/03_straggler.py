@@ -14,7 +14,7 @@ import time
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from distrinews_lib.course.demo import finish, gather, start, write_json
+from distrinews_course.demo import finish, gather, start, write_json
 
 p = argparse.ArgumentParser()
 p.add_argument("--delay", type=float, default=0.4, help="seconds the slow rank sleeps per step")

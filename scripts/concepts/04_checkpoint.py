@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from distrinews_lib.course.demo import finish, gather, start, write_json
+from distrinews_course.demo import finish, gather, start, write_json
 from distrinews_lib.distributed import max_param_difference
 from distrinews_lib.training.checkpoint import unwrap
 

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from distrinews_lib.course.demo import finish, gather, start, write_json
+from distrinews_course.demo import finish, gather, start, write_json
 
 p = argparse.ArgumentParser()
 p.add_argument("--solution", required=True, help="a .py file defining average_gradients(model, world)")

@@ -88,7 +88,7 @@ def main() -> None:
     if len(sys.argv) < 2:
         sys.exit("usage: rank_hook.py SCRIPT [ARGS...]   (under torchrun)")
     print(identity(), flush=True)
-    from distrinews_lib.course import harden  # this launcher's ranks die with their agent, like course.launch's
+    from distrinews_course import harden  # this launcher's ranks die with their agent, like course.launch's
 
     harden.apply()
     kill_at = os.environ.get("DISTRINEWS_KILL_NODE_AT_STEP", "")

@@ -9,7 +9,7 @@ import argparse
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from distrinews_lib.course.demo import finish, gather, result, start, write_json
+from distrinews_course.demo import finish, gather, result, start, write_json
 
 p = argparse.ArgumentParser()
 p.add_argument("--mode", choices=["broken", "fixed", "both"], default="both")

@@ -11,7 +11,7 @@ from collections import Counter
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from distrinews_lib.course.demo import finish, gather, result, start, write_json
+from distrinews_course.demo import finish, gather, result, start, write_json
 
 p = argparse.ArgumentParser()
 p.add_argument("--mode", choices=["broken", "fixed", "both"], default="both")

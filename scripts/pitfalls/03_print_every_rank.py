@@ -10,7 +10,7 @@ import argparse
 import torch
 import torch.distributed as dist
 
-from distrinews_lib.course.demo import finish, start
+from distrinews_course.demo import finish, start
 
 p = argparse.ArgumentParser()
 p.add_argument("--mode", choices=["broken", "fixed", "both"], default="both")

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from distrinews_lib.course.demo import finish, result, start, write_json
+from distrinews_course.demo import finish, result, start, write_json
 from distrinews_lib.training.checkpoint import unwrap
 
 p = argparse.ArgumentParser()
@@ -64,5 +64,5 @@ for mode in (["broken", "fixed"] if args.mode == "both" else [args.mode]):
         report[mode]["loads_after_stripping_prefix"] = True
     dist.barrier()
 write_json(args.out, {"world_size": ctx.world, **report}, ctx.rank)
-del ddp  # free the DDP model before the process group goes (see distrinews_lib.course.demo.finish)
+del ddp  # free the DDP model before the process group goes (see distrinews_course.demo.finish)
 finish()

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from distrinews_lib.course.demo import finish, gather, result, start, write_json
+from distrinews_course.demo import finish, gather, result, start, write_json
 from distrinews_lib.training.evaluation import evaluate
 
 p = argparse.ArgumentParser()

@@ -22,7 +22,7 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 
-from distrinews_lib.course.demo import finish, result, start, write_json
+from distrinews_course.demo import finish, result, start, write_json
 from distrinews_lib.distributed import max_param_difference
 
 p = argparse.ArgumentParser()
@@ -89,5 +89,5 @@ else:
     report["join"] = {"steps_per_rank": steps, "max_param_diff": max_param_difference(ddp)}
     result(ctx, mode="fixed", even_steps=steps_even, join_steps=steps_join)
     write_json(args.out.format(mode="fixed"), report, ctx.rank)
-    del ddp  # free the DDP model before the process group goes (see distrinews_lib.course.demo.finish)
+    del ddp  # free the DDP model before the process group goes (see distrinews_course.demo.finish)
 finish()

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from distrinews_lib.course.demo import finish, result, start, write_json
+from distrinews_course.demo import finish, result, start, write_json
 
 p = argparse.ArgumentParser()
 p.add_argument("--mode", choices=["broken", "fixed", "both"], default="both")
@@ -95,5 +95,5 @@ dist.barrier()
 write_json(args.out, {"world_size": ctx.world, "accum": args.accum, "steps": args.steps,
                       "n_params": int(next(iter(params.values())).numel()),
                       **report}, ctx.rank)
-del variants  # free the DDP models before the process group goes (see distrinews_lib.course.demo.finish)
+del variants  # free the DDP models before the process group goes (see distrinews_course.demo.finish)
 finish()

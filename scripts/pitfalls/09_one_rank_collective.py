@@ -18,7 +18,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from distrinews_lib.course.demo import finish, result, start, write_json
+from distrinews_course.demo import finish, result, start, write_json
 
 p = argparse.ArgumentParser()
 p.add_argument("--mode", choices=["broken", "fixed"], required=True)

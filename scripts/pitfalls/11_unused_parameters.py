@@ -19,7 +19,7 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from distrinews_lib.course.demo import finish, result, start, write_json
+from distrinews_course.demo import finish, result, start, write_json
 from distrinews_lib.distributed import max_param_difference
 
 p = argparse.ArgumentParser()
@@ -109,5 +109,5 @@ else:
                         "max_param_diff": unused_diff},
         "static_graph": {"numbers_per_step": [u[0] for u in static], "max_param_diff": static_diff},
     }, ctx.rank)
-    del ddp, needless  # free the DDP models before the process group goes (see distrinews_lib.course.demo.finish)
+    del ddp, needless  # free the DDP models before the process group goes (see distrinews_course.demo.finish)
     finish()

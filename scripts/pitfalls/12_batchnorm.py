@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed._functional_collectives import all_reduce  # differentiable: gradients flow back
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from distrinews_lib.course.demo import finish, gather, result, start, write_json
+from distrinews_course.demo import finish, gather, result, start, write_json
 
 p = argparse.ArgumentParser()
 p.add_argument("--mode", choices=["broken", "fixed", "both"], default="both")
@@ -104,6 +104,6 @@ for mode in (["broken", "fixed"] if args.mode == "both" else [args.mode]):
            mean_diff_to_global=f"{to_global:.2e}")
     report[mode] = {"per_rank": stats, "mean_diff_between_ranks": between, "mean_diff_to_global": to_global,
                     "var_diff_to_global": var_to_global, "weight_diff_to_global": weights_to_global}
-    del ddp  # free the DDP model before the process group goes (see distrinews_lib.course.demo.finish)
+    del ddp  # free the DDP model before the process group goes (see distrinews_course.demo.finish)
 write_json(args.out, report, ctx.rank)
 finish()

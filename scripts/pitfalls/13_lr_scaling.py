@@ -16,7 +16,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from distrinews_lib.course.demo import finish, result, start, write_json
+from distrinews_course.demo import finish, result, start, write_json
 
 p = argparse.ArgumentParser()
 p.add_argument("--mode", choices=["broken", "fixed", "both"], default="both")
@@ -81,7 +81,7 @@ for mode in (["broken", "fixed"] if args.mode == "both" else [args.mode]):
     curve = fit(ddp, loader, lr, warmup, args.batch * ctx.world, sampler.set_epoch)
     report[mode] = {"lr": lr, "warmup_steps": warmup, "curve": curve}
     result(ctx, mode=mode, lr=lr, steps=len(curve), test_loss=f"{curve[-1][1]:.3f}", test_acc=f"{curve[-1][2]:.3f}")
-    del ddp  # free the DDP model before the process group goes (see distrinews_lib.course.demo.finish)
+    del ddp  # free the DDP model before the process group goes (see distrinews_course.demo.finish)
 result(ctx, mode="one_process", lr=args.lr, steps=len(one), test_loss=f"{one[-1][1]:.3f}", test_acc=f"{one[-1][2]:.3f}")
 write_json(args.out, report, ctx.rank)
 finish()

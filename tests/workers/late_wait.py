@@ -11,7 +11,7 @@ import types
 import torch
 import torch.distributed as dist
 
-from distrinews_lib.course import by_hand
+from distrinews_course import by_hand
 
 
 class LateThread(threading.Thread):

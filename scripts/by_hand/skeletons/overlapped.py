@@ -7,7 +7,7 @@ and names the first mistake it finds. Stuck? by_hand_check.hint("overlapped", 1)
 import torch
 import torch.distributed as dist
 
-from distrinews_lib.course import by_hand
+from distrinews_course import by_hand
 from distrinews_lib.errors import UserError  # noqa: F401  (for the errors your code raises)
 
 

@@ -7,7 +7,7 @@ names the first mistake it finds. Stuck? by_hand_check.hint("zero1", 1) shows th
 import torch
 import torch.distributed as dist
 
-from distrinews_lib.course import by_hand
+from distrinews_course import by_hand
 from distrinews_lib.errors import UserError  # noqa: F401  (for the errors your code raises)
 
 

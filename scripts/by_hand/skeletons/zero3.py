@@ -9,7 +9,7 @@ a copy of scripts/by_hand/zero3.py, on 2 ranks, against torch's DDP. Stuck? by_h
 import torch
 import torch.distributed as dist
 
-from distrinews_lib.course import by_hand
+from distrinews_course import by_hand
 from distrinews_lib.errors import UserError
 
 

@@ -1,0 +1,167 @@
+"""gpu_check's stages read: what each stage's output says (the parsers of pytest's summary, a training run's log
+and metrics, bench_train's JSON), and the serving stage, which starts the API on the GPU, asks it and stops it.
+scripts/gpu_check.py is the entry point; its docstring lists the stages."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from .. import ROOT
+
+REPO = ROOT  # the checkout the server runs from
+CUDA_SKIP = re.compile(r"needs (a )?CUDA", re.I)  # a skip reason that must not appear on a CUDA machine
+
+
+def parse_pytest(stage, res, out) -> dict:
+    summary = re.findall(r"(\d+) (passed|failed|skipped|error|errors|deselected)", res.output)
+    counts = {k.rstrip("s") if k.startswith("error") else k: int(n) for n, k in summary}
+    skipped = [line for line in res.output.splitlines() if line.startswith("SKIPPED")]
+    wrongly = [line for line in skipped if CUDA_SKIP.search(line)]
+    ok = res.ok and not wrongly and counts.get("passed", 0) > 0
+    return {
+        "status": "ok" if ok else "FAILED",
+        "counts": counts,
+        "skipped": skipped,
+        "skipped_for_want_of_cuda": wrongly,
+    }
+
+
+def parse_training(stage, res, out) -> dict:
+    text = res.output
+    if stage.name == "train_bf16" and res.returncode == 2 and "no bf16 in hardware" in text:
+        return {
+            "status": "ok",
+            "refused_as_designed": True,
+            "message": next((line for line in text.splitlines() if "bf16" in line), ""),
+        }
+    metrics = Path(stage.out) / "metrics.json"
+    if not res.ok or not metrics.is_file():
+        return {"status": "FAILED"}
+    m = json.loads(metrics.read_text())
+    ep = m["epochs"][-1]
+    mfu = re.findall(r"MFU ([\d.]+)%", text)
+    amp = re.search(r"\| ((?:bf16|fp16|AMP)[^|\n]*)$", text, re.M)
+    got = {
+        "status": "ok",
+        "samples_per_s": ep["samples_per_s"],
+        "tokens_per_s": ep["tokens_per_s"],
+        "epoch_seconds": ep["epoch_time_s"],
+        "val_accuracy": ep["val_accuracy"],
+        "train_texts": m["data"]["train_size"],
+        "mfu": float(mfu[-1]) / 100 if mfu else None,
+        "amp": amp.group(1).strip() if amp else None,
+        "model": m["model"]["resolved"],
+        "data": m["data"]["source"],
+        "world_size": m["ddp"]["world_size"],
+        "backend": m["ddp"]["backend"],
+        "checkpoint": str(Path(stage.out) / "model.pt"),
+    }
+    if stage.name == "ddp_nccl":
+        same = re.search(r"parameters identical on all (\d+) ranks: (True|False)", text)
+        got["params_identical"] = bool(same and same.group(2) == "True")
+        if got["backend"] != "nccl" or not got["params_identical"]:
+            got["status"] = "FAILED"
+    return got
+
+
+def parse_bench(stage, res, out) -> dict:
+    path = Path(stage.out)
+    if not res.ok or not path.is_file():
+        return {"status": "FAILED"}
+    b = json.loads(path.read_text())
+    return {"status": "ok", "json": str(path), "headline": b.get("headline"), "targets": b.get("targets")}
+
+
+PARSERS = {
+    "cuda_tests": parse_pytest,
+    "train_fp16": parse_training,
+    "train_bf16": parse_training,
+    "ddp_nccl": parse_training,
+    "bench_train": parse_bench,
+}
+
+
+def serving_stage(stage, run_dir: Path, texts: list, device: str = "cuda") -> dict:
+    """Start the server on `device` in the background, ask it, stop it."""
+    from distrinews_lib.distributed import free_port
+
+    checkpoint = Path(stage.out)
+    if not checkpoint.is_file():
+        return {"status": "FAILED", "why": f"no checkpoint at {checkpoint} (train_fp16 failed or did not run)"}
+    port = free_port()
+    log = open(run_dir / "serving.log", "w")
+    cmd = [
+        sys.executable,
+        "-m",
+        "distrinews_lib.serving",
+        "--checkpoint",
+        str(checkpoint),
+        "--device",
+        device,
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    out = {"command": " ".join(cmd), "log": str(run_dir / "serving.log")}
+    try:
+        deadline = time.time() + stage.timeout
+        health = None
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                health = http_json(f"{base}/health")
+                if health.get("status") == "ok":
+                    break
+            except OSError:
+                time.sleep(0.5)
+        if not health or health.get("status") != "ok":
+            return {
+                **out,
+                "status": "FAILED",
+                "why": f"no healthy server within {stage.timeout:.0f} s (exit code {proc.poll()})",
+            }
+        latencies = []
+        for text in texts[:50]:
+            t = time.perf_counter()
+            http_json(f"{base}/predict", {"text": text})
+            latencies.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        batch = http_json(f"{base}/predict/batch", {"texts": texts[:64]})
+        batch_s = time.perf_counter() - t
+        latencies.sort()
+        answers = len(batch.get("results", []))
+        ok = str(health.get("device", "")).startswith(device) and answers == len(texts[:64])
+        return {
+            **out,
+            "status": "ok" if ok else "FAILED",
+            "device": health.get("device"),
+            "single_request_latency_ms": {
+                "p50": 1000 * latencies[len(latencies) // 2],
+                "p95": 1000 * latencies[int(0.95 * (len(latencies) - 1))],
+            },
+            "batch_of_64_ms": 1000 * batch_s,
+            "batch_answers": answers,
+        }
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def http_json(url: str, body: dict | None = None) -> dict:
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode() if body is not None else None, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())

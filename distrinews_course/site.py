@@ -1,0 +1,459 @@
+"""The executed course as a static site: one page per chapter and an index, readable offline.
+
+    from distrinews_course.site import render_site
+    index = render_site(Path("runs/20260101-120000"))   # -> runs/20260101-120000/site/index.html
+
+scripts/run_course.py --html calls this after a run (--html-only RUN_DIR on an earlier one). The input is the run
+folder as the runner leaves it: the executed notebooks and summary.json (status, seconds, headline, record and the
+machine of every chapter). The pages are nbconvert's JupyterLab look with every script that nbconvert would load
+from the internet (require.js, MathJax, mermaid) left out, the plots embedded as data: URIs, and the cells tagged
+`hide` (the chapters' record cells: plumbing, not lesson) removed. Nothing on a page refers to another host.
+
+What a reader gets besides nbconvert's page: a sidebar with the chapters and the current chapter's sections (beside the
+page on a wide screen, folded above it on a phone); each cell tagged `solution` folded behind "show the solution";
+code and outputs wrapped inside their cell (nothing runs past the page at any width); the parameters papermill ran the
+chapter with said in one line, not in a second parameters cell; and no folder of the machine it ran on: the project,
+the run and the home folder read `<project>`, `<run>` and `~`, both where the run was made (papermill's metadata
+says) and where the site is rendered (a run copied elsewhere, or rendered by another checkout, shows neither).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+# nbconvert, jinja2 and traitlets come with the course's Jupyter stack: imported here, not by the core.
+import nbformat
+from jinja2 import DictLoader
+from nbconvert import HTMLExporter
+from nbconvert.preprocessors import Preprocessor
+from traitlets import List
+from traitlets.config import Config
+
+from . import ROOT
+
+PROJECT_ROOT = ROOT
+
+HIDDEN_TAG = "hide"
+SOLUTION_TAG = "solution"
+# papermill's copy of the parameters it injected: the page names them once, in its header, instead of a second cell
+INJECTED_TAG = "injected-parameters"
+
+# Shared by the index and the chapters: a sidebar beside the page on a wide screen, above it on a phone; code and
+# outputs wrap inside their cell; wide tables and figures scroll or shrink inside the page, never past it.
+_CSS = """
+html { overflow-wrap: anywhere; }
+body.course-page { margin: 0; }
+nav.course-sidebar { font-family: sans-serif; font-size: 14px; line-height: 1.35; background: #f6f7f9;
+  border-bottom: 1px solid #ddd; padding: 10px 14px; box-sizing: border-box; }
+nav.course-sidebar a { color: #1a5fb4; text-decoration: none; }
+nav.course-sidebar a:hover { text-decoration: underline; }
+nav.course-sidebar .home { font-weight: bold; display: block; margin-bottom: 6px; }
+nav.course-sidebar summary { cursor: pointer; color: #555; font-weight: bold; margin: 6px 0 2px; }
+nav.course-sidebar ol { margin: 2px 0 8px; padding-left: 1.6em; }
+nav.course-sidebar li { margin: 3px 0; }
+nav.course-sidebar li.current > a { color: #222; font-weight: bold; }
+nav.course-sidebar li.not-run { color: #888; }
+nav.course-sidebar .label { color: #555; font-weight: bold; margin: 10px 0 2px; }
+main.course-main { box-sizing: border-box; padding: 0 12px 24px; max-width: 1100px; }
+nav.course-nav { font-family: sans-serif; padding: 10px 0; display: flex; flex-wrap: wrap; gap: 4px 1.5em; }
+nav.course-nav a { color: #1a5fb4; text-decoration: underline; }
+p.course-run { font-family: sans-serif; color: #555; font-size: 13px; margin: 0 0 8px; }
+details.solution { border-left: 3px solid #e0a800; margin: 8px 0; padding-left: 6px; }
+details.solution > summary { cursor: pointer; font-family: sans-serif; color: #8a6100; padding: 4px 0; }
+.jp-InputArea-editor pre, .jp-OutputArea-output pre, pre { white-space: pre-wrap; overflow-wrap: anywhere; }
+.jp-Cell, .jp-Cell-inputWrapper, .jp-Cell-outputWrapper, .jp-InputArea, .jp-OutputArea-child,
+.jp-OutputArea-output, .jp-InputArea-editor { min-width: 0; max-width: 100%; }
+.jp-OutputArea-output img, .jp-RenderedHTMLCommon img { max-width: 100%; height: auto; }
+.jp-RenderedHTMLCommon table, table.summary { display: block; overflow-x: auto; max-width: 100%; }
+@media (min-width: 900px) {
+  nav.course-sidebar { position: fixed; top: 0; bottom: 0; left: 0; width: 250px; overflow-y: auto;
+    border-bottom: none; border-right: 1px solid #ddd; }
+  main.course-main { margin-left: 250px; padding: 0 28px 32px; }
+}
+@media (max-width: 700px) {
+  .jp-InputPrompt, .jp-OutputPrompt { display: none; }
+  .jp-Cell { padding: 2px 0; }
+}
+"""
+
+# Open the sidebar's lists where there is room for them (on a phone they start folded above the page).
+_JS = """<script>
+if (window.matchMedia("(min-width: 900px)").matches)
+  document.querySelectorAll("nav.course-sidebar details").forEach(function (d) { d.open = true; });
+</script>"""
+
+_SIDEBAR_SLOT = "<!--course-sidebar-->"
+
+# nbconvert's lab template with its CDN scripts taken out (the course's markdown has no maths or mermaid
+# diagrams; a page that waited on a CDN would show nothing offline), the sidebar and the bars to move between
+# chapters, and each solution cell folded behind "show the solution".
+_TEMPLATE = (
+    """{%- extends 'index.html.j2' -%}
+{%- block html_head_js -%}{%- endblock html_head_js -%}
+{%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
+{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+{%- block html_head_css -%}
+<style type="text/css">{{ resources.course_css }}</style>
+{%- endblock html_head_css -%}
+{%- block body_header -%}
+<body class="jp-Notebook course-page" data-jp-theme-light="true" data-jp-theme-name="JupyterLab Light">
+"""
+    + _SIDEBAR_SLOT
+    + """
+<main class="course-main">
+{{ resources.course_nav }}
+{{ resources.course_run }}
+{%- endblock body_header -%}
+{%- block any_cell -%}
+{%- if '"""
+    + SOLUTION_TAG
+    + """' in cell.metadata.get('tags', []) -%}
+<details class="solution"><summary>show the solution</summary>
+{{ super() }}
+</details>
+{%- else -%}
+{{ super() }}
+{%- endif -%}
+{%- endblock any_cell -%}
+{%- block body_footer -%}
+{{ resources.course_nav }}
+</main>
+{{ resources.course_js }}
+</body>
+{%- endblock body_footer -%}
+"""
+)
+
+
+class _LocalPaths(Preprocessor):
+    """Replaces the machine's own folders (the project, the run, the notebooks' folder, the home) in every cell's
+    source and text output by a name: a page shows `<project>/scripts/...`, never `/home/someone/...`."""
+
+    replacements = List(default_value=[]).tag(config=True)  # (absolute path, what to show instead), longest first
+
+    def scrub(self, text):
+        if isinstance(text, list):
+            return [self.scrub(t) for t in text]
+        if not isinstance(text, str):
+            return text
+        for path, name in self.replacements:
+            text = text.replace(path, name)
+        return text
+
+    def preprocess_cell(self, cell, resources, index):
+        cell.source = self.scrub(cell.source)
+        for out in cell.get("outputs", []):
+            if "text" in out:
+                out["text"] = self.scrub(out["text"])
+            if "traceback" in out:
+                out["traceback"] = self.scrub(out["traceback"])
+            if "evalue" in out:
+                out["evalue"] = self.scrub(out["evalue"])
+            for mime in ("text/plain", "text/html", "text/markdown", "text/latex", "application/javascript"):
+                if mime in out.get("data", {}):
+                    out["data"][mime] = self.scrub(out["data"][mime])
+        return cell, resources
+
+
+def ran_in(nb) -> list[tuple[Path, str]]:
+    """The folders the chapter ran in, from papermill's record of it: the folder its executed copy was written to
+    (`<run>`, though the run folder has been copied or moved since) and the chapters' folder (`<notebooks>`), whose
+    parent is the project it ran from when that folder is the course's `notebooks/` (run_course.py's default). A site
+    rendered from another checkout, or from a copy of the run, must hide these as well as its own folders."""
+    meta = (nb.metadata.get("papermill") or {}) if nb is not None else {}
+    named = []
+    for key, name in (("output_path", "<run>"), ("input_path", "<notebooks>")):
+        path = meta.get(key)
+        if isinstance(path, str) and Path(path).is_absolute():
+            named.append((Path(path).parent, name))
+            if key == "input_path" and Path(path).parent.name == "notebooks":
+                named.append((Path(path).parent.parent, "<project>"))
+    return named
+
+
+def local_paths(run_dir: Path, *nbs) -> list[tuple[str, str]]:
+    """The folders a page must not show, each with the name it shows instead, longest first (so a run folder inside
+    the project reads `<run>`, and the project's other files `<project>/...`): this checkout's, the run folder's and
+    the home, then those the chapters in nbs ran in (ran_in) where they differ."""
+    named = [(PROJECT_ROOT, "<project>"), (Path(run_dir), "<run>"), (Path.home(), "~")]
+    for nb in nbs:
+        named += ran_in(nb)
+    pairs = {}
+    for path, name in named:
+        for form in (str(path), str(path.resolve())):
+            if len(form) > 1:  # never "/" itself
+                pairs.setdefault(form, name)
+    return sorted(pairs.items(), key=lambda pair: -len(pair[0]))
+
+
+def _exporter(replacements) -> HTMLExporter:
+    c = Config()
+    c.TagRemovePreprocessor.enabled = True
+    c.TagRemovePreprocessor.remove_cell_tags = {HIDDEN_TAG, INJECTED_TAG}
+    c.HTMLExporter.preprocessors = [
+        "nbconvert.preprocessors.TagRemovePreprocessor",
+        _LocalPaths(replacements=replacements),
+    ]
+    return HTMLExporter(
+        config=c,
+        template_name="lab",
+        extra_loaders=[DictLoader({"course.html.j2": _TEMPLATE})],
+        template_file="course.html.j2",
+        embed_images=True,
+        exclude_anchor_links=True,
+    )
+
+
+def chapter_title(nb) -> str:
+    """The notebook's first markdown heading, without its #s."""
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if line.startswith("#"):
+                    return line.lstrip("#").strip()
+    return ""
+
+
+def _nav(prev: tuple[str, str] | None, nxt: tuple[str, str] | None) -> str:
+    links = ['<a href="index.html">Course index</a>']
+    if prev:
+        links.append(f'<a href="{prev[0]}">&larr; {html.escape(prev[1])}</a>')
+    if nxt:
+        links.append(f'<a href="{nxt[0]}">{html.escape(nxt[1])} &rarr;</a>')
+    return '<nav class="course-nav">' + "".join(links) + "</nav>"
+
+
+def _run_line(nb) -> str:
+    """What the chapter ran with (papermill's injected parameters), in one line instead of a second cell."""
+    params = (nb.metadata.get("papermill") or {}).get("parameters") or {}
+    if not params:
+        return ""
+    shown = ", ".join(f"{k} = {v!r}" for k, v in params.items())
+    return f'<p class="course-run">Executed with {html.escape(shown)}</p>'
+
+
+_HEADING = re.compile(r"<h2>(.*?)</h2>", re.S)
+
+
+def _add_section_ids(body: str) -> tuple[str, list[tuple[str, str]]]:
+    """Give every h2 of the page an id; return the page and its sections (id, heading text)."""
+    sections, used = [], set()
+
+    def named(match):
+        text = re.sub(r"<[^>]+>", "", match.group(1)).strip()
+        slug = re.sub(r"[^a-z0-9]+", "-", html.unescape(text).lower()).strip("-") or "section"
+        base, n = slug, 2
+        while slug in used:
+            slug, n = f"{base}-{n}", n + 1
+        used.add(slug)
+        sections.append((slug, text))
+        return f'<h2 id="{slug}">{match.group(1)}</h2>'
+
+    return _HEADING.sub(named, body), sections
+
+
+def _sidebar(chapters: list[dict], current: str | None, sections: list[tuple[str, str]]) -> str:
+    """The course's chapters (the current one marked) and the current chapter's sections."""
+    items = []
+    for ch in chapters:
+        title = html.escape(ch["title"] or ch["name"])
+        if ch["page"]:
+            cls = ' class="current"' if ch["name"] == current else ""
+            aria = ' aria-current="page"' if ch["name"] == current else ""
+            items.append(f'<li{cls}><a href="{html.escape(ch["page"])}"{aria}>{title}</a></li>')
+        else:
+            items.append(f'<li class="not-run">{title} (not run)</li>')
+    parts = [
+        '<nav class="course-sidebar" aria-label="course">',
+        '<a class="home" href="index.html">DistriNews course</a>',
+        f'<details class="chapters"><summary>Chapters</summary><ol>{"".join(items)}</ol></details>',
+    ]
+    if sections:
+        links = "".join(f'<li><a href="#{slug}">{text}</a></li>' for slug, text in sections)
+        parts.append(f'<details class="sections"><summary>On this page</summary><ol>{links}</ol></details>')
+    parts.append("</nav>")
+    return "\n".join(parts)
+
+
+class _RemoteRefs(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.found: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        url = a.get("src") if tag in ("script", "img", "iframe") else a.get("href") if tag == "link" else None
+        if url and re.match(r"\s*(https?:)?//", url):
+            self.found.append(f"<{tag}> {url}")
+
+
+def remote_references(page: str) -> list[str]:
+    """Scripts, stylesheets, images or frames the page would fetch from another host (empty when it works offline)."""
+    parser = _RemoteRefs()
+    parser.feed(page)
+    return parser.found + [f"@import {u}" for u in re.findall(r"@import\s+(?:url\()?['\"]?(https?://[^'\")\s]+)", page)]
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _index_page(summary: dict, chapters: list[dict]) -> str:
+    rows = []
+    for ch in chapters:
+        name = html.escape(ch["name"])
+        title = html.escape(ch["title"] or ch["name"])
+        link = f'<a href="{html.escape(ch["page"])}">{title}</a>' if ch["page"] else title
+        secs = f"{ch['seconds']:.1f}" if ch["seconds"] is not None else "-"
+        figures = "".join(
+            f'<dt>{html.escape(k)}</dt><dd data-key="{html.escape(k)}" '
+            f'data-value="{html.escape(json.dumps(v))}">{html.escape(_fmt(v))}</dd>'
+            for k, v in ch["record"].items()
+            if k not in ("headline", "notebook")
+        )
+        details = (
+            f'<details><summary>all figures</summary><dl class="figures">{figures}</dl></details>' if figures else ""
+        )
+        rows.append(
+            f'<tr data-notebook="{name}" class="{html.escape(ch["status"].replace(" ", "-").lower())}">'
+            f'<td class="chapter">{link}<div class="stem">{name}</div></td>'
+            f'<td class="status">{html.escape(ch["status"])}</td><td class="seconds">{secs}</td>'
+            f'<td class="figures"><div class="headline">{html.escape(ch["headline"] or "")}</div>{details}</td></tr>'
+        )
+    machine = summary.get("machine") or {}
+    machine_rows = "".join(
+        f'<dt>{html.escape(str(k))}</dt><dd data-key="{html.escape(str(k))}">'
+        f"{html.escape(', '.join(map(str, v)) if isinstance(v, list) else str(v))}</dd>"
+        for k, v in machine.items()
+        if v is not None
+    )
+    machine_html = (
+        f'<dl class="machine">{machine_rows}</dl>'
+        if machine_rows
+        else '<p class="machine">This run did not record its machine (a run folder from before run_course.py did).</p>'
+    )
+    n_ok = sum(ch["status"] == "ok" for ch in chapters)
+    run = html.escape(
+        f"preset {summary.get('preset', '?')}, nproc {summary.get('nproc', '?')}"
+        + (f", started {summary['started']}" if summary.get("started") else "")
+        + f"; {n_ok}/{len(chapters)} chapters ran in {summary.get('seconds', 0):.1f} s"
+    )
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1.0">
+<title>DistriNews course: executed run</title>
+<style>
+{_CSS}
+body {{ font-family: sans-serif; color: #222; }}
+main.course-main {{ padding-top: 1em; }}
+table {{ border-collapse: collapse; width: 100%; }}
+th, td {{ border-bottom: 1px solid #ddd; padding: 6px 8px; text-align: left; vertical-align: top; }}
+td.seconds {{ text-align: right; font-variant-numeric: tabular-nums; }}
+th, td.status, td.seconds {{ white-space: nowrap; overflow-wrap: normal; }}  /* not "stat|us", "130.|2" */
+tr.failed td.status {{ color: #b00; font-weight: bold; }}
+tr.not-run {{ color: #888; }}
+.stem {{ font-size: 80%; color: #888; }}
+dl {{ display: grid; grid-template-columns: max-content minmax(0, 1fr); gap: 2px 1em; margin: 0.5em 0; }}
+dt {{ color: #555; }} dd {{ margin: 0; min-width: 0; }}
+@media (max-width: 700px) {{
+  table.summary, table.summary tbody, table.summary tr, table.summary td {{ display: block; width: auto; }}
+  table.summary thead {{ display: none; }}
+  table.summary tr {{ border-bottom: 1px solid #ccc; padding: 6px 0; }}
+  table.summary td {{ border: none; padding: 2px 0; text-align: left; }}
+  table.summary td.status::before {{ content: "status: "; color: #555; }}
+  table.summary td.seconds::before {{ content: "seconds: "; color: #555; }}
+  dl {{ grid-template-columns: minmax(0, 1fr); }}
+}}
+</style>
+</head>
+<body class="course-page">
+{_sidebar(chapters, None, [])}
+<main class="course-main">
+<h1>DistriNews: the executed course</h1>
+<p class="run">{run}</p>
+<table class="summary">
+<thead><tr><th>chapter</th><th>status</th><th>seconds</th><th>key figures</th></tr></thead>
+<tbody>
+{chr(10).join(rows)}
+</tbody>
+</table>
+<h2>The machine it ran on</h2>
+{machine_html}
+</main>
+{_JS}
+</body>
+</html>
+"""
+
+
+def render_site(run_dir: Path, site_dir: Path | None = None) -> Path:
+    """Render run_dir's executed chapters and its summary.json into site_dir (default run_dir/site/); returns the
+    index page. Chapters that did not run get a row but no page."""
+    run_dir = Path(run_dir)
+    summary_path = run_dir / "summary.json"
+    if not summary_path.is_file():
+        raise FileNotFoundError(
+            f"{summary_path}: no summary.json here; is {run_dir} a folder scripts/run_course.py "
+            "wrote (runs/<timestamp>/)?"
+        )
+    summary = json.loads(summary_path.read_text())
+    site = Path(site_dir) if site_dir else run_dir / "site"
+    site.mkdir(parents=True, exist_ok=True)
+
+    chapters = []
+    for entry in summary["notebooks"]:
+        executed = run_dir / f"{entry['name']}.ipynb"
+        nb = nbformat.read(str(executed), as_version=4) if executed.is_file() else None
+        chapters.append(
+            {
+                "name": entry["name"],
+                "status": entry["status"],
+                "seconds": entry.get("seconds"),
+                "headline": entry.get("headline", ""),
+                "record": entry.get("record") or {},
+                "title": chapter_title(nb) if nb else "",
+                "nb": nb,
+                "page": f"{entry['name']}.html" if nb else None,
+            }
+        )
+    pages = [ch for ch in chapters if ch["page"]]
+    for i, ch in enumerate(pages):
+        prev = (pages[i - 1]["page"], pages[i - 1]["title"] or pages[i - 1]["name"]) if i > 0 else None
+        nxt = (pages[i + 1]["page"], pages[i + 1]["title"] or pages[i + 1]["name"]) if i + 1 < len(pages) else None
+        nb = ch["nb"]
+        nb.metadata["title"] = ch["title"] or ch["name"]
+        scrub = local_paths(run_dir, nb)
+        body, _ = _exporter(scrub).from_notebook_node(
+            nb,
+            resources={
+                "course_nav": _nav(prev, nxt),
+                "course_run": _LocalPaths(replacements=scrub).scrub(_run_line(nb)),
+                "course_css": _CSS,
+                "course_js": _JS,
+            },
+        )
+        body, sections = _add_section_ids(body)
+        _write_offline(site / ch["page"], body.replace(_SIDEBAR_SLOT, _sidebar(chapters, ch["name"], sections), 1))
+    index = site / "index.html"
+    scrub = local_paths(run_dir, *(ch["nb"] for ch in pages))
+    _write_offline(index, _LocalPaths(replacements=scrub).scrub(_index_page(summary, chapters)))
+    return index
+
+
+def _write_offline(path: Path, page: str) -> None:
+    remote = remote_references(page)
+    if remote:  # a new nbconvert version that adds a CDN script would break the offline promise silently
+        raise RuntimeError(
+            f"{path.name} would load from the internet: {', '.join(remote[:3])}; "
+            "the site must work offline (see distrinews_course/site.py's template)"
+        )
+    path.write_text(page, encoding="utf-8")
