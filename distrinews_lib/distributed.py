@@ -82,6 +82,21 @@ def choose_backend(requested: str = "auto", local_world_size: int | None = None)
     return "gloo", "gloo: no CUDA GPU here, so DDP runs on CPU processes and all-reduces over TCP"
 
 
+def resolve_device(requested: str | None = "auto") -> torch.device:
+    """auto (or None): cuda:0 when there is a GPU, else cpu; otherwise the named device (cpu, cuda, cuda:N), checked."""
+    if requested in ("auto", None, ""):
+        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        device = torch.device(requested)
+    except (RuntimeError, ValueError):
+        raise UserError(f"device '{requested}' is not a valid torch device; use auto, cpu, cuda or cuda:N.") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(
+            f"device '{requested}' was asked for, but this machine has no usable CUDA GPU; use cpu or auto."
+        )
+    return device
+
+
 def device_for(backend: str, local_rank: int) -> torch.device:
     """nccl ranks use cuda:LOCAL_RANK (and make it the current device); gloo ranks use the CPU."""
     if backend == "nccl":
@@ -129,12 +144,14 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def max_param_difference(model: torch.nn.Module) -> float:
-    """Largest |difference| between this rank's parameters and rank 0's, maxed over ranks (0.0: identical)."""
-    flat = torch.cat([p.detach().reshape(-1).double().cpu() for p in model.parameters()])
+def max_param_difference(model) -> float:
+    """Largest |difference| between this rank's parameters and rank 0's, maxed over ranks (0.0: identical). `model`
+    is a module, or its weights as a list of tensors (a sharded model gathers them first)."""
+    tensors = list(model.parameters()) if isinstance(model, torch.nn.Module) else list(model)
+    flat = torch.cat([p.detach().reshape(-1).double().cpu() for p in tensors])
     if not is_initialized() or get_world_size() == 1:
         return 0.0
-    device = next(model.parameters()).device
+    device = tensors[0].device
     ref = flat.to(device).clone()
     dist.broadcast(ref, src=0)
     diff = (flat.to(device) - ref).abs().max().reshape(1)

@@ -44,7 +44,7 @@ import torch.distributed as dist
 from distrinews_course.bench.provenance import provenance
 from distrinews_course.by_hand import without_dropout
 from distrinews_course.fresh import in_child
-from distrinews_course.memory_probe import counted_loss, loss_of, nbytes, reset_peak, status_mb
+from distrinews_course.proc_self import counted_loss, loss_of, nbytes, reset_peak, status_mb
 from distrinews_lib.data import batching, sources, tokenization
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.data.tokenization import tiny_tokenizer

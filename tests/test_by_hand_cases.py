@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from distrinews_course import by_hand, by_hand_check
+from distrinews_course import by_hand
+from distrinews_course.by_hand import exercises, probes, report
 
 ROOT = Path(__file__).resolve().parent.parent
 EXERCISES = ("overlapped", "bucketed", "zero1", "zero3")
@@ -28,7 +29,7 @@ EXPECTED = {
 @pytest.fixture(scope="module")
 def race(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cases")
-    return by_hand.run_race(
+    return report.run_race(
         [
             "--rungs",
             ",".join(by_hand.RUNGS),
@@ -78,8 +79,8 @@ def test_the_reference_answers_pass_the_checker(tmp_path):
     answers = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(answers)
     items = [(r, answers.write_solution(r, tmp_path / f"answer_{r}.py"), r) for r in EXERCISES]
-    verdicts = by_hand_check.check_exercises(items, tmp_path, timeout=1500, models="tiny", check_steps=1)
+    verdicts = exercises.check_exercises(items, tmp_path, timeout=1500, models="tiny", check_steps=1)
     for rung in EXERCISES:
         v = verdicts[rung]
         assert v["ok"] is True, (rung, v)
-        assert len(v["passed"]) == 1 + len(by_hand_check.probes_for(rung)), (rung, v["passed"])
+        assert len(v["passed"]) == 1 + len(probes.probes_for(rung)), (rung, v["passed"])

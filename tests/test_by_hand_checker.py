@@ -1,6 +1,7 @@
-"""Chapter 03's checker (distrinews_course/by_hand_check.py): every mistake it claims to catch, caught on a
-deliberately wrong answer (a mutant of the reference answer) with its one-line message; the reference answers pass
-every case; a blank or unfinished exercise is told so without a launch; the hints come one at a time."""
+"""Chapter 03's checker (distrinews_course/by_hand/: check.py, probes.py, exercises.py): every mistake it claims to
+catch, caught on a deliberately wrong answer (a mutant of the reference answer) with its one-line message; the
+reference answers pass every case; a blank or unfinished exercise is told so without a launch; the hints come one at
+a time."""
 
 import importlib.util
 import re
@@ -9,7 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from distrinews_course import by_hand, by_hand_check
+from distrinews_course.by_hand import check, exercises, timeline
 
 ROOT = Path(__file__).resolve().parent.parent
 EXERCISES = ("overlapped", "bucketed", "zero1", "zero3")
@@ -82,7 +83,7 @@ MUTANTS = [
     (
         "unused_parameter",
         "zero1",
-        "        by_hand.stop_unless_every_rank_has(self, [p for p in self.params if p.grad is None])  "
+        "        rung.stop_unless_every_rank_has(self, [p for p in self.params if p.grad is None])  "
         "# on every rank, not one\n",
         "",
         "unused_parameter",
@@ -133,9 +134,7 @@ def mutant_files(tmp_path):
 
 @pytest.mark.slow
 def test_every_mutant_is_caught_with_its_message(tmp_path):
-    verdicts = by_hand_check.check_exercises(
-        mutant_files(tmp_path), tmp_path, timeout=1200, models="tiny", check_steps=2
-    )
+    verdicts = exercises.check_exercises(mutant_files(tmp_path), tmp_path, timeout=1200, models="tiny", check_steps=2)
     for label, rung, old, new, key, message in MUTANTS:
         v = verdicts[label]
         assert v["ok"] is False and v["mistake"] == key, (label, v)
@@ -153,14 +152,14 @@ def test_every_mistake_of_the_table_has_a_mutant():
         "bucket_rule",
     }
     assert claimed <= {key for *_, key, _ in MUTANTS}
-    assert claimed <= set(by_hand_check.MISTAKES)
+    assert claimed <= set(check.MISTAKES)
 
 
 def test_a_blank_exercise_is_not_attempted_and_launches_nothing(tmp_path, capsys):
     for rung in EXERCISES:
         path = tmp_path / f"{rung}.py"
-        path.write_text(by_hand_check.skeleton(rung))
-        v = by_hand_check.check_exercise(rung, path, out_dir=tmp_path)
+        path.write_text(exercises.skeleton(rung))
+        v = exercises.check_exercise(rung, path, out_dir=tmp_path)
         assert v["ok"] is None and v["passed"] == []
     out = capsys.readouterr().out
     assert out.count("not attempted yet") == len(EXERCISES)
@@ -175,15 +174,15 @@ def test_an_unfinished_exercise_names_what_is_left(tmp_path, capsys):
     )
     path = tmp_path / "partial.py"
     path.write_text(text)
-    v = by_hand_check.check_exercise("bucketed", path, out_dir=tmp_path)
+    v = exercises.check_exercise("bucketed", path, out_dir=tmp_path)
     assert v["ok"] is False and v["mistake"] == "not_written"
     assert capsys.readouterr().out.strip() == "✗ still to write: make_buckets raises NotImplementedError"
 
 
 def test_a_file_that_does_not_parse_is_one_line(tmp_path, capsys):
     path = tmp_path / "broken.py"
-    path.write_text(by_hand_check.skeleton("zero1").replace("    def make_shard(self):", "    def make_shard(self)"))
-    v = by_hand_check.check_exercise("zero1", path, out_dir=tmp_path)
+    path.write_text(exercises.skeleton("zero1").replace("    def make_shard(self):", "    def make_shard(self)"))
+    v = exercises.check_exercise("zero1", path, out_dir=tmp_path)
     assert v["ok"] is False and v["message"].startswith("your code raised SyntaxError: ")
     assert capsys.readouterr().out.count("\n") == 1
 
@@ -192,8 +191,8 @@ def test_the_reference_answers_have_no_blank_left():
     solutions = answers()
     for rung in EXERCISES:
         text = solutions.solution_source(rung, functions_only=rung == "zero3")
-        path = Path(by_hand_check.SKELETONS).parent / f"{rung}.py"
-        assert by_hand_check.stubs(path) == []  # the rung itself (the reference) is complete
+        path = Path(exercises.SKELETONS).parent / f"{rung}.py"
+        assert exercises.stubs(path) == []  # the rung itself (the reference) is complete
         compile(text, f"answer_{rung}", "exec")
         assert "raise NotImplementedError" not in text
 
@@ -206,9 +205,9 @@ def test_the_notebook_exercise_cells_are_the_skeletons():
         if "exercise" in c.metadata.get("tags", []) and c.source.startswith("%%writefile")
     }
     for rung in ("overlapped", "bucketed", "zero1"):
-        assert cells[f"ex_{rung}.py"].split("\n", 1)[1].rstrip() == by_hand_check.skeleton(rung).rstrip()
+        assert cells[f"ex_{rung}.py"].split("\n", 1)[1].rstrip() == exercises.skeleton(rung).rstrip()
     # exercise 4: the skeleton's two functions, after its imports
-    zero3 = by_hand_check.skeleton("zero3")
+    zero3 = exercises.skeleton("zero3")
     for fn in ("def gather(block, dp):", "def free(block):"):
         start = zero3.index(fn)
         end = zero3.index("raise NotImplementedError", start)
@@ -219,9 +218,9 @@ def test_the_notebook_exercise_cells_are_the_skeletons():
 
 
 def test_hints_come_one_at_a_time(capsys):
-    for rung, hints in by_hand_check.HINTS.items():
+    for rung, hints in exercises.HINTS.items():
         assert len(hints) >= 3
-        by_hand_check.hint(rung, 2)
+        exercises.hint(rung, 2)
         out = capsys.readouterr().out
         assert out.startswith(f"hint 2 of {len(hints)} ({rung}): ") and hints[1] in out
         assert hints[0] not in out and hints[2] not in out
@@ -229,7 +228,7 @@ def test_hints_come_one_at_a_time(capsys):
 
 def test_no_hint_spells_the_answer_out():
     solutions = answers()
-    for rung, hints in by_hand_check.HINTS.items():
+    for rung, hints in exercises.HINTS.items():
         code = solutions.solution_source(rung, functions_only=rung == "zero3")
         answer_lines = {
             line.strip()
@@ -242,10 +241,10 @@ def test_no_hint_spells_the_answer_out():
 
 def test_wire_bytes_has_the_ring_factor_at_two_and_four_ranks():
     mib = 2**20
-    assert by_hand.wire_bytes("all_reduce", mib, 2) == mib  # 2(N-1)/N = 1 at N = 2: a missing factor hides here
-    assert by_hand.wire_bytes("all_reduce", mib, 4) == 1.5 * mib
-    assert by_hand.wire_bytes("reduce_scatter", mib, 4) == by_hand.wire_bytes("all_gather", mib, 4) == 0.75 * mib
-    assert by_hand.wire_bytes("all_reduce", mib, 1) == 0.0
+    assert timeline.wire_bytes("all_reduce", mib, 2) == mib  # 2(N-1)/N = 1 at N = 2: a missing factor hides here
+    assert timeline.wire_bytes("all_reduce", mib, 4) == 1.5 * mib
+    assert timeline.wire_bytes("reduce_scatter", mib, 4) == timeline.wire_bytes("all_gather", mib, 4) == 0.75 * mib
+    assert timeline.wire_bytes("all_reduce", mib, 1) == 0.0
 
 
 def test_a_failed_launch_is_one_line():
@@ -256,6 +255,6 @@ def test_a_failed_launch_is_one_line():
         "W1126 warning\nerror: an unused parameter: head_b.weight got no gradient\n"
         "       on rank 1 of 2\n[rank 1] stopped: x\nTraceback (most recent call last):\n"
     )
-    assert by_hand_check.launch_error_line(Err(text)) == (
+    assert exercises.launch_error_line(Err(text)) == (
         "an unused parameter: head_b.weight got no gradient on rank 1 of 2"
     )

@@ -10,7 +10,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distrinews_course import by_hand, by_hand_check
+from distrinews_course import by_hand
+from distrinews_course.by_hand import exercises, models, report
+from distrinews_course.by_hand import rung as rung_kit
 from distrinews_course.launch import torchrun
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.slow
 def test_every_rung_trains_bit_identically_to_torch_ddp(tmp_path):
-    res = by_hand.run_race(["--models", "tiny", "--check_steps", 2, "--check_only"], tmp_path / "race.json")
+    res = report.run_race(["--models", "tiny", "--check_steps", 2, "--check_only"], tmp_path / "race.json")
     rungs = res["check"]["tiny"]
     for rung in by_hand.RUNGS:
         assert rungs[rung]["first_diff"] is None and rungs[rung]["max_weight_diff"] == 0.0, (rung, rungs[rung])
@@ -29,7 +31,7 @@ def test_every_rung_trains_bit_identically_to_torch_ddp(tmp_path):
     # ZeRO-2: a reduce-scatter per bucket and one all-gather; ZeRO-3: per block, a gather before its forward, another
     # before its backward (every block is freed after its forward) and a reduce-scatter of its gradients
     assert rungs["zero2"]["allreduces_per_step"] == rungs["zero2"]["buckets"] + 1
-    blocks = len(by_hand.layers(by_hand.build_model("tiny", 0))) + 1
+    blocks = len(models.layers(models.build_model("tiny", 0))) + 1
     assert rungs["zero3"]["allreduces_per_step"] == 3 * blocks
 
 
@@ -39,7 +41,7 @@ def test_the_bucket_rule_is_torch_ddps():
     bucketed = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bucketed)
     for kind in ("tiny", "wide", "tied"):
-        params = [p for p in by_hand.build_model(kind, 0).parameters() if p.requires_grad]
+        params = [p for p in models.build_model(kind, 0).parameters() if p.requires_grad]
         order = list(reversed(params))
         for cap_mb in (0.25, 1, 25):
             want, _ = dist._compute_bucket_assignment_by_size(order, [int(cap_mb * 2**20)], [False] * len(order))
@@ -50,19 +52,19 @@ def test_the_bucket_rule_is_torch_ddps():
 def test_the_two_heads_complete_their_gradients_in_a_rank_dependent_order(monkeypatch):
     """The model behind the readiness-order case: rank 0 and rank 1 see head a's and head b's gradients in opposite
     orders (without it the case would not test the launch order)."""
-    batch = by_hand.batches("twoheads", 0, 1, 1, 4)[0]
+    batch = models.batches("twoheads", 0, 1, 1, 4)[0]
     orders = []
     for rank in (0, 1):
         monkeypatch.setattr(dist, "is_initialized", lambda: True)
         monkeypatch.setattr(dist, "get_rank", lambda rank=rank: rank)
-        model, seen = by_hand.build_model("twoheads", 0), []
-        names = by_hand.param_names(model)
+        model, seen = models.build_model("twoheads", 0), []
+        names = rung_kit.param_names(model)
         for p in model.parameters():
             p.register_post_accumulate_grad_hook(lambda p, seen=seen, names=names: seen.append(names[p]))
         model(**batch).loss.backward()
         orders.append([n for n in seen if n.startswith("head")])
     assert orders[0] != orders[1] and sorted(orders[0]) == sorted(orders[1]), orders
-    sizes = {n: p.numel() * p.element_size() for n, p in by_hand.build_model("twoheads", 0).named_parameters()}
+    sizes = {n: p.numel() * p.element_size() for n, p in models.build_model("twoheads", 0).named_parameters()}
     assert sizes["head_a.weight"] == sizes["head_b.weight"] == 2**20  # each fills a 1 MiB bucket: same-size pairs
 
 
@@ -80,7 +82,7 @@ def test_a_rank_skipping_a_collective_fails_fast_with_a_message(tmp_path):
     )
     compile(path.read_text(), str(path), "exec")  # the mutant is code, not a syntax error the checker would name
     start = time.monotonic()
-    v = by_hand_check.check_exercises(
+    v = exercises.check_exercises(
         [("zero1", path, "zero1")], tmp_path, timeout=300, models="tiny", check_steps=2, probes=False
     )["zero1"]
     assert v["ok"] is False and v["mistake"] == "crashed" and "\n" not in v["message"], v
@@ -90,29 +92,29 @@ def test_a_rank_skipping_a_collective_fails_fast_with_a_message(tmp_path):
 
 def test_one_dtype_per_flat_buffer():
     assert (
-        by_hand.one_dtype([torch.zeros(2, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)]) == torch.float64
+        rung_kit.one_dtype([torch.zeros(2, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)]) == torch.float64
     )
     with pytest.raises(Exception, match="mix dtypes"):
-        by_hand.one_dtype([torch.zeros(2), torch.zeros(2, dtype=torch.bfloat16)])
+        rung_kit.one_dtype([torch.zeros(2), torch.zeros(2, dtype=torch.bfloat16)])
 
 
 def test_without_dropout_makes_a_training_forward_repeatable_and_step_seconds_times_each_part():
     """The dialed race's model: dropout off (its masks are CPU work that moves no byte), and the step without
     communication that chapter 03's cost model starts from."""
-    model = by_hand.build_model("wide", seed=0).train()
-    batch = by_hand.batches("wide", 0, 1, 1, 4)[0]
+    model = models.build_model("wide", seed=0).train()
+    batch = models.batches("wide", 0, 1, 1, 4)[0]
     assert not torch.equal(model(**batch).logits, model(**batch).logits)  # dropout on: two draws differ
-    assert by_hand.without_dropout(model) is model
+    assert models.without_dropout(model) is model
     assert torch.equal(model(**batch).logits, model(**batch).logits)
     threads = torch.get_num_threads()
-    parts = by_hand.step_seconds("wide", 4, dropout=False, steps=2)
+    parts = models.step_seconds("wide", 4, dropout=False, steps=2)
     assert set(parts) == {"forward", "backward", "optimizer"} and all(v > 0 for v in parts.values()), parts
     assert torch.get_num_threads() == threads  # one thread while timing, the caller's count restored after
 
 
 @pytest.mark.slow
 def test_the_race_times_another_batch_without_dropout(tmp_path):
-    res = by_hand.run_race(
+    res = report.run_race(
         [
             "--rungs",
             "flat,bucketed",

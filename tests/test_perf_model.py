@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from distrinews_course import cluster_model as cm
 from distrinews_course import perf_model as pm
 from tests.helpers import ROOT
 
@@ -119,28 +120,28 @@ def test_best_bucket_model():
 
 
 def test_buckets_follow_ddp_s_rule_in_ready_order():
-    mib = pm.MIB
+    mib = cm.MIB
     tensors = [(0.6 * mib, 0.1), (0.6 * mib, 0.2), (20 * mib, 0.5), (10 * mib, 0.9), (5 * mib, 1.0)]
     # the first bucket holds at most 1 MiB (DDP's small first bucket), the others 25 MiB; a tensor is never split
-    assert pm.buckets_in_ready_order(tensors) == [(0.6 * mib, 0.1), (20.6 * mib, 0.5), (15 * mib, 1.0)]
+    assert cm.buckets_in_ready_order(tensors) == [(0.6 * mib, 0.1), (20.6 * mib, 0.5), (15 * mib, 1.0)]
 
 
 def test_the_last_bucket_is_always_exposed_and_latency_grows_with_n():
-    link = pm.Link("test", gb_s=10.0, alpha_us=10.0, source="test")
+    link = cm.Link("test", gb_s=10.0, alpha_us=10.0, source="test")
     tensors = [(4e6, 0.2), (4e6, 0.6), (40e6, 1.0)]  # a big gradient made last, like a transformer's embeddings
-    e = pm.ddp_estimate(0.3, tensors, 2, link, tensor_s=0.0, interference=0.0)
+    e = cm.ddp_estimate(0.3, tensors, 2, link, tensor_s=0.0, interference=0.0)
     assert e.exposed_ms == pytest.approx(
-        1000 * pm.ring_seconds(40e6, 2, link)
+        1000 * cm.ring_seconds(40e6, 2, link)
     )  # the early buckets hid, the last cannot
-    assert pm.ring_seconds(0, 64, link) == pytest.approx(2 * 63 * 10e-6)  # 2(N-1) latency steps per all-reduce
-    one = pm.ddp_estimate(0.3, tensors, 1, link, tensor_s=20e-6)
+    assert cm.ring_seconds(0, 64, link) == pytest.approx(2 * 63 * 10e-6)  # 2(N-1) latency steps per all-reduce
+    one = cm.ddp_estimate(0.3, tensors, 1, link, tensor_s=20e-6)
     assert one.comm_ms == 0 and one.bookkeeping_ms == pytest.approx(3 * 0.02) and one.speedup < 1
-    big = pm.ddp_estimate(0.3, tensors, 512, link, tensor_s=0.0, interference=0.0)
+    big = cm.ddp_estimate(0.3, tensors, 512, link, tensor_s=0.0, interference=0.0)
     assert big.exposed_ms > e.exposed_ms and big.efficiency < e.efficiency
 
 
 def test_public_ddp_table_resnet50_within_2_points_and_the_rest_within_5():
-    rows = pm.public_table_predictions()
+    rows = cm.public_table_predictions()
     assert len(rows) == 20
     errors = {(r["model"], r["gpus"]): r["predicted_pts"] - r["measured_pts"] for r in rows}
     assert all(abs(v) <= 2.0 for (m, _), v in errors.items() if m == "resnet50")  # where the one constant was fitted
@@ -155,7 +156,7 @@ def test_transformer_tensors_put_the_embeddings_last():
 
     with torch.device("meta"):
         model = AutoModelForSequenceClassification.from_config(DistilBertConfig(num_labels=4))
-    tensors = pm.transformer_tensors(model)
+    tensors = cm.transformer_tensors(model)
     emb = sum(b for b, r in tensors if r == 1.0) / sum(b for b, _ in tensors)
     assert 0.3 < emb < 0.4 and tensors[-1][1] == 1.0 and all(r <= 1.0 for _, r in tensors)
 

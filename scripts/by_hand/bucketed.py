@@ -6,24 +6,17 @@ once they hold at least that, as torch's DDP's are); a bucket leaves once comple
 import torch
 import torch.distributed as dist
 
-from distrinews_course import by_hand
-from distrinews_lib.distributed import run_and_end
-from distrinews_lib.errors import UserError, main_guard
+from distrinews_course.by_hand import harness
+from distrinews_course.by_hand.rung import Rung, bucket_cap_bytes
+from distrinews_lib.errors import UserError
 
 
-class DataParallel:
+class DataParallel(Rung):
     """Average the gradients DURING backward(), a bucket at a time: fewer, larger messages, still overlapped."""
 
     def __init__(self, model, bucket_mb=None, broadcast=True, timeline=None):
-        self.model, self.world = model, dist.get_world_size()
-        self.params = [p for p in model.parameters() if p.requires_grad]  # a tied weight is listed once
-        self.names = by_hand.param_names(model)
-        self.timeline = timeline or by_hand.Timeline()
-        self.collectives = 0  # collectives launched so far
-        if broadcast:  # every rank starts from rank 0's weights (the ranks seeded differently)
-            for t in [*model.parameters(), *model.buffers()]:
-                dist.broadcast(t.data, src=0)
-        self.buckets = make_buckets(self.params, (bucket_mb or 25) * 2**20)
+        super().__init__(model, bucket_mb, broadcast, timeline)
+        self.buckets = make_buckets(self.params, bucket_cap_bytes(bucket_mb))
         self.register_hooks()
 
     def register_hooks(self):
@@ -53,15 +46,6 @@ class DataParallel:
         self.collectives += len(self.pending)
         self.pending, self.ready = [], [0] * len(self.buckets)
 
-    def optimizer(self, lr, weight_decay):
-        return torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
-
-    def step(self, optimizer):
-        by_hand.stop_unless_every_rank_has(self, [p for p in self.params if p.grad is None])  # on every rank, not one
-        self.sync_gradients()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
 
 def make_buckets(params, cap):
     """The parameters in reverse (the order backward usually completes them), cut into buckets: a bucket closes once
@@ -87,30 +71,5 @@ def on_grad_ready(param, dp):
         dp.launch(len(dp.pending))  # the next bucket in the fixed order is complete: launch it (the same on every rank)
 
 
-@main_guard
-def main():
-    args = by_hand.parse_args(__doc__)
-    rank, world = by_hand.init(args.timeout_s)
-    model = by_hand.build_model(args.model, seed=args.seed + rank)  # each rank its own random init, on purpose
-    batches = by_hand.batches(args.model, rank, world, args.steps, args.batch_size)  # its own share of the texts
-    dp = DataParallel(model, args.bucket_mb, args.broadcast)
-    optimizer = dp.optimizer(args.lr, args.weight_decay)
-    for step, batch in enumerate(batches, 1):
-        loss = model(**batch).loss
-        loss.backward()
-        dp.step(optimizer)
-        if step in (1, args.steps) and rank == 0:
-            print(f"step {step:3d} | loss {loss.item():.4f}")
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    rank0 = flat.clone()
-    dist.broadcast(rank0, src=0)
-    diff = (flat - rank0).abs().max()
-    dist.all_reduce(diff, op=dist.ReduceOp.MAX)
-    if rank == 0:
-        print(f"after {args.steps} steps: max weight difference between the ranks {diff.item():.3g} | "
-              f"{dp.collectives / args.steps:.0f} collectives per step")
-    dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    run_and_end(main)  # end without the interpreter's teardown, where gloo's threads can abort a finished rank
+    harness.run(DataParallel, __doc__)

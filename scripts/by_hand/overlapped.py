@@ -3,26 +3,18 @@
 
     torchrun --standalone --nproc_per_node=2 scripts/by_hand/overlapped.py --steps 20 [--no-broadcast]
 """
-import torch
 import torch.distributed as dist
 
-from distrinews_course import by_hand
-from distrinews_lib.distributed import run_and_end
-from distrinews_lib.errors import UserError, main_guard
+from distrinews_course.by_hand import harness
+from distrinews_course.by_hand.rung import Rung
+from distrinews_lib.errors import UserError
 
 
-class DataParallel:
+class DataParallel(Rung):
     """Average every gradient over the ranks DURING backward(): a hook launches its async all-reduce once ready."""
 
     def __init__(self, model, bucket_mb=None, broadcast=True, timeline=None):
-        self.model, self.world = model, dist.get_world_size()
-        self.params = [p for p in model.parameters() if p.requires_grad]  # a tied weight is listed once
-        self.names = by_hand.param_names(model)
-        self.timeline = timeline or by_hand.Timeline()
-        self.collectives = 0  # collectives launched so far
-        if broadcast:  # every rank starts from rank 0's weights (the ranks seeded differently)
-            for t in [*model.parameters(), *model.buffers()]:
-                dist.broadcast(t.data, src=0)
+        super().__init__(model, bucket_mb, broadcast, timeline)
         self.register_hooks()
 
     def register_hooks(self):
@@ -42,15 +34,6 @@ class DataParallel:
         self.collectives += len(self.pending)
         self.pending, self.ready = [], set()
 
-    def optimizer(self, lr, weight_decay):
-        return torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
-
-    def step(self, optimizer):
-        by_hand.stop_unless_every_rank_has(self, [p for p in self.params if p.grad is None])  # on every rank, not one
-        self.sync_gradients()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
 
 def on_grad_ready(param, dp):
     """Called by autograd as soon as param.grad is complete: launch, without waiting, every all-reduce now due in the
@@ -66,30 +49,5 @@ def on_grad_ready(param, dp):
         dp.pending.append((p, dp.timeline.comm(work, dp.names[p], p.grad.nbytes)))
 
 
-@main_guard
-def main():
-    args = by_hand.parse_args(__doc__)
-    rank, world = by_hand.init(args.timeout_s)
-    model = by_hand.build_model(args.model, seed=args.seed + rank)  # each rank its own random init, on purpose
-    batches = by_hand.batches(args.model, rank, world, args.steps, args.batch_size)  # its own share of the texts
-    dp = DataParallel(model, args.bucket_mb, args.broadcast)
-    optimizer = dp.optimizer(args.lr, args.weight_decay)
-    for step, batch in enumerate(batches, 1):
-        loss = model(**batch).loss
-        loss.backward()
-        dp.step(optimizer)
-        if step in (1, args.steps) and rank == 0:
-            print(f"step {step:3d} | loss {loss.item():.4f}")
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    rank0 = flat.clone()
-    dist.broadcast(rank0, src=0)
-    diff = (flat - rank0).abs().max()
-    dist.all_reduce(diff, op=dist.ReduceOp.MAX)
-    if rank == 0:
-        print(f"after {args.steps} steps: max weight difference between the ranks {diff.item():.3g} | "
-              f"{dp.collectives / args.steps:.0f} collectives per step")
-    dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    run_and_end(main)  # end without the interpreter's teardown, where gloo's threads can abort a finished rank
+    harness.run(DataParallel, __doc__)

@@ -2,7 +2,8 @@
 
 1. check: each rung and torch's DDP train the same model from the same seed on the same texts; the weights are
    compared after every step (the first difference names its step and parameter). Models: tiny and tied.
-2. probes (--probes): the cases where a wrong answer shows (course/by_hand_check.py), each against torch's DDP.
+2. probes (--probes): the cases where a wrong answer shows (distrinews_course/by_hand/probes.py), each against
+   torch's DDP.
 3. memory and sharding (tiny model, dropout off, chapter 06's setting): each rung, torch's DDP and torch's FSDP2
    (fully_shard), each in a fresh process per rank (before this one joins a group): peak memory per rank,
    collectives and bytes per step counted; then ZeRO-2, ZeRO-3 and FSDP2 trained --zero_steps steps here, their
@@ -21,19 +22,19 @@ import time
 
 import torch.distributed as dist
 
-from distrinews_course import by_hand, by_hand_check
-from distrinews_course.by_hand_race import (
+from distrinews_course.by_hand import RUNGS, harness, probes
+from distrinews_course.by_hand.check import Cases
+from distrinews_course.by_hand.race import (
     Runner,
     benchmark_record,
     bucket_sweep,
     check,
     ddp_facts,
     inspect_file,
-    memory,
     rung_modules,
-    sharding,
     timing,
 )
+from distrinews_course.by_hand.race_memory import memory, sharding
 from distrinews_lib.distributed import run_and_end
 from distrinews_lib.errors import UserError, main_guard
 from distrinews_lib.files import atomic_write_json
@@ -42,7 +43,7 @@ from distrinews_lib.files import atomic_write_json
 @main_guard
 def main():
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    p.add_argument("--rungs", default=",".join(by_hand.RUNGS))
+    p.add_argument("--rungs", default=",".join(RUNGS))
     p.add_argument(
         "--sections",
         default="check,timing",
@@ -111,22 +112,21 @@ def main():
     args.timing_batch_size = args.timing_batch_size or args.batch_size
     sections = {"check"} if args.check_only else {s for s in args.sections.split(",") if s}
     rungs = [r for r in args.rungs.split(",") if r]
-    bad = [r for r in rungs if r not in by_hand.RUNGS] + [s for s in sections if s not in ("check", "timing", "zero")]
+    bad = [r for r in rungs if r not in RUNGS] + [s for s in sections if s not in ("check", "timing", "zero")]
     if bad:
         raise UserError(
-            f"--rungs/--sections: unknown {bad}; the rungs are {', '.join(by_hand.RUNGS)}, the "
-            "sections check, timing and zero"
+            f"--rungs/--sections: unknown {bad}; the rungs are {', '.join(RUNGS)}, the sections check, timing and zero"
         )
     mods, kinds = rung_modules(rungs, args.exercise)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     # Memory first, before this process joins a group (each run in a forked child); the reference rungs only: a
     # learner's code is checked first, in a sandbox, where a crash is a verdict.
     mem = memory(rungs, mods, args, rank, world) if "zero" in sections and args.memory_steps else None
-    rank, world = by_hand.init(args.timeout_s)
+    rank, world = harness.init(args.timeout_s)
     contenders = list(mods)
     # The source files of every contender's code (a learner's file too): a `raise` there is a clear error.
     files = {m.__file__ for m in mods.values()} | {inspect_file(v) for m in mods.values() for v in vars(m).values()}
-    cases = by_hand_check.Cases(
+    cases = Cases(
         lambda name, kind, **kw: Runner(name, kind, args, mods, rank, **kw),
         args.batch_size,
         args.timeout_s,
@@ -157,12 +157,12 @@ def main():
         for name in contenders:
             if any(not c[name]["verdict"]["ok"] for c in res["check"].values() if name in c):
                 continue  # its first mistake is already named
-            chosen = by_hand_check.probes_for(kinds[name])
+            chosen = probes.probes_for(kinds[name])
             if args.probes != "all":
                 chosen = [c for c in chosen if c in args.probes.split(",")]
             res["probes"][name] = {}
             for case in chosen:
-                res["probes"][name][case] = v = by_hand_check.probe(case, name, kinds[name], cases)
+                res["probes"][name][case] = v = probes.probe(case, name, kinds[name], cases)
                 if not v["ok"]:
                     break  # one mistake at a time: the later cases may fail only because of it
         res["seconds_probes"] = time.perf_counter() - t0

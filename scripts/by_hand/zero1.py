@@ -6,24 +6,16 @@ AdamW state for its even share of the flat buffer only, updates that share, then
 import torch
 import torch.distributed as dist
 
-from distrinews_course import by_hand
-from distrinews_lib.distributed import run_and_end
-from distrinews_lib.errors import main_guard
+from distrinews_course.by_hand import harness
+from distrinews_course.by_hand.rung import Rung, one_dtype, stop_unless_every_rank_has
 
 
-class DataParallel:
+class DataParallel(Rung):
     """One flat buffer split evenly: rank r owns elements [r * shard, (r + 1) * shard) and only updates those."""
 
     def __init__(self, model, bucket_mb=None, broadcast=True, timeline=None):
-        self.model, self.world = model, dist.get_world_size()
-        self.params = [p for p in model.parameters() if p.requires_grad]  # a tied weight is listed once
-        self.names = by_hand.param_names(model)
-        self.timeline = timeline or by_hand.Timeline()
-        self.collectives = 0  # collectives launched so far
-        if broadcast:  # every rank starts from rank 0's weights (the ranks seeded differently)
-            for t in [*model.parameters(), *model.buffers()]:
-                dist.broadcast(t.data, src=0)
-        self.dtype = by_hand.one_dtype(self.params)  # the flat buffers keep it: float64 trains in float64
+        super().__init__(model, bucket_mb, broadcast, timeline)
+        self.dtype = one_dtype(self.params)  # the flat buffers keep it: float64 trains in float64
         self.numel = sum(p.numel() for p in self.params)
         self.shard_size = -(-self.numel // self.world)  # rounded up: padding gives every rank the same length
         self.shard = self.make_shard()
@@ -48,7 +40,7 @@ class DataParallel:
         return torch.optim.AdamW([self.shard], lr=lr, weight_decay=weight_decay)  # state for the shard only
 
     def step(self, optimizer):
-        by_hand.stop_unless_every_rank_has(self, [p for p in self.params if p.grad is None])  # on every rank, not one
+        stop_unless_every_rank_has(self, self.missing())  # on every rank, not one
         sharded_step(self, optimizer)
         self.collectives += 2  # a reduce-scatter and an all-gather
         for p in self.params:
@@ -69,30 +61,5 @@ def sharded_step(dp, optimizer):
     dp.unflatten(weights)
 
 
-@main_guard
-def main():
-    args = by_hand.parse_args(__doc__)
-    rank, world = by_hand.init(args.timeout_s)
-    model = by_hand.build_model(args.model, seed=args.seed + rank)  # each rank its own random init, on purpose
-    batches = by_hand.batches(args.model, rank, world, args.steps, args.batch_size)  # its own share of the texts
-    dp = DataParallel(model, args.bucket_mb, args.broadcast)
-    optimizer = dp.optimizer(args.lr, args.weight_decay)
-    for step, batch in enumerate(batches, 1):
-        loss = model(**batch).loss
-        loss.backward()
-        dp.step(optimizer)
-        if step in (1, args.steps) and rank == 0:
-            print(f"step {step:3d} | loss {loss.item():.4f}")
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    rank0 = flat.clone()
-    dist.broadcast(rank0, src=0)
-    diff = (flat - rank0).abs().max()
-    dist.all_reduce(diff, op=dist.ReduceOp.MAX)
-    if rank == 0:
-        print(f"after {args.steps} steps: max weight difference between the ranks {diff.item():.3g} | "
-              f"{dp.collectives / args.steps:.0f} collectives per step")
-    dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    run_and_end(main)  # end without the interpreter's teardown, where gloo's threads can abort a finished rank
+    harness.run(DataParallel, __doc__)

@@ -6,26 +6,20 @@ that shard of the weights, then one all-gather gives every rank every updated we
 """
 import torch
 import torch.distributed as dist
+from bucketed import make_buckets  # rung 4's bucket rule, unchanged (its folder is on the path of a script)
 
-from distrinews_course import by_hand
-from distrinews_lib.distributed import run_and_end
-from distrinews_lib.errors import UserError, main_guard
+from distrinews_course.by_hand import harness
+from distrinews_course.by_hand.rung import Rung, bucket_cap_bytes, one_dtype
+from distrinews_lib.errors import UserError
 
 
-class DataParallel:
+class DataParallel(Rung):
     """Reduce-scatter the gradients DURING backward(), a bucket at a time; a rank keeps and updates its shard only."""
 
     def __init__(self, model, bucket_mb=None, broadcast=True, timeline=None):
-        self.model, self.world = model, dist.get_world_size()
-        self.params = [p for p in model.parameters() if p.requires_grad]  # a tied weight is listed once
-        self.names = by_hand.param_names(model)
-        self.timeline = timeline or by_hand.Timeline()
-        self.collectives = 0  # collectives launched so far
-        if broadcast:  # every rank starts from rank 0's weights (the ranks seeded differently)
-            for t in [*model.parameters(), *model.buffers()]:
-                dist.broadcast(t.data, src=0)
-        self.buckets = make_buckets(self.params, (bucket_mb or 25) * 2**20)
-        self.dtype = by_hand.one_dtype(self.params)
+        super().__init__(model, bucket_mb, broadcast, timeline)
+        self.buckets = make_buckets(self.params, bucket_cap_bytes(bucket_mb))
+        self.dtype = one_dtype(self.params)
         # Each bucket padded to a multiple of the world size; rank r owns elements [r * s, (r + 1) * s) of each.
         self.shard_sizes = [-(-sum(p.numel() for p in b) // self.world) for b in self.buckets]
         rank = dist.get_rank()
@@ -74,11 +68,11 @@ class DataParallel:
         self.collectives += len(self.pending)
         self.pending, self.arrived = [], set()
 
+    def missing(self):
+        return [p for p in self.params if p not in self.arrived]  # theirs are freed once sent: None says nothing
+
     def step(self, optimizer):
-        by_hand.stop_unless_every_rank_has(self, [p for p in self.params if p not in self.arrived])  # on every rank
-        self.sync_gradients()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        super().step(optimizer)  # every rank has every gradient; each rank updates its shards only
         mine = torch.cat([s.detach() for s in self.shards])  # this rank's shard of every bucket: one message
         everyone = torch.empty(self.world * mine.numel(), dtype=self.dtype)
         with self.timeline.span("comm_sync", "all-gather"):
@@ -93,19 +87,6 @@ class DataParallel:
             offset += s
 
 
-def make_buckets(params, cap):
-    """The parameters in reverse (the order backward usually completes them), cut into buckets: a bucket closes once
-    it holds at least `cap` bytes (torch's DDP's rule, and chapter 00's)."""
-    buckets, size = [[]], 0
-    for p in reversed(params):
-        buckets[-1].append(p)
-        size += p.numel() * p.element_size()
-        if size >= cap:
-            buckets.append([])
-            size = 0
-    return [b for b in buckets if b]
-
-
 def on_grad_ready(param, dp):
     """Called by autograd as soon as param.grad is complete: count it; launch every bucket now complete, in order."""
     i = dp.bucket_of[param]
@@ -118,30 +99,5 @@ def on_grad_ready(param, dp):
         dp.launched, dp.ready = 0, [0] * len(dp.buckets)
 
 
-@main_guard
-def main():
-    args = by_hand.parse_args(__doc__)
-    rank, world = by_hand.init(args.timeout_s)
-    model = by_hand.build_model(args.model, seed=args.seed + rank)  # each rank its own random init, on purpose
-    batches = by_hand.batches(args.model, rank, world, args.steps, args.batch_size)  # its own share of the texts
-    dp = DataParallel(model, args.bucket_mb, args.broadcast)
-    optimizer = dp.optimizer(args.lr, args.weight_decay)
-    for step, batch in enumerate(batches, 1):
-        loss = model(**batch).loss
-        loss.backward()
-        dp.step(optimizer)
-        if step in (1, args.steps) and rank == 0:
-            print(f"step {step:3d} | loss {loss.item():.4f}")
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    rank0 = flat.clone()
-    dist.broadcast(rank0, src=0)
-    diff = (flat - rank0).abs().max()
-    dist.all_reduce(diff, op=dist.ReduceOp.MAX)
-    if rank == 0:
-        print(f"after {args.steps} steps: max weight difference between the ranks {diff.item():.3g} | "
-              f"{dp.collectives / args.steps:.0f} collectives per step")
-    dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    run_and_end(main)  # end without the interpreter's teardown, where gloo's threads can abort a finished rank
+    harness.run(DataParallel, __doc__)

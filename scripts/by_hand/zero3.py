@@ -9,9 +9,10 @@ reduce-scattered, so a rank keeps and updates only its shard of those too.
 import torch
 import torch.distributed as dist
 
-from distrinews_course import by_hand
-from distrinews_lib.distributed import run_and_end
-from distrinews_lib.errors import UserError, main_guard
+from distrinews_course.by_hand import harness
+from distrinews_course.by_hand.models import layers
+from distrinews_course.by_hand.rung import Rung, first_tensor_needing_grad, one_dtype
+from distrinews_lib.errors import UserError
 
 
 class Block:
@@ -40,23 +41,16 @@ class Block:
         return self.full.untyped_storage().nbytes() == self.nbytes
 
 
-class DataParallel:
+class DataParallel(Rung):
     """Shard the weights too: each block's full weights exist only while it computes (forward, then backward)."""
 
     def __init__(self, model, bucket_mb=None, broadcast=True, timeline=None):
-        self.model, self.world = model, dist.get_world_size()
-        self.params = [p for p in model.parameters() if p.requires_grad]  # a tied weight is listed once
-        self.names = by_hand.param_names(model)
-        self.timeline = timeline or by_hand.Timeline()
-        self.collectives = 0  # collectives launched so far
-        if broadcast:  # every rank starts from rank 0's weights (the ranks seeded differently)
-            for t in [*model.parameters(), *model.buffers()]:
-                dist.broadcast(t.data, src=0)
-        rank, dtype, stack = dist.get_rank(), by_hand.one_dtype(self.params), by_hand.layers(model)
+        super().__init__(model, bucket_mb, broadcast, timeline)
+        rank, dtype, stack = dist.get_rank(), one_dtype(self.params), layers(model)
         inside = {p for layer in stack for p in layer.parameters()}
-        self.blocks = [Block("the rest", [p for p in self.params if p not in inside], self.world, rank, dtype)]
-        self.blocks += [Block(f"layer {i}", list(layer.parameters()), self.world, rank, dtype)
-                        for i, layer in enumerate(stack)]
+        groups = [("the rest", [p for p in self.params if p not in inside])]
+        groups += [(f"layer {i}", [p for p in layer.parameters() if p.requires_grad]) for i, layer in enumerate(stack)]
+        self.blocks = [Block(name, ps, self.world, rank, dtype) for name, ps in groups]  # frozen ones stay whole
         self.block_of = {p: b for b in self.blocks for p in b.params}
         for b in self.blocks:
             self.free(b)  # from now on a rank holds its shards only
@@ -91,13 +85,15 @@ class DataParallel:
             self.blocks[then].gathering = self.gather(self.blocks[then])
 
     def gather(self, block):
+        if not block.params:  # a block whose parameters are all frozen: nothing sharded, nothing to gather
+            return None
         work = gather(block, self)
         self.collectives += 1
         return self.timeline.comm(work, f"gather {block.name}", block.nbytes) if work is not None else None
 
     def free(self, block):
         free(block)
-        if block.gathered():
+        if block.params and block.gathered():
             raise UserError(f"free() left {block.name}'s full weights in memory ({block.nbytes / 2**20:.2f} MiB): "
                             "free after use gives that memory back")
 
@@ -106,7 +102,7 @@ class DataParallel:
 
     def after_forward(self, i, out):
         self.free(self.blocks[i])  # gathered again just before its backward
-        t = by_hand.first_tensor_needing_grad(out)
+        t = first_tensor_needing_grad(out)
         if t is not None:  # called when the gradient reaches the block's output: its backward is next
             t.register_hook(lambda grad: self.before_backward(i))
 
@@ -143,11 +139,8 @@ class DataParallel:
             b.shard.grad = mine if b.shard.grad is None else b.shard.grad.add_(mine)
         self.pending, self.arrived = [], set()
 
-    def step(self, optimizer):
-        by_hand.stop_unless_every_rank_has(self, [p for p in self.params if p not in self.arrived])  # on every rank
-        self.sync_gradients()
-        optimizer.step()  # the shards; the next forward gathers the updated weights
-        optimizer.zero_grad(set_to_none=True)
+    def missing(self):
+        return [p for p in self.params if p not in self.arrived]  # theirs are freed once sent: None says nothing
 
     def full_weights(self) -> list:
         """Every parameter's full value (gathered, copied, freed again), in model.parameters() order: to compare."""
@@ -159,7 +152,7 @@ class DataParallel:
             out.update({id(p): p.detach().clone() for p in b.params})
             self.free(b)
         self.collectives = collectives
-        return [out[id(p)] for p in self.model.parameters()]
+        return [out.get(id(p), p.detach()) for p in self.model.parameters()]  # a frozen one was never sharded
 
 
 def gather(block, dp):
@@ -175,30 +168,5 @@ def free(block):
     block.full.untyped_storage().resize_(0)
 
 
-@main_guard
-def main():
-    args = by_hand.parse_args(__doc__)
-    rank, world = by_hand.init(args.timeout_s)
-    model = by_hand.build_model(args.model, seed=args.seed + rank)  # each rank its own random init, on purpose
-    batches = by_hand.batches(args.model, rank, world, args.steps, args.batch_size)  # its own share of the texts
-    dp = DataParallel(model, args.bucket_mb, args.broadcast)
-    optimizer = dp.optimizer(args.lr, args.weight_decay)
-    for step, batch in enumerate(batches, 1):
-        loss = model(**batch).loss
-        loss.backward()
-        dp.step(optimizer)
-        if step in (1, args.steps) and rank == 0:
-            print(f"step {step:3d} | loss {loss.item():.4f}")
-    flat = torch.cat([w.reshape(-1) for w in dp.full_weights()])
-    rank0 = flat.clone()
-    dist.broadcast(rank0, src=0)
-    diff = (flat - rank0).abs().max()
-    dist.all_reduce(diff, op=dist.ReduceOp.MAX)
-    if rank == 0:
-        print(f"after {args.steps} steps: max weight difference between the ranks {diff.item():.3g} | "
-              f"{dp.collectives / args.steps:.0f} collectives per step")
-    dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    run_and_end(main)  # end without the interpreter's teardown, where gloo's threads can abort a finished rank
+    harness.run(DataParallel, __doc__)

@@ -11,7 +11,7 @@ import types
 import torch
 import torch.distributed as dist
 
-from distrinews_course import by_hand
+from distrinews_course.by_hand import timeline as tl
 
 
 class LateThread(threading.Thread):
@@ -21,10 +21,10 @@ class LateThread(threading.Thread):
         super().__init__(target=lambda: (time.sleep(0.2), target()), daemon=daemon)
 
 
-by_hand.threading = types.SimpleNamespace(Thread=LateThread, Lock=threading.Lock)
+tl.threading = types.SimpleNamespace(Thread=LateThread, Lock=threading.Lock)
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
-timeline, wrong = by_hand.Timeline(), 0
+timeline, wrong = tl.Timeline(), 0
 timeline.start()
 for i in range(4):
     mine = torch.empty(1000)

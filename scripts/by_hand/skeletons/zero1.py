@@ -2,28 +2,21 @@
 
 The class around the synchronisation is given; each function that raises NotImplementedError is yours to write.
 The checker runs your DataParallel in place of scripts/by_hand/zero1.py's, on 2 ranks, against torch's DDP, and
-names the first mistake it finds. Stuck? by_hand_check.hint("zero1", 1) shows the first of 4 hints.
+names the first mistake it finds. Stuck? exercises.hint("zero1", 1) shows the first of 4 hints.
 """
 import torch
-import torch.distributed as dist
+import torch.distributed as dist  # noqa: F401  (for the code you write)
 
-from distrinews_course import by_hand
+from distrinews_course.by_hand.rung import Rung, one_dtype, stop_unless_every_rank_has
 from distrinews_lib.errors import UserError  # noqa: F401  (for the errors your code raises)
 
 
-class DataParallel:
+class DataParallel(Rung):
     """One flat buffer split evenly: rank r owns elements [r * shard, (r + 1) * shard) and only updates those."""
 
     def __init__(self, model, bucket_mb=None, broadcast=True, timeline=None):
-        self.model, self.world = model, dist.get_world_size()
-        self.params = [p for p in model.parameters() if p.requires_grad]  # a tied weight is listed once
-        self.names = by_hand.param_names(model)
-        self.timeline = timeline or by_hand.Timeline()
-        self.collectives = 0  # collectives launched so far
-        if broadcast:  # every rank starts from rank 0's weights (the ranks seeded differently)
-            for t in [*model.parameters(), *model.buffers()]:
-                dist.broadcast(t.data, src=0)
-        self.dtype = by_hand.one_dtype(self.params)  # the parameters' dtype
+        super().__init__(model, bucket_mb, broadcast, timeline)
+        self.dtype = one_dtype(self.params)  # the flat buffers keep it: float64 trains in float64
         self.numel = sum(p.numel() for p in self.params)
         self.shard_size = -(-self.numel // self.world)  # rounded up: padding gives every rank the same length
         self.shard = self.make_shard()
@@ -46,7 +39,7 @@ class DataParallel:
         return torch.optim.AdamW([self.shard], lr=lr, weight_decay=weight_decay)  # state for the shard only
 
     def step(self, optimizer):
-        by_hand.stop_unless_every_rank_has(self, [p for p in self.params if p.grad is None])  # on every rank, not one
+        stop_unless_every_rank_has(self, self.missing())  # on every rank, not one
         sharded_step(self, optimizer)
         self.collectives += 2  # a reduce-scatter and an all-gather
         for p in self.params:

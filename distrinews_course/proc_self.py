@@ -1,6 +1,7 @@
-"""How memory_footprint.py measures one training step's memory on a CPU: the process's resident peak (VmHWM, which
-/proc/self/clear_refs restarts), the bytes autograd saves for backward, and the bytes a (possibly sharded) tensor
-holds on this rank. Chapter 06 compares these with distrinews_course.memory's model of the same step."""
+"""What a process reads of itself: its resident memory and peak (VmHWM, which /proc/self/clear_refs restarts), the
+bytes it has written (files and sockets: gloo's traffic), the bytes autograd saves for backward, and the bytes a
+(possibly sharded) tensor holds on this rank. memory_footprint.py and chapter 06 measure memory with it; chapters 03
+and 05 count the bytes a collective sends."""
 
 from __future__ import annotations
 
@@ -9,6 +10,19 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+
+def bytes_written() -> int | None:
+    """Bytes this process has written so far (files and sockets), or None where /proc/self/io is missing. Per process,
+    so other programs' traffic cannot leak into the count (/proc/net/dev's loopback counter would)."""
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                if line.startswith("wchar:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
 
 
 def status_mb(field: str) -> float:

@@ -1,13 +1,12 @@
 """The machinery of chapter 03's race (scripts/by_hand/race.py is its entry point): a Runner trains one contender
 (torch's DDP, torch's FSDP2 or a rung of scripts/by_hand/) with a timeline of its steps, and each section of the race
-(check, memory and sharding, timing, the facts, the bucket sweep) is a function here, run on every rank."""
+(check, timing, the facts, the bucket sweep) is a function here, run on every rank; memory and sharding are
+race_memory.py's."""
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import statistics
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -18,10 +17,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from distrinews_lib.errors import UserError
 
-from . import by_hand, by_hand_check
-from . import memory as calculator
-from .bench.timing import cpu_busy_seconds, wait_for_quiet
-from .fresh import in_child
+from ..bench.timing import cpu_busy_seconds, wait_for_quiet
+from ..proc_self import bytes_written
+from . import RUNGS, SCRIPTS, measure, models, report
+from .check import PASS, compare, crashed, mistake
+from .rung import agreement_group, param_names
+from .timeline import Timeline
+from .watch import Collectives
 
 # torch 2.13 renamed the collectives the rungs call (reduce_scatter_tensor, all_gather_into_tensor): the old names,
 # which every torch since 2.1 has, stay in the rungs; the warning would only clutter the race's output.
@@ -39,16 +41,16 @@ def rung_modules(rungs, exercises):
     """{contender: module}, {contender: rung}. An exercise RUNG:FILE[:LABEL] is a fresh copy of the rung's script
     in which every class and function FILE defines replaces the script's own (the learner's DataParallel, or
     ZeRO-3's gather and free): contender LABEL (default RUNG)."""
-    mods = {name: load(by_hand.SCRIPTS / f"{name}.py", f"by_hand_{name}") for name in rungs}
+    mods = {name: load(SCRIPTS / f"{name}.py", f"by_hand_{name}") for name in rungs}
     kinds = {name: name for name in rungs}
     for exercise in exercises:
         rung, path, label = (exercise.split(":") + [""])[:3]
         label = label or rung
-        if rung not in by_hand.RUNGS or rung not in by_hand_check.EXERCISES:
-            raise UserError(f"--exercise {exercise}: the exercises are {', '.join(by_hand_check.EXERCISES)}")
-        mod = load(by_hand.SCRIPTS / f"{rung}.py", f"by_hand_{label}")
+        if rung not in RUNGS or rung not in exercises.EXERCISES:
+            raise UserError(f"--exercise {exercise}: the exercises are {', '.join(exercises.EXERCISES)}")
+        mod = load(SCRIPTS / f"{rung}.py", f"by_hand_{label}")
         learner = load(Path(path), f"exercise_{label}")
-        need = by_hand_check.EXERCISES[rung]
+        need = exercises.EXERCISES[rung]
         if not hasattr(learner, need):
             raise UserError(f"{path} defines no {need}: keep the names the exercise's skeleton gives")
         for name, obj in vars(learner).items():
@@ -70,7 +72,7 @@ def fsdp2(model):
     if "cpu" not in _MESH:  # one mesh (and its groups) per process
         _MESH["cpu"] = init_device_mesh("cpu", (dist.get_world_size(),))
     mesh = _MESH["cpu"]
-    for layer in by_hand.layers(model):
+    for layer in models.layers(model):
         fully_shard(layer, mesh=mesh, reshard_after_forward=True)
     fully_shard(model, mesh=mesh, reshard_after_forward=True)
     return model
@@ -94,14 +96,14 @@ class Runner:
         dropout=True,
         **model_kw,
     ):
-        self.name, self.timeline = name, by_hand.Timeline()
-        self.model = by_hand.build_model(kind, seed=args.seed + rank, **model_kw)  # a different init per rank
+        self.name, self.timeline = name, Timeline()
+        self.model = models.build_model(kind, seed=args.seed + rank, **model_kw)  # a different init per rank
         if dtype is not None:
             self.model.to(dtype)
         if not dropout:  # chapter 06's memory model (and its measurements) have none; nor has the dialed race
-            by_hand.without_dropout(self.model)
+            models.without_dropout(self.model)
         if name != "fsdp2":  # (FSDP2 replaces the parameters: a hook would keep the unsharded ones alive)
-            names = by_hand.param_names(self.model)
+            names = param_names(self.model)
             for p in self.model.parameters():  # first, so a tick is recorded before the rung's own hook runs
                 p.register_post_accumulate_grad_hook(lambda p: self.timeline.ready(names[p]))
         bucket_mb = bucket_mb or args.bucket_mb
@@ -122,7 +124,7 @@ class Runner:
             self.dp = mods[name].DataParallel(self.model, bucket_mb, True, self.timeline)
             self.opt = self.dp.optimizer(args.lr, args.weight_decay)
         self.steps, self.first_grad = 0, None
-        self.log = by_hand_check.Collectives() if name == "fsdp2" else None  # FSDP2 collectives, counted
+        self.log = Collectives() if name == "fsdp2" else None  # FSDP2 collectives, counted
         self.opt.register_step_pre_hook(self._note_gradient)
 
     def _note_gradient(self, opt, args, kwargs):
@@ -205,14 +207,14 @@ def stepped_norm(runner) -> float:
     """The norm of the whole gradient the optimizer stepped with at its first step (sharded or not), over the ranks."""
     s, n = runner.first_grad or (0.0, 0)
     t = torch.tensor([s, n], dtype=torch.float64)
-    dist.all_reduce(t, group=by_hand.control_group())
+    dist.all_reduce(t, group=agreement_group())
     replicated = float(t[1]) >= 1.5 * sum(p.numel() for p in runner.model.parameters())  # every rank holds it all
     return float(t[0] / (dist.get_world_size() if replicated else 1)) ** 0.5
 
 
 def check(kind, contenders, mods, args, rank, world, facts, cases, with_fsdp2=False):
     """Each contender against DDP on the same seed and texts: per step, the largest weight difference and where."""
-    batches = by_hand.batches(kind, rank, world, args.check_steps, args.batch_size)
+    batches = models.batches(kind, rank, world, args.check_steps, args.batch_size)
     ref = Runner("ddp", kind, args, mods, rank)
     names = names_of(ref)
     torch.manual_seed(args.seed + 1000 + rank)  # dropout: the same masks for every runner on this rank
@@ -221,24 +223,24 @@ def check(kind, contenders, mods, args, rank, world, facts, cases, with_fsdp2=Fa
         ref.step(b)
         snapshots.append(ref.weights())
     ref_norm = stepped_norm(ref)
-    ddp_state_bytes = by_hand.optimizer_state_bytes(ref.opt)
+    ddp_state_bytes = measure.optimizer_state_bytes(ref.opt)
     out = {}
     for name in contenders:
         got = cases.run(name, kind, batches)
         if any(got["outcomes"]):
-            out[name] = {"verdict": by_hand_check.crashed(got["outcomes"]), "max_weight_diff": None, "first_diff": None}
+            out[name] = {"verdict": crashed(got["outcomes"]), "max_weight_diff": None, "first_diff": None}
             continue
         r = got["runner"]
-        first, worst = by_hand_check.compare(got["weights"], snapshots, names)
+        first, worst = compare(got["weights"], snapshots, names)
         ratio = stepped_norm(r) / ref_norm
-        verdict = by_hand_check.PASS
+        verdict = PASS
         if first and abs(ratio - world) < 0.05 * world:
-            verdict = by_hand_check.mistake("missing_divide", ratio=ratio, world=world)
+            verdict = mistake("missing_divide", ratio=ratio, world=world)
         elif first and abs(ratio * world - 1) < 0.05:
-            verdict = by_hand_check.mistake("divided_twice", ratio=ratio)
+            verdict = mistake("divided_twice", ratio=ratio)
         elif first:
             earlier = " (every earlier step was equal)" if first["step"] > 1 else ""
-            verdict = by_hand_check.mistake(
+            verdict = mistake(
                 "differs",
                 detail=f"{kind} model: step {first['step']}, parameter "
                 f"{first['param']} differs from torch's DDP by {first['diff']:.3g}" + earlier,
@@ -253,7 +255,7 @@ def check(kind, contenders, mods, args, rank, world, facts, cases, with_fsdp2=Fa
             "hook_calls_per_step": len(ticks) / len(batches),
             "params": len(names),
             "named_params_with_duplicates": len(list(r.model.named_parameters(remove_duplicate=False))),
-            "optimizer_state_bytes": by_hand.optimizer_state_bytes(r.opt),
+            "optimizer_state_bytes": measure.optimizer_state_bytes(r.opt),
         }
         if hasattr(r.dp, "buckets"):
             out[name]["buckets"] = len(r.dp.buckets)
@@ -264,8 +266,8 @@ def check(kind, contenders, mods, args, rank, world, facts, cases, with_fsdp2=Fa
         for b in batches:
             r.step(b)
             got.append(r.weights())
-        first, worst = by_hand_check.compare(got, snapshots, names)
-        out["fsdp2"] = {"max_weight_diff": worst, "first_diff": first, "verdict": by_hand_check.PASS}
+        first, worst = compare(got, snapshots, names)
+        out["fsdp2"] = {"max_weight_diff": worst, "first_diff": first, "verdict": PASS}
     out["ddp"] = {
         "allreduces_per_step": ref.collectives_per_step,
         "optimizer_state_bytes": ddp_state_bytes,
@@ -273,137 +275,6 @@ def check(kind, contenders, mods, args, rank, world, facts, cases, with_fsdp2=Fa
     }
     facts.setdefault("grad_bytes", {})[kind] = sum(p.numel() * p.element_size() for p in ref.model.parameters())
     return out
-
-
-def memory(contenders, mods, args, rank, world) -> dict:
-    """Each contender's peak resident memory per rank, measured as chapter 06 measures it: every run in a FRESH
-    process per rank (forked from this one after the imports and a warm-up step, before any process group
-    exists), its peak (VmHWM) above its resident memory before the model existed; the ranks' children meet in a
-    FileStore of their own. Plus the calculator's runtime: DDP on one example of 8 tokens, minus its estimate."""
-    scratch = Path(tempfile.gettempdir()) / f"by_hand_memory_{os.environ.get('TORCHELASTIC_RUN_ID', os.getppid())}"
-    scratch.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(1)  # no OpenMP pool exists when we fork
-    batches = by_hand.batches("tiny", rank, world, args.memory_steps, args.zero_batch)
-    one = {k: v[:1, :8] if v.dim() == 2 else v[:1] for k, v in batches[0].items()}
-    warm = by_hand.build_model("tiny", 0)  # code pages and one-time set-ups touched here, not in a child's peak
-    warm(**{k: v[:2] for k, v in one.items()}).loss.backward()
-    torch.optim.AdamW(warm.parameters()).step()
-    del warm
-    by_hand.settle_allocator()
-
-    def run(index, name, steps):
-        store = dist.FileStore(str(scratch / f"store_{index}"), world)
-        by_hand.init(args.timeout_s, store=store)
-        try:
-            log = by_hand_check.Collectives()  # counts the collectives a rung (or FSDP2) calls from Python
-            with by_hand.PeakMemory() as m:
-                r = Runner(name, "tiny", args, mods, rank, dropout=False)
-                with log:
-                    for b in steps:
-                        r.step(b)
-            if name == "ddp":  # DDP all-reduces its buckets in C++: counted from their sizes
-                sizes = ddp_buckets(r.dp)
-                calls, sent = len(sizes), by_hand.wire_bytes("all_reduce", sum(sizes), world)
-            else:
-                calls, sent = len(log.calls) / len(steps), log.wire_bytes(world) / len(steps)
-            return {"peak_mb": m.peak_mb, "collectives_per_step": calls, "bytes_per_step": sent}
-        finally:
-            dist.destroy_process_group()
-
-    started = time.perf_counter()
-    out = {
-        "ddp@1x8": in_child(lambda: run(0, "ddp", [one] * args.memory_steps), "race.py: a memory run")["peak_mb"],
-        "contenders": {},
-    }
-    for index, name in enumerate(["ddp", *contenders, "fsdp2"], 1):
-        out["contenders"][name] = in_child(
-            lambda index=index, name=name: run(index, name, batches), "race.py: a memory run"
-        )
-    if rank == 0:
-        for store in scratch.glob("store_*"):
-            store.unlink(missing_ok=True)
-        try:
-            scratch.rmdir()
-        except OSError:
-            pass  # rank 1's last file still there: the folder is left in the temporary folder, empty or nearly
-    out["runtime_mb"] = out["ddp@1x8"] - calculator.estimate("tiny", 1, 8, world=world).peak_mb
-    out["seconds"] = time.perf_counter() - started
-    return out
-
-
-# Chapter 06's calculator, per contender: (ZeRO stage, impl, bucket_view). naive and overlapped all-reduce each
-# gradient in place (no copy: like gradient_as_bucket_view); flat and bucketed copy every gradient into buffers.
-CALCULATOR = {
-    "ddp": (0, "torch", False),
-    "naive": (0, "torch", True),
-    "overlapped": (0, "torch", True),
-    "flat": (0, "torch", False),
-    "bucketed": (0, "torch", False),
-    "zero1": (1, "even", False),
-    "zero2": (2, "even", False),
-    "zero3": (3, "even", False),
-    "fsdp2": (3, "torch", False),
-}
-
-
-def sharding(contenders, kinds, mods, args, rank, world, mem) -> dict:
-    """Per contender (and torch's DDP and FSDP2): the peak memory per rank and the collectives and bytes per step
-    measured in memory()'s runs (`mem`) beside chapter 06's calculator's estimate; and ZeRO-2 and ZeRO-3 against
-    torch's FSDP2: the course's tiny model without dropout (chapter 06's setting) trained args.zero_steps steps of
-    args.zero_batch texts per rank, the largest difference of their final weights."""
-    runtime = mem["runtime_mb"] if mem else None
-    out = {
-        "runtime_mb": runtime,
-        "steps": args.zero_steps,
-        "batch": args.zero_batch,
-        "seq": by_hand.SEQ_LEN,
-        "contenders": {},
-    }
-    for name in ["ddp", *contenders, "fsdp2"]:
-        stage, impl, view = CALCULATOR[kinds.get(name, name)]
-        est = calculator.estimate(
-            "tiny",
-            args.zero_batch,
-            by_hand.SEQ_LEN,
-            "fp32",
-            stage,
-            world,
-            bucket_view=view,
-            impl=impl,
-            overhead_mb=runtime or 0.0,
-        )
-        ranks = by_hand_check.everyone((mem or {}).get("contenders", {}).get(name, {}), by_hand.control_group())
-        out["contenders"][name] = {
-            "peak_mb_per_rank": [r.get("peak_mb") for r in ranks],
-            "calculator_mb": est.peak_mb,
-            "calculator": {"stage": stage, "impl": impl, "bucket_view": view},
-            "collectives_per_step": ranks[0].get("collectives_per_step"),
-            "bytes_per_step": ranks[0].get("bytes_per_step"),
-        }
-    batches = by_hand.batches("tiny", rank, world, args.zero_steps, args.zero_batch)
-    final = {}
-    for name in [*[c for c in contenders if kinds[c] in ("zero2", "zero3")], "fsdp2"]:
-        torch.manual_seed(args.seed + 2000 + rank)
-        r = Runner(name, "tiny", args, mods, rank, dropout=False)
-        for b in batches:
-            r.step(b)
-        final[name] = r.weights()
-        del r
-    names = [n for n, _ in by_hand.build_model("tiny", 0).named_parameters()]
-    for name, w in final.items():
-        _, worst = by_hand_check.compare([w], [final["fsdp2"]], names)
-        out["contenders"][name]["max_weight_diff_vs_fsdp2"] = worst
-    return out
-
-
-def written_bytes() -> int | None:
-    """Bytes this process has written so far (gloo's sockets included), or None off Linux. Per process, so other
-    programs' traffic on the machine cannot leak into the count (/proc/net/dev's loopback counter would)."""
-    try:
-        with open("/proc/self/io") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
-    except (OSError, StopIteration, ValueError):
-        return None
 
 
 def timed_round(runner, batches, record):
@@ -436,7 +307,7 @@ def race(names, make, batches, rounds, warmup=1):
 def timing(names, mods, args, rank, world, rounds, benchmark=False) -> tuple:
     """The wide model: `rounds` alternating rounds of every contender in `names` (torch's DDP first); their median
     step times and ratios to DDP's, the collectives per step, the other programs' load meanwhile, the timelines."""
-    batches = by_hand.batches("wide", rank, world, args.round_steps, args.timing_batch_size)
+    batches = models.batches("wide", rank, world, args.round_steps, args.timing_batch_size)
     out = {}
     if benchmark and rank == 0:  # a benchmark file waits (up to a minute) for the other processes to calm down
         out["quiet_wait"] = wait_for_quiet(0.3, timeout_s=60)
@@ -512,10 +383,10 @@ def ddp_facts(runners, batches, names, args, mods, rank, world) -> dict:
     volume = {"buffer_bytes": n * 4}
     for name, op in ops.items():
         dist.barrier()
-        b0 = written_bytes()
+        b0 = bytes_written()
         for _ in range(3):
             op()
-        sent = None if b0 is None else (written_bytes() - b0) / 3
+        sent = None if b0 is None else (bytes_written() - b0) / 3
         total = torch.tensor([sent or 0.0], dtype=torch.float64)
         dist.all_reduce(total)  # both ranks' bytes, as the loopback counter saw them (after the count)
         volume[name] = None if sent is None else float(total)
@@ -551,12 +422,12 @@ def bucket_sweep(sizes_mb, batches, args, mods, rank, with_ddp=True) -> dict:
 def benchmark_record(res: dict, args, world: int) -> dict:
     """benchmarks/ddp_by_hand_<machine>.json: every rung's summary, the sweep, sharding and the collectives' bytes,
     with the load the rounds were timed under and the machine's provenance."""
-    from .bench.provenance import provenance
+    from ..bench.provenance import provenance
 
     loads = [res["timing"]["foreign_cores"], res["zero_timing"]["foreign_cores"]]
     quiet = None not in loads and max(loads) <= 0.3
     return {
-        "rungs": by_hand.rung_summary(res),
+        "rungs": report.rung_summary(res),
         "ddp_median_step_s": res["timing"]["median_step_s"]["ddp"],
         "model": "wide",
         "bucket_mb": args.bucket_mb,

@@ -1,0 +1,130 @@
+"""Chapter 03's notebook side of the ladder: launch the race (scripts/by_hand/race.py) on 2 gloo ranks, draw its Gantt
+charts, and read its timelines and results into the figures the chapter checks."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from . import SCRIPTS
+
+
+def run_race(args: list, out_json, *, timeout: float = 300, echo: bool = False) -> dict:
+    """Launch scripts/by_hand/race.py on 2 gloo ranks; returns its JSON. A failure raises LaunchError, whose message
+    carries the script's own one-paragraph error (a wrong exercise, a rank that skipped a collective...)."""
+    from ..launch import LaunchError, torchrun
+
+    out_json = Path(out_json)
+    out_json.unlink(missing_ok=True)
+    try:
+        torchrun(
+            SCRIPTS / "race.py",
+            2,
+            [*map(str, args), "--out", out_json],
+            timeout=timeout,
+            echo=echo,
+            env={"OMP_NUM_THREADS": 1},
+        )
+    except LaunchError as err:
+        # The scripts' own one-paragraph messages (main_guard); else the exception lines of the ranks' tracebacks.
+        # A paragraph may start mid-line, after another rank's unfinished line on the same pipe.
+        lines = [l[l.index("error: ") :] if "error: " in l else l for l in err.result.lines]
+        errors = [
+            l
+            for i, l in enumerate(lines)
+            if l.startswith("error:")
+            or (l.startswith("       ") and i and lines[i - 1].startswith(("error:", "       ")))
+        ]
+        errors = errors or [l for l in lines if re.match(r"^(\[rank\d+\]: )?\w+(Error|Exception)\b", l)]
+        raise LaunchError("\n".join(dict.fromkeys(errors[:12])) or str(err), err.result) from None
+    return json.loads(out_json.read_text())
+
+
+def plot_gantt(timelines: dict, save_to=None):
+    """One row pair per rung: backward (and each gradient's ready time) above, the collectives below."""
+    from ..plots import _pyplot
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(timelines), 1, figsize=(10, 1.3 * len(timelines) + 0.8), sharex=True, squeeze=False)
+    for ax, (name, events) in zip(axes[:, 0], timelines.items()):
+        for e in events:
+            if e["kind"] == "backward":
+                ax.barh(1, e["end"] - e["start"], left=e["start"], color="tab:blue", height=0.6)
+            elif e["kind"] == "ready":
+                ax.plot([e["t"]], [1], "|", color="black", markersize=10)
+            elif e["kind"] in ("comm", "comm_sync") and e.get("end") is not None:
+                ax.barh(
+                    0,
+                    e["end"] - e["start"],
+                    left=e["start"],
+                    color="tab:orange",
+                    height=0.6,
+                    alpha=0.6,
+                    edgecolor="black",
+                    linewidth=0.3,
+                )
+            elif e["kind"] == "step":
+                ax.barh(1, e["end"] - e["start"], left=e["start"], color="tab:green", height=0.6)
+        ax.set_yticks([0, 1], ["all-reduce", "backward"])
+        ax.set_ylabel(name, rotation=0, ha="right", va="center")
+    axes[-1, 0].set_xlabel("seconds since the step began (rank 0; ticks: a gradient is ready; green: optimizer step)")
+    fig.suptitle("backward compute vs all-reduces, one step of the wide model")
+    fig.tight_layout()
+    if save_to:
+        Path(save_to).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(save_to, dpi=110)
+    return fig
+
+
+def overlap_fraction(events: list) -> float:
+    """Share of the all-reduce time that ran while backward was still computing."""
+    back = [e for e in events if e["kind"] == "backward"]
+    comms = [e for e in events if e["kind"] in ("comm", "comm_sync") and e.get("end") is not None]
+    total = sum(e["end"] - e["start"] for e in comms)
+    if not back or total <= 0:
+        return 0.0
+    b0, b1 = back[0]["start"], back[0]["end"]
+    inside = sum(max(0.0, min(e["end"], b1) - max(e["start"], b0)) for e in comms)
+    return inside / total
+
+
+def launched_during_backward(events: list) -> tuple[int, int]:
+    """(all-reduces launched before backward ended, all-reduces) in one step's timeline: a rung whose hooks launch
+    them counts every one, whatever the machine's load (the time they then spend under backward does not)."""
+    end = next(e["end"] for e in events if e["kind"] == "backward")
+    comms = [e for e in events if e["kind"] == "comm"]
+    return sum(e["start"] < end for e in comms), len(comms)
+
+
+def rung_summary(res: dict, zero: dict | None = None) -> dict:
+    """The benchmark's shape: {contender: {step_time_ratio_vs_ddp, max_weight_diff, collectives_per_step,
+    peak_mb_per_rank, ...}} for every rung, and torch's FSDP2 when a race ran the zero section. `res` is a race's
+    JSON (its check and timing sections); `zero` the zero section's, when another launch ran it (default: res)."""
+    zero = zero or res
+    sharding = (zero.get("sharding") or {}).get("contenders", {})
+    timings = [t for t in (res.get("timing"), zero.get("zero_timing")) if t]
+    out = {}
+    for name in [*res["rungs"], *(["fsdp2"] if "fsdp2" in sharding else [])]:
+        diffs = [res["check"][m][name]["max_weight_diff"] for m in res["check"] if name in res["check"][m]]
+        if name == "fsdp2" and zero.get("zero_check"):
+            diffs.append(zero["zero_check"]["max_weight_diff"])
+        timed = next((t for t in timings if name in t["ratio_vs_ddp"]), None)
+        s = sharding.get(name, {})
+        peaks = s.get("peak_mb_per_rank") or []
+        out[name] = {
+            "step_time_ratio_vs_ddp": timed and timed["ratio_vs_ddp"][name],
+            "max_weight_diff": max(diffs) if diffs else None,
+            "collectives_per_step": timed and timed["collectives_per_step"][name],
+            "peak_mb_per_rank": max(peaks) if peaks and None not in peaks else None,
+            "timed_with_foreign_cores": timed and timed["foreign_cores"],
+        }
+        if s:
+            out[name].update(
+                {
+                    "bytes_per_step": s["bytes_per_step"],
+                    "calculator_mb": s["calculator_mb"],
+                    "max_weight_diff_vs_fsdp2": s.get("max_weight_diff_vs_fsdp2"),
+                }
+            )
+    return out
