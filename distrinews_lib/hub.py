@@ -115,3 +115,11 @@ def offline_datasets():
         yield
     finally:
         dc.HF_HUB_OFFLINE, dc.HF_DATASETS_OFFLINE, hc.HF_HUB_OFFLINE = saved
+
+
+def hub_cache_name(spec, repo_id: str) -> str | None:
+    """The name under which the datasets cache holds repo_id (or one of its older aliases), or None."""
+    for name in (repo_id, *(spec.cache_aliases if spec else ())):
+        if dataset_cached(name):
+            return name
+    return None

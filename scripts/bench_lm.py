@@ -22,7 +22,8 @@ import torch  # noqa: E402
 from distrinews_course.bench.provenance import provenance  # noqa: E402
 from distrinews_course.launch import torchrun  # noqa: E402
 from distrinews_course.plots import load_metrics  # noqa: E402
-from distrinews_lib.training import config, evaluation, plan  # noqa: E402
+from distrinews_lib import plan  # noqa: E402
+from distrinews_lib.training import config, evaluation  # noqa: E402
 
 
 def measure(task: str, args, out_dir: Path) -> dict:

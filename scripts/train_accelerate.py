@@ -12,10 +12,11 @@ from accelerate.utils import broadcast_object_list
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data.distributed import DistributedSampler
 
+from distrinews_lib import checkpoint, plan, tasks
 from distrinews_lib import distributed as D
 from distrinews_lib.data import batching
 from distrinews_lib.errors import UserError, main_guard
-from distrinews_lib.training import checkpoint, config, evaluation, flops, loop, plan, precision, snapshot
+from distrinews_lib.training import config, epochs, evaluation, flops, optim, precision, snapshot
 from distrinews_lib.training.classify import CLASSIFY
 from distrinews_lib.training.tracking import RunTracker
 
@@ -24,7 +25,7 @@ from distrinews_lib.training.tracking import RunTracker
 @main_guard
 def main():
     cfg = config.parse("Train the AG News classifier with Accelerate (accelerate launch, or torchrun).", ddp=True)
-    if plan.choose_task(cfg.task) is not CLASSIFY:  # its evaluation is written for classes; train_ddp.py takes all
+    if tasks.choose_task(cfg.task) is not CLASSIFY:  # its evaluation is written for classes; train_ddp.py takes all
         raise UserError(f"--task {cfg.task}: train_accelerate.py trains classifiers; use scripts/train_ddp.py "
                         "for language models.")
     if cfg.threads:
@@ -56,9 +57,9 @@ def main():
                                             group_by_length=cfg.group_by_length, **opts)
         val_loader = batching.make_loader(run.val_ds, cfg.eval_batch_size * world_size, **opts)  # prepare() splits it
 
-        optimizer = loop.make_optimizer(model, cfg.lr, cfg.weight_decay, cfg.fused_adam)
-        steps = loop.steps_per_epoch(len(train_loader), cfg.grad_accum, cfg.max_steps_per_epoch)
-        scheduler = loop.make_scheduler(optimizer, cfg.epochs * steps, cfg.warmup_ratio)
+        optimizer = optim.make_optimizer(model, cfg.lr, cfg.weight_decay, cfg.fused_adam)
+        steps = epochs.steps_per_epoch(len(train_loader), cfg.grad_accum, cfg.max_steps_per_epoch)
+        scheduler = optim.make_scheduler(optimizer, cfg.epochs * steps, cfg.warmup_ratio)
         tracker = RunTracker.for_run(replace(cfg, report_to="none"), run_plan, run, world_size=world_size,
                                      backend=backend, enabled=rank == 0)
         snap = snapshot.Snapshotter(cfg, model=model, optimizer=optimizer, scheduler=scheduler, scaler=None,
@@ -73,12 +74,12 @@ def main():
         for epoch in range(start.epoch, cfg.epochs + 1):
             sampler.set_epoch(epoch)  # a new shuffle every epoch
             model.train()
-            meter = loop.EpochMeter(device, amp, epoch, start.meter_state(epoch))  # loss, samples, tokens, time
-            for micro_batches in loop.accumulate(train_loader, cfg.grad_accum, skip=start.skip(epoch),
+            meter = epochs.EpochMeter(device, amp, epoch, start.meter_state(epoch))  # loss, samples, tokens, time
+            for micro_batches in epochs.accumulate(train_loader, cfg.grad_accum, skip=start.skip(epoch),
                                                  limit=cfg.max_steps_per_epoch, progress=cfg.progress,
                                                  desc=f"epoch {epoch}"):
                 for cpu_batch in micro_batches:  # grad_accum micro-batches make one optimizer step
-                    batch = loop.to_device(cpu_batch, device, opts["pin_memory"])
+                    batch = epochs.to_device(cpu_batch, device, opts["pin_memory"])
                     with accelerator.accumulate(model):  # no_sync on every micro-batch but the last of a step
                         with accelerator.autocast():
                             out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
@@ -106,7 +107,7 @@ def main():
             val = evaluation.ClassifierEval(float(losses.mean()), float(hits.mean()), len(hits), None, None, None)
             tracker.log_epoch(epoch, train, val)
             accelerator.log({"train/loss": train.loss, "val/loss": val.loss, "val/accuracy": val.accuracy}, step=epoch)
-            D.print0(loop.epoch_line(epoch, cfg.epochs, train, val, flops.epoch_mfu(train, shape, peak, world_size)))
+            D.print0(epochs.epoch_line(epoch, cfg.epochs, train, val, flops.epoch_mfu(train, shape, peak, world_size)))
             snap.epoch_end(epoch)
 
         max_diff = D.max_param_difference(model)  # DDP's promise: every rank holds the same weights

@@ -5,9 +5,10 @@
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from distrinews_lib import checkpoint, plan
 from distrinews_lib.data import batching
 from distrinews_lib.errors import main_guard
-from distrinews_lib.training import checkpoint, config, evaluation, flops, loop, plan, precision, snapshot
+from distrinews_lib.training import config, epochs, evaluation, flops, optim, precision, snapshot
 from distrinews_lib.training.tracking import RunTracker
 
 
@@ -34,9 +35,9 @@ def main():
                                         group_by_length=cfg.group_by_length, **opts)
     val_loader = batching.make_loader(run.val_ds, cfg.eval_batch_size, **opts)
 
-    optimizer = loop.make_optimizer(model, cfg.lr, cfg.weight_decay, cfg.fused_adam)
-    steps = loop.steps_per_epoch(len(train_loader), cfg.grad_accum, cfg.max_steps_per_epoch)
-    scheduler = loop.make_scheduler(optimizer, cfg.epochs * steps, cfg.warmup_ratio)
+    optimizer = optim.make_optimizer(model, cfg.lr, cfg.weight_decay, cfg.fused_adam)
+    steps = epochs.steps_per_epoch(len(train_loader), cfg.grad_accum, cfg.max_steps_per_epoch)
+    scheduler = optim.make_scheduler(optimizer, cfg.epochs * steps, cfg.warmup_ratio)
     scaler = precision.make_grad_scaler(amp, device)  # fp16 only: scales the loss so small gradients survive
     tracker = RunTracker.for_run(cfg, run_plan, run, world_size=1, backend=None, enabled=True)
     snap = snapshot.Snapshotter(cfg, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
@@ -49,12 +50,12 @@ def main():
     for epoch in range(start.epoch, cfg.epochs + 1):
         sampler.set_epoch(epoch)  # a new shuffle every epoch
         model.train()
-        meter = loop.EpochMeter(device, amp, epoch, start.meter_state(epoch))  # loss, samples, tokens, time
-        for micro_batches in loop.accumulate(train_loader, cfg.grad_accum, skip=start.skip(epoch),
+        meter = epochs.EpochMeter(device, amp, epoch, start.meter_state(epoch))  # loss, samples, tokens, time
+        for micro_batches in epochs.accumulate(train_loader, cfg.grad_accum, skip=start.skip(epoch),
                                              limit=cfg.max_steps_per_epoch, progress=cfg.progress,
                                              desc=f"epoch {epoch}"):
             for cpu_batch in micro_batches:  # grad_accum micro-batches make one optimizer step
-                batch = loop.to_device(cpu_batch, device, opts["pin_memory"])
+                batch = epochs.to_device(cpu_batch, device, opts["pin_memory"])
                 with amp.autocast(device):
                     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                 labels=batch["labels"])
@@ -74,7 +75,7 @@ def main():
         train = meter.finish(lr=scheduler.get_last_lr()[0])
         val = evaluation.evaluate(model, val_loader, device=device, amp=amp, task=run.task)
         tracker.log_epoch(epoch, train, val)
-        print(loop.epoch_line(epoch, cfg.epochs, train, val, flops.epoch_mfu(train, shape, peak)))
+        print(epochs.epoch_line(epoch, cfg.epochs, train, val, flops.epoch_mfu(train, shape, peak)))
         snap.epoch_end(epoch)
     val = val or evaluation.evaluate(model, val_loader, device=device, amp=amp, task=run.task)  # resumed at the end
 

@@ -11,6 +11,7 @@ import torch
 from fastapi.testclient import TestClient
 
 from distrinews_course.launch import torchrun
+from distrinews_lib import checkpoint
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.errors import UserError
 from distrinews_lib.models.build import build_model
@@ -18,7 +19,6 @@ from distrinews_lib.models.custom import CustomClassifier
 from distrinews_lib.serving import inference
 from distrinews_lib.serving.app import create_app
 from distrinews_lib.serving.settings import ServingSettings
-from distrinews_lib.training import checkpoint
 from distrinews_lib.training.config import RunConfig
 
 from .helpers import ROOT, SCRIPTS, run_script

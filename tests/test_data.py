@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from distrinews_lib.data import readers, sources, texts, tokenization
+from distrinews_lib.data import hub_data, readers, sources, texts, tokenization
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.errors import UserError
 from distrinews_lib.models.build import build_model
@@ -176,7 +176,7 @@ def test_a_csv_with_a_byte_order_mark_is_read(tmp_path):
 def test_hub_offline_fails_fast_with_advice(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(UserError, match="not reachable.*--data embedded"):
-        sources.load_hub()
+        hub_data.load_hub()
 
 
 def test_hub_probe_answers_within_seconds(monkeypatch):

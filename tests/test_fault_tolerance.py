@@ -10,7 +10,7 @@ from distrinews_course.launch import torchrun
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.errors import UserError
 from distrinews_lib.models.build import build_model
-from distrinews_lib.training import config, loop, precision, snapshot
+from distrinews_lib.training import config, optim, precision, snapshot
 from distrinews_lib.training.config import RunConfig
 from distrinews_lib.training.tracking import RunTracker
 
@@ -75,8 +75,8 @@ def _snapshotter(tmp_path, labels=AG_NEWS_LABELS, model_name="tiny", grad_accum=
         ["--config", "cpu_smoke", "--output", str(tmp_path), "--snapshot_every", "1", "--grad_accum", str(grad_accum)],
     )
     model, _, _ = build_model(RunConfig(model=model_name, seed=0), AG_NEWS_LABELS)
-    opt = loop.make_optimizer(model, 1e-3)
-    sched = loop.make_scheduler(opt, 10)
+    opt = optim.make_optimizer(model, 1e-3)
+    sched = optim.make_scheduler(opt, 10)
     scaler = precision.make_grad_scaler(precision.resolve_amp("off", torch.device("cpu")), torch.device("cpu"))
     tracker = RunTracker(tmp_path, {}, data={}, ddp={}, model={}, enabled=False)
     snap = snapshot.Snapshotter(

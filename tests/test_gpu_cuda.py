@@ -21,7 +21,7 @@ from distrinews_course import gpu_env
 from distrinews_lib.data import batching, tokenization
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.errors import UserError
-from distrinews_lib.training import flops, loop, precision
+from distrinews_lib.training import epochs, flops, optim, precision
 from distrinews_lib.training.config import RunConfig
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -52,7 +52,7 @@ def test_one_training_step_in_each_precision(device, mode):
         pytest.skip(f"{torch.cuda.get_device_name(device)} has no native bf16 (refusal tested above)")
     amp = precision.resolve_amp(mode, device)
     model = build_model(RunConfig(model="tiny", seed=0), AG_NEWS_LABELS)[0].to(device)
-    opt = loop.make_optimizer(model, 1e-3)
+    opt = optim.make_optimizer(model, 1e-3)
     assert opt.param_groups[0]["fused"]  # the fused CUDA kernel
     scaler = precision.make_grad_scaler(amp, device)
     before = [p.detach().clone() for p in model.parameters()]
@@ -77,7 +77,7 @@ def test_the_cuda_data_path_pins_and_pads_to_multiples_of_8(device):
     ds = tokenization.TokenizedDataset([[101, 5, 102], [101, 6, 7, 8, 9, 102]], [0, 1])
     batch = next(iter(batching.make_loader(ds, 2, **opts)))
     assert batch["input_ids"].shape[1] % 8 == 0 and batch["input_ids"].is_pinned()
-    moved = loop.to_device(batch, device, non_blocking=True)
+    moved = epochs.to_device(batch, device, non_blocking=True)
     assert moved["input_ids"].device.type == "cuda"
 
 

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+from distrinews_lib import checkpoint
 from distrinews_lib.data.tokenization import (
     HashTokenizer,
     cut,
@@ -15,8 +16,6 @@ from distrinews_lib.data.tokenization import (
     stable_hash,
     tiny_tokenizer,
 )
-from distrinews_lib.serving import inference
-from distrinews_lib.training import checkpoint
 
 from .helpers import ROOT
 
@@ -70,7 +69,7 @@ def test_padding_tensors_and_files_round_trip(tmp_path):
     assert enc["input_ids"].shape == enc["attention_mask"].shape == (4, 6)
     assert enc["attention_mask"][2].tolist() == [1, 1, 0, 0, 0, 0]  # the empty text: [CLS] [SEP]
     files = checkpoint.tokenizer_files(tok)
-    again = inference.tokenizer_from_files(files)
+    again = checkpoint.tokenizer_from_files(files)
     assert isinstance(again, HashTokenizer) and again.buckets == 4096 and again.truncation == "head_tail"
     assert again(TEXTS, max_length=6)["input_ids"] == tok(TEXTS, max_length=6)["input_ids"]
 

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from distrinews_course.launch import LaunchError, run_python, torchrun
-from distrinews_lib import distributed, machine
+from distrinews_lib import checkpoint, distributed, machine
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.errors import UserError
 from distrinews_lib.models.build import build_model
 from distrinews_lib.serving import inference
-from distrinews_lib.training import checkpoint, config, precision
+from distrinews_lib.training import config, precision
 from distrinews_lib.training.config import RunConfig
 
 

@@ -120,16 +120,23 @@ def test_a_killed_language_model_run_resumes_bit_identical(tmp_path):
 
 
 def test_the_plan_chooses_each_task_once_and_ranks_receive_the_same_object():
+    import dataclasses
     import pickle
 
-    from distrinews_lib.training import plan
+    from distrinews_lib import tasks
+    from distrinews_lib.errors import UserError
     from distrinews_lib.training.classify import CLASSIFY
+    from distrinews_lib.training.config import RunConfig
 
+    choices = next(f.metadata["choices"] for f in dataclasses.fields(RunConfig) if f.name == "task")
+    assert set(tasks.registered()) == set(choices)  # --task offers exactly the registered tasks
+    with pytest.raises(UserError, match="unknown --task 'translate': choose one of classify, clm, mlm"):
+        tasks.choose_task("translate")
     for name in ("classify", "clm", "mlm"):
-        task = plan.choose_task(name)
-        assert task.name == name and plan.choose_task(name) is task
+        task = tasks.choose_task(name)
+        assert task.name == name and tasks.choose_task(name) is task
         assert pickle.loads(pickle.dumps(task)) is task, "rank 0's broadcast plan must carry the task, not a copy"
-    assert plan.choose_task("classify") is CLASSIFY
+    assert tasks.choose_task("classify") is CLASSIFY
 
 
 def test_the_core_never_imports_the_language_models():

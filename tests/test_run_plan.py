@@ -131,7 +131,8 @@ def test_a_snapshot_taken_with_another_grad_accum_is_refused(tmp_path):
 
 def _decided_lr(monkeypatch, tmp_path, argv):
     """plan.decide on a machine without the hub, for a config parsed from argv; (lr, what decide logged)."""
-    from distrinews_lib.training import config, plan
+    from distrinews_lib import plan
+    from distrinews_lib.training import config
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # 'auto' resolves without a network probe: the tiny model
     lines = []

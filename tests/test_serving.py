@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from distrinews_lib.checkpoint import save_checkpoint
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.models.build import build_model
 from distrinews_lib.serving.app import create_app
@@ -22,7 +23,6 @@ from distrinews_lib.serving.batching import BatcherStopped, DeadlineExceeded, Mi
 from distrinews_lib.serving.inference import CheckpointError, Classifier, load_checkpoint, predict_proba
 from distrinews_lib.serving.schemas import MAX_BATCH_TEXTS, MAX_BODY_BYTES, MAX_TEXT_CHARS
 from distrinews_lib.serving.settings import ServingSettings
-from distrinews_lib.training.checkpoint import save_checkpoint
 from distrinews_lib.training.config import RunConfig
 
 METADATA = {

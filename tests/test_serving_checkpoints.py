@@ -9,11 +9,11 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
+from distrinews_lib.checkpoint import save_checkpoint
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.serving.app import create_app
 from distrinews_lib.serving.inference import CheckpointError, load_checkpoint, read_checkpoint
 from distrinews_lib.serving.settings import ServingSettings
-from distrinews_lib.training.checkpoint import save_checkpoint
 
 from .test_serving import make_checkpoint
 

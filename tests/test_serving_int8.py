@@ -10,6 +10,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
+from distrinews_lib.checkpoint import save_checkpoint
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.errors import UserError
 from distrinews_lib.serving.app import create_app
@@ -17,7 +18,6 @@ from distrinews_lib.serving.inference import CheckpointError, load_checkpoint, p
 from distrinews_lib.serving.loading import load_in_precision
 from distrinews_lib.serving.quantize import MAX_DRIFT, linear_weights
 from distrinews_lib.serving.settings import ServingSettings
-from distrinews_lib.training.checkpoint import save_checkpoint
 
 from .test_serving import TEXTS, make_checkpoint
 from .test_serving_checkpoints import tampered

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from distrinews_lib import hub
-from distrinews_lib.data import sources
+from distrinews_lib.data import hub_data, sources
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.errors import UserError
 from distrinews_lib.models.build import build_model
@@ -71,6 +71,7 @@ def offline(hf_home, monkeypatch):
 
     monkeypatch.setattr(hub, "hub_reachable", no_probe)
     monkeypatch.setattr(sources, "hub_reachable", no_probe)
+    monkeypatch.setattr(hub_data, "hub_reachable", no_probe)
     return hf_home
 
 
@@ -92,7 +93,7 @@ def test_imdb_by_name_and_by_hub_id_from_the_cache_with_datasets_offline_only(of
     assert s.class_counts("train") == [50, 50]
     by_id = sources.load_dataset_splits(sources.resolve_dataset("hub:stanfordnlp/imdb"), "hub")
     assert by_id.label_names == ["negative", "positive"]  # a known dataset's id gets its known names
-    generic = sources.load_hub("stanfordnlp/imdb", spec=None)
+    generic = hub_data.load_hub("stanfordnlp/imdb", spec=None)
     assert generic.test_texts == by_id.test_texts
 
 
@@ -112,7 +113,7 @@ def test_an_empty_cache_names_the_cache_and_the_download_command(tmp_path, monke
     monkeypatch.setenv("HF_HOME", str(tmp_path / "empty"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(UserError) as err:
-        sources.load_hub("stanfordnlp/imdb")
+        hub_data.load_hub("stanfordnlp/imdb")
     text = " ".join(str(err.value).split())
     assert str(tmp_path / "empty" / "datasets") in text and "load_dataset('stanfordnlp/imdb')" in text
     assert "login node" in text and "HF_HUB_OFFLINE=1" in text

@@ -9,8 +9,8 @@ run() executes the script with runpy and these argv, and watches it through hook
 training loop offer for this, so renaming something inside the scripts cannot silently break the figures:
 - the clock: a global optimizer-step hook (torch's register_optimizer_step_post_hook) marks it, after
   synchronising the GPU, at the end of step `warmup` and of step `warmup + steps`;
-- the batches: loop.observe_batches, the training loop's observation point, hands over each micro-batch the
-  script's EpochMeter counts; those of the window give its samples, tokens and FLOPs (throughput.window);
+- the batches: each micro-batch the script's EpochMeter counts (its add(), watched for the run: the library has
+  no benchmark hook); those of the window give its samples, tokens and FLOPs (throughput.window);
 - the all-reduces (comm=True, or hook=...): a global module forward pre-hook (torch's
   register_module_forward_pre_hook) sees the script's DDP model on its first forward, before any backward,
   and gives it a communication hook (DDP's own register_comm_hook); then it removes itself. That hook does
@@ -39,7 +39,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from distrinews_lib import distributed as D
-from distrinews_lib.training import loop
+from distrinews_lib.training.epochs import EpochMeter
 
 from . import throughput
 from .timing import cpu_busy_seconds, sync
@@ -167,7 +167,13 @@ def run(script, argv, *, warmup: int, steps: int, device=None, comm: bool = Fals
     warmup + steps optimizer steps (pass --epochs 1 --max_steps_per_epoch warmup+steps)."""
     window = Window(warmup, steps, device)
     comm_hook = _compression_hook(window, hook) if hook else _timed_allreduce(window)
-    watches = [register_optimizer_step_post_hook(window.after_step), loop.observe_batches(window.on_batch)]
+    watches = [register_optimizer_step_post_hook(window.after_step)]
+    counted = EpochMeter.add
+
+    def add(meter, loss, cpu_batch):  # every micro-batch the script's meter counts, seen by the window too
+        window.on_batch(cpu_batch)
+        counted(meter, loss, cpu_batch)
+
     if comm or hook:
         watches.append(_on_first_ddp_forward(lambda ddp: ddp.register_comm_hook(ddp.process_group, comm_hook)))
     saved_argv = sys.argv
@@ -176,7 +182,7 @@ def run(script, argv, *, warmup: int, steps: int, device=None, comm: bool = Fals
         try:
             # The script's last line ends its process (distributed.run_and_end); here it is one run of many in this
             # process, so main() just returns (or raises) instead.
-            with _patched(D, "run_and_end", lambda main: main()):
+            with _patched(D, "run_and_end", lambda main: main()), _patched(EpochMeter, "add", add):
                 runpy.run_path(str(script), run_name="__main__")
         except SystemExit as stop:
             if stop.code not in (0, None):

@@ -33,9 +33,9 @@ def free_port() -> int:
 
 def make_checkpoint(folder: Path) -> Path:
     """A tiny random DistilBERT checkpoint: the benchmark measures serving, not accuracy."""
+    from distrinews_lib.checkpoint import save_checkpoint
     from distrinews_lib.data.texts import AG_NEWS_LABELS
     from distrinews_lib.models.build import build_model
-    from distrinews_lib.training.checkpoint import save_checkpoint
 
     model, tokenizer, _ = build_model(RunConfig(model="tiny", seed=0), AG_NEWS_LABELS)
     return save_checkpoint(
@@ -211,7 +211,7 @@ def make_checkpoint_with(tree: Path, folder: Path) -> Path:
         "import sys\n"
         "try:\n"
         "    from distrinews_lib.data.texts import AG_NEWS_LABELS\n"
-        "    from distrinews_lib.training.checkpoint import save_checkpoint\n"
+        "    from distrinews_lib.checkpoint import save_checkpoint\n"
         "    from distrinews_lib.training.config import RunConfig\n"
         "    from distrinews_lib.models.build import build_model\n"
         "    m, t, _ = build_model(RunConfig(model='tiny', seed=0), AG_NEWS_LABELS)\n"

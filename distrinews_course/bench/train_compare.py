@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
+from distrinews_lib import plan as run_plan
 from distrinews_lib.errors import UserError
 from distrinews_lib.training import config, flops, precision
-from distrinews_lib.training import plan as run_plan
 
 from . import provenance, throughput, timing
 from .train_measure import hf_dataset, run_ours, run_trainer, trainer_available

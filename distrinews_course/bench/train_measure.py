@@ -17,7 +17,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from distrinews_lib.data import batching, tokenization
 from distrinews_lib.errors import UserError
-from distrinews_lib.training import config, loop, precision
+from distrinews_lib.training import config, optim, precision
 
 from .. import ROOT
 from . import harness, throughput, timing
@@ -128,7 +128,7 @@ def trainer_options(cfg: config.RunConfig, device, same_options: bool, compile_:
                 if "train_sampling_strategy" in fields
                 else {"group_by_length": True}
             )
-        fused = loop.fused_adamw_available(device.type) if cfg.fused_adam is None else cfg.fused_adam
+        fused = optim.fused_adamw_available(device.type) if cfg.fused_adam is None else cfg.fused_adam
         out["optim"] = "adamw_torch_fused" if fused else "adamw_torch"
         out["weight_decay"] = cfg.weight_decay
         out["max_grad_norm"] = cfg.max_grad_norm

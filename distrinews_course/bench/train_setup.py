@@ -11,7 +11,7 @@ import torch
 from distrinews_lib.data import sources, texts
 from distrinews_lib.data.tokenization import tiny_tokenizer
 from distrinews_lib.errors import UserError
-from distrinews_lib.training import config, loop, precision
+from distrinews_lib.training import config, optim, precision
 
 # transformers, datasets, accelerate and matplotlib are imported where they are used: optional here (only the
 # Trainer contenders, DistilBERT-base and the plots need them) and slow to import.
@@ -60,7 +60,7 @@ def ablation_flags(device: torch.device, wanted) -> list:
     d = config.RunConfig()
     pad_default = d.pad_multiple if d.pad_multiple is not None else (8 if cuda else 0)
     amp_default = precision.resolve_amp(d.amp, device).mode
-    fused_default = loop.fused_adamw_available(device.type) if d.fused_adam is None else d.fused_adam
+    fused_default = optim.fused_adamw_available(device.type) if d.fused_adam is None else d.fused_adam
     table = [
         (
             "--no-group_by_length",

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from ..training.checkpoint import tokenizer_from_files
+from ..checkpoint import tokenizer_from_files
 
 IGNORE = -100  # labels the loss skips: padding, and (MLM) the tokens that were not masked
 

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ..training.checkpoint import CheckpointError, read_checkpoint, unwrap
-from ..training.plan import choose_task
-from ..training.task import LOADERS
+from ..checkpoint import LOADERS, CheckpointError, read_checkpoint, unwrap
 from .data import VocabSubset
-from .task import LanguageModelling
+from .task import LM_TASKS
 
 
 def load_lm(path, device="cpu"):
@@ -16,9 +14,11 @@ def load_lm(path, device="cpu"):
     from transformers import AutoConfig  # deferred: costs seconds
 
     payload = read_checkpoint(path)
-    task = choose_task(payload["task"])
-    if not isinstance(task, LanguageModelling):
-        raise CheckpointError(f"checkpoint {path} holds a --task {task.name} model, not a language model: {LOADERS}.")
+    task = LM_TASKS.get(payload["task"])
+    if task is None:
+        raise CheckpointError(
+            f"checkpoint {path} holds a --task {payload['task']} model, not a language model: {LOADERS}."
+        )
     cfg = dict(payload["model_config"])
     config = AutoConfig.for_model(cfg.pop("model_type", payload["model_type"]), **cfg)
     model = task.auto_model().from_config(config)

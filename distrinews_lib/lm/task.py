@@ -189,7 +189,7 @@ class MaskedLM(LanguageModelling):
 
 
 CLM, MLM = CausalLM(), MaskedLM()
-TASKS = {task.name: task for task in (CLM, MLM)}  # what training.plan.choose_task finds here
+LM_TASKS = {task.name: task for task in (CLM, MLM)}  # registered in distrinews_lib/tasks.py
 
 
 def token_losses(model, batch, task: LanguageModelling):

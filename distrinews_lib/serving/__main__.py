@@ -18,8 +18,8 @@ import sys
 import uvicorn
 from uvicorn.config import LOGGING_CONFIG
 
+from ..checkpoint import DEFAULT_CHECKPOINT
 from ..errors import USER_ERROR_EXIT, UserError, main_guard
-from ..training.config import DEFAULT_CHECKPOINT
 from .app import create_app
 from .loading import check_for_serving
 from .settings import ENV_CHECKPOINT, ENV_DEVICE, ENV_QUANTIZE, ENV_TORCH_THREADS, SETTINGS, ServingSettings

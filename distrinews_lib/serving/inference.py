@@ -1,39 +1,27 @@
 """Inference from a checkpoint: a ready model and tokenizer, refused when it could not answer correctly, and the
 function that turns texts into class probabilities, the same for a notebook, a test and the server. The file's
-format is training/checkpoint.py's; a language model's checkpoint (--task clm/mlm) loads with
+format is distrinews_lib/checkpoint.py's; a language model's checkpoint (--task clm/mlm) loads with
 distrinews_lib.lm.inference.load_lm.
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from ..data.tokenization import TRUNCATIONS, HashTokenizer, encode_texts, set_truncation
-from ..errors import UserError
-from ..models.build import quiet_transformers
-from ..models.custom import MODEL_TYPE as CUSTOM_MODEL_TYPE
-from ..models.custom import CustomClassifier, CustomConfig
-from ..training.checkpoint import (  # the format's one module
+from ..checkpoint import (  # the format's one module
+    DEFAULT_CHECKPOINT,
     CheckpointError,
-    position_limit,
+    load_classifier,
     read_checkpoint,  # noqa: F401  (read here by notebook 02 and the tests)
-    tokenizer_from_files,
 )
-from ..training.classify import CLASSIFY
-from ..training.config import DEFAULT_CHECKPOINT
+from ..data.tokenization import HashTokenizer, encode_texts
+from ..errors import UserError
 from .schemas import CheckpointInfo
-
-
-def _custom_config(d: dict) -> CustomConfig:
-    unknown = sorted(set(d) - {f.name for f in fields(CustomConfig)})
-    if unknown:
-        raise ValueError(f"unknown custom model settings: {', '.join(unknown)}")
-    return CustomConfig(**d)
 
 
 def model_accepts_token_type_ids(model) -> bool:
@@ -53,96 +41,17 @@ class LoadedCheckpoint:
     quantization: Optional[dict] = None  # int8: how (method, engine, layers, share, probe drift)
 
 
-def check_servable(path, payload: dict, model: torch.nn.Module) -> None:
-    """Refuse a checkpoint that would load but answer wrongly: label names that do not match the model's
-    outputs, a token window longer than its position table, or NaN/infinite weights."""
-    labels = payload["label_names"]
-    if not isinstance(labels, (list, tuple)) or not labels or not all(isinstance(n, str) and n.strip() for n in labels):
-        raise CheckpointError(
-            f"checkpoint {path} has label names {str(labels)[:120]}; they must be a non-empty list of "
-            "non-empty strings, one per model output. Retrain it."
-        )
-    outputs = int(model.config.num_labels)  # strict load_state_dict has checked the head against the config
-    if len(labels) != outputs:
-        raise CheckpointError(
-            f"checkpoint {path} names {len(labels)} labels ({', '.join(map(str, labels))[:200]}) but its model has "
-            f"{outputs} outputs, so its answers would carry the wrong names. Retrain it, or fix its label_names to "
-            f"list exactly {outputs} classes in the order of the model's outputs."
-        )
-    repeated = sorted({n for n in labels if list(labels).count(n) > 1})
-    if repeated:
-        raise CheckpointError(
-            f"checkpoint {path} names the label{'s' if len(repeated) > 1 else ''} "
-            f"{', '.join(map(repr, repeated))} more than once; each of the model's outputs needs its own name, "
-            "or answers would lose classes. Retrain it, or fix its label_names."
-        )
-    max_length = payload.get("max_length", 128)
-    if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
-        raise CheckpointError(
-            f"checkpoint {path} has max_length={max_length!r}; it must be a whole number of tokens, "
-            "at least 2. Retrain it with a valid --max_length."
-        )
-    limit = position_limit(model)
-    if limit is not None and max_length > limit:
-        raise CheckpointError(
-            f"checkpoint {path} cuts texts at max_length={max_length} tokens, but its model has position embeddings "
-            f"for only {limit} tokens, so every longer text would fail. Retrain it with --max_length {limit} or less."
-        )
-    bad = [
-        name
-        for name, t in payload["state_dict"].items()
-        if torch.is_tensor(t) and t.is_floating_point() and not bool(torch.isfinite(t).all())
-    ]
-    if bad:
-        raise CheckpointError(
-            f"checkpoint {path} has NaN or infinite weights in {len(bad)} tensor{'s' if len(bad) > 1 else ''} "
-            f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): the training run that wrote it diverged. "
-            "Retrain it with a lower --lr, or with --amp off."
-        )
-
-
 def load_checkpoint(path=DEFAULT_CHECKPOINT, device: str | torch.device = "cpu") -> LoadedCheckpoint:
     """A ready eval-mode model and its tokenizer from a checkpoint written by save_checkpoint."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification  # deferred: importing it costs seconds
-
-    quiet_transformers()
-    path = Path(path)
-    payload = CLASSIFY.read_checkpoint(path)  # read and checked by the format's module; another task's file refused
-    cfg_dict = dict(payload["model_config"])
-    model_type = cfg_dict.pop("model_type", payload["model_type"])
-    if model_type == CUSTOM_MODEL_TYPE:  # --model custom: plain PyTorch, rebuilt from its own config
-        try:
-            model = CustomClassifier(_custom_config(cfg_dict))
-        except (TypeError, ValueError) as err:
-            raise CheckpointError(
-                f"checkpoint {path} has a custom model config this version cannot build ({err}); retrain it."
-            ) from None
-    else:
-        config = AutoConfig.for_model(model_type, **cfg_dict)
-        model = AutoModelForSequenceClassification.from_config(config)
-    try:
-        model.load_state_dict(payload["state_dict"], strict=True)
-    except RuntimeError as err:
-        raise CheckpointError(
-            f"checkpoint {path} does not match its own model config: {str(err).splitlines()[0][:200]}"
-        ) from None
-    check_servable(path, payload, model)
-    model.to(device).eval()
-    tokenizer = tokenizer_from_files(payload["tokenizer_files"])
-    truncation = payload.get("truncation", "head")
-    if truncation not in TRUNCATIONS:
-        raise CheckpointError(
-            f"checkpoint {path} has truncation={truncation!r}; it must be one of {', '.join(TRUNCATIONS)}. Retrain it."
-        )
-    set_truncation(tokenizer, truncation)
+    model, tokenizer, payload = load_classifier(path)  # read, rebuilt and checked by the format's module
     return LoadedCheckpoint(
-        model,
+        model.to(device),
         tokenizer,
         list(payload["label_names"]),
         dict(payload.get("metadata", {})),
         int(payload.get("max_length", 128)),
-        path,
-        truncation,
+        Path(path),
+        payload.get("truncation", "head"),
     )
 
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Optional
 
+from ..checkpoint import DEFAULT_CHECKPOINT
+from ..distributed import resolve_device
 from ..errors import UserError
-from ..training.config import DEFAULT_CHECKPOINT
-from ..training.precision import resolve_device
 from .schemas import MAX_BATCH_TEXTS
 
 ENV_CHECKPOINT = "DISTRINEWS_CHECKPOINT"

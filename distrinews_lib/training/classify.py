@@ -5,17 +5,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .. import distributed as D
+from ..checkpoint import CLASSIFY_TASK, position_limit
 from ..data.texts import TextSplits
 from ..data.tokenization import set_truncation, tokenize_splits
 from ..errors import UserError
 from ..models.build import build_model
 from . import evaluation
-from .checkpoint import position_limit
 from .task import PreparedRun, Task, tokenizer_name
 
 
 class Classification(Task):
-    name = "classify"
+    name = CLASSIFY_TASK
     instance = "CLASSIFY"
 
     def prepare(self, plan, splits: TextSplits, log) -> PreparedRun:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from ..checkpoint import DEFAULT_CHECKPOINT
 from ..data.tokenization import TRUNCATIONS
 from ..distributed import gpu_count
 from ..errors import UserError
@@ -23,7 +24,6 @@ from ..errors import UserError
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "presets"  # inside the package: a pip install has them too
 PRESETS = ("cpu_smoke", "single_gpu", "kaggle_t4x2")
 AMP_MODES = ("auto", "fp16", "bf16", "off")
-DEFAULT_CHECKPOINT = "checkpoints/distilbert_agnews.pt"  # where the trained model goes, and what the server loads
 _NONE = ("null", "none", "~", "")
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import distributed as D
-from .checkpoint import unwrap
+from ..checkpoint import unwrap
 from .precision import AmpSettings
 
 
@@ -53,14 +53,14 @@ def concat(xs: list, dtype) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(model, loader, *, device, amp: AmpSettings | None = None, task=None, gather: bool = True):
-    """The task's evaluation of the bare model (task: the run's Task, run.task; None: classification, the core's
-    task). Collective, unless gather=False (this rank's alone)."""
+def evaluate(model, loader, *, device, task, amp: AmpSettings | None = None, gather: bool = True):
+    """The task's evaluation of the bare model (task: the run's Task, run.task). Collective, unless gather=False
+    (this rank's alone)."""
     bare = unwrap(model)  # no DDP forward: evaluation needs no gradient sync (and no buffer broadcast)
     was_training = bare.training
     bare.eval()
     try:
-        return (classify if task is None else task.evaluate)(bare, loader, device, amp, gather)
+        return task.evaluate(bare, loader, device, amp, gather)
     finally:
         bare.train(was_training)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .checkpoint import unwrap
+from ..checkpoint import unwrap
 
 # Dense peak TFLOP/s per dtype, from NVIDIA's datasheets (sparsity figures halved away). Order matters:
 # the first key whose every word occurs in torch.cuda.get_device_name() wins, so specific names go first.

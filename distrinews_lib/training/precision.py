@@ -11,23 +11,9 @@ from dataclasses import dataclass
 import torch
 
 from .. import machine
+from ..distributed import resolve_device  # noqa: F401  (the scripts call precision.resolve_device)
 from ..errors import UserError
 from .config import AMP_MODES
-
-
-def resolve_device(requested: str | None = "auto") -> torch.device:
-    """auto (or None): cuda:0 when there is a GPU, else cpu; otherwise the named device (cpu, cuda, cuda:N), checked."""
-    if requested in ("auto", None, ""):
-        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    try:
-        device = torch.device(requested)
-    except (RuntimeError, ValueError):
-        raise UserError(f"device '{requested}' is not a valid torch device; use auto, cpu, cuda or cuda:N.") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(
-            f"device '{requested}' was asked for, but this machine has no usable CUDA GPU; use cpu or auto."
-        )
-    return device
 
 
 @dataclass

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from .. import distributed as D
 from ..errors import UserError, first_line
 from ..files import atomic_torch_save
-from .loop import EpochMeter
+from .epochs import EpochMeter
 
 SNAPSHOT_VERSION = 2
 _NAME = re.compile(r"snap_e(\d+)_b(\d+)\.pt$")

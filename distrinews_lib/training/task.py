@@ -1,24 +1,19 @@
 """The task, as one object: everything that differs between learning to classify the texts and learning to model
 their language. A task owns its datasets (each brings its own collator), its model head, its evaluation and the
-result type that reports it, and the name its checkpoints carry. The plan chooses it once: plan.choose_task is the
+result type that reports it, and the name its checkpoints carry. The plan chooses it once: tasks.choose_task is the
 one place where a task's name is looked up; everything else asks the task object.
 
 Classification is the core's task (training/classify.py). The language-model tasks (--task clm, mlm) live beside
-the core, in distrinews_lib.lm, which the core never imports.
+the core, in distrinews_lib.lm, which the core never imports; distrinews_lib/tasks.py registers them all.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..checkpoint import read_checkpoint
 from ..data.texts import TextSplits
 from ..models.build import ModelInfo
-from .checkpoint import CheckpointError, read_checkpoint
-
-LOADERS = (
-    "classifiers load with distrinews_lib.serving.inference.load_checkpoint (the server), language models "
-    "(--task clm, mlm) with distrinews_lib.lm.inference.load_lm (notebook 11)"
-)
 
 
 class Task:
@@ -46,14 +41,8 @@ class Task:
         raise NotImplementedError
 
     def read_checkpoint(self, path) -> dict:
-        """training.checkpoint.read_checkpoint, refusing a checkpoint that another task wrote."""
-        payload = read_checkpoint(path)
-        if payload["task"] != self.name:
-            raise CheckpointError(
-                f"checkpoint {path} holds a --task {payload['task']} model, not a --task {self.name} "
-                f"one, so it cannot be loaded here: {LOADERS}."
-            )
-        return payload
+        """checkpoint.read_checkpoint, refusing a checkpoint that another task wrote."""
+        return read_checkpoint(path, task=self.name)
 
     def __repr__(self) -> str:
         return f"<task {self.name}>"

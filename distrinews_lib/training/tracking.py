@@ -97,7 +97,7 @@ class RunTracker:
         return self.out_dir / "metrics.json"
 
     def log_epoch(self, epoch: int, train, val) -> dict:
-        """train: loop.EpochStats; val: the task's evaluation result, which gives its own columns."""
+        """train: epochs.EpochStats; val: the task's evaluation result, which gives its own columns."""
         row = {
             "epoch": epoch,
             "train_loss": round(train.loss, 6),
@@ -154,7 +154,7 @@ class RunTracker:
             "epochs": cfg["epochs"],
             "seed": cfg["seed"],
             "max_length": cfg["max_length"],
-            "task": cfg.get("task", "classify"),
+            "task": cfg["task"],
             "versions": self.record["versions"],
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }

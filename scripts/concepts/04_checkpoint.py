@@ -18,8 +18,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from distrinews_course.demo import finish, gather, start, write_json
+from distrinews_lib.checkpoint import unwrap
 from distrinews_lib.distributed import max_param_difference
-from distrinews_lib.training.checkpoint import unwrap
 
 p = argparse.ArgumentParser()
 p.add_argument("--path", default="outputs/concepts/04_checkpoint.pt")

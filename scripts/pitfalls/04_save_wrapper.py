@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from distrinews_course.demo import finish, result, start, write_json
-from distrinews_lib.training.checkpoint import unwrap
+from distrinews_lib.checkpoint import unwrap
 
 p = argparse.ArgumentParser()
 p.add_argument("--mode", choices=["broken", "fixed", "both"], default="both")

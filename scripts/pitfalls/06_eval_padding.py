@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from distrinews_course.demo import finish, gather, result, start, write_json
+from distrinews_lib.training.classify import CLASSIFY
 from distrinews_lib.training.evaluation import evaluate
 
 p = argparse.ArgumentParser()
@@ -70,7 +71,7 @@ for mode in (["broken", "fixed"] if args.mode == "both" else [args.mode]):
     else:
         pairs = dict(p for rank_pairs in gather(list(zip(idx, correct))) for p in rank_pairs)  # THE FIX:
         n_counted, acc = len(pairs), sum(pairs.values()) / len(pairs)                           # one vote per index
-        report["library_evaluate_accuracy"] = evaluate(model, loader, device=dev).accuracy
+        report["library_evaluate_accuracy"] = evaluate(model, loader, device=dev, task=CLASSIFY).accuracy
     result(ctx, mode=mode, counted=n_counted, accuracy=f"{acc:.4f}", truth=f"{truth:.4f}", my_indices=idx)
     report[mode] = {"counted": n_counted, "accuracy": acc}
 write_json(args.out, report, ctx.rank)

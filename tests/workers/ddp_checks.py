@@ -18,12 +18,14 @@ from equivalence import ddp_vs_one_process  # this folder: torchrun puts the scr
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
+from distrinews_lib import checkpoint
 from distrinews_lib import distributed as D
 from distrinews_lib.data import batching, synthetic, tokenization
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.models.build import build_model
 from distrinews_lib.serving import inference
-from distrinews_lib.training import checkpoint, evaluation
+from distrinews_lib.training import evaluation
+from distrinews_lib.training.classify import CLASSIFY
 from distrinews_lib.training.config import RunConfig
 
 out_dir = sys.argv[1]
@@ -60,7 +62,7 @@ try:
     val = tokenization.TokenizedDataset(val_ids, splits.test_labels)
     sampler = DistributedSampler(val, world, rank, shuffle=False)
     loader = batching.make_loader(val, 16, sampler, pad_id=tok.pad_token_id)
-    ddp_eval = evaluation.evaluate(ddp, loader, device=device)
+    ddp_eval = evaluation.evaluate(ddp, loader, device=device, task=CLASSIFY)
     result["ddp_eval"] = {
         "accuracy": ddp_eval.accuracy,
         "loss": ddp_eval.loss,
@@ -69,7 +71,7 @@ try:
     }
     if rank == 0:
         single = evaluation.evaluate(
-            model, batching.make_loader(val, 16, pad_id=tok.pad_token_id), device=device, gather=False
+            model, batching.make_loader(val, 16, pad_id=tok.pad_token_id), device=device, task=CLASSIFY, gather=False
         )
         result["single_eval"] = {"accuracy": single.accuracy, "loss": single.loss, "n": single.n}
         # what a naive average of per-rank accuracies would give (counts the padded example twice)

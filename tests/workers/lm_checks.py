@@ -13,7 +13,7 @@ from torch.utils.data.distributed import DistributedSampler
 from distrinews_lib.data import sources, tokenization
 from distrinews_lib.data.tokenization import tiny_tokenizer
 from distrinews_lib.lm import data as lm
-from distrinews_lib.lm.task import MLM, TASKS
+from distrinews_lib.lm.task import LM_TASKS, MLM
 from distrinews_lib.training import evaluation
 
 out = sys.argv[1]
@@ -27,7 +27,7 @@ try:
     voc = lm.VocabSubset.from_corpus(wp, ids, 512)
     blocks = lm.BlockDataset(lm.pack([voc.encode(x) for x in ids], 16, voc.sep_token_id)[:101])  # odd: the sampler pads
     result = {"blocks": len(blocks)}
-    for name, task in TASKS.items():  # clm, mlm
+    for name, task in LM_TASKS.items():  # clm, mlm
         model, _ = task.build_model(voc, 16, seed=0)
         sampler = DistributedSampler(blocks, num_replicas=world, rank=rank, shuffle=False)
         loader = DataLoader(

@@ -1,59 +1,22 @@
-"""What the scripts' loop leans on but is not the lesson: optimizer, schedule, the micro-batches of each step
-and the epoch's counters. The loop itself is written out in the scripts."""
+"""An epoch of the scripts' loop, what it goes through and what it counts: the micro-batches of each optimizer step
+(accumulate), moved to the device, and the epoch's meter (loss, samples, tokens, time; a NaN stops the run with its
+step), summed over the ranks once at the end. The loop itself is written out in the scripts."""
 
 from __future__ import annotations
 
 import math
 import sys
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as dist
-from torch.utils.hooks import RemovableHandle
 from tqdm.auto import tqdm
 
 from .. import distributed as D
 from ..errors import UserError
 from .flops import mfu_percent
 from .precision import AmpSettings
-
-
-def fused_adamw_available(device_type: str) -> bool:
-    """torch has a fused AdamW kernel for CUDA, and for the CPU since 2.4.
-
-    On the CPU it gives ~1.3x samples/s with the tiny model (benchmarks/train_*.json).
-    """
-    if device_type == "cuda":
-        return True
-    major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-    return device_type == "cpu" and (major, minor) >= (2, 4)
-
-
-def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float = 0.01, fused: bool | None = None):
-    """AdamW without weight decay on biases and LayerNorm weights; fused where torch has it (fused=None)."""
-    decay, no_decay = [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            (no_decay if p.ndim < 2 else decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    available = fused_adamw_available(next(model.parameters()).device.type)
-    use_fused = available if fused is None else bool(fused) and available
-    return torch.optim.AdamW(groups, lr=lr, fused=use_fused) if use_fused else torch.optim.AdamW(groups, lr=lr)
-
-
-def make_scheduler(optimizer, total_steps: int, warmup_ratio: float = 0.06):
-    """Linear warm-up, then linear decay to zero (the usual schedule for fine-tuning BERT-like models)."""
-    warmup = max(1, int(total_steps * warmup_ratio))
-
-    def factor(step):
-        if step < warmup:
-            return (step + 1) / warmup
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 def steps_per_epoch(batches_per_epoch: int, grad_accum: int, limit: int | None = None) -> int:
@@ -132,18 +95,6 @@ class NonFiniteLoss(UserError):
     """The training loss or gradient norm became NaN or infinite."""
 
 
-# The loop's one observation point, for tools that watch a training script without changing it (the
-# benchmark harness counts the samples and tokens of a timed window with it). Empty in a normal run.
-_BATCH_OBSERVERS: OrderedDict = OrderedDict()  # not a dict: torch's RemovableHandle keeps a weak reference
-
-
-def observe_batches(fn: Callable[[dict], None]) -> RemovableHandle:
-    """Call fn(cpu_batch) for every micro-batch any EpochMeter counts; remove() on the handle stops it."""
-    handle = RemovableHandle(_BATCH_OBSERVERS)
-    _BATCH_OBSERVERS[handle.id] = fn
-    return handle
-
-
 class EpochMeter:
     """The epoch's counters, kept so that the loop never waits for the GPU: losses summed on the device,
     samples and tokens counted on the CPU copy, read back and summed over ranks once, in finish()."""
@@ -169,8 +120,6 @@ class EpochMeter:
     PER_RANK = ("steps", "batches")  # every rank takes every step
 
     def add(self, loss: torch.Tensor, cpu_batch: dict) -> None:
-        for observe in _BATCH_OBSERVERS.values():
-            observe(cpu_batch)
         mask = cpu_batch["attention_mask"]
         lengths = mask.sum(1)
         n = int(mask.shape[0])
@@ -254,18 +203,18 @@ class EpochMeter:
         loss_sum, samples, tokens, padded, sum_sq, seconds = totals.tolist()
         step_losses = torch.stack(self.step_losses).tolist() if self.step_losses else []
         return EpochStats(
-            loss_sum / max(samples, 1),
-            int(samples),
-            int(tokens),
-            int(padded),
-            int(sum_sq),
-            self.steps,
-            seconds,
-            samples / seconds if seconds else 0.0,
-            tokens / seconds if seconds else 0.0,
-            lr,
-            self.resumed,
-            step_losses,
+            loss=loss_sum / max(samples, 1),
+            samples=int(samples),
+            tokens=int(tokens),
+            padded_tokens=int(padded),
+            sum_sq_len=int(sum_sq),
+            optimizer_steps=self.steps,
+            seconds=seconds,
+            samples_per_s=samples / seconds if seconds else 0.0,
+            tokens_per_s=tokens / seconds if seconds else 0.0,
+            lr=lr,
+            resumed=self.resumed,
+            step_losses=step_losses,
         )
 
 

@@ -8,33 +8,22 @@ first) and checks that every rank holds the same data; any rank's failure stops 
 
 from __future__ import annotations
 
-import importlib
 import socket
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .. import distributed as D
-from ..data import sources
-from ..data.texts import TextOptions
-from ..errors import UserError
-from ..files import atomic_write_json
-from ..hub import env_says_offline, hub_reachable
-from ..models.build import FROM_SCRATCH, LOCAL_PRESETS, resolve_model_name, resolve_tokenizer
-from .classify import CLASSIFY
-from .config import RunConfig, from_scratch_lr
-from .snapshot import ResumeChoice, choose
-from .task import PreparedRun, Task, tokenizer_name
-
-# The language-model tasks (--task clm, mlm) live beside the core: imported only when one is asked for.
-LANGUAGE_MODELS = "distrinews_lib.lm.task"
-
-
-def choose_task(name: str) -> Task:
-    """The one place a task's name is read: classification is the core's own task; any other (--task clm, mlm)
-    comes from distrinews_lib.lm."""
-    if name == CLASSIFY.name:
-        return CLASSIFY
-    return importlib.import_module(LANGUAGE_MODELS).TASKS[name]
+from . import distributed as D
+from .data import sources
+from .data.texts import TextOptions
+from .errors import UserError
+from .files import atomic_write_json
+from .hub import env_says_offline, hub_reachable
+from .models.build import FROM_SCRATCH, LOCAL_PRESETS, resolve_model_name, resolve_tokenizer
+from .tasks import choose_task
+from .training.classify import CLASSIFY
+from .training.config import RunConfig, from_scratch_lr
+from .training.snapshot import ResumeChoice, choose
+from .training.task import PreparedRun, Task, tokenizer_name
 
 
 @dataclass(frozen=True)

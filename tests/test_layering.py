@@ -1,0 +1,87 @@
+"""The two packages' layering, read from their source: distrinews_lib (what the training scripts, the server and a
+learner's own script import) never imports distrinews_course (the course's and the benchmarks' machinery), not even
+in a deferred import or by a module name in a string; serving imports no training module; no module of either package
+is over 500 lines; and importing every module of the library loads nothing of the course."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LIB, COURSE = ROOT / "distrinews_lib", ROOT / "distrinews_course"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set:
+    """Every module `path` imports, at its top or inside a function, as absolute names."""
+    tree, here = ast.parse(path.read_text()), module_name(path)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            if node.level:
+                base = base[: len(base) - (node.level - 1)]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module
+            out.add(name)
+            out |= {f"{name}.{a.name}" for a in node.names}
+    return out
+
+
+def py_files(folder: Path) -> list:
+    return sorted(p for p in folder.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_the_library_never_imports_the_course():
+    bad = {
+        str(p.relative_to(ROOT)): sorted(m for m in imports_of(p) if m.startswith("distrinews_course"))
+        for p in py_files(LIB)
+    }
+    assert not {k: v for k, v in bad.items() if v}, bad
+    # nor by a name in a string (importlib, a -m command line)
+    code = {p: p.read_text().split('"""', 2)[-1] for p in py_files(LIB)}  # after the module's docstring
+    named = [str(p.relative_to(ROOT)) for p, text in code.items() if "distrinews_course" in text]
+    assert not named, named
+
+
+def test_the_library_loads_no_module_by_a_name_the_import_graph_cannot_see():
+    hidden = [str(p.relative_to(ROOT)) for p in py_files(LIB) if "import_module(" in p.read_text()]
+    assert not hidden, hidden
+
+
+def test_serving_imports_no_training_module():
+    bad = {
+        str(p.relative_to(ROOT)): sorted(m for m in imports_of(p) if m.startswith("distrinews_lib.training"))
+        for p in py_files(LIB / "serving")
+    }
+    assert not {k: v for k, v in bad.items() if v}, bad
+
+
+@pytest.mark.parametrize("folder", [LIB, COURSE], ids=["distrinews_lib", "distrinews_course"])
+def test_no_module_is_over_500_lines(folder):
+    long = {str(p.relative_to(ROOT)): n for p in py_files(folder) if (n := len(p.read_text().splitlines())) > 500}
+    assert not long, long
+
+
+def test_importing_the_whole_library_loads_nothing_of_the_course():
+    names = [module_name(p) for p in py_files(LIB) if p.name != "__main__.py"]
+    code = (
+        "import importlib, sys\n"
+        f"for name in {names!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('distrinews_course')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", out.stdout
