@@ -35,6 +35,7 @@ PyTorch; scripts/memory_footprint.py measures the same steps on a CPU):
 
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass, field
 
@@ -345,10 +346,11 @@ def judge_peak_prediction(
     )
 
 
-def _adamw_step_peaks(model: str) -> dict:
+def _adamw_step_peaks(model: str, repeats: int = 3) -> dict:
     """Run in a fresh process (see measure_adamw_temporaries): for each AdamW implementation, the peak resident
     memory of one step above the memory just before it, the weights, gradients and moments of `model`'s shape
-    already allocated (the first step allocates the moments; the second is measured)."""
+    already allocated (the first step allocates the moments; the second is measured); `repeats` times each, in turn,
+    so that the spread of one measurement shows beside it."""
     import ctypes
     import gc
     from pathlib import Path
@@ -367,8 +369,8 @@ def _adamw_step_peaks(model: str) -> dict:
     libc.mallopt(-1, 1 << 30)
     torch.set_num_threads(1)
     sizes = SHAPES[model].tensors()
-    out = {}
-    for impl in ADAMW:
+    out = {impl: [] for impl in ADAMW}
+    for _, impl in itertools.product(range(repeats), ADAMW):
         params = [torch.nn.Parameter(torch.full((n,), 0.5)) for n in sizes]
         for p in params:
             p.grad = torch.full_like(p, 0.01)
@@ -379,16 +381,17 @@ def _adamw_step_peaks(model: str) -> dict:
         before = status("VmRSS")
         Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) starts again from here
         opt.step()
-        out[impl] = status("VmHWM") - before
+        out[impl].append(status("VmHWM") - before)
         del opt, params
         gc.collect()
     return out
 
 
 def measure_adamw_temporaries(model: str = "distilbert-base", timeout: float = 300) -> dict:
-    """Bytes one AdamW step allocates above the weights, gradients and moments, per implementation, measured in a
-    fresh process on this CPU ("foreach" forced on: the code path torch takes by default on CUDA). Linux only
-    (it reads /proc/self/status); DistilBERT-base's shape needs about 1.5 GiB for a few seconds."""
+    """Bytes one AdamW step allocates above the weights, gradients and moments, per implementation, measured 3 times
+    each in a fresh process on this CPU ("foreach" forced on: the code path torch takes by default on CUDA):
+    {implementation: [bytes, bytes, bytes]}. Linux only (it reads /proc/self/status); DistilBERT-base's shape needs
+    about 1.5 GiB for a few seconds."""
     import json
     import sys
 

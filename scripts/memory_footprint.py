@@ -7,9 +7,10 @@ ZeRO stages 1, 2 and 3; at several batch sizes and sequence lengths, with or wit
     ... --model distilbert-base   # DistilBERT-base's shape (66M parameters), random weights
     ... --runs ddp,ddp+view,ddp@32x128,ddp@32x128+ckpt,fsdp2_reshard_on
 
-A run is VARIANT[@BATCHxSEQ][+ckpt][+view]: the variant, this rank's batch and the sequence length (default
+A run is VARIANT[@BATCHxSEQ][+ckpt][+view][#K]: the variant, this rank's batch and the sequence length (default
 --batch x --max_length), `+ckpt` recomputes each layer's activations in backward (gradient checkpointing), `+view`
-builds DDP with gradient_as_bucket_view=True (the gradients live in DDP's buckets instead of beside them).
+builds DDP with gradient_as_bucket_view=True (the gradients live in DDP's buckets instead of beside them), and `#K`
+names a repeat of the same run (another fresh process): repeats give a peak's run-to-run spread.
 
 Every run happens in a FRESH process per rank, forked from this one after the imports, so that its peak resident
 memory is its own: a process that already ran something keeps the freed memory in its heap, and a later run
@@ -42,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from distrinews_course.bench.provenance import provenance
-from distrinews_course.by_hand import without_dropout
+from distrinews_course.by_hand.models import without_dropout
 from distrinews_course.fresh import in_child
 from distrinews_course.proc_self import counted_loss, loss_of, nbytes, reset_peak, status_mb
 from distrinews_lib.data import batching, sources, tokenization
@@ -53,14 +54,14 @@ from distrinews_lib.models.build import build_model
 from distrinews_lib.training.config import RunConfig
 
 VARIANTS = ("ddp", "zero1", "fsdp2_reshard_off", "fsdp2_reshard_on", "deepspeed_1", "deepspeed_2", "deepspeed_3")
-RUN = re.compile(r"^(?P<variant>[a-z0-9_]+)(@(?P<batch>\d+)x(?P<seq>\d+))?(?P<flags>(\+(ckpt|view))*)$")
+RUN = re.compile(r"^(?P<variant>[a-z0-9_]+)(@(?P<batch>\d+)x(?P<seq>\d+))?(?P<flags>(\+(ckpt|view))*)(#\d+)?$")
 
 
 def parse_run(text: str, batch: int, seq: int) -> dict:
     m = RUN.match(text.strip())
     if not m or m["variant"] not in VARIANTS:
         raise SystemExit(
-            f"memory_footprint.py: cannot read the run {text!r}; write VARIANT[@BATCHxSEQ][+ckpt][+view] "
+            f"memory_footprint.py: cannot read the run {text!r}; write VARIANT[@BATCHxSEQ][+ckpt][+view][#K] "
             f"with VARIANT one of {', '.join(VARIANTS)} (e.g. ddp@32x128+ckpt)"
         )
     flags = m["flags"].split("+")[1:]

@@ -108,14 +108,14 @@ def test_adamw_temporaries_follow_the_implementation():
         M.estimate(adamw="sgd")
 
 
+@pytest.mark.also_in_notebook  # chapter 06's section 1 asserts the same, on the same measurement
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="reads the peak from Linux's /proc")
 def test_measured_adamw_temporaries_match_the_calculator():
     measured = M.measure_adamw_temporaries("tiny")
-    for impl in M.ADAMW:
-        assert abs(measured[impl] - M.estimate("tiny", adamw=impl).parts["AdamW temporaries"]) <= M.MiB, (
-            impl,
-            measured,
-        )
+    spread = max(max(v) - min(v) for v in measured.values())
+    for impl, values in measured.items():
+        want = M.estimate("tiny", adamw=impl).parts["AdamW temporaries"]
+        assert abs(sorted(values)[1] - want) <= 0.05 * want + spread, (impl, measured)
 
 
 def test_a_peak_prediction_is_judged_by_the_part_it_got_wrong():
