@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from distrinews_course import launch  # noqa: E402
 from distrinews_course.bench import provenance
+from distrinews_course.bench.train_report import ordered
 from distrinews_lib.data import sources
 from distrinews_lib.errors import UserError, main_guard  # noqa: E402
 
@@ -150,23 +151,6 @@ def headline(result: dict) -> dict:
         "test_texts": result["single"]["eval_examples"],
         "train_texts": result["single"]["train_samples"],
     }
-
-
-def ordered(result: dict) -> dict:
-    first = (
-        "benchmark",
-        "machine",
-        "cpu",
-        "gpu",
-        "command",
-        "git_commit",
-        "git_dirty",
-        "started",
-        "versions",
-        "headline",
-        "targets",
-    )
-    return {**{k: result[k] for k in first if k in result}, **{k: v for k, v in result.items() if k not in first}}
 
 
 @main_guard
