@@ -236,7 +236,7 @@ def test_bench_data_auto_never_hard_codes_a_path(monkeypatch, tmp_path):
         train_setup.resolve_data("auto")
     with pytest.raises(UserError, match="no such folder"):
         train_setup.resolve_data(str(tmp_path / "nope"))
-    for part in [ROOT / "scripts" / "bench_train.py", *(ROOT / "distrinews_lib" / "bench").glob("train_*.py")]:
+    for part in [ROOT / "scripts" / "bench_train.py", *(ROOT / "distrinews_course" / "bench").glob("train_*.py")]:
         assert "shared/data" not in part.read_text(), part
 
 

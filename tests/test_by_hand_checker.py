@@ -83,8 +83,7 @@ MUTANTS = [
     (
         "unused_parameter",
         "zero1",
-        "        rung.stop_unless_every_rank_has(self, [p for p in self.params if p.grad is None])  "
-        "# on every rank, not one\n",
+        "        stop_unless_every_rank_has(self, self.missing())  # on every rank, not one\n",
         "",
         "unused_parameter",
         r"^an unused parameter \(a head unused on rank 1\): rank 0: \w+: .*; rank 1: AttributeError",

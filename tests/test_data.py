@@ -114,7 +114,7 @@ def test_no_script_reads_the_data_folder_variable_itself():
     """Every script and module that needs the data folder asks sources.data_dir (run_course.py only sets the
     variable for the notebooks, and the notebooks' setup only shows it)."""
     reads = re.compile(r"environ(\.get\(|\[)\s*[\"']DISTRINEWS_DATA_DIR")
-    files = [p for folder in ("scripts", "distrinews_lib") for p in (ROOT / folder).rglob("*.py")]
+    files = [p for folder in ("scripts", "distrinews_lib", "distrinews_course") for p in (ROOT / folder).rglob("*.py")]
     readers_ = {p.relative_to(ROOT).as_posix() for p in files if reads.search(p.read_text(encoding="utf-8"))}
     assert readers_ <= {"scripts/run_course.py", "distrinews_course/notebook.py"}, readers_
     assert "os.environ.get(DATA_DIR_ENV)" in (ROOT / "distrinews_lib" / "data" / "sources.py").read_text()

@@ -20,7 +20,7 @@ from .helpers import ROOT
 PITFALLS = ROOT / "scripts" / "pitfalls"
 CONCEPTS = ROOT / "scripts" / "concepts"
 SCRIPTS = sorted(PITFALLS.glob("*.py")) + sorted(CONCEPTS.glob("*.py"))
-DEMO = ROOT / "distrinews_lib" / "course" / "demo.py"
+DEMO = ROOT / "distrinews_course" / "demo.py"
 
 
 def test_there_are_thirteen_pitfalls_and_five_concepts():

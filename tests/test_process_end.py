@@ -86,10 +86,14 @@ def test_every_entry_point_that_joins_a_group_ends_through_end_process():
     missing, joined = [], []
     for path in sorted(SCRIPTS.rglob("*.py")):
         text = path.read_text()
-        if not re.search(r"init_process_group\(|by_hand\.init\(|= start\(|Accelerator\(|shared_process_group\(", text):
+        if not re.search(
+            r"init_process_group\(|harness\.(init|run)\(|= start\(|Accelerator\(|shared_process_group\(", text
+        ):
             continue
         joined.append(path.name)
-        if not any(way in text for way in ("run_and_end(", "end_process(", "\nfinish()", "    finish()")):
+        if not any(
+            way in text for way in ("run_and_end(", "end_process(", "\nfinish()", "    finish()", "harness.run(")
+        ):
             missing.append(path.relative_to(ROOT).as_posix())
     assert not missing, f"these entry points end without end_process: {missing}"
     assert {

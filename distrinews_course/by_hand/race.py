@@ -21,6 +21,7 @@ from ..bench.timing import cpu_busy_seconds, wait_for_quiet
 from ..proc_self import bytes_written
 from . import RUNGS, SCRIPTS, measure, models, report
 from .check import PASS, compare, crashed, mistake
+from .exercises import EXERCISES
 from .rung import agreement_group, param_names
 from .timeline import Timeline
 from .watch import Collectives
@@ -46,11 +47,11 @@ def rung_modules(rungs, exercises):
     for exercise in exercises:
         rung, path, label = (exercise.split(":") + [""])[:3]
         label = label or rung
-        if rung not in RUNGS or rung not in exercises.EXERCISES:
-            raise UserError(f"--exercise {exercise}: the exercises are {', '.join(exercises.EXERCISES)}")
+        if rung not in RUNGS or rung not in EXERCISES:
+            raise UserError(f"--exercise {exercise}: the exercises are {', '.join(EXERCISES)}")
         mod = load(SCRIPTS / f"{rung}.py", f"by_hand_{label}")
         learner = load(Path(path), f"exercise_{label}")
-        need = exercises.EXERCISES[rung]
+        need = EXERCISES[rung]
         if not hasattr(learner, need):
             raise UserError(f"{path} defines no {need}: keep the names the exercise's skeleton gives")
         for name, obj in vars(learner).items():

@@ -132,7 +132,7 @@ class _DelayedWork:
 
     def get_future(self):
         if self._future is None:
-            from .by_hand import when_done
+            from .timeline import when_done
 
             fut = self._future = _WatchedFuture(self.log, self.record)
 
