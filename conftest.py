@@ -42,3 +42,11 @@ except ImportError:
             "with `bash scripts/setup_env.sh` (or `pip install -r requirements-dev.txt`), or run only the Python "
             "tests with `python -m pytest tests -p no:nbval -o addopts=''`."
         )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`pytest -n 2`: whole files to the workers, the chapters that time things last and alone (tests/quiet_last.py)."""
+    from tests.quiet_last import QuietLast
+
+    return QuietLast(config, log)

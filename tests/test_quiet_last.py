@@ -1,0 +1,62 @@
+"""The suite's scheduler on two workers (tests/quiet_last.py), on a small suite of its own in a real `pytest -n 2`:
+every file runs whole on one worker, and the quiet files run last, one at a time, after every other test ended."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CONFTEST = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+import pytest
+from tests.quiet_last import QuietLast
+
+class Scheduler(QuietLast):
+    quiet_files = ("tests/test_q1.py", "tests/test_q2.py")
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    return Scheduler(config, log)
+"""
+
+TEST = """
+import json, os, time, pytest
+
+@pytest.mark.parametrize("i", range(3))
+def test_step(i):
+    start = time.time()
+    time.sleep(0.2)
+    with open(os.environ["LOG"], "a") as f:
+        f.write(json.dumps([__name__, os.environ["PYTEST_XDIST_WORKER"], start, time.time()]) + "\\n")
+"""
+
+
+def test_quiet_files_run_last_and_alone_and_every_file_on_one_worker(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    names = ["test_a", "test_b", "test_c", "test_d", "test_q1", "test_q2"]
+    for name in names:
+        (tmp_path / "tests" / f"{name}.py").write_text(TEST)
+    log = tmp_path / "log.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "tests"],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "LOG": str(log), "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    runs = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(runs) == 3 * len(names)
+    workers = {name: {w for m, w, *_ in runs if m.endswith(name)} for name in names}
+    assert all(len(w) == 1 for w in workers.values()), workers  # a file stays on one worker
+    quiet = [r for r in runs if r[0].endswith(("test_q1", "test_q2"))]
+    rest = [r for r in runs if r not in quiet]
+    assert min(r[2] for r in quiet) >= max(r[3] for r in rest), "a quiet file started before the others had ended"
+    q1, q2 = ([r for r in quiet if r[0].endswith(n)] for n in ("test_q1", "test_q2"))
+    assert min(r[2] for r in q2) >= max(r[3] for r in q1), "the quiet files ran side by side"
+    assert len({r[1] for r in rest}) == 2  # the rest did share both workers
