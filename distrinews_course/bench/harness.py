@@ -15,8 +15,9 @@ training loop offer for this, so renaming something inside the scripts cannot si
   register_module_forward_pre_hook) sees the script's DDP model on its first forward, before any backward,
   and gives it a communication hook (DDP's own register_comm_hook); then it removes itself. That hook does
   what DDP does by default (average each gradient bucket with an all-reduce), or with hook="fp16" | "bf16" |
-  "powersgd" one of torch's compression hooks, and records when each bucket's all-reduce was launched and
-  completed, the bucket's size and the bytes really all-reduced for it: how much of a step is communication.
+  "powersgd" one of torch's compression hooks, or with hook="none" nothing at all (DDP's own cost alone), and
+  records when each bucket's all-reduce was launched and completed, the bucket's size and the bytes really
+  all-reduced for it: how much of a step is communication.
 
 The one substitution, for lack of a hook: shared_process_group() and alone() below. See there.
 """
@@ -117,6 +118,22 @@ def _timed_allreduce(window: Window):
     return hook
 
 
+def _no_allreduce(window: Window):
+    """A DDP communication hook that sends nothing: each bucket comes back as it went in (every rank keeps its own
+    gradient). DDP's own work per step stays (its hooks, the copies into and out of the buckets, its forward's
+    checks): chapter 05 times it against the same work without DDP. The bucket is recorded, with 0 bytes sent."""
+
+    def hook(_, bucket):
+        buffer = bucket.buffer()
+        now = time.perf_counter()
+        window.comm.append((now, now, buffer.numel() * buffer.element_size(), bucket.index(), 0))
+        fut = torch.futures.Future()
+        fut.set_result(buffer)
+        return fut
+
+    return hook
+
+
 def _compression_hook(window: Window, name: str):
     """One of torch's gradient compression hooks, timed like _timed_allreduce; the bytes it all-reduces are what
     it casts the bucket to (fp16, bf16) or what PowerSGD's own statistics say it sent (P, Q and the tensors it
@@ -166,7 +183,10 @@ def run(script, argv, *, warmup: int, steps: int, device=None, comm: bool = Fals
     """Run `script` with `argv` as __main__ and return the measured Window. The script must take at least
     warmup + steps optimizer steps (pass --epochs 1 --max_steps_per_epoch warmup+steps)."""
     window = Window(warmup, steps, device)
-    comm_hook = _compression_hook(window, hook) if hook else _timed_allreduce(window)
+    if hook == "none":
+        comm_hook = _no_allreduce(window)
+    else:
+        comm_hook = _compression_hook(window, hook) if hook else _timed_allreduce(window)
     watches = [register_optimizer_step_post_hook(window.after_step)]
     counted = EpochMeter.add
 
