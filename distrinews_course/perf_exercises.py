@@ -71,3 +71,25 @@ def grade_same_hardware(guess: float | None, *, vs_one_core: float, vs_all_cores
     else:
         why = "too high: the single process's threads use the same cores DDP's processes use"
     return f"exercise 3: you predicted {g:.2f}x, measured {vs_all_cores:.2f}x: {why}"
+
+
+def grade_four_nodes(guess_ms: float | None, *, measured_ms: float, two_node_ms: float) -> str | None:
+    """Exercise 1's prediction: the all-reduce of the model's gradients on the box's 4 nodes (ms), against the time the
+    box measured (not printed on the page) and the same message's time on 2 nodes. None: within 15%."""
+    if guess_ms is None:
+        return "exercise 1: no prediction yet (fill in MY_4_NODE_MS above)"
+    g = float(guess_ms)
+    if abs(g / measured_ms - 1) <= 0.15:
+        return None
+    close = lambda x: abs(g / x - 1) <= 0.1  # noqa: E731
+    if close(two_node_ms):
+        why = "that is about its time on 2 nodes: with 4, each rank sends 2(N-1)/N = 1.5x the message, not 1x"
+    elif close(2 * two_node_ms):
+        why = "each rank sends 2(N-1)/N of the message, 1.5x at 4 ranks: 2x is the limit of many ranks"
+    elif any(close(measured_ms * k) for k in (8, 1 / 8)):
+        why = "bits and bytes: the link's rate is in bits per second, 8 bits to a byte"
+    elif any(close(measured_ms * k) for k in (1e3, 1e-3)):
+        why = "the units: the answer is in milliseconds"
+    else:
+        why = "alpha once, plus what each rank sends over its own link's rate"
+    return f"exercise 1: you predicted {g:.1f} ms, the 4 nodes measured {measured_ms:.1f} ms: {why}"

@@ -324,10 +324,12 @@ def grade_allreduce_ms(fn, fits: dict, sizes: list[int]) -> str | None:
                 why = "the ring factor 2(n-1)/n is missing (at n = 2 it is 1, so it only shows at n = 4)"
             elif close(yours, bytes_ms):
                 why = "alpha is missing: every all-reduce pays it once, whatever its size"
+            elif close(yours, n * alpha_ms + bytes_ms):
+                why = "alpha is paid once per all-reduce, not once per rank"
             elif any(close(yours / want, k) for k in (1e3, 1e-3, 2**30 / 1e9, 1e9 / 2**30)):
                 why = "the units: gb_per_s is 1e9 bytes per second, and the answer is in milliseconds"
             else:
-                why = "alpha (ms) once, plus 2(n-1)/n x nbytes over gb_per_s"
+                why = "take it apart: the latency term against the fit's alpha, the bytes term against the rest"
             return (
                 f"exercise 1: allreduce_ms({nbytes} bytes, n={n}) = {yours:.3f} ms, the fit says {want:.3f} ms: {why}"
             )

@@ -1,18 +1,20 @@
 """Run the course's training scripts UNCHANGED, many times in ONE torchrun launch, and time a window of
-their optimizer steps (distrinews_course.bench.harness). The measuring tool of chapter 05.
+their optimizer steps (distrinews_course.bench.harness). The measuring tool of chapter 05, which prints one line per
+run as it ends.
 
     torchrun --nproc_per_node=2 scripts/bench_runs.py RESULTS.json RUNS.json
 
 RUNS.json maps a name to a run: {"world": 1 or N, "warmup": W, "steps": S, "flags": [...]}, and optionally
-"hook" (fp16, bf16 or powersgd: one of torch's gradient compression hooks), "straggler_ms" (the last
-rank sleeps that long after each optimizer step), "breakdown": true (each step's parts, timed on every
-rank: course/perf_model.py's StepClock) and "profile": PREFIX (a torch.profiler Chrome trace of two
-steps per rank, PREFIX_rank<r>.json). A run with "world": 1 is scripts/train_single.py on rank 0 alone
-(the other ranks wait: one device), or with "every_rank": true on every rank at once, each on its own
-(what sharing the machine costs, without any communication); any other run is scripts/train_ddp.py on every
-rank, with every gradient bucket's all-reduce timed and every byte sent counted. A run {"collectives": {"sizes": [...]}}
-times all_reduce over those message sizes instead (perf_model.time_collectives). Inside scripts/cluster/box.py a run's
-"link": RATE first dials every node's link to that rate (course/link.py).
+"hook" (fp16, bf16 or powersgd: one of torch's gradient compression hooks; none: DDP with no all-reduce at
+all, its own work alone), "straggler_ms" (the last rank sleeps that long after each optimizer step),
+"breakdown": true (each step's parts, timed on every rank: distrinews_course/perf_model.py's StepClock) and
+"profile": PREFIX (a torch.profiler Chrome trace of two steps per rank, PREFIX_rank<r>.json). A run with
+"world": 1 is scripts/train_single.py on rank 0 alone (the other ranks wait: one device), or with
+"every_rank": true on every rank at once, each on its own (what sharing the machine costs, without any
+communication); any other run is scripts/train_ddp.py on every rank, with every gradient bucket's
+all-reduce timed and every byte sent counted. A run {"collectives": {"sizes": [...]}} times all_reduce over
+those message sizes instead (perf_model.time_collectives). Inside scripts/cluster/box.py a run's "link": RATE
+first dials every node's link to that rate (distrinews_course/link.py).
 """
 import contextlib
 import json

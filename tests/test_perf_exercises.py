@@ -59,3 +59,27 @@ def test_same_hardware_reference_and_blank():
 def test_same_hardware_mutants_each_named(guess, words):
     verdict = px.grade_same_hardware(guess, **SAME)
     assert verdict is not None and words in verdict and "\n" not in verdict
+
+
+FOUR = dict(measured_ms=270.0, two_node_ms=180.0)  # 8 MiB over 400 Mbit links: 4 nodes 1.5x the 2 nodes' time
+
+
+def test_four_nodes_reference_and_blank():
+    assert px.grade_four_nodes(262.0, **FOUR) is None
+    assert "no prediction yet" in px.grade_four_nodes(None, **FOUR)
+
+
+@pytest.mark.parametrize(
+    "guess, words",
+    [
+        (180.0, "about its time on 2 nodes"),  # the ring's factor left out
+        (360.0, "2x is the limit of many ranks"),  # 2x the message instead of 2(N-1)/N
+        (270.0 * 8, "bits and bytes"),
+        (270.0 / 8, "bits and bytes"),
+        (0.27, "the units"),
+        (100.0, "alpha once"),
+    ],
+)
+def test_four_nodes_mutants_each_named(guess, words):
+    verdict = px.grade_four_nodes(guess, **FOUR)
+    assert verdict is not None and words in verdict and "\n" not in verdict

@@ -198,7 +198,8 @@ def test_collectives_on_real_gloo_processes(tmp_path):
         ("no ring factor", lambda s, n, a, g: a + s / (g * 1e9) * 1000, "the ring factor 2(n-1)/n is missing"),
         ("no alpha", lambda s, n, a, g: 2 * (n - 1) / n * s / (g * 1e9) * 1000, "alpha is missing"),
         ("seconds, not ms", lambda s, n, a, g: (a + 2 * (n - 1) / n * s / (g * 1e9) * 1000) / 1000, "the units"),
-        ("alpha per rank", lambda s, n, a, g: n * a + 2 * (n - 1) / n * s / (g * 1e9) * 1000, "alpha (ms) once"),
+        ("alpha per rank", lambda s, n, a, g: n * a + 2 * (n - 1) / n * s / (g * 1e9) * 1000, "not once per rank"),
+        ("bytes 3x", lambda s, n, a, g: a + 6 * (n - 1) / n * s / (g * 1e9) * 1000, "take it apart"),
         ("raises", lambda s, n, a, g: 1 / 0, "raised ZeroDivisionError"),
     ],
 )
