@@ -62,7 +62,7 @@ with harness.shared_process_group():
                 results[name] = {**run, "world": world, "rows": [{**r, "sent_by_rank": [s[i] for s in sent]}
                                                                  for i, r in enumerate(rows)]}
             continue
-        window, clock = None, perf_model.StepClock()
+        window, clock, started = None, perf_model.StepClock(), time.perf_counter()
         timers = clock if run.get("breakdown") else contextlib.nullcontext()
         prof = profiled(run["profile"], rank, run["warmup"]) if run.get("profile") else contextlib.nullcontext()
         if run["world"] == 1 and run.get("every_rank"):  # one process per rank at once, no communication
@@ -96,7 +96,8 @@ with harness.shared_process_group():
                 ranks = [{**r, "parts": p} for r, p in zip(ranks, parts)]
             ranks = [{k: v for k, v in r.items() if k != "events"} for r in ranks]
             total = throughput.over_ranks(ranks)  # the run lasts as long as its slowest rank; samples add up
-            results[name] = {**run, "ranks": ranks, **{k: total[k] for k in ("seconds", "samples", "samples_per_s")}}
+            results[name] = {**run, "ranks": ranks, **{k: total[k] for k in ("seconds", "samples", "samples_per_s")},
+                             "wall_s": time.perf_counter() - started}  # the whole run: start-up, warm-up, window, end
             print(f"[bench_runs] {name}: {total['samples']} samples in {total['seconds']:.2f} s = "
                   f"{total['samples_per_s']:.0f} samples/s", flush=True)
     if rank == 0:

@@ -94,11 +94,14 @@ def test_step_clock_times_a_real_training_step():
             opt.zero_grad()
         with torch.no_grad():
             net(torch.randn(4, 8), torch.tensor([0, 1, 0, 1]))  # evaluation: not a training step
-    names = [n for n, _ in clock.events]
+    names = [n for n, _ in clock.events if not n.startswith("cpu_")]
     assert names[:6] == ["fwd_start", "fwd_end", "bwd_end", "bwd_return", "opt_start", "opt_end"]
+    # the other threads' CPU, read where forward starts and backward ends: once each per training step
+    cpu = [n for n, _ in clock.events if n.startswith("cpu_")]
+    assert cpu == ["cpu_fwd_start", "cpu_bwd_end"] * 3
     assert names.count("opt_end") == 3 and names.count("fwd_start") == 3
     parts = pm.breakdown([clock.events], first_step=1, steps=2)[0]
-    assert all(parts[p] >= 0 for p in pm.PARTS)
+    assert all(parts[p] >= 0 for p in (*pm.PARTS, "helpers_cpu"))
     assert sum(parts[p] for p in pm.PARTS) == pytest.approx(parts["step"])
 
 
