@@ -44,8 +44,18 @@ def profiled(prefix, rank, warmup):
         prof.stop()
 
 
+def import_what_the_scripts_import():
+    """On every rank at once, before the first run: otherwise each rank pays seconds of imports (transformers) in
+    its first run, rank 1 only once rank 0's first run is over."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, DistilBertConfig  # noqa: F401
+
+    from distrinews_lib import checkpoint, plan  # noqa: F401
+    from distrinews_lib.training import config, epochs, evaluation, optim, snapshot, tracking  # noqa: F401
+
+
 results_path, runs = sys.argv[1], json.loads(open(sys.argv[2]).read())
 results = {}
+import_what_the_scripts_import()
 with harness.shared_process_group():
     rank, world = dist.get_rank(), dist.get_world_size()
     for name, run in runs.items():
