@@ -45,7 +45,7 @@ from distrinews_lib.data import sources
 from distrinews_lib.training.epochs import EpochMeter
 
 from . import throughput
-from .timing import cpu_busy_seconds, sync
+from .timing import cpu_busy_seconds, kernel_seconds, sync
 
 
 @dataclass
@@ -64,7 +64,7 @@ class Window:
         self.seen += 1
         if self.seen in (self.warmup, self.warmup + self.steps):
             sync(self.device)
-            self.marks[self.seen] = (time.perf_counter(), time.process_time(), cpu_busy_seconds())
+            self.marks[self.seen] = (time.perf_counter(), time.process_time(), cpu_busy_seconds(), kernel_seconds())
 
     def on_batch(self, cpu_batch):
         mask = cpu_batch["attention_mask"]
@@ -74,11 +74,13 @@ class Window:
         first, last = self.warmup, self.warmup + self.steps
         if first not in self.marks or last not in self.marks:
             raise RuntimeError(f"the script took {self.seen} optimizer steps; the window needs {last}")
-        (t0, c0, b0), (t1, c1, b1) = self.marks[first], self.marks[last]
+        (t0, c0, b0, k0), (t1, c1, b1, k1) = self.marks[first], self.marks[last]
         inside = [(lengths, width) for step, lengths, width in self.batches if first <= step < last]
         out = throughput.window(
             self.steps, t1 - t0, c1 - c0, inside, busy=(b0, b1), shape=shape, peak=peak, n_devices=n_devices
         )
+        # the machine's kernel time in the window (every process's, ours included): its network work, tc's
+        out["kernel_cpu_s"] = k1 - k0 if None not in (k0, k1) else None
         comm = [c for c in self.comm if t0 <= c[0] <= t1]
         if comm:
             out["allreduces"] = len(comm)
