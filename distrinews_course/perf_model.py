@@ -205,6 +205,11 @@ def steps_of(events) -> list[dict]:
     return steps
 
 
+def step_times(events, first_step: int, steps: int) -> list[float]:
+    """One rank's optimizer steps first_step+1 .. first_step+steps, each in seconds (from the previous step's end)."""
+    return [s["opt_end"] - s["prev_end"] for s in steps_of(events)[first_step : first_step + steps]]
+
+
 def breakdown(ranks_events, first_step: int, steps: int) -> list[dict]:
     """Mean seconds per step of each part on each rank, over optimizer steps first_step+1 .. first_step+steps
     (the harness's timed window: after `first_step` warm-up steps). The parts tile the step:

@@ -103,7 +103,8 @@ with harness.shared_process_group():
         if rank == 0:
             if run.get("breakdown"):
                 parts = perf_model.breakdown([r["events"] for r in ranks], run["warmup"], run["steps"])
-                ranks = [{**r, "parts": p} for r, p in zip(ranks, parts)]
+                times = [perf_model.step_times(r["events"], run["warmup"], run["steps"]) for r in ranks]
+                ranks = [{**r, "parts": p, "step_times": t} for r, p, t in zip(ranks, parts, times)]
             ranks = [{k: v for k, v in r.items() if k != "events"} for r in ranks]
             total = throughput.over_ranks(ranks)  # the run lasts as long as its slowest rank; samples add up
             results[name] = {**run, "ranks": ranks, **{k: total[k] for k in ("seconds", "samples", "samples_per_s")},

@@ -123,12 +123,14 @@ def _timed_allreduce(window: Window):
 
 
 def _no_allreduce(window: Window):
-    """A DDP communication hook that sends nothing: each bucket comes back as it went in (every rank keeps its own
-    gradient). DDP's own work per step stays (its hooks, the copies into and out of the buckets, its forward's
-    checks): chapter 05 times it against the same work without DDP. The bucket is recorded, with 0 bytes sent."""
+    """A DDP communication hook that sends nothing: each bucket is divided by the world size, as DDP's default hook
+    does, and comes back without an all-reduce (every rank keeps its own gradient). DDP's own work per step stays (its
+    hooks, the copies into and out of the buckets, the division, its forward's checks): chapter 05 times it against the
+    same work without DDP. The bucket is recorded, with 0 bytes sent."""
 
-    def hook(_, bucket):
+    def hook(process_group, bucket):
         buffer = bucket.buffer()
+        buffer.div_(dist.get_world_size(process_group if process_group is not None else dist.group.WORLD))
         now = time.perf_counter()
         window.comm.append((now, now, buffer.numel() * buffer.element_size(), bucket.index(), 0))
         fut = torch.futures.Future()

@@ -14,9 +14,10 @@ Once per round, at the smallest batch, `nocomm`: train_ddp.py whose communicatio
 work per step (its hooks, the copies into and out of the buckets, its forward's checks) is timed against the pair's;
 and at the largest, `solo`: 1 process at b alone, for the cache effect (b against 2b, nothing beside it).
 
-The prediction of a DDP step is the pair's step (the slower rank: DDP's ranks move together) + DDP's own work + the
-all-reduce of the gradients from the fitted alpha + S / bandwidth. Nothing of the ddp run it predicts goes in. A
-speedup is never predicted above N: N processes of one core each have N cores between them.
+The prediction of a DDP step is the pair's step (the slower rank's, step by step: DDP's ranks wait for each other in
+every step) + DDP's own work + the all-reduce of the gradients from the fitted alpha + S / bandwidth. Nothing of the
+ddp run it predicts goes in. A speedup is never predicted above N: N processes of one core each have N cores between
+them.
 """
 
 from __future__ import annotations
@@ -35,6 +36,16 @@ BOUND = 0.15  # a prediction is right within this share of the measurement
 def step_s(run: dict) -> float:
     """Seconds per step of a run (its slowest rank's)."""
     return run["seconds"] / run["steps"]
+
+
+def lockstep_s(run: dict) -> float:
+    """Seconds per step if the run's ranks had waited for each other in every step, as DDP's do: the mean over the
+    steps of the slowest rank's step. For a pair (ranks that never wait) it is above its slower rank's mean step by
+    the steps' own jitter; where the steps were not recorded one by one, the slower rank's mean."""
+    times = [r.get("step_times") for r in run["ranks"]]
+    if not all(times) or len({len(t) for t in times}) != 1:
+        return step_s(run)
+    return sum(max(ts) for ts in zip(*times)) / len(times[0])
 
 
 def part(run: dict, *names: str, rank=None) -> float:
@@ -93,7 +104,7 @@ class Model:
     """A DDP step predicted from a pair's step: + DDP's own work + the fitted all-reduce."""
 
     n: int
-    overhead_s: float  # DDP's hooks and bucket copies per step (nocomm's compute less the pair's)
+    overhead_s: float  # DDP's own work per step: hooks, bucket copies, the division (nocomm's step less the pair's)
     helpers_s: float  # gloo's threads' CPU per step while a nocomm rank computed (its forward's broadcast)
     comm_s: float  # the all-reduce of the gradients, from the fit (one message per bucket)
     grad_bytes: float
@@ -108,7 +119,8 @@ class Model:
     @classmethod
     def from_runs(cls, R: dict, fit, n: int, small: int, rounds: int) -> Model:
         """The terms from the launch's nocomm and pair runs (the median of the rounds) and the all-reduce fit."""
-        own = [compute_s(R[f"nocomm_b{small}_r{k}"]) - compute_s(R[f"pair_b{small}_r{k}"]) for k in range(rounds)]
+        # nocomm's ranks meet once a step (its forward broadcasts the buffers), so both sides wait step by step
+        own = [step_s(R[f"nocomm_b{small}_r{k}"]) - lockstep_s(R[f"pair_b{small}_r{k}"]) for k in range(rounds)]
         helpers = statistics.median(part(R[f"nocomm_b{small}_r{k}"], "helpers_cpu") for k in range(rounds))
         r0 = R[f"nocomm_b{small}_r0"]["ranks"][0]  # its hook counted the buckets and their bytes, sending none
         buckets = round(r0["allreduces"] / r0["synced_backwards"])
@@ -127,7 +139,7 @@ def points(R: dict, model: Model, batches, rounds: int, gpus: bool = False) -> l
         rows = []
         for k in range(rounds):
             runs = {kind: R[f"{kind}_b{b}_r{k}"] for kind in KINDS}
-            s1, sp, sd = (step_s(runs[kind]) for kind in KINDS)
+            s1, sp, sd = step_s(runs["single"]), lockstep_s(runs["pair"]), step_s(runs["ddp"])
             busy = [others(r) for r in runs.values()]
             rows.append(
                 dict(
