@@ -331,7 +331,8 @@ def _fmt(value) -> str:
                 + "</tr>"
                 for name, row in value.items()
             )
-            return f'<table class="figures"><tr><th></th>{head}</tr>{body}</table>'
+            # a wide table scrolls inside its cell: the page itself is never wider than the window
+            return f'<div class="figures-wide"><table class="figures"><tr><th></th>{head}</tr>{body}</table></div>'
         items = "".join(f"<dt>{html.escape(str(k))}</dt><dd>{_fmt(v)}</dd>" for k, v in value.items())
         return f'<dl class="figures">{items}</dl>'
     return html.escape(str(value))
@@ -396,13 +397,16 @@ tr.not-run {{ color: #888; }}
 .stem {{ font-size: 80%; color: #888; }}
 dl {{ display: grid; grid-template-columns: max-content minmax(0, 1fr); gap: 2px 1em; margin: 0.5em 0; }}
 dt {{ color: #555; }} dd {{ margin: 0; min-width: 0; }}
+.figures-wide {{ overflow-x: auto; max-width: 100%; }}
 table.figures {{ width: auto; font-size: 90%; }}
 table.figures th, table.figures td {{ padding: 2px 6px; font-variant-numeric: tabular-nums; }}
 @media (max-width: 700px) {{
-  table.summary, table.summary tbody, table.summary tr, table.summary td {{ display: block; width: auto; }}
-  table.summary thead {{ display: none; }}
-  table.summary tr {{ border-bottom: 1px solid #ccc; padding: 6px 0; }}
-  table.summary td {{ border: none; padding: 2px 0; text-align: left; }}
+  /* the summary's own rows only (">"): a table of figures inside a cell stays a table, and scrolls */
+  table.summary, table.summary > tbody, table.summary > tbody > tr, table.summary > tbody > tr > td {{
+    display: block; width: auto; }}
+  table.summary > thead {{ display: none; }}
+  table.summary > tbody > tr {{ border-bottom: 1px solid #ccc; padding: 6px 0; }}
+  table.summary > tbody > tr > td {{ border: none; padding: 2px 0; text-align: left; }}
   table.summary td.status::before {{ content: "status: "; color: #555; }}
   table.summary td.seconds::before {{ content: "seconds: "; color: #555; }}
   dl {{ grid-template-columns: minmax(0, 1fr); }}

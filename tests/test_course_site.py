@@ -436,7 +436,8 @@ def test_a_figure_that_is_a_dict_is_a_table_not_python():
         "zero1": {"step_time_ratio_vs_ddp": 1.1, "peak_mb_per_rank": 81.9},
     }
     out = _fmt(rungs)
-    assert out.startswith('<table class="figures">') and "<th>zero1</th>" in out and "<td>1.043</td>" in out
+    assert out.startswith('<div class="figures-wide"><table class="figures">') and "<th>zero1</th>" in out
+    assert "<td>1.043</td>" in out
     assert "'" not in out and "{" not in out
     assert _fmt({"a": 1.0, "b": "x<y", "c": [1, 2]}) == (
         '<dl class="figures"><dt>a</dt><dd>1</dd><dt>b</dt><dd>x&lt;y</dd><dt>c</dt><dd>1, 2</dd></dl>'
