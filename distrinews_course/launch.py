@@ -160,13 +160,18 @@ def _run_logged(cmd, *, timeout, env, cwd, echo, check, what, logs: Path) -> Lau
         # Read whatever is there (not line by line), so tqdm's \r redraws reach the cell as they happen.
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         fd = proc.stdout.fileno()
+        partial = ""  # echo given as a function: the last line, until it is complete
         while True:
             data = os.read(fd, 65536)
             if not data:
                 break
             text = decoder.decode(data)
             chunks.append(text)
-            if echo:
+            if callable(echo):  # a filter: each complete line it turns into text is shown, as it comes
+                *done, partial = (partial + text).split("\n")
+                for shown in filter(None, map(echo, done)):
+                    print(shown, flush=True)
+            elif echo:
                 print(text, end="", flush=True)
         chunks.append(decoder.decode(b"", final=True))
 
@@ -301,7 +306,7 @@ def torchrun(
     timeout: float = 900,
     env: dict | None = None,
     cwd=None,
-    echo: bool = True,
+    echo=True,
     check: bool = True,
     torchrun_args=(),
     standalone: bool = True,
@@ -313,7 +318,8 @@ def torchrun(
     nproc="auto" uses every GPU, or 2 CPU processes without one. module=True: `script` is a module to run as
     `python -m`. For several nodes pass standalone=False and torchrun_args=["--nnodes=2", "--rdzv_backend=c10d",
     "--rdzv_endpoint=HOST:29500", ...]. cpu_threads sets OMP_NUM_THREADS per rank (unless env sets it), so N ranks
-    do not fight over cores.
+    do not fight over cores. echo: True streams the output as it comes, False shows none, a function (line -> text
+    or None) shows what it makes of each line (one line per run of a long launch, say).
     """
     nproc = default_nproc() if nproc == "auto" else int(nproc)
     _check_nccl_fits(nproc, args)

@@ -22,7 +22,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from .by_hand.timeline import wire_bytes
-from .proc_self import bytes_written
+from .proc_self import bytes_written, other_threads_cpu_s
 
 # --------------------------------------------------------------------------- collectives, measured
 
@@ -115,6 +115,7 @@ class StepClock:
     bwd_end              the autograd graph is done (a callback queued when the loss's gradient is computed)
     bwd_return           backward() is about to return: after DDP has waited for its all-reduces
     opt_start / opt_end  the optimizer step
+    cpu_fwd_start / cpu_bwd_end  the CPU time of this process's other threads (gloo's) at fwd_start and bwd_end
     """
 
     def __init__(self):
@@ -129,6 +130,7 @@ class StepClock:
     def _pre(self, module, args):
         if self._depth == 0 and torch.is_grad_enabled():
             self._mark("fwd_start")
+            self.events.append(("cpu_fwd_start", other_threads_cpu_s()))
         self._depth += 1
 
     def _post(self, module, args, output):
@@ -143,7 +145,16 @@ class StepClock:
         engine = torch.autograd.Variable._execution_engine
         # Callbacks run in the order queued, after the graph: ours first, then DDP's (it queues its own later,
         # during backward), which waits for the all-reduces; the one we queue from ours runs after DDP's.
-        engine.queue_callback(lambda: (self._mark("bwd_end"), engine.queue_callback(lambda: self._mark("bwd_return"))))
+        engine.queue_callback(
+            lambda: (
+                self._mark("bwd_end"),
+                self._helpers_cpu(),
+                engine.queue_callback(lambda: self._mark("bwd_return")),
+            )
+        )
+
+    def _helpers_cpu(self):
+        self.events.append(("cpu_bwd_end", other_threads_cpu_s()))
 
     def __enter__(self):
         self._handles = [
@@ -194,19 +205,25 @@ def steps_of(events) -> list[dict]:
     return steps
 
 
+def step_times(events, first_step: int, steps: int) -> list[float]:
+    """One rank's optimizer steps first_step+1 .. first_step+steps, each in seconds (from the previous step's end)."""
+    return [s["opt_end"] - s["prev_end"] for s in steps_of(events)[first_step : first_step + steps]]
+
+
 def breakdown(ranks_events, first_step: int, steps: int) -> list[dict]:
     """Mean seconds per step of each part on each rank, over optimizer steps first_step+1 .. first_step+steps
     (the harness's timed window: after `first_step` warm-up steps). The parts tile the step:
     data (end of the last optimizer step to the forward: zero_grad, the loader, the copy), forward, backward
     (compute), comm (backward done to backward returning: DDP waiting for its all-reduces), split into `waiting`
     (until the slowest rank had finished its backward too) and `transfer` (the rest), clip (clipping and
-    bookkeeping up to the optimizer step) and optimizer."""
+    bookkeeping up to the optimizer step) and optimizer; beside them, not part of the tiling, helpers_cpu (the CPU
+    time this rank's other threads, gloo's, used while its forward and backward ran)."""
     per_rank = [steps_of(ev)[first_step : first_step + steps] for ev in ranks_events]
     if any(len(s) < steps for s in per_rank) or not all(st["complete"] for s in per_rank for st in s):
         raise ValueError("the step clock did not see every event of every timed step (accumulation is not supported)")
     out = []
     for r, rank_steps in enumerate(per_rank):
-        acc = {p: 0.0 for p in (*PARTS, "waiting", "transfer", "step")}
+        acc = {p: 0.0 for p in (*PARTS, "waiting", "transfer", "helpers_cpu", "step")}
         for k, st in enumerate(rank_steps):
             last_bwd = max(other[k]["bwd_end"] for other in per_rank)  # the all-reduce's last bucket can start then
             parts = {
@@ -220,6 +237,9 @@ def breakdown(ranks_events, first_step: int, steps: int) -> list[dict]:
             }
             parts["waiting"] = min(max(0.0, last_bwd - st["bwd_end"]), parts["comm"])
             parts["transfer"] = parts["comm"] - parts["waiting"]
+            # gloo's threads' CPU while this rank's forward and backward ran: on a core of the model's
+            cpu = (st.get("cpu_fwd_start"), st.get("cpu_bwd_end"))
+            parts["helpers_cpu"] = cpu[1] - cpu[0] if None not in cpu else 0.0
             for p, v in parts.items():
                 acc[p] += v
         out.append({p: v / steps for p, v in acc.items()})
@@ -309,10 +329,12 @@ def grade_allreduce_ms(fn, fits: dict, sizes: list[int]) -> str | None:
                 why = "the ring factor 2(n-1)/n is missing (at n = 2 it is 1, so it only shows at n = 4)"
             elif close(yours, bytes_ms):
                 why = "alpha is missing: every all-reduce pays it once, whatever its size"
+            elif close(yours, n * alpha_ms + bytes_ms):
+                why = "alpha is paid once per all-reduce, not once per rank"
             elif any(close(yours / want, k) for k in (1e3, 1e-3, 2**30 / 1e9, 1e9 / 2**30)):
                 why = "the units: gb_per_s is 1e9 bytes per second, and the answer is in milliseconds"
             else:
-                why = "alpha (ms) once, plus 2(n-1)/n x nbytes over gb_per_s"
+                why = "take it apart: the latency term against the fit's alpha, the bytes term against the rest"
             return (
                 f"exercise 1: allreduce_ms({nbytes} bytes, n={n}) = {yours:.3f} ms, the fit says {want:.3f} ms: {why}"
             )

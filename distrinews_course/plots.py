@@ -68,3 +68,28 @@ def read_tensorboard(run_dir) -> dict:
     acc = EventAccumulator(str(Path(run_dir) / "tensorboard"))
     acc.Reload()
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def predicted_vs_measured(
+    xs, predicted, measured, *, labels=None, hline=None, vline=None, xlabel="", title="", save_to=None, ylim=None
+):
+    """Chapter 05's speedup plots: a prediction made before the run (dashed) against the measurement, on a log x axis.
+    hline / vline: (value, label) of a reference line (the ideal N x, 1 process, a break-even rate)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(xs, predicted, "s--", label="predicted before the run")
+    ax.plot(xs, measured, "o-", label="measured")
+    if hline:
+        ax.axhline(hline[0], color="k", lw=0.8, ls=":", label=hline[1])
+    if vline:
+        ax.axvline(vline[0], color="tab:red", lw=0.8, ls="--", label=vline[1])
+    ax.set(xscale="log", xlabel=xlabel, ylabel="speedup over 1 process", title=title)
+    if ylim:
+        ax.set_ylim(*ylim)
+    ax.set_xticks(xs, labels or [str(x) for x in xs])
+    ax.xaxis.set_minor_formatter(plt.NullFormatter())  # no '6x10^1' over '64'
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    if save_to:
+        fig.savefig(save_to, dpi=110)
+    return fig

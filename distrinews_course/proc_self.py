@@ -1,11 +1,14 @@
 """What a process reads of itself: its resident memory and peak (VmHWM, which /proc/self/clear_refs restarts), the
-bytes it has written (files and sockets: gloo's traffic), the bytes autograd saves for backward, and the bytes a
+bytes it has written (files and sockets: gloo's traffic), its other threads' CPU time, the bytes autograd saves for
+backward, and the bytes a
 (possibly sharded) tensor holds on this rank. memory_footprint.py and chapter 06 measure memory with it; chapters 03
 and 05 count the bytes a collective sends."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
 from pathlib import Path
 
 import torch
@@ -23,6 +26,27 @@ def bytes_written() -> int | None:
     except OSError:
         return None
     return None
+
+
+def other_threads_cpu_s() -> float | None:
+    """CPU-seconds used so far by this process's threads other than the calling one (gloo's, torch's), from
+    /proc/self/task/*/schedstat (nanoseconds: /proc's clock ticks are too coarse for one step), or None without it.
+    Chapter 05 reads it around forward and backward: what gloo's threads took of the cores while the model computed."""
+    me = threading.get_native_id()
+    total = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        if tid == str(me):
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
+            continue
+    return total / 1e9
 
 
 def status_mb(field: str) -> float:

@@ -39,6 +39,7 @@ PROJECT_ROOT = ROOT
 
 HIDDEN_TAG = "hide"
 SOLUTION_TAG = "solution"
+FOLD_TAG = "fold"  # a cell whose output is long (a diff, a whole script): on the page it is folded behind a summary
 # papermill's copy of the parameters it injected: the page names them once, in its header, instead of a second cell
 INJECTED_TAG = "injected-parameters"
 
@@ -64,6 +65,7 @@ nav.course-nav a { color: #1a5fb4; text-decoration: underline; }
 p.course-run { font-family: sans-serif; color: #555; font-size: 13px; margin: 0 0 8px; }
 details.solution { border-left: 3px solid #e0a800; margin: 8px 0; padding-left: 6px; }
 details.solution > summary { cursor: pointer; font-family: sans-serif; color: #8a6100; padding: 4px 0; }
+details.fold > summary { cursor: pointer; font-family: sans-serif; color: #555; padding: 4px 0; }
 .jp-InputArea-editor pre, .jp-OutputArea-output pre, pre { white-space: pre-wrap; overflow-wrap: anywhere; }
 .jp-Cell, .jp-Cell-inputWrapper, .jp-Cell-outputWrapper, .jp-InputArea, .jp-OutputArea-child,
 .jp-OutputArea-output, .jp-InputArea-editor { min-width: 0; max-width: 100%; }
@@ -120,6 +122,17 @@ _TEMPLATE = (
 {{ super() }}
 {%- endif -%}
 {%- endblock any_cell -%}
+{%- block outputs -%}
+{%- if '"""
+    + FOLD_TAG
+    + """' in cell.metadata.get('tags', []) -%}
+<details class="fold"><summary>show the output (long)</summary>
+{{ super() }}
+</details>
+{%- else -%}
+{{ super() }}
+{%- endif -%}
+{%- endblock outputs -%}
 {%- block body_footer -%}
 {{ resources.course_nav }}
 </main>
@@ -300,9 +313,29 @@ def remote_references(page: str) -> list[str]:
 
 
 def _fmt(value) -> str:
+    """A record's figure as HTML: a number to 4 digits, a dict of dicts (rows of the same figures) a table, a dict a
+    list of its figures, a list its items; every text escaped."""
+    if isinstance(value, bool) or value is None:
+        return html.escape(str(value))
     if isinstance(value, float):
         return f"{value:.4g}"
-    return str(value)
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_fmt(v) for v in value)
+    if isinstance(value, dict):
+        rows = [v for v in value.values() if isinstance(v, dict)]
+        if value and len(rows) == len(value) and all(set(r) == set(rows[0]) for r in rows):
+            head = "".join(f"<th>{html.escape(str(k))}</th>" for k in rows[0])
+            body = "".join(
+                f"<tr><th>{html.escape(str(name))}</th>"
+                + "".join(f"<td>{_fmt(v)}</td>" for v in row.values())
+                + "</tr>"
+                for name, row in value.items()
+            )
+            # a wide table scrolls inside its cell: the page itself is never wider than the window
+            return f'<div class="figures-wide"><table class="figures"><tr><th></th>{head}</tr>{body}</table></div>'
+        items = "".join(f"<dt>{html.escape(str(k))}</dt><dd>{_fmt(v)}</dd>" for k, v in value.items())
+        return f'<dl class="figures">{items}</dl>'
+    return html.escape(str(value))
 
 
 def _index_page(summary: dict, chapters: list[dict]) -> str:
@@ -314,7 +347,7 @@ def _index_page(summary: dict, chapters: list[dict]) -> str:
         secs = f"{ch['seconds']:.1f}" if ch["seconds"] is not None else "-"
         figures = "".join(
             f'<dt>{html.escape(k)}</dt><dd data-key="{html.escape(k)}" '
-            f'data-value="{html.escape(json.dumps(v))}">{html.escape(_fmt(v))}</dd>'
+            f'data-value="{html.escape(json.dumps(v))}">{_fmt(v)}</dd>'
             for k, v in ch["record"].items()
             if k not in ("headline", "notebook")
         )
@@ -364,11 +397,16 @@ tr.not-run {{ color: #888; }}
 .stem {{ font-size: 80%; color: #888; }}
 dl {{ display: grid; grid-template-columns: max-content minmax(0, 1fr); gap: 2px 1em; margin: 0.5em 0; }}
 dt {{ color: #555; }} dd {{ margin: 0; min-width: 0; }}
+.figures-wide {{ overflow-x: auto; max-width: 100%; }}
+table.figures {{ width: auto; font-size: 90%; }}
+table.figures th, table.figures td {{ padding: 2px 6px; font-variant-numeric: tabular-nums; }}
 @media (max-width: 700px) {{
-  table.summary, table.summary tbody, table.summary tr, table.summary td {{ display: block; width: auto; }}
-  table.summary thead {{ display: none; }}
-  table.summary tr {{ border-bottom: 1px solid #ccc; padding: 6px 0; }}
-  table.summary td {{ border: none; padding: 2px 0; text-align: left; }}
+  /* the summary's own rows only (">"): a table of figures inside a cell stays a table, and scrolls */
+  table.summary, table.summary > tbody, table.summary > tbody > tr, table.summary > tbody > tr > td {{
+    display: block; width: auto; }}
+  table.summary > thead {{ display: none; }}
+  table.summary > tbody > tr {{ border-bottom: 1px solid #ccc; padding: 6px 0; }}
+  table.summary > tbody > tr > td {{ border: none; padding: 2px 0; text-align: left; }}
   table.summary td.status::before {{ content: "status: "; color: #555; }}
   table.summary td.seconds::before {{ content: "seconds: "; color: #555; }}
   dl {{ grid-template-columns: minmax(0, 1fr); }}

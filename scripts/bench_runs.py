@@ -1,18 +1,20 @@
 """Run the course's training scripts UNCHANGED, many times in ONE torchrun launch, and time a window of
-their optimizer steps (distrinews_course.bench.harness). The measuring tool of chapter 05.
+their optimizer steps (distrinews_course.bench.harness). The measuring tool of chapter 05, which prints one line per
+run as it ends.
 
     torchrun --nproc_per_node=2 scripts/bench_runs.py RESULTS.json RUNS.json
 
 RUNS.json maps a name to a run: {"world": 1 or N, "warmup": W, "steps": S, "flags": [...]}, and optionally
-"hook" (fp16, bf16 or powersgd: one of torch's gradient compression hooks), "straggler_ms" (the last
-rank sleeps that long after each optimizer step), "breakdown": true (each step's parts, timed on every
-rank: course/perf_model.py's StepClock) and "profile": PREFIX (a torch.profiler Chrome trace of two
-steps per rank, PREFIX_rank<r>.json). A run with "world": 1 is scripts/train_single.py on rank 0 alone
-(the other ranks wait: one device), or with "every_rank": true on every rank at once, each on its own
-(what sharing the machine costs, without any communication); any other run is scripts/train_ddp.py on every
-rank, with every gradient bucket's all-reduce timed and every byte sent counted. A run {"collectives": {"sizes": [...]}}
-times all_reduce over those message sizes instead (perf_model.time_collectives). Inside scripts/cluster/box.py a run's
-"link": RATE first dials every node's link to that rate (course/link.py).
+"hook" (fp16, bf16 or powersgd: one of torch's gradient compression hooks; none: DDP with no all-reduce at
+all, its own work alone), "straggler_ms" (the last rank sleeps that long after each optimizer step),
+"breakdown": true (each step's parts, timed on every rank: distrinews_course/perf_model.py's StepClock) and
+"profile": PREFIX (a torch.profiler Chrome trace of two steps per rank, PREFIX_rank<r>.json). A run with
+"world": 1 is scripts/train_single.py on rank 0 alone (the other ranks wait: one device), or with
+"every_rank": true on every rank at once, each on its own (what sharing the machine costs, without any
+communication); any other run is scripts/train_ddp.py on every rank, with every gradient bucket's
+all-reduce timed and every byte sent counted. A run {"collectives": {"sizes": [...]}} times all_reduce over
+those message sizes instead (perf_model.time_collectives). Inside scripts/cluster/box.py a run's "link": RATE
+first dials every node's link to that rate (distrinews_course/link.py).
 """
 import contextlib
 import json
@@ -42,8 +44,18 @@ def profiled(prefix, rank, warmup):
         prof.stop()
 
 
+def import_what_the_scripts_import():
+    """On every rank at once, before the first run: otherwise each rank pays seconds of imports (transformers) in
+    its first run, rank 1 only once rank 0's first run is over."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, DistilBertConfig  # noqa: F401
+
+    from distrinews_lib import checkpoint, plan  # noqa: F401
+    from distrinews_lib.training import config, epochs, evaluation, optim, snapshot, tracking  # noqa: F401
+
+
 results_path, runs = sys.argv[1], json.loads(open(sys.argv[2]).read())
 results = {}
+import_what_the_scripts_import()
 with harness.shared_process_group():
     rank, world = dist.get_rank(), dist.get_world_size()
     for name, run in runs.items():
@@ -60,7 +72,7 @@ with harness.shared_process_group():
                 results[name] = {**run, "world": world, "rows": [{**r, "sent_by_rank": [s[i] for s in sent]}
                                                                  for i, r in enumerate(rows)]}
             continue
-        window, clock = None, perf_model.StepClock()
+        window, clock, started = None, perf_model.StepClock(), time.perf_counter()
         timers = clock if run.get("breakdown") else contextlib.nullcontext()
         prof = profiled(run["profile"], rank, run["warmup"]) if run.get("profile") else contextlib.nullcontext()
         if run["world"] == 1 and run.get("every_rank"):  # one process per rank at once, no communication
@@ -91,10 +103,12 @@ with harness.shared_process_group():
         if rank == 0:
             if run.get("breakdown"):
                 parts = perf_model.breakdown([r["events"] for r in ranks], run["warmup"], run["steps"])
-                ranks = [{**r, "parts": p} for r, p in zip(ranks, parts)]
+                times = [perf_model.step_times(r["events"], run["warmup"], run["steps"]) for r in ranks]
+                ranks = [{**r, "parts": p, "step_times": t} for r, p, t in zip(ranks, parts, times)]
             ranks = [{k: v for k, v in r.items() if k != "events"} for r in ranks]
             total = throughput.over_ranks(ranks)  # the run lasts as long as its slowest rank; samples add up
-            results[name] = {**run, "ranks": ranks, **{k: total[k] for k in ("seconds", "samples", "samples_per_s")}}
+            results[name] = {**run, "ranks": ranks, **{k: total[k] for k in ("seconds", "samples", "samples_per_s")},
+                             "wall_s": time.perf_counter() - started}  # the whole run: start-up, warm-up, window, end
             print(f"[bench_runs] {name}: {total['samples']} samples in {total['seconds']:.2f} s = "
                   f"{total['samples_per_s']:.0f} samples/s", flush=True)
     if rank == 0:

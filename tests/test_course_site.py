@@ -425,3 +425,20 @@ def test_a_real_browser_reads_the_site(run_dir, tmp_path):
         "01_plot-desktop.png",
     ]
     assert all(1000 < p.stat().st_size < 300_000 for p in shots), [p.stat().st_size for p in shots]
+
+
+def test_a_figure_that_is_a_dict_is_a_table_not_python():
+    """#44: chapter 03's record holds a figure per rung; the index showed it as a Python dict (quotes, 16 digits)."""
+    from distrinews_course.site import _fmt
+
+    rungs = {
+        "naive": {"step_time_ratio_vs_ddp": 1.0434782608695652, "peak_mb_per_rank": 76.1},
+        "zero1": {"step_time_ratio_vs_ddp": 1.1, "peak_mb_per_rank": 81.9},
+    }
+    out = _fmt(rungs)
+    assert out.startswith('<div class="figures-wide"><table class="figures">') and "<th>zero1</th>" in out
+    assert "<td>1.043</td>" in out
+    assert "'" not in out and "{" not in out
+    assert _fmt({"a": 1.0, "b": "x<y", "c": [1, 2]}) == (
+        '<dl class="figures"><dt>a</dt><dd>1</dd><dt>b</dt><dd>x&lt;y</dd><dt>c</dt><dd>1, 2</dd></dl>'
+    )

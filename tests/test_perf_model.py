@@ -94,11 +94,14 @@ def test_step_clock_times_a_real_training_step():
             opt.zero_grad()
         with torch.no_grad():
             net(torch.randn(4, 8), torch.tensor([0, 1, 0, 1]))  # evaluation: not a training step
-    names = [n for n, _ in clock.events]
+    names = [n for n, _ in clock.events if not n.startswith("cpu_")]
     assert names[:6] == ["fwd_start", "fwd_end", "bwd_end", "bwd_return", "opt_start", "opt_end"]
+    # the other threads' CPU, read where forward starts and backward ends: once each per training step
+    cpu = [n for n, _ in clock.events if n.startswith("cpu_")]
+    assert cpu == ["cpu_fwd_start", "cpu_bwd_end"] * 3
     assert names.count("opt_end") == 3 and names.count("fwd_start") == 3
     parts = pm.breakdown([clock.events], first_step=1, steps=2)[0]
-    assert all(parts[p] >= 0 for p in pm.PARTS)
+    assert all(parts[p] >= 0 for p in (*pm.PARTS, "helpers_cpu"))
     assert sum(parts[p] for p in pm.PARTS) == pytest.approx(parts["step"])
 
 
@@ -198,7 +201,8 @@ def test_collectives_on_real_gloo_processes(tmp_path):
         ("no ring factor", lambda s, n, a, g: a + s / (g * 1e9) * 1000, "the ring factor 2(n-1)/n is missing"),
         ("no alpha", lambda s, n, a, g: 2 * (n - 1) / n * s / (g * 1e9) * 1000, "alpha is missing"),
         ("seconds, not ms", lambda s, n, a, g: (a + 2 * (n - 1) / n * s / (g * 1e9) * 1000) / 1000, "the units"),
-        ("alpha per rank", lambda s, n, a, g: n * a + 2 * (n - 1) / n * s / (g * 1e9) * 1000, "alpha (ms) once"),
+        ("alpha per rank", lambda s, n, a, g: n * a + 2 * (n - 1) / n * s / (g * 1e9) * 1000, "not once per rank"),
+        ("bytes 3x", lambda s, n, a, g: a + 6 * (n - 1) / n * s / (g * 1e9) * 1000, "take it apart"),
         ("raises", lambda s, n, a, g: 1 / 0, "raised ZeroDivisionError"),
     ],
 )

@@ -15,8 +15,9 @@ training loop offer for this, so renaming something inside the scripts cannot si
   register_module_forward_pre_hook) sees the script's DDP model on its first forward, before any backward,
   and gives it a communication hook (DDP's own register_comm_hook); then it removes itself. That hook does
   what DDP does by default (average each gradient bucket with an all-reduce), or with hook="fp16" | "bf16" |
-  "powersgd" one of torch's compression hooks, and records when each bucket's all-reduce was launched and
-  completed, the bucket's size and the bytes really all-reduced for it: how much of a step is communication.
+  "powersgd" one of torch's compression hooks, or with hook="none" nothing at all (DDP's own cost alone), and
+  records when each bucket's all-reduce was launched and completed, the bucket's size and the bytes really
+  all-reduced for it: how much of a step is communication.
 
 The one substitution, for lack of a hook: shared_process_group() and alone() below. See there.
 """
@@ -24,6 +25,7 @@ The one substitution, for lack of a hook: shared_process_group() and alone() bel
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import runpy
 import sys
@@ -39,10 +41,11 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from distrinews_lib import distributed as D
+from distrinews_lib.data import sources
 from distrinews_lib.training.epochs import EpochMeter
 
 from . import throughput
-from .timing import cpu_busy_seconds, sync
+from .timing import cpu_busy_seconds, kernel_seconds, sync
 
 
 @dataclass
@@ -61,7 +64,7 @@ class Window:
         self.seen += 1
         if self.seen in (self.warmup, self.warmup + self.steps):
             sync(self.device)
-            self.marks[self.seen] = (time.perf_counter(), time.process_time(), cpu_busy_seconds())
+            self.marks[self.seen] = (time.perf_counter(), time.process_time(), cpu_busy_seconds(), kernel_seconds())
 
     def on_batch(self, cpu_batch):
         mask = cpu_batch["attention_mask"]
@@ -71,11 +74,13 @@ class Window:
         first, last = self.warmup, self.warmup + self.steps
         if first not in self.marks or last not in self.marks:
             raise RuntimeError(f"the script took {self.seen} optimizer steps; the window needs {last}")
-        (t0, c0, b0), (t1, c1, b1) = self.marks[first], self.marks[last]
+        (t0, c0, b0, k0), (t1, c1, b1, k1) = self.marks[first], self.marks[last]
         inside = [(lengths, width) for step, lengths, width in self.batches if first <= step < last]
         out = throughput.window(
             self.steps, t1 - t0, c1 - c0, inside, busy=(b0, b1), shape=shape, peak=peak, n_devices=n_devices
         )
+        # the machine's kernel time in the window (every process's, ours included): its network work, tc's
+        out["kernel_cpu_s"] = k1 - k0 if None not in (k0, k1) else None
         comm = [c for c in self.comm if t0 <= c[0] <= t1]
         if comm:
             out["allreduces"] = len(comm)
@@ -113,6 +118,24 @@ def _timed_allreduce(window: Window):
             return f.value()[0]
 
         return fut.then(done)
+
+    return hook
+
+
+def _no_allreduce(window: Window):
+    """A DDP communication hook that sends nothing: each bucket is divided by the world size, as DDP's default hook
+    does, and comes back without an all-reduce (every rank keeps its own gradient). DDP's own work per step stays (its
+    hooks, the copies into and out of the buckets, the division, its forward's checks): chapter 05 times it against the
+    same work without DDP. The bucket is recorded, with 0 bytes sent."""
+
+    def hook(process_group, bucket):
+        buffer = bucket.buffer()
+        buffer.div_(dist.get_world_size(process_group if process_group is not None else dist.group.WORLD))
+        now = time.perf_counter()
+        window.comm.append((now, now, buffer.numel() * buffer.element_size(), bucket.index(), 0))
+        fut = torch.futures.Future()
+        fut.set_result(buffer)
+        return fut
 
     return hook
 
@@ -166,7 +189,10 @@ def run(script, argv, *, warmup: int, steps: int, device=None, comm: bool = Fals
     """Run `script` with `argv` as __main__ and return the measured Window. The script must take at least
     warmup + steps optimizer steps (pass --epochs 1 --max_steps_per_epoch warmup+steps)."""
     window = Window(warmup, steps, device)
-    comm_hook = _compression_hook(window, hook) if hook else _timed_allreduce(window)
+    if hook == "none":
+        comm_hook = _no_allreduce(window)
+    else:
+        comm_hook = _compression_hook(window, hook) if hook else _timed_allreduce(window)
     watches = [register_optimizer_step_post_hook(window.after_step)]
     counted = EpochMeter.add
 
@@ -201,7 +227,8 @@ def run(script, argv, *, warmup: int, steps: int, device=None, comm: bool = Fals
 # create and destroy theirs themselves (dist.init_process_group is part of the lesson) and torch has no hook for
 # that, so inside shared_process_group() those two functions are swapped for no-ops; and a single-process script
 # run on one rank of that group must not meet the others in collectives, so alone() makes
-# distrinews_lib.distributed report no process group. Both are undone on leaving the block.
+# distrinews_lib.distributed report no process group. Both are undone on leaving the block. One more, for time only:
+# the embedded sample is read once per launch, not once per run (_read_once).
 
 
 @contextlib.contextmanager
@@ -232,11 +259,34 @@ def shared_process_group(timeout_s: float = 600):
         with (
             _patched(dist, "init_process_group", lambda *a, **k: None),
             _patched(dist, "destroy_process_group", lambda *a, **k: None),
+            _patched(sources, "load_embedded", _read_once(sources.load_embedded)),
         ):
             yield backend, why
     finally:
         gc.collect()
         destroy()
+
+
+def _read_once(load):
+    """The embedded AG News sample, read and cleaned once per launch (a third of a second each time, before any run's
+    clock starts): each run gets its own copy of the lists, which a run's subset replaces."""
+    kept = []
+
+    def once():
+        if not kept:
+            kept.append(load())
+        s = kept[0]
+        return dataclasses.replace(
+            s,
+            train_texts=list(s.train_texts),
+            train_labels=list(s.train_labels),
+            test_texts=list(s.test_texts),
+            test_labels=list(s.test_labels),
+            full_sizes=dict(s.full_sizes),
+            label_names=list(s.label_names),
+        )
+
+    return once
 
 
 @contextlib.contextmanager

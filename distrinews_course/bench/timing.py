@@ -102,6 +102,19 @@ def cpu_busy_seconds() -> float | None:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
+def kernel_seconds() -> float | None:
+    """CPU-seconds the whole machine has spent in the kernel since boot (system + irq + softirq: among them the
+    network stack's work for every byte sent, and a tc filter's), or None without /proc/stat."""
+    try:
+        fields = open("/proc/stat").readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    system, irq, softirq = (int(fields[i]) for i in (3, 6, 7))
+    return (system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
 def foreign_cores(
     busy_before: float | None, busy_after: float | None, own_cpu_s: float, seconds: float
 ) -> float | None:

@@ -1,6 +1,7 @@
 """Exercise 2 of chapter 03: rung 4, bucketed. Average the gradients DURING backward(), a bucket at a time.
 
 The class around the synchronisation is given; each function that raises NotImplementedError is yours to write.
+Read every line first: the given code says what your functions receive and what they must leave behind.
 The checker runs your DataParallel in place of scripts/by_hand/bucketed.py's, on 2 ranks, against torch's DDP,
 and names the first mistake it finds. Stuck? exercises.hint("bucketed", 1) shows the first of 4 hints.
 """

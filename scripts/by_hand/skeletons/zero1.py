@@ -1,6 +1,7 @@
 """Exercise 3 of chapter 03: rung 5, ZeRO-1. Each rank keeps AdamW state for its share of one flat buffer only.
 
 The class around the synchronisation is given; each function that raises NotImplementedError is yours to write.
+Read every line first: the given code says what your functions receive and what they must leave behind.
 The checker runs your DataParallel in place of scripts/by_hand/zero1.py's, on 2 ranks, against torch's DDP, and
 names the first mistake it finds. Stuck? exercises.hint("zero1", 1) shows the first of 4 hints.
 """

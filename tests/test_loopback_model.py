@@ -1,0 +1,75 @@
+"""Chapter 05's loopback model (distrinews_course/bench/loopback.py) on a recorded quiet sweep of this 2-core machine
+(tests/data/loopback_sweep.json: the launch's runs, trimmed to what the model reads): every point is predicted within
+15% and checked, no prediction is above N, and the check fails when one term of the model is wrong."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from distrinews_course import perf_model as pm
+from distrinews_course.bench import loopback
+
+DATA = Path(__file__).resolve().parent / "data" / "loopback_sweep.json"
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    rec = json.loads(DATA.read_text())
+    fit = pm.Fit(rec["fit"]["alpha_s"], rec["fit"]["beta_s_per_byte"])
+    cost = loopback.Model.from_runs(rec["runs"], fit, rec["n"], rec["batches"][0], rec["rounds"])
+    return rec, cost
+
+
+def points(rec, cost):
+    return loopback.points(rec["runs"], cost, rec["batches"], rec["rounds"])
+
+
+def test_every_point_is_checked_and_holds(sweep):
+    rec, cost = sweep
+    pts = points(rec, cost)
+    verdicts = loopback.verdicts(pts)
+    assert len(verdicts) == len(rec["batches"]), "a quiet sweep checks every point, the smallest included"
+    assert all(ok for ok, _ in verdicts), [claim for ok, claim in verdicts if not ok]
+    assert all(p["predicted"] <= rec["n"] for p in pts)
+    assert loopback.notes(pts, cost) == []
+
+
+@pytest.mark.parametrize(
+    "term, times",
+    [
+        ("the all-reduce counted twice (the ring's bytes taken as 2x the message)", 2.0),
+        ("the all-reduce left out", 0.0),
+    ],
+)
+def test_a_wrong_model_term_fails_the_check(sweep, term, times):
+    rec, cost = sweep
+    bad = dataclasses.replace(cost, inside_s={b: s * times for b, s in cost.inside_s.items()})
+    failed = [claim for ok, claim in loopback.verdicts(points(rec, bad)) if not ok]
+    assert failed, f"with {term} every point still passed: the check could not fail"
+
+
+def test_each_point_uses_another_batch_s_all_reduce(sweep):
+    _, cost = sweep
+    assert cost.comm_for(16) == cost.inside_s[64] and cost.comm_for(64) == cost.comm_for(256) == cost.inside_s[16]
+
+
+def test_the_speedup_is_never_predicted_above_n(sweep):
+    _, cost = sweep
+    assert cost.speedup(single_step=1.0, pair_step=0.1) == cost.n  # a pair 10x faster than the single: still N
+
+
+def test_a_busy_round_is_shown_with_the_part_it_missed(sweep):
+    rec, cost = sweep
+    runs = json.loads(json.dumps(rec["runs"]))
+    b = rec["batches"][0]
+    for k in range(rec["rounds"]):  # other programs took a core during every DDP run at the smallest batch
+        ranks = runs[f"ddp_b{b}_r{k}"]["ranks"]
+        for i, r in enumerate(ranks):  # whichever rank is the longest: 1 core beside our other ranks' CPU
+            r["foreign_cores"] = 1.0 + sum(o["cpu_s"] for j, o in enumerate(ranks) if j != i) / r["seconds"]
+    pts = loopback.points(runs, cost, rec["batches"], rec["rounds"])
+    assert len(loopback.verdicts(pts)) == len(rec["batches"]) - 1
+    (note,) = loopback.notes(pts, cost)
+    assert f"at {b} per process other programs used 1.00 cores during the DDP run" in note
+    assert "its compute" in note and "its all-reduce" in note and "off the one measured at the other batches" in note

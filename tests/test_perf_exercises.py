@@ -1,0 +1,85 @@
+"""Chapter 05's exercises 2 and 3 (distrinews_course/perf_exercises.py): the reference prediction holds, a blank one
+is 'not attempted yet', and every mistake the graders claim to name is named on a wrong answer (a mutant) of its own."""
+
+import pytest
+
+from distrinews_course import perf_exercises as px
+
+# One measured straggler run (the fast rank's figures, ms): the sleep lands in forward, at the buffers' broadcast.
+STRAGGLER = dict(sleep_ms=20.0, added_ms=20.6, grew={"forward": 19.8, "waiting": 0.4, "backward": 0.3}, step_ms=75.0)
+
+
+def test_straggler_reference_and_blank():
+    assert px.grade_straggler({"added_ms": 20, "part": "forward"}, **STRAGGLER) is None
+    assert "not attempted yet" in px.grade_straggler({"added_ms": None, "part": None}, **STRAGGLER)
+    assert "not attempted yet" in px.grade_straggler(None, **STRAGGLER)
+
+
+@pytest.mark.parametrize(
+    "guess, words",
+    [
+        ({"added_ms": 0, "part": "forward"}, "cannot run ahead"),  # the fast rank unaffected
+        ({"added_ms": 40, "part": "forward"}, "once a step, not twice"),  # the sleep counted twice
+        ({"added_ms": 10, "part": "forward"}, "not the average of the ranks"),  # averaged over the ranks
+        ({"added_ms": 70, "part": "forward"}, "grows by about the straggler's sleep"),  # far off, no known mistake
+        ({"added_ms": 20, "part": "waiting"}, "the place is not: 'waiting'"),  # the right time, the wrong part
+        ({"added_ms": 20, "part": "idle"}, "not one of the breakdown's parts"),  # a part that does not exist
+    ],
+)
+def test_straggler_mutants_each_named(guess, words):
+    verdict = px.grade_straggler(guess, **STRAGGLER)
+    assert verdict is not None and words in verdict and "\n" not in verdict
+
+
+def test_straggler_tolerance_follows_the_step():
+    # a slow machine's step is noisier: the same guess, 9 ms off, holds at a 300 ms step and not at a 40 ms one
+    slow = {**STRAGGLER, "added_ms": 29.0, "step_ms": 300.0}
+    assert px.grade_straggler({"added_ms": 20, "part": "forward"}, **slow) is None
+    fast = {**STRAGGLER, "added_ms": 31.0, "step_ms": 10.0}
+    assert px.grade_straggler({"added_ms": 20, "part": "forward"}, **fast) is not None
+
+
+SAME = dict(vs_one_core=1.70, vs_all_cores=1.20, n=2)
+
+
+def test_same_hardware_reference_and_blank():
+    assert px.grade_same_hardware(1.25, **SAME) is None
+    assert "not attempted yet" in px.grade_same_hardware(None, **SAME)
+
+
+@pytest.mark.parametrize(
+    "guess, words",
+    [
+        (1.7, "speedup over 1 process on 1 core"),  # the threads ignored
+        (2.0, "leave the other cores idle"),  # the ideal N
+        (0.8, "too low"),
+        (1.5, "too high"),
+    ],
+)
+def test_same_hardware_mutants_each_named(guess, words):
+    verdict = px.grade_same_hardware(guess, **SAME)
+    assert verdict is not None and words in verdict and "\n" not in verdict
+
+
+FOUR = dict(measured_ms=270.0, two_node_ms=180.0)  # 8 MiB over 400 Mbit links: 4 nodes 1.5x the 2 nodes' time
+
+
+def test_four_nodes_reference_and_blank():
+    assert px.grade_four_nodes(262.0, **FOUR) is None
+    assert "no prediction yet" in px.grade_four_nodes(None, **FOUR)
+
+
+@pytest.mark.parametrize(
+    "guess, words",
+    [
+        (180.0, "about its time on 2 nodes"),  # the ring's factor left out
+        (360.0, "2x is the limit of many ranks"),  # 2x the message instead of 2(N-1)/N
+        (270.0 * 8, "bits and bytes"),
+        (270.0 / 8, "bits and bytes"),
+        (0.27, "the units"),
+        (100.0, "alpha once"),
+    ],
+)
+def test_four_nodes_mutants_each_named(guess, words):
+    verdict = px.grade_four_nodes(guess, **FOUR)
+    assert verdict is not None and words in verdict and "\n" not in verdict
