@@ -232,7 +232,8 @@ def test_elastic_run_starts_on_one_node_and_a_second_joins(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ bad input, bounded
-CONNECT, JOIN = 15, 20  # seconds: the least --connect-timeout and --join-timeout of these runs (fast, quiet machine)
+CONNECT, JOIN = 15, 20  # seconds: the least timeouts of the runs that wait for another node (fast, quiet machine)
+QUICK = 5  # seconds: both timeouts where no node can arrive (wrong address or port): nothing legitimate waits on them
 
 
 def node_startup_seconds(concurrent: int) -> float:
@@ -248,11 +249,24 @@ def node_startup_seconds(concurrent: int) -> float:
 
 
 def bad_setup_timeouts(concurrent: int) -> dict:
+    """Each case's --connect-timeout and --join-timeout, sized for what it must wait for: another node's start (twice
+    the start-up, and the floors), node0's own preflight joining its store (the preflight imports torch once node0's
+    torchrun listens: one start-up), or nothing at all (QUICK). The timeouts a case only waits out cost it seconds."""
     startup = node_startup_seconds(concurrent)
-    connect = max(CONNECT, round(2 * startup))
-    join = max(JOIN, round(2 * startup + 10))
+    other = (max(CONNECT, round(2 * startup)), max(JOIN, round(2 * startup + 10)))
+    own = (other[0], round(startup + 10))
+    timeouts = {
+        "wrong MASTER_ADDR": (QUICK, QUICK),
+        "wrong MASTER_PORT": (QUICK, QUICK),
+        "a node that never arrives": own,
+        "mismatched --nnodes": other,
+        "loopback": other,
+    }
     # The hard upper bound of a bad setup: both timeouts, the nodes' start and the namespaces' set-up and teardown.
-    return {"startup": startup, "connect": connect, "join": join, "bound": join + connect + 2 * startup + 30}
+    return {
+        "startup": startup,
+        **{c: {"connect": t[0], "join": t[1], "bound": t[1] + t[0] + 2 * startup + 30} for c, t in timeouts.items()},
+    }
 
 
 TINY = [
@@ -310,8 +324,6 @@ def bad_runs(tmp_path_factory, bad_timeouts):
     """The bad setups, plus a loopback run, side by side (they mostly wait): {case: (result, record, seconds)}."""
     from concurrent.futures import ThreadPoolExecutor
 
-    connect, join = bad_timeouts["connect"], bad_timeouts["join"]
-
     cases = ["node-local snapshots", *BAD, "loopback"]
     # Made here, not in the threads: pytest creates its base temp folder lazily, and two threads racing to do so fail.
     works = {case: tmp_path_factory.mktemp("bad") for case in cases}
@@ -336,15 +348,16 @@ def bad_runs(tmp_path_factory, bad_timeouts):
             )
         else:
             options = ["--loopback"] if case == "loopback" else BAD[case][0]
+            mine = bad_timeouts[case]
             res, rec = _two_nodes(
                 work,
                 *options,
                 "--connect-timeout",
-                connect,
+                mine["connect"],
                 "--join-timeout",
-                join,
+                mine["join"],
                 train=TINY,
-                timeout=3 * bad_timeouts["bound"],
+                timeout=3 * mine["bound"],
             )
         return case, (res, rec, time.time() - t, work)
 
@@ -362,9 +375,14 @@ def test_bad_setups_fail_with_a_message_in_bounded_time(bad_runs, bad_timeouts, 
         said = " ".join(" ".join(l for l in _lines(res.output, node) if l.startswith("[launcher")).split())
         assert words in said, f"{node} should say '{words}'; it said: {said}"
     assert "Traceback" not in " ".join(l for l in res.output.splitlines() if "[launcher" in l)
-    assert took < bad_timeouts["bound"], f"{case}: {took:.0f} s, bound {bad_timeouts}"
-    TIMINGS[f"bad input, {case} (s, run side by side)"] = round(took, 1)
-    TIMINGS["bad input: node start-up, join timeout (s)"] = (round(bad_timeouts["startup"], 1), bad_timeouts["join"])
+    mine = bad_timeouts[case]
+    assert took < mine["bound"], f"{case}: {took:.0f} s, bound {mine}, node start-up {bad_timeouts['startup']:.1f} s"
+    TIMINGS[f"bad input, {case} (s, run side by side; connect, join timeouts)"] = (
+        round(took, 1),
+        mine["connect"],
+        mine["join"],
+    )
+    TIMINGS["bad input: node start-up (s)"] = round(bad_timeouts["startup"], 1)
 
 
 @needs_netns

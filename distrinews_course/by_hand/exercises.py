@@ -146,9 +146,11 @@ def check_exercises(
     probes=True,
     check_steps: int = 3,
     rungs: str = "",
+    collective_timeout_s: float = 20,
 ) -> dict:
     """Check several learner files in ONE launch: items are (rung, path, label). Returns {label: verdict}; a file
-    still blank or unfinished gets its verdict without being launched."""
+    still blank or unfinished gets its verdict without being launched. collective_timeout_s: how long a rank waits in
+    a collective its peer left (a case that ends that way costs this much)."""
     from ..launch import LaunchError
     from .report import run_race
 
@@ -176,7 +178,8 @@ def check_exercises(
             launch.append((rung, path, label))
     if not launch:
         return out
-    args = ["--rungs", rungs, "--models", models, "--check_only", "--timeout_s", 20, "--check_steps", check_steps]
+    args = ["--rungs", rungs, "--models", models, "--check_only", "--timeout_s", collective_timeout_s]
+    args += ["--check_steps", check_steps]
     for rung, path, label in launch:
         args += ["--exercise", f"{rung}:{path}:{label}"]
     if probes:
