@@ -21,7 +21,7 @@ from .hub import env_says_offline, hub_reachable
 from .models.build import FROM_SCRATCH, LOCAL_PRESETS, resolve_model_name, resolve_tokenizer
 from .tasks import choose_task
 from .training.classify import CLASSIFY
-from .training.config import RunConfig, from_scratch_lr
+from .training.config import RunConfig, from_scratch_lr, preset_lr
 from .training.snapshot import ResumeChoice, choose
 from .training.task import PreparedRun, Task, tokenizer_name
 
@@ -79,9 +79,10 @@ def decide(cfg: RunConfig, log=print) -> RunPlan:
 def fit_lr_to_model(cfg: RunConfig, model_name: str, log=print) -> RunConfig:
     """--model auto fell back to a model from random weights (offline): it trains at a from-scratch rate, not at the
     pretrained fine-tuning rate the GPU presets carry, unless --lr was typed."""
-    if cfg.model != "auto" or model_name not in FROM_SCRATCH or "lr" in cfg.given or cfg.lr != RunConfig.lr:
+    pretrained_rate = cfg.lr in (RunConfig.lr, preset_lr(cfg.preset))  # not a rate of the user's own YAML
+    if cfg.model != "auto" or model_name not in FROM_SCRATCH or "lr" in cfg.given or not pretrained_rate:
         return cfg
-    lr = from_scratch_lr()
+    lr = from_scratch_lr(cfg.batch_size)
     log(
         f"model auto -> {model_name} (random weights): lr {lr:g}, not the preset's {cfg.lr:g}, which fine-tunes a "
         "pretrained model and leaves this one near chance (--lr sets another)"
