@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Issue 41's GPU measurements, prepared for one lent GPU (H100/H200: torch 2.11+cu130, transformers 5.17, accelerate
+# 1.15, no `datasets`, no internet). Two parts, each one device call of at most 10 minutes, on the same warm machine:
+#   bash scripts/gpu_session.sh course   # the 12 chapters through run_course.py on one GPU, offline, embedded sample
+#   bash scripts/gpu_session.sh train    # the CUDA-graphs path, then bench_train: race, counts, preset, floor
+#   bash scripts/gpu_session.sh rehearse # on a CPU: the same parts at CPU sizes (nothing it writes claims a GPU)
+# Before: `python scripts/gpu_wheels.py` here (the packages the image lacks, into .whl/), and the device call carries
+# it: run(command="bash scripts/gpu_session.sh course", carry=[".whl"]). Results go to $OUT (what the call brings
+# back; at most 8 files), else outputs/gpu_session/; copy the two benchmark files into benchmarks/ afterwards.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PART=${1:-}
+OUT=${OUT:-outputs/gpu_session}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
+if [ -d .whl ] && ! $PY -c "import papermill, fastapi" 2>/dev/null; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 3
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+slug=$($PY -c "from distrinews_course.bench.provenance import machine_slug; print(machine_slug())") || exit 3
+gpu=$($PY -c "import torch; print(int(torch.cuda.is_available()))")
+echo "gpu_session $PART: $slug, $(git rev-parse --short HEAD 2>/dev/null || echo '?'), results in $OUT"
+
+small_tar() {  # logs, records and JSON of a run folder: the executed notebooks are too large to bring back
+  (cd "$1" && find . \( -name '*.json' -o -name '*.log' \) -size -4M | tar czf - -T -) > "$2"
+}
+
+case "$PART" in
+  course)
+    [ "$gpu" = 1 ] || { echo "no CUDA GPU here: use 'rehearse' on a CPU"; exit 2; }
+    started=$(date +%s)
+    $PY scripts/gpu_check.py --offline --only notebooks --run_dir /tmp/gpu_course \
+      --course_out "$OUT/course_gpu_$slug.json" --out "$OUT/gpu_check_course.json" 2>&1 | tee "$OUT/course.log"
+    rc=${PIPESTATUS[0]}
+    small_tar /tmp/gpu_course "$OUT/course_runs.tgz"
+    echo "course part: exit $rc after $(( $(date +%s) - started )) s"
+    exit "$rc"
+    ;;
+  train)
+    [ "$gpu" = 1 ] || { echo "no CUDA GPU here: use 'rehearse' on a CPU"; exit 2; }
+    started=$(date +%s)
+    $PY scripts/gpu_check.py --offline --only graphs,bench_train --bench_rounds 2 --run_dir /tmp/gpu_train \
+      --bench_out "$OUT/train_$slug.json" --out "$OUT/gpu_check_train.json" 2>&1 | tee "$OUT/train.log"
+    rc=${PIPESTATUS[0]}
+    small_tar /tmp/gpu_train "$OUT/train_runs.tgz"
+    echo "train part: exit $rc after $(( $(date +%s) - started )) s"
+    exit "$rc"
+    ;;
+  rehearse)
+    [ "$gpu" = 0 ] || { echo "a GPU is here: run 'course' and 'train'"; exit 2; }
+    R=${REHEARSAL:-outputs/gpu_rehearsal}
+    mkdir -p "$R"
+    started=$(date +%s)
+    $PY scripts/gpu_check.py --dry-run --offline --run_dir "$R/plan" --out "$R/gpu_check_dry_run.json" || exit 1
+    $PY scripts/run_course.py --offline --nproc 1 --no-progress --runs-dir "$R/runs" || exit 1
+    $PY -m distrinews_course.bench.graphs_check --out "$R/graphs.json" || exit 1
+    $PY scripts/bench_train.py --quick --models tiny --sections compare,preset,floor --no-plots \
+      --out "$R/train_rehearsal.json" || exit 1
+    echo "rehearsal: ok after $(( $(date +%s) - started )) s (CPU figures, in $R; none is a GPU result)"
+    ;;
+  *)
+    echo "usage: bash scripts/gpu_session.sh course|train|rehearse"
+    exit 2
+    ;;
+esac
