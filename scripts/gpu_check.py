@@ -129,6 +129,12 @@ def build_arg_parser() -> argparse.ArgumentParser:
         "--course_out", default=None, help="the notebooks' summary (default benchmarks/course_gpu_<machine>.json)"
     )
     p.add_argument(
+        "--chapters",
+        default=None,
+        help="the notebooks stage runs only these (run_course --only, e.g. 00,01,02); their results are merged into "
+        "--course_out with the chapters an earlier part wrote there",
+    )
+    p.add_argument(
         "--out", default=None, help="JSON (default benchmarks/gpu_<machine>.json; --dry-run: outputs/gpu_check/)"
     )
     p.add_argument("--run_dir", default=None, help="logs and run folders (default outputs/gpu_check/<time>)")

@@ -2,6 +2,7 @@
 # Issue 41's GPU measurements, prepared for one lent GPU (H100/H200: torch 2.11+cu130, transformers 5.17, accelerate
 # 1.15, no `datasets`, no internet). Two parts, each one device call of at most 10 minutes, on the same warm machine:
 #   bash scripts/gpu_session.sh course   # the 12 chapters through run_course.py on one GPU, offline, embedded sample
+#   (or course1 then course2: chapters 00-05, then 06-11, where one call cannot hold the twelve)
 #   bash scripts/gpu_session.sh train    # the CUDA-graphs path, then bench_train: race, counts, preset, floor
 #   bash scripts/gpu_session.sh rehearse # on a CPU: the same parts at CPU sizes (nothing it writes claims a GPU)
 # Before: `python scripts/gpu_wheels.py` here (the packages the image lacks, into .whl/), and the device call carries
@@ -29,17 +30,30 @@ small_tar() {  # logs, records and JSON of a run folder: the executed notebooks 
   (cd "$1" && find . \( -name '*.json' -o -name '*.log' \) -size -4M | tar czf - -T -) > "$2"
 }
 
+# The course in one call, or in two halves (a warm machine keeps the first half's record in /tmp for the second; on a
+# fresh one, a record of the first half committed in benchmarks/ is merged instead).
+COURSE1=00,01,02,03,04,05
+COURSE2=06,07,08,09,10,11
+KEEP=/tmp/gpu_session
+mkdir -p "$KEEP"
+course_part() {
+  [ "$gpu" = 1 ] || { echo "no CUDA GPU here: use 'rehearse' on a CPU"; exit 2; }
+  local record="$KEEP/course_gpu_$slug.json" started
+  [ -f "$record" ] || [ -z "$1" ] || cp "benchmarks/course_gpu_$slug.json" "$record" 2>/dev/null
+  started=$(date +%s)
+  $PY scripts/gpu_check.py --offline --only notebooks --run_dir "/tmp/gpu_course$2" ${1:+--chapters "$1"} \
+    --course_out "$record" --out "$OUT/gpu_check_course$2.json" 2>&1 | tee "$OUT/course$2.log"
+  rc=${PIPESTATUS[0]}
+  cp "$record" "$OUT/" 2>/dev/null
+  small_tar "/tmp/gpu_course$2" "$OUT/course$2_runs.tgz"
+  echo "course part $PART: exit $rc after $(( $(date +%s) - started )) s"
+  exit "$rc"
+}
+
 case "$PART" in
-  course)
-    [ "$gpu" = 1 ] || { echo "no CUDA GPU here: use 'rehearse' on a CPU"; exit 2; }
-    started=$(date +%s)
-    $PY scripts/gpu_check.py --offline --only notebooks --run_dir /tmp/gpu_course \
-      --course_out "$OUT/course_gpu_$slug.json" --out "$OUT/gpu_check_course.json" 2>&1 | tee "$OUT/course.log"
-    rc=${PIPESTATUS[0]}
-    small_tar /tmp/gpu_course "$OUT/course_runs.tgz"
-    echo "course part: exit $rc after $(( $(date +%s) - started )) s"
-    exit "$rc"
-    ;;
+  course) course_part "" "" ;;
+  course1) course_part "$COURSE1" 1 ;;
+  course2) course_part "$COURSE2" 2 ;;
   train)
     [ "$gpu" = 1 ] || { echo "no CUDA GPU here: use 'rehearse' on a CPU"; exit 2; }
     started=$(date +%s)
@@ -63,7 +77,7 @@ case "$PART" in
     echo "rehearsal: ok after $(( $(date +%s) - started )) s (CPU figures, in $R; none is a GPU result)"
     ;;
   *)
-    echo "usage: bash scripts/gpu_session.sh course|train|rehearse"
+    echo "usage: bash scripts/gpu_session.sh course|course1|course2|train|rehearse"
     exit 2
     ;;
 esac

@@ -239,3 +239,16 @@ def test_the_course_stage_writes_its_gpu_record(tmp_path):
     res = gpu_stages.parse_course(stage, SimpleNamespace(ok=False), {})
     record = json.loads((tmp_path / "course_gpu_x.json").read_text())
     assert res["status"] == "FAILED" and record["chapters_ok"] == "11 of 12" and record["chapters"][5]["error"]
+    # a second part (run_course --only 05) replaces the chapter it ran and keeps the others
+    (runs / "summary.json").write_text(json.dumps({**summary, "seconds": 30.0, "notebooks": [
+        {"name": "05_x", "status": "ok", "seconds": 30.0, "headline": "g", "record": {}}]}))  # fmt: skip
+    res = gpu_stages.parse_course(stage, SimpleNamespace(ok=True), {})
+    record = json.loads((tmp_path / "course_gpu_x.json").read_text())
+    assert res["status"] == "ok" and record["chapters_ok"] == "12 of 12" and len(record["parts"]) == 3
+    assert record["chapters"][5] == {
+        "chapter": "05_x",
+        "status": "ok",
+        "seconds": 30.0,
+        "key_figures": "g",
+        "record": {},
+    }

@@ -182,6 +182,7 @@ def make_plan(args, *, n_gpus: int, bf16_native: bool | None, model: str, data_a
                 str(run_dir / "runs"),
                 *([] if data_arg == "embedded" else ["--data-dir", data_arg]),
                 *(["--offline"] if args.offline else []),
+                *(["--only", args.chapters] if getattr(args, "chapters", None) else []),
             ],
             timeout=1500,
             env=nb_env,

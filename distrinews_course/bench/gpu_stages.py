@@ -106,6 +106,11 @@ def parse_course(stage, res, out) -> dict:
         }
         for nb in summary["notebooks"]
     ]
+    earlier = json.loads(Path(stage.out).read_text()) if Path(stage.out).is_file() else {}
+    ran = {c["chapter"] for c in chapters}
+    parts = [*earlier.get("parts", []), {"chapters": sorted(ran), "seconds": summary["seconds"]}]
+    chapters = sorted([c for c in earlier.get("chapters", []) if c["chapter"] not in ran] + chapters,
+                      key=lambda c: c["chapter"])  # fmt: skip
     n_ok = sum(c["status"] == "ok" for c in chapters)
     record = {
         "benchmark": "course_gpu",
@@ -114,14 +119,15 @@ def parse_course(stage, res, out) -> dict:
         "preset": summary["preset"],
         "nproc": summary["nproc"],
         "chapters_ok": f"{n_ok} of {len(chapters)}",
-        "seconds": summary["seconds"],
+        "seconds": sum(p["seconds"] for p in parts),
+        "parts": parts,  # one per run_course.py launch (a device call may not hold the whole course)
         "note": "one GPU, offline: the embedded AG News sample and the tiny model; a chapter that compares 1 process "
         "with 2 runs as on Colab's single GPU (it says so in its first cell)",
         "chapters": chapters,
     }
     Path(stage.out).parent.mkdir(parents=True, exist_ok=True)
     Path(stage.out).write_text(json.dumps(provenance.as_jsonable(record), indent=1))
-    ok = res.ok and n_ok == len(chapters) == 12
+    ok = res.ok and all(c["status"] == "ok" for c in chapters if c["chapter"] in ran)
     return {"status": "ok" if ok else "FAILED", "json": stage.out, "chapters_ok": record["chapters_ok"]}
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -113,8 +114,6 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--run_dir", default=None)
     args = p.parse_args(argv)
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="graphs_") as tmp:
         res = check(Path(args.run_dir or tmp), steps=args.steps)
     Path(args.out).write_text(json.dumps(res, indent=1))
