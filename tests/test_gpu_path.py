@@ -15,10 +15,10 @@ import torch
 
 from distrinews_course.bench import global_state, harness, step_ops, train_bare, train_compare
 from distrinews_course.bench.train_setup import parse_argv, script_argv
+from distrinews_lib import plan as run_plan
 from distrinews_lib.data import batching
 from distrinews_lib.errors import UserError
-from distrinews_lib.training import config, flops, loop, precision
-from distrinews_lib.training import plan as run_plan
+from distrinews_lib.training import config, epochs, flops, precision
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -157,24 +157,24 @@ def test_ours_syncs_no_more_than_the_bare_loop_and_every_extra_launch_is_named(p
         path, line = site.split(" ")[0].rsplit(":", 1)
         text = script[int(line) - 1] if path == "scripts/train_single.py" else path
         extra[text.strip()[:40]] = n
-    meter = sum(n for s, n in o["launch_sites_per_step"].items() if s.startswith("distrinews_lib/training/loop.py"))
+    meter = sum(n for s, n in o["launch_sites_per_step"].items() if s.startswith("distrinews_lib/training/epochs.py"))
     assert meter == 2  # the meter: one copy of the loss, one of the gradient norm; no sync
     assert o["launches_per_step"] - b["launches_per_step"] <= 16, extra
-    copies = sum(n for t, n in extra.items() if t.startswith("batch = loop.to_device"))
+    copies = sum(n for t, n in extra.items() if t.startswith("batch = epochs.to_device"))
     assert copies == 3, o["launch_sites_per_step"]  # input_ids, attention_mask, labels; not the rows' index
 
 
 def test_the_meter_finds_the_first_bad_step_however_late_it_reads(restored):
     amp = precision.resolve_amp("off", torch.device("cpu"))
-    m = loop.EpochMeter(torch.device("cpu"), amp, epoch=2)
+    m = epochs.EpochMeter(torch.device("cpu"), amp, epoch=2)
     batch = {"attention_mask": torch.ones(2, 3, dtype=torch.long)}
     losses = [1.0, 0.5, float("nan"), 0.25]
     for i, v in enumerate(losses):  # one micro-batch per step; the gradient of step 2 is infinite
         m.add(torch.tensor(v), batch)
         m.step(torch.tensor(float("inf") if i == 1 else 1.0))
-    with pytest.raises(loop.NonFiniteLoss, match="optimizer step 2 of epoch 2"):
+    with pytest.raises(epochs.NonFiniteLoss, match="optimizer step 2 of epoch 2"):
         m.check_finite()
-    m2 = loop.EpochMeter(torch.device("cpu"), amp, epoch=1, state={"loss_sum": 3.0, "seconds": 1.0, **dict.fromkeys(
+    m2 = epochs.EpochMeter(torch.device("cpu"), amp, epoch=1, state={"loss_sum": 3.0, "seconds": 1.0, **dict.fromkeys(
         ("samples", "tokens", "padded", "sum_sq", "steps", "batches"), 0)})  # fmt: skip
     for v in (1.0, 0.5):
         m2.add(torch.tensor(v), batch)

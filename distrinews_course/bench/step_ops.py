@@ -7,7 +7,7 @@ OpCount (a TorchDispatchMode; eager code only: compiled graphs call their kernel
 operation. On CUDA a launch is an operation that computes into a CUDA tensor, and a sync is one that needs a CUDA
 value on the host: `.item()`, `float()`/`int()`/`bool()` of a tensor, `.cpu()`, `nonzero()`... On a CPU there is
 no device to wait for, so the count runs on a PROXY of the GPU: the tensors that would live on the GPU (the model's
-parameters, the optimizer's state, the batch after `loop.to_device`, and whatever is computed from them) are
+parameters, the optimizer's state, the batch after `epochs.to_device`, and whatever is computed from them) are
 tracked, and a sync is a read of one of them on the host. The CPU batch's own reads (the meter counts its tokens on
 the host) are no syncs, on a GPU either.
 
@@ -28,7 +28,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from distrinews_lib.training import loop
+from distrinews_lib.training import epochs
 
 from .. import ROOT
 
@@ -159,9 +159,9 @@ class OpCount(TorchDispatchMode):
 
 @contextlib.contextmanager
 def proxy_device_copies(counter: OpCount, counting=lambda: True):
-    """On a CPU, make loop.to_device copy the batch (on a GPU it does: one launch per tensor), so that the batch the
+    """On a CPU, make epochs.to_device copy the batch (on a GPU it does: one launch per tensor), so that the batch the
     model reads and the CPU batch the meter counts are different tensors and the proxy can tell them apart."""
-    original = loop.to_device
+    original = epochs.to_device
 
     def copying(batch, device, non_blocking=False):
         moved = original(batch, device, non_blocking)
@@ -172,11 +172,11 @@ def proxy_device_copies(counter: OpCount, counting=lambda: True):
             counter.launch_sites[where_launched()] += len(moved)
         return moved
 
-    loop.to_device = copying
+    epochs.to_device = copying
     try:
         yield
     finally:
-        loop.to_device = original
+        epochs.to_device = original
 
 
 class StepWindow:

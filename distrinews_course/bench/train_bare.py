@@ -13,7 +13,7 @@ import time
 import torch
 
 from distrinews_lib.data import batching
-from distrinews_lib.training import loop, precision
+from distrinews_lib.training import epochs, optim, precision
 
 from . import throughput, timing
 
@@ -75,13 +75,13 @@ def run_bare(
     runs ahead of the GPU, so where issue time ~ wall time, launching kernels is what bounds the step."""
     amp = precision.resolve_amp(cfg.amp, device)
     model = copy.deepcopy(template).to(device).train()
-    fused = loop.fused_adamw_available(device.type)
+    fused = optim.fused_adamw_available(device.type)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, **({"fused": True} if fused else {}))
     scaler = torch.amp.GradScaler(device.type) if amp.use_scaler else None
     if compile_mode:
         model = torch.compile(model, mode=compile_mode)
     batches = [
-        {k: v.to(device) if device.type == "cuda" else v.clone() for k, v in b.items() if k not in loop.HOST_ONLY}
+        {k: v.to(device) if device.type == "cuda" else v.clone() for k, v in b.items() if k not in epochs.HOST_ONLY}
         for b in cpu_batches[: warmup + steps]
     ]
     if len(batches) < warmup + steps:

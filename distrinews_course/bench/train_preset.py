@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
+from distrinews_lib import plan as run_plan
 from distrinews_lib.training import config, flops, precision
-from distrinews_lib.training import plan as run_plan
 
 from . import global_state
 from .train_measure import run_ours
