@@ -138,6 +138,11 @@ def build_arg_parser() -> argparse.ArgumentParser:
         "(torch.profiler on CUDA; on a CPU a proxy, see distrinews_course/bench/step_ops.py)",
     )
     p.add_argument("--trace_dir", default=None, help="on CUDA: a Chrome trace (CPU/GPU timeline) per counted contender")
+    p.add_argument(
+        "--update",
+        action="store_true",
+        help="merge into an existing --out file: its other sections stay (one GPU session, several device calls)",
+    )
     p.add_argument("--no-plots", dest="plots", action="store_false")
     p.add_argument(
         "--refresh",
@@ -147,6 +152,22 @@ def build_arg_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--ddp-worker", default=None, help=argparse.SUPPRESS)
     return p
+
+
+PART_KEYS = {"compare": ("compare",), "ddp": ("ddp",), "preset": ("preset",), "floor": ("launch_floor", "t4_forecast")}
+
+
+def merge_parts(earlier: dict, now: dict, sections: set) -> dict:
+    """--update: the earlier file with this run's sections in place of its own; each run's provenance in 'parts'."""
+    parts = earlier.get("parts") or [{k: earlier.get(k) for k in ("git_commit", "started", "command", "settings")}]
+    merged = {**earlier}
+    for section in sections:
+        for key in PART_KEYS[section]:
+            if key in now:
+                merged[key] = now[key]
+    merged["parts"] = [*parts, {k: now.get(k) for k in ("git_commit", "started", "command", "settings")}]
+    merged["seconds_total"] = round(earlier.get("seconds_total", 0) + now["seconds_total"], 1)
+    return merged
 
 
 @main_guard
@@ -252,10 +273,12 @@ def main(argv=None):
                 workdir,
                 functools.partial(launch.torchrun, Path(__file__)),
             )
-    result["targets"] = targets(result)
-    result["headline"] = headline(result)
     result["seconds_total"] = round(time.time() - started, 1)
     result["load_average_at_end"] = provenance.load_average()
+    if args.update and out_path.is_file():  # another part of the same session: keep the sections it measured
+        result = merge_parts(json.loads(out_path.read_text()), result, sections)
+    result["targets"] = targets(result)
+    result["headline"] = headline(result)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     if args.plots:
         result["plots"] = [

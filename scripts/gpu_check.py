@@ -125,6 +125,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval_samples", type=int, default=2000, help="test texts they evaluate on")
     p.add_argument("--bench_rounds", type=int, default=2, help="bench_train --rounds (the full plan's 5 take longer)")
     p.add_argument("--bench_out", default=None, help="bench_train's JSON (default benchmarks/train_<machine>.json)")
+    p.add_argument("--bench_sections", default=None, help="bench_train --sections (default compare,preset,floor[,ddp])")
+    p.add_argument("--bench_update", action="store_true", help="bench_train --update: merge into --bench_out")
     p.add_argument(
         "--course_out", default=None, help="the notebooks' summary (default benchmarks/course_gpu_<machine>.json)"
     )

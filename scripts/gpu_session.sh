@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Issue 41's GPU measurements, prepared for one lent GPU (H100/H200: torch 2.11+cu130, transformers 5.17, accelerate
-# 1.15, no `datasets`, no internet). Two parts, each one device call of at most 10 minutes, on the same warm machine:
+# 1.15, no `datasets`, no internet), each part one device call of at most 10 minutes; a warm machine keeps each
+# part's record in /tmp for the next (on a fresh one, the record committed in benchmarks/ is merged instead):
 #   bash scripts/gpu_session.sh course   # the 12 chapters through run_course.py on one GPU, offline, embedded sample
 #   (or course1 then course2: chapters 00-05, then 06-11, where one call cannot hold the twelve)
-#   bash scripts/gpu_session.sh train    # the CUDA-graphs path, then bench_train: race, counts, preset, floor
+#   bash scripts/gpu_session.sh race     # bench_train's race: ours, bare, CUDA graphs, Trainer x3; launches, syncs
+#   bash scripts/gpu_session.sh extras   # the CUDA-graphs path checked, the large_gpu preset's MFU, the launch floor
+#   (train = race + extras in one call, where a call can hold both)
 #   bash scripts/gpu_session.sh rehearse # on a CPU: the same parts at CPU sizes (nothing it writes claims a GPU)
 # Before: `python scripts/gpu_wheels.py` here (the packages the image lacks, into .whl/), and the device call carries
 # it: run(command="bash scripts/gpu_session.sh course", carry=[".whl"]). Results go to $OUT (what the call brings
@@ -54,14 +57,22 @@ case "$PART" in
   course) course_part "" "" ;;
   course1) course_part "$COURSE1" 1 ;;
   course2) course_part "$COURSE2" 2 ;;
-  train)
+  race | extras | train)
     [ "$gpu" = 1 ] || { echo "no CUDA GPU here: use 'rehearse' on a CPU"; exit 2; }
+    record="$KEEP/train_$slug.json"
+    [ -f "$record" ] || cp "benchmarks/train_$slug.json" "$record" 2>/dev/null
+    case "$PART" in  # race: ours, bare, CUDA graphs, Trainer x3, counts; extras: the graphs path, preset, floor
+      race) only=bench_train; sections=compare ;;
+      extras) only=graphs,bench_train; sections=preset,floor ;;
+      train) only=graphs,bench_train; sections=compare,preset,floor ;;
+    esac
     started=$(date +%s)
-    $PY scripts/gpu_check.py --offline --only graphs,bench_train --bench_rounds 2 --run_dir /tmp/gpu_train \
-      --bench_out "$OUT/train_$slug.json" --out "$OUT/gpu_check_train.json" 2>&1 | tee "$OUT/train.log"
+    $PY scripts/gpu_check.py --offline --only "$only" --bench_sections "$sections" --bench_update --bench_rounds 2 \
+      --run_dir "/tmp/gpu_$PART" --bench_out "$record" --out "$OUT/gpu_check_$PART.json" 2>&1 | tee "$OUT/$PART.log"
     rc=${PIPESTATUS[0]}
-    small_tar /tmp/gpu_train "$OUT/train_runs.tgz"
-    echo "train part: exit $rc after $(( $(date +%s) - started )) s"
+    cp "$record" "$OUT/" 2>/dev/null
+    small_tar "/tmp/gpu_$PART" "$OUT/${PART}_runs.tgz"
+    echo "$PART part: exit $rc after $(( $(date +%s) - started )) s"
     exit "$rc"
     ;;
   rehearse)
@@ -77,7 +88,7 @@ case "$PART" in
     echo "rehearsal: ok after $(( $(date +%s) - started )) s (CPU figures, in $R; none is a GPU result)"
     ;;
   *)
-    echo "usage: bash scripts/gpu_session.sh course|course1|course2|train|rehearse"
+    echo "usage: bash scripts/gpu_session.sh course|course1|course2|race|extras|train|rehearse"
     exit 2
     ;;
 esac

@@ -254,3 +254,17 @@ def test_bench_train_preset_and_floor_sections_on_a_cpu(tmp_path):
     assert "FORECAST" in forecast["label"] and forecast["floors"]["eager"]["2x speedup"] > 0
     assert res["preset"]["variants"]["eager"]["samples_per_s"] > 0 and res["preset"]["lr"] == pytest.approx(1.41e-4)
     assert "gpu_large_gpu_preset_mfu" not in res["targets"]  # a CPU claims no GPU target
+
+
+def test_bench_train_update_merges_one_device_calls_sections_into_the_last_ones_file():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_train_for_merge", ROOT / "scripts" / "bench_train.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    race = {"compare": {"x": 1}, "git_commit": "a", "started": "t0", "command": "race", "seconds_total": 300.0}
+    extras = {"preset": {"y": 2}, "launch_floor": {"kind": "MEASURED"}, "t4_forecast": {}, "compare": {"stale": 1},
+              "git_commit": "a", "started": "t1", "command": "extras", "seconds_total": 200.0}  # fmt: skip
+    merged = bench.merge_parts(race, extras, {"preset", "floor"})
+    assert merged["compare"] == {"x": 1} and merged["preset"] == {"y": 2} and merged["launch_floor"]["kind"]
+    assert [p["command"] for p in merged["parts"]] == ["race", "extras"] and merged["seconds_total"] == 500.0

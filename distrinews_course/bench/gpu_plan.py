@@ -216,7 +216,9 @@ def make_plan(args, *, n_gpus: int, bf16_native: bool | None, model: str, data_a
                 "--models",
                 "distilbert-base",
                 "--sections",
-                "compare,preset,floor,ddp" if n_gpus >= 2 else "compare,preset,floor",
+                getattr(args, "bench_sections", None)
+                or ("compare,preset,floor,ddp" if n_gpus >= 2 else "compare,preset,floor"),
+                *(["--update"] if getattr(args, "bench_update", False) else []),
                 "--trace_dir",
                 str(run_dir / "traces"),
                 "--out",

@@ -307,7 +307,7 @@ def count_step_ops(argv_of, prepared, bare_batches, cfg, device, contenders, arg
     what each step launches and where it waits for the device (step_ops). On a CPU the counts are the proxy's."""
     cuda, out = device.type == "cuda", {}
     first, n = COUNT_WINDOW
-    wanted = [name for name in (*OURS, "bare", "bare --compile") if name in contenders]
+    wanted = [name for name in ("ours", "bare", "--compile_mode reduce-overhead") if name in contenders]
     if not cuda:
         wanted = [name for name in wanted if name in ("ours", "bare")]  # compiled code is invisible to the proxy
     for name in wanted:

@@ -27,7 +27,7 @@ def preset_plan(quick: bool, cuda: bool) -> dict | None:
         return dict(model="tiny", batch_size=16, warmup=1, steps=2, rounds=1, compile=cuda)
     if not cuda:
         return None
-    return dict(model="distilbert-base", batch_size=preset["batch_size"], warmup=10, steps=20, rounds=2, compile=True)
+    return dict(model="distilbert-base", batch_size=preset["batch_size"], warmup=10, steps=20, rounds=1, compile=True)
 
 
 def preset_section(plan: dict, data_arg: str, device, args, log, workdir: Path) -> dict:
