@@ -30,6 +30,8 @@ from .train_stats import headline_ratio, line, paired, paired_ratios, rotate, su
 OURS = ("ours", "--compile", "--compile_mode reduce-overhead")  # our loop as a user runs it, in its three modes
 TRAINERS = ("hf_trainer", "hf_trainer_same_options", "hf_trainer_same_options --torch_compile")
 COUNT_WINDOW = (3, 4)  # counted: optimizer steps 5-7 (step 4, the window's first, starts the proxy's tracking)
+# On CUDA later steps: by step 30 the graphs path has recorded its graph for each of the 4 batch widths
+COUNT_WINDOW_CUDA = (30, 5)
 
 
 def compare_contenders(model_name: str, plan: dict, device, args, log) -> tuple[dict, dict]:
@@ -101,7 +103,8 @@ def compare_section(plan, data_arg: str, device, args, log, workdir: Path) -> di
                 f"--data {data_arg} has {args.n_train}. Use a larger folder, or --data embedded."
             )
         n_texts = (W + K) * B if args.quick else min(max((W + K) * B, 4 * TRAINER_MEGABATCH * B), args.n_train)
-        n_texts = max(n_texts, (sum(COUNT_WINDOW) + 1) * B)  # the step count's runs take that many steps
+        counted = sum(COUNT_WINDOW_CUDA if device.type == "cuda" else COUNT_WINDOW) + 1
+        n_texts = max(n_texts, counted * B)  # the step count's runs take that many steps
         contenders, skipped = compare_contenders(model_name, plan, device, args, log)
         argv_of = {
             name: script_argv(
@@ -157,7 +160,7 @@ def compare_section(plan, data_arg: str, device, args, log, workdir: Path) -> di
             f"mean length: {throughput.training_flops(shape, [round(mean_len)]) / 1e6:.1f} M; ratios quoted on {metric}"
         )
         hf_train = hf_dataset(prepared.train_ds) if any(c["kind"] == "trainer" for c in contenders.values()) else None
-        bare_batches = our_batches(prepared, base, device, max(W + K, sum(COUNT_WINDOW) + 1))
+        bare_batches = our_batches(prepared, base, device, max(W + K, counted))
         results = {name: [] for name in contenders}
         names = list(contenders)
         gate = timing.QuietGate(args.quiet_cores, args.quiet_timeout, args.quiet_budget / 2 / len(plan["compare"]))
@@ -306,7 +309,7 @@ def count_step_ops(argv_of, prepared, bare_batches, cfg, device, contenders, arg
     """Not timed: a few steps of ours and of the bare loop (and on CUDA of every compiled contender) again, counting
     what each step launches and where it waits for the device (step_ops). On a CPU the counts are the proxy's."""
     cuda, out = device.type == "cuda", {}
-    first, n = COUNT_WINDOW
+    first, n = COUNT_WINDOW_CUDA if cuda else COUNT_WINDOW
     wanted = [name for name in ("ours", "bare", "--compile_mode reduce-overhead") if name in contenders]
     if not cuda:
         wanted = [name for name in wanted if name in ("ours", "bare")]  # compiled code is invisible to the proxy
