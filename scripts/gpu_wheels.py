@@ -63,6 +63,31 @@ def project(wheel: Path) -> str:
     return re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
 
 
+def missing_requirements(dest: Path) -> dict:
+    """{requirement: [wheels needing it]} for what no carried wheel and no package of the image provides (markers
+    evaluated for CPython 3.12 on x86-64 Linux, extras left out)."""
+    import zipfile
+
+    from packaging.requirements import Requirement
+
+    have = {project(w) for w in dest.glob("*.whl")} | IMAGE
+    env = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux", "os_name": "posix",
+           "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython",
+           "platform_python_implementation": "CPython", "extra": ""}  # fmt: skip
+    missing = {}
+    for wheel in dest.glob("*.whl"):
+        with zipfile.ZipFile(wheel) as z:
+            meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+            lines = z.read(meta).decode().splitlines()
+        for line in lines:
+            if line.startswith("Requires-Dist:"):
+                req = Requirement(line.split(":", 1)[1].strip())
+                name = re.sub(r"[-_.]+", "-", req.name).lower()
+                if (not req.marker or req.marker.evaluate(env)) and name not in have:
+                    missing.setdefault(name, []).append(project(wheel))
+    return missing
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dest", type=Path, default=ROOT / ".whl")
@@ -90,6 +115,11 @@ def main(argv=None) -> int:
         exclude.parent.mkdir(parents=True, exist_ok=True)
         with open(exclude, "a") as f:
             f.write("/.whl/\n")
+    missing = missing_requirements(args.dest)
+    if missing:
+        print(f"not carried and not in the image: {missing}", file=sys.stderr)
+        return 1
+    print("every requirement of the carried wheels is carried or in the image")
     if size > args.limit_mb:
         print(f"too large: {size:.1f} MiB > {args.limit_mb} MiB", file=sys.stderr)
         return 1
