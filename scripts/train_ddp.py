@@ -60,7 +60,7 @@ def main():
         model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,  # rank 0's weights to all
                     bucket_cap_mb=cfg.bucket_cap_mb, gradient_as_bucket_view=cfg.gradient_as_bucket_view)
         if cfg.compile:
-            model = torch.compile(model)
+            model = torch.compile(model, mode=cfg.compile_mode)  # reduce-overhead: CUDA graphs
 
         val = None
         for epoch in range(start.epoch, cfg.epochs + 1):

@@ -44,7 +44,7 @@ def main():
                                 tracker=tracker, label_names=run.label_names)
     start = snap.resume(run_plan.resume)  # --resume auto: continue from the newest good snapshot
     if cfg.compile:
-        model = torch.compile(model)
+        model = torch.compile(model, mode=cfg.compile_mode)  # reduce-overhead: CUDA graphs
 
     val = None
     for epoch in range(start.epoch, cfg.epochs + 1):

@@ -368,6 +368,10 @@ def test_bench_train_quick(tmp_path, bench):
     assert 0 <= ours["padding_fraction"]["median"] < 1
     assert "scripts/train_single.py" in tiny["commands"]["ours"]  # our loop IS the course's script
     assert tiny["attn_implementation"]
+    assert tiny["contenders"]["bare"]["samples_per_s"]["median"] > 0 and tiny["race"]["ours_vs_bare_eager"] > 0
+    ops = tiny["step_ops"]  # counted after the rounds: a CPU's proxy of a GPU
+    assert ops["ours"]["syncs_per_step"] <= ops["bare"]["syncs_per_step"] and "proxy" in ops["ours"]["what"]
+    assert all(r["matmul_dtype"] == "fp32" for r in ours["rounds"])  # the precision that ran, window by window
     if _has("accelerate"):
         for name in ("hf_trainer", "hf_trainer_same_options"):
             assert tiny["contenders"][name]["samples_per_s"]["median"] > 0

@@ -36,16 +36,16 @@ def test_dry_run_writes_a_marked_json_and_checks_every_command(gc, tmp_path, cap
     assert res["dry_run"] is True and "nothing was measured" in res["dry_run_note"]
     assert [s["name"] for s in res["plan"]] == list(gc.STAGES)
     assert all(res["stages"][n]["skipped"] == "dry run" for n in gc.STAGES[1:])
-    assert sum("command line accepted" in c for c in res["checks"]) == 7  # 6 launched stages + serving
+    assert sum("command line accepted" in c for c in res["checks"]) == 8  # 7 launched stages + serving
     for key in ("machine", "versions", "git_commit", "command"):
         assert key in res  # provenance
     assert res["env"]["lines"] and res["flops_per_text_distilbert_base"]["flops_per_text"] > 1e9
     est = res["t4_epoch_estimate"]
-    assert "ESTIMATE" in est["label"] and est["seed_claims_minutes"] == {"1x T4": 8.0, "2x T4": 4.5}
+    assert "FORECAST" in est["label"] and est["seed_claims_minutes"] == {"1x T4": 8.0, "2x T4": 4.5}
     train = next(s for s in res["plan"] if s["name"] == "train_fp16")["cmd"]
     assert "--amp" in train and train[train.index("--amp") + 1] == "fp16"
     assert train[train.index("--data") + 1] != "hub"  # never the network
-    assert "checked: 9 command lines" in capsys.readouterr().out
+    assert "checked: 10 command lines" in capsys.readouterr().out
 
 
 def test_the_default_dry_run_json_never_lands_in_benchmarks(gc):
@@ -64,7 +64,7 @@ def test_plan_on_two_t4s(gc, tmp_path):
     assert "--nproc_per_node=2" in ddp and ddp[-2:] == ["--backend", "nccl"]
     assert "expected: refused" in stages["train_bf16"].what
     bench = stages["bench_train"].cmd
-    assert bench[bench.index("--sections") + 1] == "compare,ddp"
+    assert bench[bench.index("--sections") + 1] == "compare,preset,floor,ddp"
     nb = stages["notebooks"]
     assert nb.cmd[nb.cmd.index("--preset") + 1] == "single_gpu" and nb.env == {"DISTRINEWS_DATA_DIR": "/data/ag"}
 
@@ -135,7 +135,19 @@ def test_t4_estimate_arithmetic():
     one = 120_000 * 13e9 / (65e12 * 0.25) / 60
     assert est["scenarios"]["a"]["1x T4 minutes"] == pytest.approx(one, abs=0.01)
     assert est["scenarios"]["a"]["2x T4 minutes"] == pytest.approx(one / 1.8, abs=0.01)
-    assert "none" not in est["scenarios"]
+    assert "none" not in est["scenarios"] and "floors" not in est
+
+
+def test_t4_forecast_counts_the_cpu_floor():
+    gpu_step = 32 * 13e9 / (65e12 * 0.25)  # 25.6 ms
+    est = gpu_estimate.t4_epoch_estimate(13e9, {"a": 0.25}, {"low": 0.010, "high": 0.040}, ddp_efficiency=0.9)
+    low, high = est["floors"]["low"], est["floors"]["high"]
+    assert low["bound"] == "GPU" and low["1x_step_seconds"] == pytest.approx(gpu_step)
+    assert low["2x speedup"] == pytest.approx(1.8, abs=1e-3)  # GPU-bound: DDP's efficiency decides
+    assert high["bound"] == "CPU launch floor" and high["1x_step_seconds"] == 0.040
+    assert high["2x speedup"] == pytest.approx(2.0, abs=1e-3)  # host-bound on both: each rank its own 2 vCPUs
+    assert high["1x T4 minutes"] == pytest.approx(120_000 / 32 * 0.040 / 60, abs=0.01)
+    assert high["2x T4 minutes"] == pytest.approx(120_000 / 64 * 0.040 / 60, abs=0.01)
 
 
 @pytest.mark.parametrize(
@@ -206,3 +218,37 @@ def test_serving_stage_end_to_end_on_the_cpu(gc, tmp_path):
     assert 0 < res["single_request_latency_ms"]["p50"] <= res["single_request_latency_ms"]["p95"]
     missing = gc.serving_stage(gc.Stage("serving", "test", None, out=str(tmp_path / "none.pt")), tmp_path, texts, "cpu")
     assert missing["status"] == "FAILED" and "no checkpoint" in missing["why"]
+
+
+def test_the_course_stage_writes_its_gpu_record(tmp_path):
+    runs = tmp_path / "runs" / "20270101-000000"
+    runs.mkdir(parents=True)
+    chapters = [
+        {"name": f"{i:02d}_x", "status": "ok", "seconds": 10.0 + i, "headline": "f", "record": {}} for i in range(12)
+    ]
+    summary = {"preset": "single_gpu", "nproc": "auto", "seconds": 200.0, "machine": {"gpus": ["H100"]}}
+    (runs / "summary.json").write_text(json.dumps({**summary, "notebooks": chapters}))
+    stage = SimpleNamespace(name="notebooks", cmd=["python", "x", "--runs-dir", str(tmp_path / "runs")],
+                            out=str(tmp_path / "course_gpu_x.json"))  # fmt: skip
+    res = gpu_stages.parse_course(stage, SimpleNamespace(ok=True), {})
+    record = json.loads((tmp_path / "course_gpu_x.json").read_text())
+    assert res["status"] == "ok" and record["chapters_ok"] == "12 of 12" and record["device"] == ["H100"]
+    assert [c["seconds"] for c in record["chapters"]][:2] == [10.0, 11.0] and "git_commit" in record
+    chapters[5].update(status="FAILED", error="05 failed at cell 3")
+    (runs / "summary.json").write_text(json.dumps({**summary, "notebooks": chapters}))
+    res = gpu_stages.parse_course(stage, SimpleNamespace(ok=False), {})
+    record = json.loads((tmp_path / "course_gpu_x.json").read_text())
+    assert res["status"] == "FAILED" and record["chapters_ok"] == "11 of 12" and record["chapters"][5]["error"]
+    # a second part (run_course --only 05) replaces the chapter it ran and keeps the others
+    (runs / "summary.json").write_text(json.dumps({**summary, "seconds": 30.0, "notebooks": [
+        {"name": "05_x", "status": "ok", "seconds": 30.0, "headline": "g", "record": {}}]}))  # fmt: skip
+    res = gpu_stages.parse_course(stage, SimpleNamespace(ok=True), {})
+    record = json.loads((tmp_path / "course_gpu_x.json").read_text())
+    assert res["status"] == "ok" and record["chapters_ok"] == "12 of 12" and len(record["parts"]) == 3
+    assert record["chapters"][5] == {
+        "chapter": "05_x",
+        "status": "ok",
+        "seconds": 30.0,
+        "key_figures": "g",
+        "record": {},
+    }

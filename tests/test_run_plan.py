@@ -164,6 +164,20 @@ def test_a_gpu_preset_falling_back_to_the_tiny_model_trains_it_at_a_from_scratch
     assert "model auto -> tiny (random weights): lr 0.001, not the preset's 5e-05" in said
 
 
+def test_the_large_gpu_preset_falling_back_to_the_tiny_model_trains_it_at_cpu_smokes_batch(monkeypatch, tmp_path):
+    # large_gpu's 256 leaves the tiny model 62 steps in 2 epochs of the embedded sample: 60-73% instead of 86%
+    from distrinews_lib import plan
+    from distrinews_lib.training import config
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for typed, batch, lr in (([], 32, 1e-3), (["--batch_size", "128"], 128, 2e-3)):
+        cfg = config.parse("t", ["--config", "large_gpu", *typed, "--output", str(tmp_path), "--resume", "off"])
+        lines = []
+        decided = plan.decide(cfg, log=lines.append).cfg
+        assert (decided.batch_size, decided.lr) == (batch, pytest.approx(lr)), lines
+        assert ("not the preset's 256" in "\n".join(lines)) == (not typed)
+
+
 @pytest.mark.parametrize(
     "argv",
     [

@@ -1,5 +1,6 @@
-"""gpu_check's T4 estimate: the training FLOPs of DistilBERT-base per AG News text, and what they come to for an
-epoch on one T4 and on two at an assumed MFU. An ESTIMATE, labelled so, never a measurement."""
+"""gpu_check's T4 forecast: the training FLOPs of DistilBERT-base per AG News text, and what they come to for an
+epoch on one T4 and on two at an assumed MFU, each step no shorter than the CPU's launch floor (bench/launch_floor).
+A FORECAST, labelled so, never a measurement."""
 
 from __future__ import annotations
 
@@ -33,12 +34,22 @@ def flops_per_text(data_arg: str, max_length: int = 128) -> dict:
 
 
 def t4_epoch_estimate(
-    flops_per_sample: float, mfu_scenarios: dict, rows: int = 120_000, ddp_efficiency: float = 0.9
+    flops_per_sample: float,
+    mfu_scenarios: dict,
+    floors: dict | None = None,
+    rows: int = 120_000,
+    ddp_efficiency: float = 0.9,
+    batch: int = 32,
 ) -> dict:
-    """ESTIMATED minutes for one epoch of `rows` texts on one T4 and on 2x T4, at the T4's dense fp16 peak times
-    each assumed MFU (2x T4: divided by 2 x ddp_efficiency). Not a measurement."""
+    """FORECAST minutes for one epoch of `rows` texts on one T4 and on 2x T4. scenarios: GPU-bound, at the T4's dense
+    fp16 peak times each assumed MFU (2x T4: divided by 2 x ddp_efficiency). floors ({name: seconds per step}, the
+    CPU launch floor of bench/launch_floor, measured or its proxy): each step as max(the GPU's time at the first
+    scenario's MFU, the floor), batch `batch` per GPU. Not a measurement."""
+    from .launch_floor import t4_gpu_seconds, t4_step_forecast
+
     out = {
-        "label": "ESTIMATE from FLOPs per text and the T4's fp16 peak, not a measurement",
+        "label": "FORECAST from FLOPs per text, the T4's fp16 peak at an assumed MFU, and the CPU launch floor "
+        "(each step: max of the two); not a measurement",
         "rows": rows,
         "flops_per_text": flops_per_sample,
         "t4_fp16_peak_tflops": T4_FP16_PEAK_TFLOPS,
@@ -55,4 +66,17 @@ def t4_epoch_estimate(
             "1x T4 minutes": round(one, 2),
             "2x T4 minutes": round(one / (2 * ddp_efficiency), 2),
         }
+    mfu = next((m for m in mfu_scenarios.values() if m), None)
+    if floors and mfu:
+        out["floors"] = {}
+        for name, floor_s in floors.items():
+            f = t4_step_forecast(t4_gpu_seconds(batch * flops_per_sample, mfu), floor_s, ddp_efficiency=ddp_efficiency)
+            out["floors"][name] = {
+                **f,
+                "mfu": mfu,
+                "batch_per_gpu": batch,
+                "1x T4 minutes": round(rows / batch * f["1x_step_seconds"] / 60, 2),
+                "2x T4 minutes": round(rows / (2 * batch) * f["2x_step_seconds"] / 60, 2),
+                "2x speedup": round(f["2x_speedup"], 3),
+            }
     return out

@@ -17,7 +17,7 @@ from . import provenance
 
 REPO = ROOT  # the checkout whose scripts the stages run
 
-STAGES = ("env", "cuda_tests", "train_fp16", "train_bf16", "ddp_nccl", "notebooks", "serving", "bench_train")
+STAGES = ("env", "cuda_tests", "train_fp16", "train_bf16", "ddp_nccl", "graphs", "notebooks", "serving", "bench_train")
 CUDA_TESTS = [
     "tests/test_gpu_cuda.py",
     "tests/test_gpu_env.py",
@@ -157,6 +157,16 @@ def make_plan(args, *, n_gpus: int, bf16_native: bool | None, model: str, data_a
             out=str(out),
         )
     )
+    stages.append(
+        Stage(
+            "graphs",
+            "the CUDA-graphs path (--compile_mode reduce-overhead): loss curve against eager, resume, DDP",
+            [py, "-m", "distrinews_course.bench.graphs_check", "--out", str(run_dir / "graphs.json")],
+            timeout=900,
+            skip=no_gpu,
+            out=str(run_dir / "graphs.json"),
+        )
+    )
     nb_env = {} if data_arg == "embedded" else {"DISTRINEWS_DATA_DIR": data_arg}
     stages.append(
         Stage(
@@ -172,10 +182,12 @@ def make_plan(args, *, n_gpus: int, bf16_native: bool | None, model: str, data_a
                 str(run_dir / "runs"),
                 *([] if data_arg == "embedded" else ["--data-dir", data_arg]),
                 *(["--offline"] if args.offline else []),
+                *(["--only", args.chapters] if getattr(args, "chapters", None) else []),
             ],
             timeout=1500,
             env=nb_env,
             skip=no_gpu,
+            out=str(course_out(args)),
         )
     )
     stages.append(
@@ -194,7 +206,8 @@ def make_plan(args, *, n_gpus: int, bf16_native: bool | None, model: str, data_a
     stages.append(
         Stage(
             "bench_train",
-            "our loop vs Trainer (defaults / same options), MFU, options; DDP with 2+ GPUs",
+            "our loop vs the bare loop, CUDA graphs and Trainer (defaults / our options / compiled), step launches "
+            "and syncs, the large_gpu preset's MFU, the CPU launch floor and the T4 forecast; DDP with 2+ GPUs",
             [
                 py,
                 "scripts/bench_train.py",
@@ -203,7 +216,11 @@ def make_plan(args, *, n_gpus: int, bf16_native: bool | None, model: str, data_a
                 "--models",
                 "distilbert-base",
                 "--sections",
-                "compare,ddp" if n_gpus >= 2 else "compare",
+                getattr(args, "bench_sections", None)
+                or ("compare,preset,floor,ddp" if n_gpus >= 2 else "compare,preset,floor"),
+                *(["--update"] if getattr(args, "bench_update", False) else []),
+                "--trace_dir",
+                str(run_dir / "traces"),
                 "--out",
                 str(bench_out),
             ],
@@ -217,6 +234,13 @@ def make_plan(args, *, n_gpus: int, bf16_native: bool | None, model: str, data_a
         if s.name not in wanted and s.skip is None:
             s.skip = "not selected (--only)"
     return stages
+
+
+def course_out(args) -> Path:
+    """Where the course's GPU summary goes: --course_out, else benchmarks/course_gpu_<machine>.json."""
+    if getattr(args, "course_out", None):
+        return Path(args.course_out)
+    return REPO / "benchmarks" / f"course_gpu_{provenance.machine_slug()}.json"
 
 
 def check_plan(stages: list, model: str, data_arg: str) -> list:
@@ -244,6 +268,12 @@ def check_plan(stages: list, model: str, data_arg: str) -> list:
             config.parse("gpu_check", s.cmd[s.cmd.index(script) + 1 :], ddp=True)
         elif script == "scripts/bench_train.py":
             bench.build_arg_parser().parse_args(s.cmd[s.cmd.index(script) + 1 :])
+        elif "distrinews_course.bench.graphs_check" in s.cmd:
+            from . import graphs_check
+
+            argv = [*graphs_check.common_args(Path("x"), cuda=True, steps=2, batch=2, max_length=64)]
+            config.parse("gpu_check", [*argv, "--compile_mode", "reduce-overhead"])
+            config.parse("gpu_check", [*argv, "--compile_mode", "reduce-overhead", "--backend", "nccl"], ddp=True)
         elif script == "scripts/run_course.py":
             if not any((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")):
                 raise UserError("no course notebooks in notebooks/")

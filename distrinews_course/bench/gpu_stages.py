@@ -78,7 +78,62 @@ def parse_bench(stage, res, out) -> dict:
     return {"status": "ok", "json": str(path), "headline": b.get("headline"), "targets": b.get("targets")}
 
 
+def parse_graphs(stage, res, out) -> dict:
+    path = Path(stage.out)
+    if not path.is_file():
+        return {"status": "FAILED"}
+    g = json.loads(path.read_text())
+    return {"status": "ok" if res.ok and g.get("ok") else "FAILED", "json": str(path), "graphs": g}
+
+
+def parse_course(stage, res, out) -> dict:
+    """run_course.py's summary.json as the course's GPU record (benchmarks/course_gpu_<machine>.json): per chapter
+    its status, seconds and key figures, and the machine, preset and processes it ran with."""
+    from . import provenance
+
+    runs = sorted(Path(stage.cmd[stage.cmd.index("--runs-dir") + 1]).glob("*/summary.json"))
+    if not runs:
+        return {"status": "FAILED", "why": "run_course.py wrote no summary.json"}
+    summary = json.loads(runs[-1].read_text())
+    chapters = [
+        {
+            "chapter": nb["name"],
+            "status": nb["status"],
+            "seconds": round(nb["seconds"], 1) if nb.get("seconds") is not None else None,
+            "key_figures": nb.get("headline", ""),
+            "record": nb.get("record") or {},
+            **({"error": nb["error"]} if nb.get("error") else {}),
+        }
+        for nb in summary["notebooks"]
+    ]
+    earlier = json.loads(Path(stage.out).read_text()) if Path(stage.out).is_file() else {}
+    ran = {c["chapter"] for c in chapters}
+    parts = [*earlier.get("parts", []), {"chapters": sorted(ran), "seconds": summary["seconds"]}]
+    chapters = sorted([c for c in earlier.get("chapters", []) if c["chapter"] not in ran] + chapters,
+                      key=lambda c: c["chapter"])  # fmt: skip
+    n_ok = sum(c["status"] == "ok" for c in chapters)
+    record = {
+        "benchmark": "course_gpu",
+        **provenance.provenance(),
+        "device": summary["machine"].get("gpus") or summary["machine"],
+        "preset": summary["preset"],
+        "nproc": summary["nproc"],
+        "chapters_ok": f"{n_ok} of {len(chapters)}",
+        "seconds": sum(p["seconds"] for p in parts),
+        "parts": parts,  # one per run_course.py launch (a device call may not hold the whole course)
+        "note": "one GPU, offline: the embedded AG News sample and the tiny model; a chapter that compares 1 process "
+        "with 2 runs as on Colab's single GPU (it says so in its first cell)",
+        "chapters": chapters,
+    }
+    Path(stage.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(stage.out).write_text(json.dumps(provenance.as_jsonable(record), indent=1))
+    ok = res.ok and all(c["status"] == "ok" for c in chapters if c["chapter"] in ran)
+    return {"status": "ok" if ok else "FAILED", "json": stage.out, "chapters_ok": record["chapters_ok"]}
+
+
 PARSERS = {
+    "graphs": parse_graphs,
+    "notebooks": parse_course,
     "cuda_tests": parse_pytest,
     "train_fp16": parse_training,
     "train_bf16": parse_training,

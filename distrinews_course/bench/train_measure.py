@@ -85,17 +85,33 @@ class RecordingCollator:
         return batch
 
 
-def hf_dataset(dataset: tokenization.TokenizedDataset):
-    """What a user has after `Dataset.from_dict(...).map(tokenizer, batched=True)`: input_ids, attention_mask, label."""
-    from datasets import Dataset
+class RowsDataset(torch.utils.data.Dataset):
+    """The rows as a plain torch Dataset of dicts, for where `datasets` is not installed: Trainer reads it the same
+    way (its length grouping measures len(row["input_ids"]); DataCollatorWithPadding pads it)."""
 
-    return Dataset.from_dict(
-        {
-            "input_ids": dataset.input_ids,
-            "attention_mask": [[1] * len(x) for x in dataset.input_ids],
-            "label": list(dataset.labels),
-        }
-    )
+    def __init__(self, columns: dict):
+        self.columns, self.n = columns, len(next(iter(columns.values())))
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return {k: v[i] for k, v in self.columns.items()}
+
+
+def hf_dataset(dataset: tokenization.TokenizedDataset):
+    """What a user has after `Dataset.from_dict(...).map(tokenizer, batched=True)`: input_ids, attention_mask, label
+    (a datasets.Dataset, as Trainer's users have; RowsDataset where `datasets` is missing)."""
+    columns = {
+        "input_ids": dataset.input_ids,
+        "attention_mask": [[1] * len(x) for x in dataset.input_ids],
+        "label": list(dataset.labels),
+    }
+    try:
+        from datasets import Dataset
+    except ImportError:
+        return RowsDataset(columns)
+    return Dataset.from_dict(columns)
 
 
 def trainer_available() -> str | None:
@@ -105,10 +121,6 @@ def trainer_available() -> str | None:
         from transformers import Trainer  # noqa: F401
     except ImportError as err:
         return f"transformers.Trainer needs accelerate ({err}); pip install accelerate"
-    try:
-        import datasets  # noqa: F401  (hf_dataset: Trainer is fed a datasets.Dataset, as its users do)
-    except ImportError as err:
-        return f"the Trainer contenders read a datasets.Dataset ({err}); pip install datasets"
     return None
 
 

@@ -117,6 +117,21 @@ def targets(result: dict) -> dict:
             "met": bool(s and s >= 1.0),
         }
         out["gpu_distilbert_base_vs_trainer_defaults"] = {"target": ">= 1.5x", "value": d, "met": bool(d and d >= 1.5)}
+    if base and not cpu:  # issue 41: the loop keeps the GPU busy
+        race = base.get("race") or {}
+        for key, target, low in (
+            ("ours_vs_bare_eager", ">= 0.9x", 0.9),
+            ("ours_vs_bare_compiled", ">= 0.9x", 0.9),
+            ("graphs_vs_ours_eager", ">= 2x", 2.0),
+            ("best_ours_vs_best_trainer", ">= 1.3x", 1.3),
+        ):
+            v = race.get(key)
+            out[f"gpu_distilbert_base_{key}"] = {"target": target, "value": v, "met": bool(v and v >= low)}
+        out["gpu_distilbert_base_best"] = {"ours": race.get("best_ours"), "trainer": race.get("best_trainer")}
+    preset = result.get("preset") or {}
+    if preset.get("variants") and not cpu:
+        m = preset.get("best_mfu")
+        out["gpu_large_gpu_preset_mfu"] = {"target": ">= 30%", "value": m, "met": bool(m and m >= 0.30)}
     rows = [r for r in (result.get("ddp") or {}).get("scaling", []) if r["processes"] == 2]
     if rows and cpu:
         best = max(rows, key=lambda r: r["speedup"] or 0)
@@ -169,9 +184,26 @@ def headline(result: dict) -> dict:
         for key in sec["ratios"]:
             if key.startswith("ours / --"):
                 out[f"{m}_option_{key[len('ours / ') :]}_ours_over_it"] = headline_ratio(sec, key)
-        r = sec["ratios"].get("ours --compile / hf_trainer_same_options --torch_compile")
+        r = sec["ratios"].get("--compile / hf_trainer_same_options --torch_compile")
         if r:
             out[f"{m}_compiled_ours_vs_compiled_trainer_same_options"] = r["median_of_rounds"]
+        for key, value in (sec.get("race") or {}).items():
+            if value is not None and key != "metric":
+                out[f"{m}_{key}"] = value
+        for name, counts in (sec.get("step_ops") or {}).items():
+            for k in ("launches_per_step", "syncs_per_step"):
+                out[f"{m}_{name.strip('-').replace(' ', '_')}_{k}"] = counts.get(k)
+    if (result.get("preset") or {}).get("variants"):
+        for name, v in result["preset"]["variants"].items():
+            out[f"large_gpu_preset_{name}_mfu"] = v["mfu"]
+    floor = result.get("launch_floor")
+    if floor:
+        for name in ("eager", "cuda_graphs"):
+            if name in floor:
+                out[f"launch_floor_{name}_ms_{floor['kind'].lower()}"] = 1000 * floor[name]["seconds_per_step"]
+        for name, f in ((result.get("t4_forecast") or {}).get("floors") or {}).items():
+            out[f"t4_forecast_{name}_2x_speedup"] = f["2x speedup"]
+            out[f"t4_forecast_{name}_1x_minutes"] = f["1x T4 minutes"]
     for row in (result.get("ddp") or {}).get("scaling", []):
         k = f"ddp{row['processes']}_global_batch{row['global_batch']}"
         out[f"{k}_speedup"] = row["speedup"]

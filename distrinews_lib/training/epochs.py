@@ -1,6 +1,7 @@
 """An epoch of the scripts' loop, what it goes through and what it counts: the micro-batches of each optimizer step
 (accumulate), moved to the device, and the epoch's meter (loss, samples, tokens, time; a NaN stops the run with its
-step), summed over the ranks once at the end. The loop itself is written out in the scripts."""
+step, found where the meter is read: at a snapshot and at the epoch's end), summed over the ranks once at the end.
+The loop itself is written out in the scripts."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
@@ -25,8 +27,11 @@ def steps_per_epoch(batches_per_epoch: int, grad_accum: int, limit: int | None =
     return min(steps, limit) if limit else steps
 
 
+HOST_ONLY = ("index",)  # the rows' numbers: only evaluation reads them, on the host; a step need not copy them
+
+
 def to_device(batch: dict, device: torch.device, non_blocking: bool = False) -> dict:
-    return {k: v.to(device, non_blocking=non_blocking) for k, v in batch.items()}
+    return {k: v.to(device, non_blocking=non_blocking) for k, v in batch.items() if k not in HOST_ONLY}
 
 
 def _progress(iterable, total: int, enabled: bool, desc: str):
@@ -95,22 +100,49 @@ class NonFiniteLoss(UserError):
     """The training loss or gradient norm became NaN or infinite."""
 
 
+class _DeviceLog:
+    """Scalars written on the device as the loop runs, into buffers allocated CHUNK at a time: appending is one copy
+    kernel, never a host sync; values() reads them back once."""
+
+    def __init__(self, device: torch.device, chunk: int):
+        self.device, self.chunk, self.full, self.n = device, chunk, [], 0
+        self.buffer = None
+
+    def append(self, value: torch.Tensor) -> None:
+        i = self.n % self.chunk
+        if i == 0:
+            if self.buffer is not None:
+                self.full.append(self.buffer)
+            self.buffer = torch.empty(self.chunk, dtype=torch.float32, device=self.device)
+        self.buffer[i].copy_(value)  # float32 holds a float32, bf16 or fp16 loss exactly
+        self.n += 1
+
+    def values(self) -> list:
+        if not self.n:
+            return []
+        return torch.cat([*self.full, self.buffer])[: self.n].tolist()
+
+
 class EpochMeter:
-    """The epoch's counters, kept so that the loop never waits for the GPU: losses summed on the device,
-    samples and tokens counted on the CPU copy, read back and summed over ranks once, in finish()."""
+    """The epoch's counters, kept so that the loop never waits for the GPU and launches as little as it can: each
+    micro-batch's loss and each step's gradient norm are copied into a preallocated device buffer (one copy kernel
+    each, no host sync); samples and tokens are counted on the CPU copy of the batch. Everything is read back once,
+    in finish() (and at a snapshot): the sums, each step's mean loss, and the first step whose loss or gradient
+    norm was NaN or infinite (exact, however late it is read)."""
+
+    CHUNK = 1024  # buffer entries allocated at a time
 
     def __init__(self, device: torch.device, amp: AmpSettings, epoch: int, state: dict | None = None):
         self.device, self.epoch = device, epoch
         self.grad_overflow_is_normal = amp.use_scaler  # fp16: GradScaler skips such steps by design
-        self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        self.first_bad_step = torch.full((), -1, dtype=torch.long, device=device)
+        self.loss_sum_before = 0.0  # float64 sum of loss x samples before a resume
         self.samples = self.tokens = self.padded = self.sum_sq = self.steps = self.batches = 0
         self.seconds_before = 0.0  # time spent on this epoch before a resume
-        self.step_losses = []  # device scalars, read once at the end of the epoch
-        self._step_loss, self._step_n = torch.zeros((), device=device), 0
+        self._losses, self._norms = _DeviceLog(device, self.CHUNK), _DeviceLog(device, self.CHUNK)
+        self._sizes, self._loss_step, self._norm_step = [], [], []  # per logged value: samples, its 1-based step
         self.resumed = state is not None
         if state:
-            self.loss_sum += state["loss_sum"]
+            self.loss_sum_before = float(state["loss_sum"])
             for k in self.PER_RANK + self.SUMMED[1:]:
                 setattr(self, k, int(state[k]))
             self.seconds_before = float(state["seconds"])
@@ -123,11 +155,9 @@ class EpochMeter:
         mask = cpu_batch["attention_mask"]
         lengths = mask.sum(1)
         n = int(mask.shape[0])
-        loss = loss.detach()
-        self.loss_sum += loss.double() * n
-        self._step_loss += loss * n
-        self._step_n += n
-        self._flag(~torch.isfinite(loss))
+        self._losses.append(loss.detach())  # a copy: the loss may live in a CUDA graph's output, reused next step
+        self._sizes.append(n)
+        self._loss_step.append(self.steps + 1)
         self.samples += n
         self.tokens += int(lengths.sum())
         self.padded += mask.numel()
@@ -136,14 +166,26 @@ class EpochMeter:
 
     def step(self, grad_norm: torch.Tensor | None = None) -> None:
         self.steps += 1
-        self.step_losses.append(self._step_loss / max(self._step_n, 1))
-        self._step_loss, self._step_n = torch.zeros((), device=self.device), 0
         if grad_norm is not None and not self.grad_overflow_is_normal:
-            self._flag(~torch.isfinite(grad_norm.detach()))
+            self._norms.append(grad_norm.detach())
+            self._norm_step.append(self.steps)
 
-    def _flag(self, bad: torch.Tensor) -> None:
-        # Remember the first optimizer step (1-based) whose loss or gradient was not finite, on the device.
-        self.first_bad_step = torch.where(bad & (self.first_bad_step < 0), self.steps + 1, self.first_bad_step)
+    def _read(self) -> tuple[list, list]:
+        """This epoch's logged losses and gradient norms, on the host (one device-to-host copy each)."""
+        return self._losses.values(), self._norms.values()
+
+    def _first_bad_step(self, losses: list, norms: list) -> int | None:
+        bad = [s for v, s in zip(losses, self._loss_step) if not math.isfinite(v)]
+        bad += [s for v, s in zip(norms, self._norm_step) if not math.isfinite(v)]
+        return min(bad) if bad else None
+
+    @property
+    def loss_sum(self) -> float:
+        """Σ loss x samples in float64, added in the loop's order (a resumed epoch's sum continues the same way)."""
+        total = self.loss_sum_before
+        for value, n in zip(self._read()[0], self._sizes):
+            total += value * n
+        return total
 
     @property
     def seconds(self) -> float:
@@ -151,11 +193,12 @@ class EpochMeter:
 
     def check_finite(self) -> None:
         """Raise NonFiniteLoss on every rank if any rank saw a NaN/inf (one small all-reduce, one sync)."""
-        bad = self.first_bad_step.clone().to(D.comm_device(self.device))
-        bad = torch.where(bad < 0, torch.iinfo(torch.long).max, bad)
+        first = self._first_bad_step(*self._read())
+        never = torch.iinfo(torch.long).max
+        bad = torch.tensor(never if first is None else first, dtype=torch.long, device=D.comm_device(self.device))
         if D.is_initialized() and D.get_world_size() > 1:
             dist.all_reduce(bad, op=dist.ReduceOp.MIN)
-        if int(bad) != torch.iinfo(torch.long).max:
+        if int(bad) != never:
             raise NonFiniteLoss(
                 f"the training loss (or gradient) became NaN or infinite at optimizer step {int(bad)} of epoch "
                 f"{self.epoch}; training stopped and nothing was saved. Lower the learning rate (--lr), or turn mixed "
@@ -165,7 +208,16 @@ class EpochMeter:
     def state_dict(self) -> dict:
         """This rank's partial counters, for a snapshot taken mid-epoch."""
         state = {k: getattr(self, k) for k in self.SUMMED + self.PER_RANK}
-        return {**state, "loss_sum": float(self.loss_sum), "seconds": self.seconds}
+        return {**state, "seconds": self.seconds}
+
+    def step_losses(self) -> list:
+        """This rank's mean loss of each optimizer step of this run, as the loop used to sum it on the device: in
+        float32, loss x samples added micro-batch by micro-batch, then divided by the step's samples."""
+        sums: dict = {}
+        for value, n, step in zip(self._read()[0], self._sizes, self._loss_step):
+            acc, count = sums.get(step, (np.float32(0.0), 0))
+            sums[step] = (np.float32(acc + np.float32(value) * np.float32(n)), count + n)
+        return [float(np.float32(acc / np.float32(max(count, 1)))) for acc, count in sums.values()]
 
     @classmethod
     def merged(cls, states: list, first: bool, batches_done: int, ratio: float) -> dict:
@@ -201,7 +253,7 @@ class EpochMeter:
             )
         )
         loss_sum, samples, tokens, padded, sum_sq, seconds = totals.tolist()
-        step_losses = torch.stack(self.step_losses).tolist() if self.step_losses else []
+        step_losses = self.step_losses()
         return EpochStats(
             loss=loss_sum / max(samples, 1),
             samples=int(samples),

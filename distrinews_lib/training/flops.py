@@ -48,13 +48,26 @@ def peak_tflops(device_name: str, dtype: str) -> float | None:
     return None
 
 
+def cuda_matmul_tf32() -> bool:
+    """Whether cuBLAS runs fp32 matmuls in TF32, whichever API turned it on or off. torch >= 2.9 has two: the legacy
+    `allow_tf32` flag and `fp32_precision` ("tf32", "ieee", or "none": inherit from `torch.backends.fp32_precision`).
+    Once the new one has been set (Trainer does), reading the legacy flag raises "mix of the legacy and new APIs";
+    the new one reads either way, so it is read first."""
+    matmul = torch.backends.cuda.matmul
+    precision = getattr(matmul, "fp32_precision", None)
+    if precision is None:  # torch < 2.9: the legacy flag is the only one
+        return bool(matmul.allow_tf32)
+    if precision == "none":
+        precision = getattr(torch.backends, "fp32_precision", "none")
+    return precision == "tf32"
+
+
 def matmul_dtype(amp_mode: str, device_type: str) -> str:
     """The dtype the matmuls run in: the AMP dtype, else tf32 where torch allows it on CUDA, else fp32."""
     if amp_mode in ("bf16", "fp16"):
         return amp_mode
-    if device_type == "cuda":
-        if torch.backends.cuda.matmul.allow_tf32:
-            return "tf32"
+    if device_type == "cuda" and cuda_matmul_tf32():
+        return "tf32"
     return "fp32"
 
 

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Issue 41's GPU measurements, prepared for one lent GPU (H100/H200: torch 2.11+cu130, transformers 5.17, accelerate
+# 1.15, no `datasets`, no internet), each part one device call of at most 10 minutes; a warm machine keeps each
+# part's record in /tmp for the next (on a fresh one, the record committed in benchmarks/ is merged instead):
+#   bash scripts/gpu_session.sh course   # the 12 chapters through run_course.py on one GPU, offline, embedded sample
+#   (or course1 then course2: chapters 00-05, then 06-11, where one call cannot hold the twelve)
+#   bash scripts/gpu_session.sh race     # bench_train's race: ours, bare, CUDA graphs, Trainer x3; launches, syncs
+#   bash scripts/gpu_session.sh extras   # the CUDA-graphs path checked, the large_gpu preset's MFU, the launch floor
+#   (train = race + extras in one call, where a call can hold both)
+#   bash scripts/gpu_session.sh rehearse # on a CPU: the same parts at CPU sizes (nothing it writes claims a GPU)
+# Before: `python scripts/gpu_wheels.py` here (the packages the image lacks, into .whl/), and the device call carries
+# it: run(command="bash scripts/gpu_session.sh course", carry=[".whl"]). Results go to $OUT (what the call brings
+# back; at most 8 files), else outputs/gpu_session/; copy the two benchmark files into benchmarks/ afterwards.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PART=${1:-}
+OUT=${OUT:-outputs/gpu_session}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
+if [ -d .whl ] && ! $PY -c "import papermill, fastapi" 2>/dev/null; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 3
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+slug=$($PY -c "from distrinews_course.bench.provenance import machine_slug; print(machine_slug())") || exit 3
+gpu=$($PY -c "import torch; print(int(torch.cuda.is_available()))")
+echo "gpu_session $PART: $slug, $(git rev-parse --short HEAD 2>/dev/null || echo '?'), results in $OUT"
+
+small_tar() {  # logs, records and JSON of a run folder: the executed notebooks are too large to bring back
+  (cd "$1" && find . \( -name '*.json' -o -name '*.log' \) -size -4M | tar czf - -T -) > "$2"
+}
+
+# The course in one call, or in two halves (a warm machine keeps the first half's record in /tmp for the second; on a
+# fresh one, a record of the first half committed in benchmarks/ is merged instead).
+COURSE1=00,01,02,03,04,05
+COURSE2=06,07,08,09,10,11
+KEEP=/tmp/gpu_session
+mkdir -p "$KEEP"
+course_part() {
+  [ "$gpu" = 1 ] || { echo "no CUDA GPU here: use 'rehearse' on a CPU"; exit 2; }
+  local record="$KEEP/course_gpu_$slug.json" started
+  [ -f "$record" ] || [ -z "$1" ] || cp "benchmarks/course_gpu_$slug.json" "$record" 2>/dev/null
+  started=$(date +%s)
+  $PY scripts/gpu_check.py --offline --only notebooks --run_dir "/tmp/gpu_course$2" ${1:+--chapters "$1"} \
+    --course_out "$record" --out "$OUT/gpu_check_course$2.json" 2>&1 | tee "$OUT/course$2.log"
+  rc=${PIPESTATUS[0]}
+  cp "$record" "$OUT/" 2>/dev/null
+  small_tar "/tmp/gpu_course$2" "$OUT/course$2_runs.tgz"
+  echo "course part $PART: exit $rc after $(( $(date +%s) - started )) s"
+  exit "$rc"
+}
+
+case "$PART" in
+  course) course_part "" "" ;;
+  course1) course_part "$COURSE1" 1 ;;
+  course2) course_part "$COURSE2" 2 ;;
+  race | extras | train)
+    [ "$gpu" = 1 ] || { echo "no CUDA GPU here: use 'rehearse' on a CPU"; exit 2; }
+    record="$KEEP/train_$slug.json"
+    [ -f "$record" ] || cp "benchmarks/train_$slug.json" "$record" 2>/dev/null
+    case "$PART" in  # race: ours, bare, CUDA graphs, Trainer x3, counts; extras: the graphs path, preset, floor
+      race) only=bench_train; sections=compare ;;
+      extras) only=graphs,bench_train; sections=preset,floor ;;
+      train) only=graphs,bench_train; sections=compare,preset,floor ;;
+    esac
+    started=$(date +%s)
+    $PY scripts/gpu_check.py --offline --only "$only" --bench_sections "$sections" --bench_update --bench_rounds 2 \
+      --run_dir "/tmp/gpu_$PART" --bench_out "$record" --out "$OUT/gpu_check_$PART.json" 2>&1 | tee "$OUT/$PART.log"
+    rc=${PIPESTATUS[0]}
+    cp "$record" "$OUT/" 2>/dev/null
+    small_tar "/tmp/gpu_$PART" "$OUT/${PART}_runs.tgz"
+    echo "$PART part: exit $rc after $(( $(date +%s) - started )) s"
+    exit "$rc"
+    ;;
+  rehearse)
+    [ "$gpu" = 0 ] || { echo "a GPU is here: run 'course' and 'train'"; exit 2; }
+    R=${REHEARSAL:-outputs/gpu_rehearsal}
+    mkdir -p "$R"
+    started=$(date +%s)
+    $PY scripts/gpu_check.py --dry-run --offline --run_dir "$R/plan" --out "$R/gpu_check_dry_run.json" || exit 1
+    $PY scripts/run_course.py --offline --nproc 1 --no-progress --runs-dir "$R/runs" || exit 1
+    $PY -m distrinews_course.bench.graphs_check --out "$R/graphs.json" || exit 1
+    $PY scripts/bench_train.py --quick --models tiny --sections compare --no-plots --out "$R/train_rehearsal.json" || exit 1
+    $PY scripts/bench_train.py --quick --models tiny --sections preset,floor --no-plots --update \
+      --out "$R/train_rehearsal.json" || exit 1  # as race, then extras, on a GPU
+    echo "rehearsal: ok after $(( $(date +%s) - started )) s (CPU figures, in $R; none is a GPU result)"
+    ;;
+  *)
+    echo "usage: bash scripts/gpu_session.sh course|course1|course2|race|extras|train|rehearse"
+    exit 2
+    ;;
+esac
