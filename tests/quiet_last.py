@@ -1,7 +1,9 @@
 """The suite on two workers (`pytest -n 2`), with the chapters that time things run alone at the end.
 
 Whole files go to whichever worker is free, as pytest-xdist's --dist loadfile does: a notebook's cells run in order in
-one kernel, and a module's shared launches (its module-scoped fixtures) run once. The files of QUIET assert figures
+one kernel, and a module's shared launches (its module-scoped fixtures) run once. The chapters are one unit, run in
+their order on one worker: a chapter reads what an earlier one made (10 serves the checkpoint 01 and 02 write), so
+none may start before the chapters before it have ended. The files of QUIET assert figures
 that hold only on a machine doing nothing else (a race's speed-up, a cost model's step times, checked where the
 machine was quiet): they wait until every other file has finished, then run one at a time, every other worker idle,
 so that the suite checks them exactly as a serial run would, and the rest shares the two cores.
@@ -30,6 +32,8 @@ class QuietLast(LoadScopeScheduling):
     the last one still working runs the quiet files, once every other worker has finished."""
 
     quiet_files = QUIET
+    chain_dir = "notebooks/"  # the files under it (except the quiet ones) run as one unit, in their order
+    CHAIN = "the chapters, in order"
 
     def __init__(self, config, log=None):
         super().__init__(config, log)
@@ -37,7 +41,10 @@ class QuietLast(LoadScopeScheduling):
         self.quiet_node = None  # the worker that runs the quiet files
 
     def _split_scope(self, nodeid: str) -> str:
-        return nodeid.split("::", 1)[0]
+        path = nodeid.split("::", 1)[0]
+        if path.startswith(self.chain_dir) and path not in self.quiet_files:
+            return self.CHAIN
+        return path
 
     @property
     def tests_finished(self) -> bool:
@@ -97,8 +104,8 @@ class QuietLast(LoadScopeScheduling):
         for scope in self.quiet_files:  # in QUIET's order, at the end
             if scope in units:
                 self.quiet[scope] = units.pop(scope)
-        # the notebooks first (the longest files), then modules by their number of tests: less idle time at the end
-        for scope, unit in sorted(units.items(), key=lambda kv: (not kv[0].endswith(".ipynb"), -len(kv[1]))):
+        # the chapters first (the longest unit), then modules by their number of tests: less idle time at the end
+        for scope, unit in sorted(units.items(), key=lambda kv: (kv[0] != self.CHAIN, -len(kv[1]))):
             self.workqueue[scope] = unit
         for _ in range(2):  # two files each to start with, as loadscope does, so that no worker waits
             for node in self.nodes:

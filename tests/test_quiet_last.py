@@ -1,5 +1,6 @@
 """The suite's scheduler on two workers (tests/quiet_last.py), on a small suite of its own in a real `pytest -n 2`:
-every file runs whole on one worker, and the quiet files run last, one at a time, after every other test ended."""
+every file runs whole on one worker, the chain's files (the chapters) one after another on one worker in their order,
+and the quiet files run last, one at a time, after every other test ended."""
 
 import json
 import subprocess
@@ -16,6 +17,7 @@ from tests.quiet_last import QuietLast
 
 class Scheduler(QuietLast):
     quiet_files = ("tests/test_q1.py", "tests/test_q2.py")
+    chain_dir = "tests/chain/"
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
@@ -40,6 +42,11 @@ def test_quiet_files_run_last_and_alone_and_every_file_on_one_worker(tmp_path):
     names = ["test_a", "test_b", "test_c", "test_d", "test_q1", "test_q2"]
     for name in names:
         (tmp_path / "tests" / f"{name}.py").write_text(TEST)
+    chain = ["test_k1", "test_k2", "test_k3"]  # written in reverse, so that neither file time nor size gives the order
+    (tmp_path / "tests" / "chain").mkdir()
+    for name in reversed(chain):
+        (tmp_path / "tests" / "chain" / f"{name}.py").write_text(TEST)
+    names += chain
     log = tmp_path / "log.jsonl"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "tests"],
@@ -60,3 +67,9 @@ def test_quiet_files_run_last_and_alone_and_every_file_on_one_worker(tmp_path):
     q1, q2 = ([r for r in quiet if r[0].endswith(n)] for n in ("test_q1", "test_q2"))
     assert min(r[2] for r in q2) >= max(r[3] for r in q1), "the quiet files ran side by side"
     assert len({r[1] for r in rest}) == 2  # the rest did share both workers
+    links = [[r for r in runs if r[0].endswith(n)] for n in chain]
+    assert len({r[1] for link in links for r in link}) == 1, "the chain's files ran on two workers"
+    for before, after in zip(links, links[1:]):
+        assert min(r[2] for r in after) >= max(r[3] for r in before), (
+            "a chain file started before the one before it ended"
+        )
