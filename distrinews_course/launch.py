@@ -40,6 +40,9 @@ RANK_ENV = {"TORCH_GLOO_LAZY_INIT": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "
 class LaunchError(RuntimeError):
     """A launched script exited non-zero or timed out. `.result` holds its output."""
 
+    # its text quotes the children's output: a rank's own timeout message there is not this process's collective
+    from_children = True
+
     def __init__(self, message: str, result: "LaunchResult"):
         super().__init__(message)
         self.result = result

@@ -63,8 +63,8 @@ def main_guard(fn):
             print("interrupted", file=sys.stderr)
             sys.exit(130)
         except RuntimeError as err:  # DistBackendError is a RuntimeError too
-            if not any(s in str(err).lower() for s in _TIMEOUT_SIGNS):
-                raise
+            if getattr(err, "from_children", False) or not any(s in str(err).lower() for s in _TIMEOUT_SIGNS):
+                raise  # a launcher's error quoting its children's output is their failure, not this rank's timeout
             rank = os.environ.get("RANK", "0")
             _say(
                 format_user_error(

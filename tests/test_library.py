@@ -289,3 +289,27 @@ def test_a_quoted_error_is_cut_at_a_boundary_never_mid_word(text, limit, want):
     from distrinews_lib.errors import first_line
 
     assert first_line(RuntimeError(text), limit) == want
+
+
+def test_main_guard_names_a_collective_timeout_but_not_a_launchers_quote_of_one(capsys):
+    """A rank's own timeout becomes exit 3 and one paragraph; a launcher's error that quotes its children's output
+    (which may hold their timeout message) is the children's failure and keeps its text (bench_train reported a
+    child's ValueError as its own collective timeout)."""
+    from distrinews_course.launch import LaunchError
+    from distrinews_lib.errors import COLLECTIVE_TIMEOUT_EXIT, main_guard
+
+    @main_guard
+    def own():
+        raise RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 5000ms for recv operation")
+
+    with pytest.raises(SystemExit) as exit_:
+        own()
+    assert exit_.value.code == COLLECTIVE_TIMEOUT_EXIT
+    assert "a collective operation could not complete" in capsys.readouterr().err
+
+    @main_guard
+    def launcher():
+        raise LaunchError("torchrun of x.py exited with code 1.\nValueError: too many values\n[rank 1] timeout", None)
+
+    with pytest.raises(LaunchError, match="ValueError: too many values"):
+        launcher()

@@ -347,7 +347,7 @@ def _worker_contender(c: dict, argv: list, device, shape, peak, gate, rank: int,
             return {}
         res, marks, step_cpu, quiet = gathered[0][0]
         waiting_share = sum(w for _, w in gathered[1:] if w) if world > 1 else 0.0
-        (_, _, b0), (_, _, b1) = marks[W], marks[W + K]
+        b0, b1 = marks[W][2], marks[W + K][2]  # a mark is (wall, cpu, machine busy, kernel) seconds
         res["waiting_ranks_cpu_share"] = waiting_share
         res["foreign_cores"] = timing.foreign_cores(
             b0, b1, res["cpu_s"] + waiting_share * res["seconds"], res["seconds"]
@@ -367,7 +367,7 @@ def _worker_contender(c: dict, argv: list, device, shape, peak, gate, rank: int,
         if rank != 0:
             return {}
         parts = [g[0] for g in gathered]
-        (_, _, b0), (_, _, b1) = gathered[0][1][W], gathered[0][1][W + K]
+        b0, b1 = gathered[0][1][W][2], gathered[0][1][W + K][2]  # the machine's busy seconds at rank 0's marks
         # rank 0's all-reduce timings; the throughput of all ranks together
         res = {**parts[0], **throughput.over_ranks(parts, busy=(b0, b1), peak=peak)}
         quiet = gathered[0][3]
