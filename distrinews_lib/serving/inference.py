@@ -16,11 +16,11 @@ import torch
 from ..checkpoint import (  # the format's one module
     DEFAULT_CHECKPOINT,
     CheckpointError,
+    load_classifier,
     read_checkpoint,  # noqa: F401  (read here by notebook 02 and the tests)
 )
 from ..data.tokenization import HashTokenizer, encode_texts
 from ..errors import UserError
-from .rebuild import load_classifier
 from .schemas import CheckpointInfo
 
 
@@ -43,7 +43,7 @@ class LoadedCheckpoint:
 
 def load_checkpoint(path=DEFAULT_CHECKPOINT, device: str | torch.device = "cpu") -> LoadedCheckpoint:
     """A ready eval-mode model and its tokenizer from a checkpoint written by save_checkpoint."""
-    model, tokenizer, payload = load_classifier(path)  # read by the format's module, rebuilt and checked
+    model, tokenizer, payload = load_classifier(path)  # read, rebuilt and checked by the format's module
     return LoadedCheckpoint(
         model.to(device),
         tokenizer,
