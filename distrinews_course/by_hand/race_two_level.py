@@ -198,13 +198,30 @@ def predictions(contenders, lay: tl.Layout, fits: dict, fast: dict) -> dict:
     return out
 
 
+class Others:
+    """The cores other programs kept busy from its creation to cores(): the machine's busy CPU time less every rank's
+    own (all-reduced), per second. Collective: every rank calls cores()."""
+
+    def __init__(self):
+        self.busy0, self.cpu0, self.t0 = cpu_busy_seconds(), time.process_time(), time.perf_counter()
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def cores(self) -> float | None:
+        own = torch.tensor([time.process_time() - self.cpu0])
+        dist.all_reduce(own)  # every rank's CPU time: the rest of the machine's busy time is someone else's
+        busy1 = cpu_busy_seconds()
+        return None if self.busy0 is None else max(0.0, (busy1 - self.busy0 - float(own)) / self.seconds())
+
+
 def race(runners: dict, batches, args, rank: int, world: int, per_node: int) -> dict:
     """Alternating rounds (the order rotating): every contender's step time (rank 0's clock; the collectives hold the
     ranks together) and what each node's link sent and received per step."""
     contenders = list(runners)
     steps = {n: [] for n in contenders}
     sent = {n: [] for n in contenders}
-    busy0, cpu0, t0 = cpu_busy_seconds(), time.process_time(), time.perf_counter()
+    others = Others()
     for k in range(args.rounds):
         order = contenders[k % len(contenders) :] + contenders[: k % len(contenders)]
         for n in order:
@@ -219,10 +236,7 @@ def race(runners: dict, batches, args, rank: int, world: int, per_node: int) -> 
             s1, b1 = time.perf_counter(), link.link_bytes()
             steps[n].append((s1 - s0) / args.round_steps)
             sent[n].append({d: (b1[d] - b0[d]) / args.round_steps for d in ("tx", "rx")})
-    own = torch.tensor([time.process_time() - cpu0])
-    dist.all_reduce(own)  # every rank's CPU time: the rest of the machine's busy time is someone else's
-    busy1, span = cpu_busy_seconds(), time.perf_counter() - t0
-    foreign = None if busy0 is None else max(0.0, (busy1 - busy0 - float(own)) / span)
+    foreign, span = others.cores(), others.seconds()
     # what each node's link counted: local rank 0's reading is its node's (every rank of a node reads one counter)
     nodes = [None] * world
     dist.all_gather_object(nodes, sent, group=agreement_group())
@@ -309,6 +323,7 @@ def summary(res: dict) -> dict:
         "fits": {k: {"alpha_s": v["alpha_s"], "bytes_per_s": v["bytes_per_s"]} for k, v in res["fit"].items()},
         "rounds": race["rounds"],
         "foreign_cores": race["foreign_cores"],
+        "calibration_foreign_cores": res.get("calibration_foreign_cores"),
         "contenders": out,
         "peak_mb_per_rank": memory,
         "correct": {k: v["max_weight_diff"] for k, v in res["correct"].items()},

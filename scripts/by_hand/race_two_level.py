@@ -50,7 +50,7 @@ def parse_args():
         help="texts per rank and step when timed (no dropout): a small computation, for the slow link to dominate",
     )
     p.add_argument("--compute_steps", type=int, default=3, help="steps of the step with no communication")
-    p.add_argument("--fast_steps", type=int, default=2, help="steps of each contender on the unshaped box")
+    p.add_argument("--fast_steps", type=int, default=3, help="steps of each contender on the unshaped box (median)")
     p.add_argument(
         "--comm_over_compute",
         type=float,
@@ -101,6 +101,7 @@ def main():
     res["seconds"]["correct"] = time.perf_counter() - t0
     # 3. compute (the rate comes from it), every contender's step on the unshaped box, each level's fit there
     t0 = time.perf_counter()
+    others = two.Others()  # the predictions rest on what this phase measures: a busy machine here skews them all
     parts = two.compute(args, rank)
     compute_s = sum(parts.values())
     runners, batches = two.prepare(CONTENDERS, args, mods, rank, world)
@@ -130,6 +131,7 @@ def main():
         f"across, alpha {1000 * f_out['alpha_s']:.2f} ms, {f_out['bytes_per_s'] / 1e6:.1f} MB/s per link",
     )
     # 5. predict (written to the log before any timed step), then race
+    res["calibration_foreign_cores"] = others.cores()
     res["predicted"] = two.predictions(CONTENDERS, lay, fits, fast)
     res["predicted_at"] = time.time()
     for n, p in res["predicted"].items():
