@@ -109,3 +109,49 @@ def test_a_world_that_does_not_split_into_nodes_is_refused(tmp_path, monkeypatch
         assert (one.n, one.per_node, one.node, one.local) == (1, 1, 0, 0)
     finally:
         dist.destroy_process_group()
+
+
+def test_the_recorded_run_has_what_the_chapter_reads_without_a_box():
+    """Where no box can be built (Kaggle), chapter 08 shows benchmarks/two_level_<machine>.json: every figure its cells
+    print must be there, from a real run (its provenance says which)."""
+    from distrinews_course.by_hand import report_two_level as two
+
+    rec = two.recorded()
+    assert rec is not None, "no benchmarks/two_level_*.json: record one (race_two_level.py --benchmark)"
+    assert rec["provenance"]["git_commit"] and rec["link_mbit"] > 0 and rec["grad_bytes"] > 0
+    assert set(rec["contenders"]) == set(two.NAMES) - {"zero3"}
+    for name, c in rec["contenders"].items():
+        assert c["step_s"]["measured"] > 0 and len(c["step_s"]["rounds"]) == rec["rounds"]
+        assert len(c["link_bytes_per_step"]["measured_per_node"]) == rec["layout"]["nodes"]
+    assert {"zero3", "hsdp", "fsdp2"} <= set(rec["peak_mb_per_rank"]) and rec["correct"]["hsdp vs fsdp2_hsdp"] <= 1e-6
+    text = two.table(rec)
+    assert len(text.splitlines()) == 1 + len(rec["contenders"])
+    saved, rounds = two.per_round_saving(rec, "fsdp2", "hsdp")
+    assert len(rounds) == rec["rounds"] and saved > 0
+    assert "calibration_foreign_cores" in rec, "a record from before the calibration's load was counted: record anew"
+
+
+def test_the_chapter_shows_the_recorded_run_where_no_box_can_be_built(tmp_path, monkeypatch, capsys):
+    """The chapter's two-level cells, from the prediction to the memory table, run as a kernel would with TWO_LEVEL =
+    False (or no namespaces): they show the recorded run and check nothing of it."""
+    import json
+    import re
+
+    import matplotlib
+
+    from distrinews_course import ROOT
+    from distrinews_course.notebook import check
+
+    matplotlib.use("Agg")
+    cells = json.loads((ROOT / "notebooks" / "08_several_nodes.ipynb").read_text())["cells"]
+    code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    first = next(i for i, s in enumerate(code) if s.startswith("PREDICT_LINK_BYTES"))
+    last = next(i for i, s in enumerate(code) if s.startswith("MEM = rec"))
+    monkeypatch.chdir(tmp_path)  # the cells save their plot under outputs/
+    kernel = {"TWO_LEVEL": False, "LINUX": True, "TIMEOUT_S": 1, "COMM_OVER_COMPUTE": 6.0, "QUIET_CORES": 0.3}
+    kernel.update(check=check, re=re)
+    for source in code[first : last + 1]:
+        exec(source, kernel)
+    out = capsys.readouterr().out
+    assert "no box here (TWO_LEVEL = False): the recorded run instead" in out
+    assert not re.search(r"^checked:", out, re.M) and "HSDP beats full sharding" in out and "peak MiB/rank" in out
