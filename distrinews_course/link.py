@@ -3,7 +3,9 @@ links it dials, and a rank inside the box dials every link to another rate betwe
 
     ok, why = link.usable()                              # can this machine build a box? (root, or a user namespace)
     res = link.run_in_box("scripts/by_hand/race.py", [...], nodes=2, rate="400mbit", timeout=600)
+    res = link.run_in_box(script, [...], nodes=2, ranks_per_node=2, rate="300mbit")   # two levels: 2 nodes x 2 ranks
     link.dial("200mbit")                                 # inside a box, on one rank: every link, both directions
+    link.link_bytes()                                    # inside a box: bytes this node's link has sent and received
 """
 
 from __future__ import annotations
@@ -43,24 +45,26 @@ def run_in_box(
     args=(),
     *,
     nodes: int = 2,
+    ranks_per_node: int = 1,
     rate: str = "none",
     timeout: float = 600,
     echo: bool = False,
     check: bool = True,
     cwd=None,
 ):
-    """Launch `script args` with one rank on each of `nodes` namespaces, every link shaped to `rate`; returns the
-    launch's LaunchResult (raises LaunchError on a failure, with the ranks' last lines)."""
+    """Launch `script args` with `ranks_per_node` ranks on each of `nodes` namespaces, every link shaped to `rate`;
+    returns the launch's LaunchResult (raises LaunchError on a failure, with the ranks' last lines)."""
     from .launch import run
 
-    cmd = [sys.executable, BOX, "--nodes", str(nodes), "--link", rate, "--", str(script), *map(str, args)]
+    cmd = [sys.executable, BOX, "--nodes", str(nodes), "--ranks-per-node", str(ranks_per_node), "--link", rate, "--"]
+    per = f" x {ranks_per_node} ranks" if ranks_per_node > 1 else ""
     return run(
-        cmd,
+        [*cmd, str(script), *map(str, args)],
         timeout=timeout,
         echo=echo,
         check=check,
         cwd=cwd,
-        what=f"{Path(str(script)).name} on a box of {nodes} nodes, links {rate}",
+        what=f"{Path(str(script)).name} on a box of {nodes} nodes{per}, links {rate}",
     )
 
 
@@ -114,3 +118,20 @@ def dial(rate: str, timeout: float = 20) -> None:
     done.unlink(missing_ok=True)
     if not answer.startswith("ok"):
         raise RuntimeError(f"the box refused the link rate {rate}: {answer.removeprefix('error ')}")
+
+
+def link_bytes(dev: str = "eth0") -> dict:
+    """{"tx": bytes, "rx": bytes} this node's link has sent and received so far: the kernel's counters of its end of the
+    cable (/sys/class/net/eth0/statistics, in the node's own sysfs, which the box mounts). Every byte counted: the
+    payload, its TCP/IP/Ethernet headers, the acknowledgements, and every rank of the node together."""
+    import socket
+
+    base = Path("/sys/class/net") / dev
+    try:
+        mine = socket.if_nametoindex(dev)  # asked of this process's network namespace: the node's
+        theirs = int((base / "ifindex").read_text())
+    except OSError as err:
+        raise RuntimeError(f"no link {dev} here ({err}): link_bytes() counts a node's link inside the box") from None
+    if mine != theirs:  # /sys is this machine's, not the node's: its eth0 would be another device
+        raise RuntimeError(f"/sys/class/net/{dev} is not this node's (ifindex {theirs}, the node's is {mine})")
+    return {k: int((base / "statistics" / f"{k}_bytes").read_text()) for k in ("tx", "rx")}

@@ -34,7 +34,9 @@ from distrinews_course import launch  # noqa: E402
 from distrinews_course.bench.provenance import provenance  # noqa: E402
 
 SCRIPTS = REPO / "scripts"
-ABORT = re.compile(r"terminate called without an active exception|exitcode\s*:\s*-6\b|SIGABRT")
+ABORT = re.compile(
+    r"terminate called without an active exception|exitcode\s*:\s*-6\b|SIGABRT|exited with code -6\b"  # the box's
+)
 TRAIN = [
     "--config",
     "cpu_smoke",
@@ -101,6 +103,7 @@ def produced(name: str, tmp: Path) -> str | None:
         "memory_footprint": tmp / "mem" / "two.json",
         "bench_runs": tmp / "bench" / "results.json",
         "multinode_node": tmp / "multi" / "shared" / "run" / "model.pt",
+        "race_two_level": tmp / "two" / "race.json",
         "by_hand_bucketed": None,
     }.get(name)
     if need is None:
@@ -125,7 +128,10 @@ def entry_points(tmp: Path) -> dict:
     def torchrun(script, args, timeout):
         return launch.torchrun(script, 2, args, timeout=timeout, echo=False, check=False, cwd=REPO)
 
-    from distrinews_course import demo
+    from distrinews_course import demo, link
+
+    def in_box(script, args, timeout):  # chapter 08's two levels: 2 nodes x 2 ranks in the cluster in a box
+        return link.run_in_box(script, args, nodes=2, ranks_per_node=2, timeout=timeout, check=False, cwd=REPO)
 
     return {
         "train_ddp": lambda t: torchrun(
@@ -188,6 +194,16 @@ def entry_points(tmp: Path) -> dict:
             check=False,
             cwd=REPO,
         ),
+        "by_hand_hierarchical": lambda t: in_box(SCRIPTS / "by_hand" / "hierarchical.py", ["--steps", "4"], t),
+        "by_hand_hsdp": lambda t: in_box(SCRIPTS / "by_hand" / "hsdp.py", ["--steps", "4"], t),
+        "race_two_level": lambda t: in_box(
+            SCRIPTS / "by_hand" / "race_two_level.py",
+            [
+                *("--check_steps", "1", "--compute_steps", "1", "--rounds", "1", "--round_steps", "1"),
+                *("--memory_steps", "1", "--link", "400mbit", "--out", out("two") / "race.json"),
+            ],
+            t,
+        ),
         "memory_footprint": lambda t: torchrun(
             SCRIPTS / "memory_footprint.py",
             [
@@ -210,6 +226,9 @@ DEFAULT = (
     "pitfalls_shared",
     "concept_alone",
     "multinode_node",
+    "by_hand_hierarchical",  # the three in a box need network namespaces (root, or a user namespace)
+    "by_hand_hsdp",
+    "race_two_level",
 )
 
 

@@ -261,3 +261,92 @@ def test_a_failed_launch_is_one_line():
     assert exercises.launch_error_line(Err(text)) == (
         "an unused parameter: head_b.weight got no gradient on rank 1 of 2"
     )
+
+
+# Chapter 08's exercise: the cross-node half of the hierarchical all-reduce, checked on 2 nodes x 2 ranks. One wrong
+# answer per mistake its checker names: (label, text of the reference answer, its replacement, key, message).
+TWO_LEVEL_MUTANTS = [
+    (
+        "wrong_group",
+        "dist.all_reduce(shard, group=dp.nodes.cross)",
+        "dist.all_reduce(shard, group=dp.nodes.intra)",
+        "wrong_group",
+        r"^the wrong group: your all-reduce of the shard ran among ranks 0, 1 \(this rank's node: dp\.nodes\.intra\); "
+        r".* \(ranks 0, 2 for rank 0: dp\.nodes\.cross\)$",
+    ),
+    (
+        "default_group",
+        "dist.all_reduce(shard, group=dp.nodes.cross)",
+        "dist.all_reduce(shard)",
+        "wrong_group",
+        r"^the wrong group: your all-reduce of the shard ran among ranks 0, 1, 2, 3 \(every rank: the default group\)",
+    ),
+    (
+        "missing_divide",
+        "    shard.div_(dp.world)  # divide, as torch's DDP does (by a power of 2 here: exact, before or after the "
+        "sums)\n",
+        "",
+        "missing_divide",
+        r"^missing divide: the gradients your optimizer stepped with are 4\.00x torch DDP's average: they are summed "
+        r"over the 4 ranks",
+    ),
+    (
+        "gather_first",
+        '    with dp.timeline.span("comm_sync", "all-reduce across the nodes"):\n'
+        "        dist.all_reduce(shard, group=dp.nodes.cross)  # the only bytes on the slow link: 1/g of the buffer "
+        "per rank\n"
+        '    with dp.timeline.span("comm_sync", "all-gather inside the node"):\n'
+        "        dist.all_gather_into_tensor(flat, shard, group=dp.nodes.intra)\n",
+        "    dist.all_gather_into_tensor(flat, shard, group=dp.nodes.intra)\n"
+        "    dist.all_reduce(shard, group=dp.nodes.cross)\n",
+        "gather_first",
+        r"^all-gather before all-reduce: your all-gather inside the node ran before the all-reduce across the nodes",
+    ),
+]
+
+
+def two_level_mutant_files(tmp_path):
+    text = answers().solution_source("hierarchical", functions_only=True)
+    items = []
+    for label, old, new, *_ in TWO_LEVEL_MUTANTS:
+        assert text.count(old) == 1, f"mutant {label}: the text to replace is not in the reference answer once"
+        path = tmp_path / f"mutant_{label}.py"
+        path.write_text(text.replace(old, new))
+        items.append(("hierarchical", path, label))
+    return items
+
+
+@pytest.mark.slow
+def test_the_cross_node_half_mutants_are_caught_with_their_messages(tmp_path):
+    items = [*two_level_mutant_files(tmp_path), ("hierarchical", tmp_path / "reference.py", "reference")]
+    items[-1][1].write_text(answers().solution_source("hierarchical", functions_only=True))
+    verdicts = exercises.check_exercises(items, tmp_path, timeout=1200, models="tiny", check_steps=2)
+    for label, _, _, key, message in TWO_LEVEL_MUTANTS:
+        v = verdicts[label]
+        assert v["ok"] is False and v["mistake"] == key, (label, v)
+        assert "\n" not in v["message"] and re.search(message, v["message"]), (label, v["message"])
+    assert verdicts["reference"]["ok"] is True, verdicts["reference"]  # within 1e-6 of DDP: the rung's tolerance
+
+
+def test_the_two_level_mistakes_have_mutants_and_messages():
+    assert {"wrong_group", "gather_first", "missing_divide"} <= {m[3] for m in TWO_LEVEL_MUTANTS}
+    assert {"wrong_group", "gather_first"} <= set(check.MISTAKES)
+
+
+def test_the_two_level_mistakes_are_read_from_the_calls():
+    rs, ag = {"kind": "reduce_scatter", "group": (0, 1)}, {"kind": "all_gather", "group": (0, 1)}
+    ar = lambda group: {"kind": "all_reduce", "group": group}  # noqa: E731
+    assert check.two_level_mistake([rs, ar((0, 2)), ag] * 2, rank=0, per_node=2, world=4) is None
+    assert check.two_level_mistake([rs, ar((1, 3)), ag], rank=1, per_node=2, world=4) is None
+    assert check.two_level_mistake([rs, ag, ar((0, 2))], 0, 2, 4)["mistake"] == "gather_first"
+    assert check.two_level_mistake([rs, ar(None), ag], 0, 2, 4)["mistake"] == "wrong_group"
+    assert "rank 1" in check.two_level_mistake([rs, ar((0, 1)), ag], 1, 2, 4)["message"]
+
+
+def test_chapter_08s_exercise_cell_is_the_skeletons_function():
+    nb = nbformat.read(ROOT / "notebooks" / "08_several_nodes.ipynb", as_version=4)
+    cell = next(c.source for c in nb.cells if c.source.startswith("%%writefile outputs/two_level/ex_hierarchical.py"))
+    skeleton = exercises.skeleton("hierarchical")
+    start = skeleton.index("def across_nodes(dp, shard, flat):")
+    assert skeleton[start:].strip() in cell
+    assert "across_nodes" not in answers().solution_source("hierarchical", functions_only=True).split("def ")[0]

@@ -43,6 +43,32 @@ end_process(0)
 """
 
 
+# Two levels: 2 nodes x 2 ranks. Each rank says who it is; then an all-reduce inside each node and one across the nodes,
+# each node's link counted around each (what the node's own /sys says): inside a node nothing crosses it.
+TWO_LEVEL_PROBE = """
+import os, socket, torch, torch.distributed as dist
+from distrinews_course import link
+from distrinews_lib.distributed import end_process
+dist.init_process_group("gloo")
+r, g = dist.get_rank(), int(os.environ["LOCAL_WORLD_SIZE"])
+intra = [dist.new_group(list(range(k * g, k * g + g))) for k in range(dist.get_world_size() // g)][r // g]
+cross = [dist.new_group(list(range(l, dist.get_world_size(), g))) for l in range(g)][r % g]
+x = torch.ones(2**20)   # 4 MiB
+sent = {}
+for name, group in (("intra", intra), ("cross", cross)):
+    dist.all_reduce(x, group=group)
+    dist.barrier()
+    before = link.link_bytes()
+    dist.all_reduce(x, group=group)
+    dist.barrier()
+    sent[name] = link.link_bytes()["tx"] - before["tx"]
+print(f"RESULT rank={r} local={os.environ['LOCAL_RANK']} node={os.environ['GROUP_RANK']} host={socket.gethostname()} "
+      f"world={dist.get_world_size()} intra={sent['intra']} cross={sent['cross']}", flush=True)
+dist.destroy_process_group()
+end_process(0)
+"""
+
+
 def _box(*args, timeout=300, **kw):
     return subprocess.run(
         [sys.executable, BOX, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=ROOT, **kw
@@ -50,8 +76,12 @@ def _box(*args, timeout=300, **kw):
 
 
 def _netns() -> set:
+    """The network namespaces, and the box's cables still in this machine's own namespace (a cable is made here, then
+    moved into its node's: a box that died in between would leave it here)."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return {line.split()[0] for line in out.splitlines() if line.strip()}
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    cables = {f"link {line.split(':')[1].strip().split('@')[0]}" for line in links.splitlines() if ": box" in line}
+    return {line.split()[0] for line in out.splitlines() if line.strip()} | cables
 
 
 @pytest.mark.parametrize(
@@ -99,8 +129,9 @@ def test_links_are_shaped_dialed_from_a_rank_and_removed(tmp_path):
 
 @needs_box
 @pytest.mark.slow
+@pytest.mark.parametrize("layout", [(3, 1), (2, 2)], ids=["3 nodes", "2 nodes x 2 ranks"])
 @pytest.mark.parametrize("how", ["a rank fails", "SIGTERM", "SIGINT"])
-def test_nothing_is_left_behind_however_the_box_ends(tmp_path, how):
+def test_nothing_is_left_behind_however_the_box_ends(tmp_path, how, layout):
     script = tmp_path / "sleeper.py"
     script.write_text(
         "import os, sys, time\nprint('up', os.environ['RANK'], flush=True)\n"
@@ -111,7 +142,9 @@ def test_nothing_is_left_behind_however_the_box_ends(tmp_path, how):
         sys.executable,
         BOX,
         "--nodes",
-        "3",
+        str(layout[0]),
+        "--ranks-per-node",
+        str(layout[1]),
         "--link",
         "1gbit",
         "--",
@@ -121,12 +154,70 @@ def test_nothing_is_left_behind_however_the_box_ends(tmp_path, how):
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     if how != "a rank fails":
         deadline = time.time() + 120
-        while time.time() < deadline and len(_netns() - before) < 4:
+        while time.time() < deadline and len(_netns() - before) < layout[0] + 1:
             time.sleep(0.2)
         time.sleep(1)
         proc.send_signal(signal.SIGTERM if how == "SIGTERM" else signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == (7 if how == "a rank fails" else 130), out
     assert "the box is removed" in out
+    assert _netns() == before
+    assert subprocess.run(["pgrep", "-f", str(script)], capture_output=True).returncode == 1  # no rank left
+
+
+def test_a_bad_number_of_ranks_per_node_is_one_clear_line():
+    p = _box("--nodes", 2, "--ranks-per-node", 0, "--", "x.py")
+    assert p.returncode == 2 and p.stdout.startswith("[box] error: --ranks-per-node 0") and "Traceback" not in p.stderr
+
+
+@needs_box
+@pytest.mark.slow
+def test_two_levels_ranks_of_a_node_share_its_loopback_and_nodes_their_links(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(TWO_LEVEL_PROBE)
+    before = _netns()
+    p = _box("--nodes", 2, "--ranks-per-node", 2, "--link", "1gbit", "--", probe)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    rows = [dict(kv.split("=") for kv in l.split()[1:]) for l in p.stdout.splitlines() if l.startswith("RESULT")]
+    got = sorted((int(r["rank"]), r["local"], r["node"], r["host"], r["world"]) for r in rows)
+    assert got == [
+        (0, "0", "0", "node0", "4"),
+        (1, "1", "0", "node0", "4"),
+        (2, "0", "1", "node1", "4"),
+        (3, "1", "1", "node1", "4"),
+    ]
+    for r in rows:
+        assert int(r["intra"]) < 64 * 1024  # inside a node: its loopback, not its link (a few barrier bytes at most)
+        # across: the node's 2 ranks each all-reduce 4 MiB with their peer on the other node: 2 x 4 MiB leave the node
+        assert abs(int(r["cross"]) / (2 * 4 * 2**20) - 1) < 0.05, r
+    assert _netns() == before
+
+
+@needs_box
+@pytest.mark.slow
+def test_a_box_killed_midway_is_removed_by_the_next_one(tmp_path):
+    """SIGKILL gives the box no chance to clean up: its namespaces (and the ranks inside them) stay until the next box
+    starts, which removes them first and says so."""
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(120)\n")
+    before = _netns()
+    proc = subprocess.Popen(
+        [sys.executable, BOX, "--nodes", "2", "--ranks-per-node", "2", "--link", "1gbit", "--", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline and len(_netns() - before) < 3:
+        time.sleep(0.2)
+    time.sleep(1)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert len(_netns() - before) >= 3  # left behind: a switch and two nodes
+    nothing = tmp_path / "nothing.py"
+    nothing.write_text("print('ok')\n")
+    p = _box("--nodes", 2, "--", nothing)
+    assert p.returncode == 0 and "removed a box left behind by a killed run" in p.stdout, p.stdout
     assert _netns() == before
     assert subprocess.run(["pgrep", "-f", str(script)], capture_output=True).returncode == 1  # no rank left

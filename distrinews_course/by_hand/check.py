@@ -18,6 +18,10 @@ that stopped, a second backward) stay there and the next case starts clean. The 
 |                                           | every rank, or DDP's find_unused_parameters result                 |
 | the bucket rule not the one stated        | the buckets against torch's DDP's own assignment of the same sizes |
 | ZeRO-3: weights not freed / not gathered  | checked by the rung where it uses and frees a block                |
+| two levels: the wrong group               | the all-reduce's ranks against this rank's cross-node group        |
+| two levels: all-gather before all-reduce  | the order of the collectives the rung called in a step             |
+
+The two-level exercise (chapter 08's cross-node half of hierarchical.py) runs on 4 ranks, 2 nodes x 2.
 """
 
 from __future__ import annotations
@@ -82,6 +86,11 @@ MISTAKES = {
     "(by_hand.stop_unless_every_rank_has), or handle it as find_unused_parameters does",
     "bucket_rule": "the bucket rule is not the one stated: {detail} (walk the parameters in reverse and close a "
     "bucket once it holds at least the cap, as torch's DDP does)",
+    "wrong_group": "the wrong group: your all-reduce of the shard ran among ranks {got} ({what}); the ranks that hold "
+    "the same shard are those with the same local rank, one per node (ranks {want} for rank {rank}: dp.nodes.cross)",
+    "gather_first": "all-gather before all-reduce: your all-gather inside the node ran before the all-reduce across "
+    "the nodes, so each node gathered shards summed over its own ranks only; sum the shard across the nodes first, "
+    "then gather",
     "differs": "{detail}",
     "crashed": "your code raised {detail}",
     "stopped": "your code stopped: {detail}",
@@ -91,6 +100,33 @@ MISTAKES = {
 
 def mistake(key: str, **facts) -> dict:
     return {"ok": False, "mistake": key, "message": MISTAKES[key].format(**facts)}
+
+
+def two_level_mistake(calls, rank: int, per_node: int, world: int) -> dict | None:
+    """The mistakes of a hierarchical all-reduce's cross-node half, read from the collectives it called (each with
+    its group's ranks, as Collectives records them): its all-reduce on a group other than the ranks with this rank's
+    local rank, one per node; or an all-gather between a step's reduce-scatter and its all-reduce. None if neither."""
+    node, local = divmod(rank, per_node)
+    intra, cross = tuple(range(node * per_node, (node + 1) * per_node)), tuple(range(local, world, per_node))
+    summed = True  # no reduce-scatter yet this step: nothing waits to be summed across the nodes
+    for c in calls:
+        ranks = tuple(c.get("group") or range(world))
+        if c["kind"] == "reduce_scatter":
+            summed = False
+        elif c["kind"] == "all_gather" and not summed:
+            return mistake("gather_first")
+        elif c["kind"] == "all_reduce":
+            if ranks != cross:
+                what = (
+                    "every rank: the default group"
+                    if len(ranks) == world
+                    else ("this rank's node: dp.nodes.intra" if ranks == intra else "another group")
+                )
+                return mistake(
+                    "wrong_group", got=", ".join(map(str, ranks)), what=what, rank=rank, want=", ".join(map(str, cross))
+                )
+            summed = True
+    return None
 
 
 PASS = {"ok": True, "mistake": None, "message": ""}
@@ -160,7 +196,7 @@ class Cases:
                 err = e
             outcomes = everyone(outcome(err, self.files), control())
             box["clean"] = not any(outcomes)
-        return {"outcomes": outcomes, "weights": weights, "runner": runner}
+        return {"outcomes": outcomes, "weights": weights, "runner": runner, "calls": log.calls}
 
     def reference(self, key, kind, batches, micro=1, **kw) -> dict:
         """torch's DDP on the same case (once per case, shared by every contender)."""

@@ -9,11 +9,18 @@ from pathlib import Path
 
 from distrinews_lib.errors import UserError
 
-from . import SCRIPTS
+from . import SCRIPTS, TWO_LEVEL
 from .check import PASS, mistake
 
 # What each exercise's file must define, and the functions the learner writes (a stub raises NotImplementedError).
-EXERCISES = {"overlapped": "DataParallel", "bucketed": "DataParallel", "zero1": "DataParallel", "zero3": "gather"}
+EXERCISES = {
+    "overlapped": "DataParallel",
+    "bucketed": "DataParallel",
+    "zero1": "DataParallel",
+    "zero3": "gather",
+    "hierarchical": "across_nodes",  # chapter 08's: checked on 2 nodes x 2 ranks (TWO_LEVEL_WORLD)
+}
+TWO_LEVEL_WORLD = (4, 2)  # (ranks, ranks per node) the two-level exercises are checked on, on this machine's loopback
 SKELETONS = SCRIPTS / "skeletons"
 
 HINTS = {
@@ -47,6 +54,15 @@ HINTS = {
         "flat by the world size first; that slice is the shard's .grad.",
         "After optimizer.step(), dist.all_gather_into_tensor(flat, shard) gives every rank every rank's updated "
         "slice, in rank order: copy it back into the parameters.",
+    ],
+    "hierarchical": [
+        "dp.nodes holds the two groups: dp.nodes.intra, this node's ranks, and dp.nodes.cross, the ranks with this "
+        "rank's local rank, one per node. A collective runs on the group passed as group=...; without one, on every "
+        "rank.",
+        "The shard is one node's partial sum. The average divides the sum over every rank of every node by dp.world "
+        "(not by the node's size); dividing before or after the sum across the nodes gives the same bits here.",
+        "Gathering is worth it only once every node's shard has been summed across the nodes: all_gather_into_tensor "
+        "puts the node's g shards into flat in local-rank order, the order in which the reduce-scatter cut them.",
     ],
     "zero3": [
         "A block's `full` buffer keeps its shape; only its memory comes and goes: full.untyped_storage().resize_(n) "
@@ -176,26 +192,33 @@ def check_exercises(
             out[label] = {**mistake("not_written", detail=", ".join(left)), "passed": []}
         else:
             launch.append((rung, path, label))
-    if not launch:
-        return out
-    args = ["--rungs", rungs, "--models", models, "--check_only", "--timeout_s", collective_timeout_s]
-    args += ["--check_steps", check_steps]
-    for rung, path, label in launch:
-        args += ["--exercise", f"{rung}:{path}:{label}"]
-    if probes:
-        args += ["--probes", "all"]
-    json_path = Path(out_dir) / f"check_{launch[0][2]}.json"
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        res = run_race(args, json_path, timeout=timeout)
-    except LaunchError as err:
-        line = launch_error_line(err)
-        for rung, path, label in launch:
-            out[label] = {**mistake("crashed", detail=line), "passed": []}
-        return out
-    for rung, path, label in launch:
-        out[label] = verdict(res, label)
-    out["_race"] = res
+    # One launch per world: chapter 03's exercises on 2 ranks, the two-level ones on 2 nodes x 2 ranks
+    for two_level in (False, True):
+        batch = [item for item in launch if (item[0] in TWO_LEVEL) == two_level]
+        if not batch:
+            continue
+        args = ["--rungs", rungs, "--models", models, "--check_only", "--timeout_s", collective_timeout_s]
+        args += ["--check_steps", check_steps]
+        for rung, path, label in batch:
+            args += ["--exercise", f"{rung}:{path}:{label}"]
+        if probes:
+            args += ["--probes", "all"]
+        nproc = 2
+        if two_level:
+            nproc, per_node = TWO_LEVEL_WORLD
+            args += ["--ranks_per_node", per_node]
+        json_path = Path(out_dir) / f"check_{batch[0][2]}.json"
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            res = run_race(args, json_path, timeout=timeout, nproc=nproc)
+        except LaunchError as err:
+            line = launch_error_line(err)
+            for rung, path, label in batch:
+                out[label] = {**mistake("crashed", detail=line), "passed": []}
+            continue
+        for rung, path, label in batch:
+            out[label] = verdict(res, label)
+        out["_race"] = res
     return out
 
 

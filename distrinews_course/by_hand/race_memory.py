@@ -25,7 +25,9 @@ def memory(contenders, mods, args, rank, world) -> dict:
     process per rank (forked from this one after the imports and a warm-up step, before any process group
     exists), its peak (VmHWM) above its resident memory before the model existed; the ranks' children meet in a
     FileStore of their own. Plus the calculator's runtime: DDP on one example of 8 tokens, minus its estimate."""
-    scratch = Path(tempfile.gettempdir()) / f"by_hand_memory_{os.environ.get('TORCHELASTIC_RUN_ID', os.getppid())}"
+    # a folder every rank of this launch names alike: torchrun's run id, the box's control folder, or the parent's pid
+    run = os.environ.get("TORCHELASTIC_RUN_ID") or Path(os.environ.get("DISTRINEWS_LINK_CONTROL", "")).name
+    scratch = Path(tempfile.gettempdir()) / f"by_hand_memory_{run or os.getppid()}"
     scratch.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)  # no OpenMP pool exists when we fork
     batches = models.batches("tiny", rank, world, args.memory_steps, args.zero_batch)

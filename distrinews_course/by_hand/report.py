@@ -10,9 +10,10 @@ from pathlib import Path
 from . import SCRIPTS
 
 
-def run_race(args: list, out_json, *, timeout: float = 300, echo: bool = False) -> dict:
-    """Launch scripts/by_hand/race.py on 2 gloo ranks; returns its JSON. A failure raises LaunchError, whose message
-    carries the script's own one-paragraph error (a wrong exercise, a rank that skipped a collective...)."""
+def run_race(args: list, out_json, *, timeout: float = 300, echo: bool = False, nproc: int = 2) -> dict:
+    """Launch scripts/by_hand/race.py on `nproc` gloo ranks (2: chapter 03's); returns its JSON. A failure raises
+    LaunchError, whose message carries the script's own one-paragraph error (a wrong exercise, a rank that skipped a
+    collective...)."""
     from ..launch import LaunchError, torchrun
 
     out_json = Path(out_json)
@@ -20,7 +21,7 @@ def run_race(args: list, out_json, *, timeout: float = 300, echo: bool = False) 
     try:
         torchrun(
             SCRIPTS / "race.py",
-            2,
+            nproc,
             [*map(str, args), "--out", out_json],
             timeout=timeout,
             echo=echo,

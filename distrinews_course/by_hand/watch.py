@@ -71,6 +71,7 @@ class Collectives:
                     )
             record = {
                 "kind": kind,
+                "group": None if group is None else tuple(dist.get_process_group_ranks(group)),
                 "bytes": buffer.numel() * buffer.element_size(),
                 "dtype": str(buffer.dtype),
                 "in_backward": self.in_backward,

@@ -13,3 +13,19 @@ def launch_line(node_addr):
         f"--local_addr={node_addr}",
         "scripts/train_ddp.py",
     ]
+
+
+def write_hierarchical(path):
+    """Exercise 4's answer where the learner's file would go: the cross-node half of scripts/by_hand/hierarchical.py,
+    taken from the rung itself by chapter 03's answers (the same rule: the rung is the reference). Returns the path."""
+    import importlib.util
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    spec = importlib.util.spec_from_file_location("answers_03_for_08", here / "03_ddp_by_hand.py")
+    answers_03 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(answers_03)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(answers_03.solution_source("hierarchical", functions_only=True))
+    return path

@@ -22,7 +22,7 @@ import time
 
 import torch.distributed as dist
 
-from distrinews_course.by_hand import RUNGS, harness, probes
+from distrinews_course.by_hand import RUNGS, TWO_LEVEL, harness, probes
 from distrinews_course.by_hand.check import Cases
 from distrinews_course.by_hand.race import (
     Runner,
@@ -103,6 +103,12 @@ def main():
         help="steps of each peak-memory run (0: none); the 2nd "
         "step holds the optimizer's state, gradients and activations together",
     )
+    p.add_argument(
+        "--ranks_per_node",
+        type=int,
+        default=None,
+        help="the two-level rungs' node layout (chapter 08): ranks per node (default: torchrun's LOCAL_WORLD_SIZE)",
+    )
     p.add_argument("--timeout_s", type=float, default=60)
     p.add_argument("--out", required=True)
     p.add_argument(
@@ -112,10 +118,13 @@ def main():
     args.timing_batch_size = args.timing_batch_size or args.batch_size
     sections = {"check"} if args.check_only else {s for s in args.sections.split(",") if s}
     rungs = [r for r in args.rungs.split(",") if r]
-    bad = [r for r in rungs if r not in RUNGS] + [s for s in sections if s not in ("check", "timing", "zero")]
+    bad = [r for r in rungs if r not in RUNGS + TWO_LEVEL] + [
+        s for s in sections if s not in ("check", "timing", "zero")
+    ]
     if bad:
         raise UserError(
-            f"--rungs/--sections: unknown {bad}; the rungs are {', '.join(RUNGS)}, the sections check, timing and zero"
+            f"--rungs/--sections: unknown {bad}; the rungs are {', '.join(RUNGS + TWO_LEVEL)}, the sections check, "
+            "timing and zero"
         )
     mods, kinds = rung_modules(rungs, args.exercise)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
@@ -150,7 +159,7 @@ def main():
     }
     if "check" in sections:
         for kind in [m for m in args.models.split(",") if m]:
-            res["check"][kind] = check(kind, contenders, mods, args, rank, world, res["facts"], cases)
+            res["check"][kind] = check(kind, contenders, mods, args, rank, world, res["facts"], cases, kinds=kinds)
     res["seconds_check"] = time.perf_counter() - started
     if args.probes:
         t0, res["probes"] = time.perf_counter(), {}

@@ -46,11 +46,13 @@ class DataParallel(Rung):
 
     def __init__(self, model, bucket_mb=None, broadcast=True, timeline=None):
         super().__init__(model, bucket_mb, broadcast, timeline)
-        rank, dtype, stack = dist.get_rank(), one_dtype(self.params), layers(model)
+        self.group = self.shard_group()  # the ranks each block is sharded over: every rank here
+        rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
+        dtype, stack = one_dtype(self.params), layers(model)
         inside = {p for layer in stack for p in layer.parameters()}
         groups = [("the rest", [p for p in self.params if p not in inside])]
         groups += [(f"layer {i}", [p for p in layer.parameters() if p.requires_grad]) for i, layer in enumerate(stack)]
-        self.blocks = [Block(name, ps, self.world, rank, dtype) for name, ps in groups]  # frozen ones stay whole
+        self.blocks = [Block(name, ps, world, rank, dtype) for name, ps in groups]  # frozen ones stay whole
         self.block_of = {p: b for b in self.blocks for p in b.params}
         for b in self.blocks:
             self.free(b)  # from now on a rank holds its shards only
@@ -65,6 +67,11 @@ class DataParallel(Rung):
         self.pending = []  # (block, this rank's shard of its averaged gradient, work handle)
         for p in self.params:
             p.register_post_accumulate_grad_hook(lambda p: self.on_grad_ready(p))
+
+    def shard_group(self):
+        """The group each block is sharded over: None, the default group (every rank). HSDP (chapter 08) shards
+        inside a node."""
+        return None
 
     def optimizer(self, lr, weight_decay):
         return torch.optim.AdamW([b.shard for b in self.blocks], lr=lr, weight_decay=weight_decay)
@@ -127,7 +134,8 @@ class DataParallel(Rung):
             p.grad = None  # its gradients are in flat now...
         self.free(b)  # ...and its backward is over: both freed before the reduce-scatter needs memory of its own
         mine = torch.empty_like(b.shard)
-        work = dist.reduce_scatter_tensor(mine, flat.div_(self.world), async_op=True)  # divide first, as DDP
+        # divide first, as DDP, by the world size (every rank's gradient counts, whatever group holds the shards)
+        work = dist.reduce_scatter_tensor(mine, flat.div_(self.world), group=self.group, async_op=True)
         self.collectives += 1
         self.pending.append((b, mine, self.timeline.comm(work, f"grads {b.name}", flat.nbytes)))
 
@@ -156,10 +164,11 @@ class DataParallel(Rung):
 
 
 def gather(block, dp):
-    """Before block's forward or backward: give its flat buffer back its memory and all-gather every rank's shard into
-    it, without waiting; returns the work (its wait() comes just before the block computes)."""
+    """Before block's forward or backward: give its flat buffer back its memory and all-gather into it the shard of
+    every rank of dp.group (the group the blocks are sharded over), without waiting; returns the work (its wait()
+    comes just before the block computes)."""
     block.full.untyped_storage().resize_(block.nbytes)
-    return dist.all_gather_into_tensor(block.full, block.shard.detach(), async_op=True)
+    return dist.all_gather_into_tensor(block.full, block.shard.detach(), group=dp.group, async_op=True)
 
 
 def free(block):

@@ -1,10 +1,11 @@
 """Every rung of scripts/by_hand/ as a learner's own script uses it: after a bare dist.init_process_group("gloo", ...),
-in 2 processes, on the edge cases where a hand-built DDP goes wrong, each against torch's DistributedDataParallel from
-the same start on the same batches.
+in 2 processes (chapter 08's two-level rungs in 4: 2 nodes x 2 ranks, the layout given to the rung), on the edge cases
+where a hand-built DDP goes wrong, each against torch's DistributedDataParallel from the same start on the same
+batches.
 
     python tests/workers/rung_cases.py --out cases.json [--rungs naive,zero3] [--families frozen,dtype]
 
-Each case runs in a fresh pair of processes (forked from this one, which has imported torch and nothing more), which
+Each case runs in a fresh group of processes (forked from this one, which has imported torch and nothing more), which
 meet in a FileStore and call init_process_group themselves: a case that leaves a collective unmatched cannot touch
 the next, and a rank that never returns is killed after --timeout_s and reported as hung. Per case the JSON gives
 each rank's end: "equal" (the largest weight difference from torch's DDP, and whether it is 0), "refused" (the
@@ -29,12 +30,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts" / "by_hand"
-sys.path.insert(0, str(SCRIPTS))  # zero2.py imports bucketed.py's rule, as it does when run as a script
+sys.path.insert(0, str(SCRIPTS))  # zero2.py imports bucketed.py's rule, hsdp.py zero3.py, as run as scripts
 sys.path.insert(0, str(ROOT))
 from distrinews_lib.errors import UserError  # noqa: E402
 
 MODS = {}  # rung -> its module, loaded once here, before the children fork
 RUNGS = ("naive", "flat", "overlapped", "bucketed", "zero1", "zero2", "zero3")
+TWO_LEVEL = ("hierarchical", "hsdp")  # 2 nodes x 2 ranks: 4 processes
+PER_NODE = 2
 STEPS, BATCH, TOKENS, VOCAB, DIM = 3, 8, 6, 257, 11  # odd sizes: no flat buffer, bucket or block splits evenly in 2
 
 
@@ -94,7 +97,14 @@ FAMILIES = {
     "dtype": [("float64", {}, {"dtype": "float64"}), ("bfloat16", {}, {"dtype": "bfloat16"})],
     "accumulation": [("two backward passes per step", {}, {"micro": 2})],
     "order": [("gradients ready in another order per rank", {"order": True}, {})],
+    # the two-level rungs only: a world that does not split into nodes, and ranks that disagree on the layout
+    "layout": [
+        ("4 ranks in nodes of 3", {}, {"ranks_per_node": 3}),
+        ("the ranks disagree on the layout", {}, {"ranks_per_node": "rank0:4"}),
+    ],
 }
+BUCKETS = {"buckets"}  # families about bucket sizes: the rungs that have buckets (not the two-level ones)
+LAYOUT = {"layout"}  # families about the node layout: the two-level rungs only
 
 
 def load(rung):
@@ -143,7 +153,13 @@ def run_case(rung, model_kw, run_kw):
     want = [p.detach().clone() for p in ref.parameters()]
     model = fresh()
     try:
-        dp = MODS[rung].DataParallel(model, bucket_mb)
+        kw = {}
+        if rung in TWO_LEVEL:
+            per_node = run_kw.get("ranks_per_node", PER_NODE)
+            if isinstance(per_node, str):  # "rank0:4": rank 0 says 4, the others the default
+                per_node = int(per_node.split(":")[1]) if rank == 0 else PER_NODE
+            kw["ranks_per_node"] = per_node
+        dp = MODS[rung].DataParallel(model, bucket_mb, **kw)
         optimizer = dp.optimizer(1e-2, 0.01)
         train(model, lambda: dp.step(optimizer), data)
         got = dp.full_weights() if hasattr(dp, "full_weights") else [p.detach() for p in model.parameters()]
@@ -166,12 +182,12 @@ def run_case(rung, model_kw, run_kw):
     return out
 
 
-def child(rank, store, out, rung, model_kw, run_kw, timeout_s):
+def child(rank, world, store, out, rung, model_kw, run_kw, timeout_s):
     code = 0
     try:
         torch.set_num_threads(1)
         dist.init_process_group(
-            "gloo", init_method=f"file://{store}", rank=rank, world_size=2, timeout=timedelta(seconds=timeout_s)
+            "gloo", init_method=f"file://{store}", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
         )
         res = run_case(rung, model_kw, run_kw)
         Path(out).write_text(json.dumps(res))
@@ -182,15 +198,16 @@ def child(rank, store, out, rung, model_kw, run_kw, timeout_s):
         os._exit(code)  # no interpreter teardown in a forked child: gloo's threads would race it
 
 
-def run_pair(rung, model_kw, run_kw, timeout_s, scratch):
-    store, outs = Path(tempfile.mktemp(dir=scratch)), [Path(tempfile.mktemp(dir=scratch)) for _ in range(2)]
+def run_group(rung, model_kw, run_kw, timeout_s, scratch):
+    world = 2 * PER_NODE if rung in TWO_LEVEL else 2
+    store, outs = Path(tempfile.mktemp(dir=scratch)), [Path(tempfile.mktemp(dir=scratch)) for _ in range(world)]
     pids = []
-    for rank in range(2):
+    for rank in range(world):
         pid = os.fork()
         if pid == 0:
-            child(rank, store, outs[rank], rung, model_kw, run_kw, timeout_s)
+            child(rank, world, store, outs[rank], rung, model_kw, run_kw, timeout_s)
         pids.append(pid)
-    deadline, ends = time.monotonic() + 3 * timeout_s, [None, None]
+    deadline, ends = time.monotonic() + 3 * timeout_s, [None] * world
     while time.monotonic() < deadline and not all(ends):
         for i, pid in enumerate(pids):
             if ends[i] is None and os.waitpid(pid, os.WNOHANG)[0]:
@@ -208,7 +225,7 @@ def run_pair(rung, model_kw, run_kw, timeout_s, scratch):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
-    p.add_argument("--rungs", default=",".join(RUNGS))
+    p.add_argument("--rungs", default=",".join(RUNGS + TWO_LEVEL))
     p.add_argument("--families", default=",".join(FAMILIES))
     p.add_argument("--timeout_s", type=float, default=20)
     args = p.parse_args()
@@ -218,7 +235,9 @@ def main():
         for family in args.families.split(","):
             for case, model_kw, run_kw in FAMILIES[family]:
                 for rung in args.rungs.split(","):
-                    ranks = run_pair(rung, model_kw, run_kw, args.timeout_s, scratch)
+                    if (family in BUCKETS and rung in TWO_LEVEL) or (family in LAYOUT and rung not in TWO_LEVEL):
+                        continue
+                    ranks = run_group(rung, model_kw, run_kw, args.timeout_s, scratch)
                     results.append({"family": family, "case": case, "rung": rung, "ranks": ranks})
     Path(args.out).write_text(json.dumps({"seconds": time.perf_counter() - t0, "cases": results}, indent=1))
 
