@@ -46,7 +46,7 @@ end_process(0)
 # Two levels: 2 nodes x 2 ranks. Each rank says who it is; then an all-reduce inside each node and one across the nodes,
 # each node's link counted around each (what the node's own /sys says): inside a node nothing crosses it.
 TWO_LEVEL_PROBE = """
-import os, socket, torch, torch.distributed as dist
+import os, socket, sys, torch, torch.distributed as dist
 from distrinews_course import link
 from distrinews_lib.distributed import end_process
 dist.init_process_group("gloo")
@@ -57,13 +57,19 @@ x = torch.ones(2**20)   # 4 MiB
 sent = {}
 for name, group in (("intra", intra), ("cross", cross)):
     dist.all_reduce(x, group=group)
+    # a node's ranks share its counter: every rank reads it before any sends and after all have sent (the barriers
+    # add a few bytes), or a node-mate's read, late or early, would miss part of this all-reduce or count the next
     dist.barrier()
     before = link.link_bytes()
+    dist.barrier()
     dist.all_reduce(x, group=group)
     dist.barrier()
     sent[name] = link.link_bytes()["tx"] - before["tx"]
-print(f"RESULT rank={r} local={os.environ['LOCAL_RANK']} node={os.environ['GROUP_RANK']} host={socket.gethostname()} "
-      f"world={dist.get_world_size()} intra={sent['intra']} cross={sent['cross']}", flush=True)
+    dist.barrier()
+# a file per rank: four ranks printing at once after the barrier can interleave their lines in the box's pipe
+with open(os.path.join(sys.argv[1], f"rank{r}.txt"), "w") as f:
+    f.write(f"RESULT rank={r} local={os.environ['LOCAL_RANK']} node={os.environ['GROUP_RANK']} "
+            f"host={socket.gethostname()} world={dist.get_world_size()} intra={sent['intra']} cross={sent['cross']}")
 dist.destroy_process_group()
 end_process(0)
 """
@@ -176,9 +182,9 @@ def test_two_levels_ranks_of_a_node_share_its_loopback_and_nodes_their_links(tmp
     probe = tmp_path / "probe.py"
     probe.write_text(TWO_LEVEL_PROBE)
     before = _netns()
-    p = _box("--nodes", 2, "--ranks-per-node", 2, "--link", "1gbit", "--", probe)
+    p = _box("--nodes", 2, "--ranks-per-node", 2, "--link", "1gbit", "--", probe, tmp_path)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    rows = [dict(kv.split("=") for kv in l.split()[1:]) for l in p.stdout.splitlines() if l.startswith("RESULT")]
+    rows = [dict(kv.split("=") for kv in f.read_text().split()[1:]) for f in sorted(tmp_path.glob("rank*.txt"))]
     got = sorted((int(r["rank"]), r["local"], r["node"], r["host"], r["world"]) for r in rows)
     assert got == [
         (0, "0", "0", "node0", "4"),
@@ -188,8 +194,9 @@ def test_two_levels_ranks_of_a_node_share_its_loopback_and_nodes_their_links(tmp
     ]
     for r in rows:
         assert int(r["intra"]) < 64 * 1024  # inside a node: its loopback, not its link (a few barrier bytes at most)
-        # across: the node's 2 ranks each all-reduce 4 MiB with their peer on the other node: 2 x 4 MiB leave the node
-        assert abs(int(r["cross"]) / (2 * 4 * 2**20) - 1) < 0.05, r
+        # across: the node's 2 ranks each all-reduce 4 MiB with their peer on the other node: 2 x 4 MiB leave the node,
+        # plus what the counter also counts: TCP/IP/Ethernet headers (1514/1448: +4.6%) and the acknowledgements
+        assert 1 <= int(r["cross"]) / (2 * 4 * 2**20) < 1.10, r
     assert _netns() == before
 
 
