@@ -217,9 +217,11 @@ def _has_cuda() -> bool:
         return False
 
 
-# The kernel logs to this terminal, not to the notebook: at ERROR only, or every chapter would print ipykernel's
-# warning that its local TCP sockets are unencrypted (papermill's kernel listens on 127.0.0.1 only).
-KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
+# The kernel logs to this terminal, not to the notebook: at CRITICAL only, or every chapter would print ipykernel's
+# warning that its local TCP sockets are unencrypted (papermill's kernel listens on 127.0.0.1 only), and a busy
+# machine's shutdown after a failed cell "[IPKernelApp] ERROR | KeyboardInterrupt caught in kernel" (the kernel
+# interrupted as it stops). A cell's own error reaches the summary through papermill, whatever this level.
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
 
 
 def run_one(nb: Path, out: Path, args) -> None:
