@@ -88,30 +88,35 @@ class StepTimer:
         }
 
 
-def cpu_busy_seconds() -> float | None:
-    """CPU-seconds the whole machine has been busy since boot (all cores; Linux /proc/stat), or None.
-
-    Busy = user + nice + system + irq + softirq + steal (steal: a hypervisor gave our vCPU to someone else)."""
+def _cpu_ticks() -> list[int] | None:
+    """The whole machine's CPU time counters since boot, in clock ticks (Linux /proc/stat's first line), or None."""
     try:
         fields = open("/proc/stat").readline().split()
     except OSError:
         return None
     if not fields or fields[0] != "cpu":
         return None
-    user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+    return [int(x) for x in fields[1:9]]
+
+
+def cpu_busy_seconds() -> float | None:
+    """CPU-seconds the whole machine has been busy since boot (all cores; Linux /proc/stat), or None.
+
+    Busy = user + nice + system + irq + softirq + steal (steal: a hypervisor gave our vCPU to someone else)."""
+    ticks = _cpu_ticks()
+    if ticks is None:
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = ticks
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def kernel_seconds() -> float | None:
     """CPU-seconds the whole machine has spent in the kernel since boot (system + irq + softirq: among them the
     network stack's work for every byte sent, and a tc filter's), or None without /proc/stat."""
-    try:
-        fields = open("/proc/stat").readline().split()
-    except OSError:
+    ticks = _cpu_ticks()
+    if ticks is None:
         return None
-    if not fields or fields[0] != "cpu":
-        return None
-    system, irq, softirq = (int(fields[i]) for i in (3, 6, 7))
+    system, irq, softirq = ticks[2], ticks[5], ticks[6]
     return (system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
