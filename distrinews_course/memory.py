@@ -185,6 +185,10 @@ def estimate(
         # reduce-scatter; the root unit (the embeddings and the head) is the largest
         unit = shape.tensors()[:4] + shape.tensors()[-4:]
         parts["gathered unit"] = 3 * b["weight"] * sum(unit) * (1 - 1 / N)
+        if impl == "torch":
+            # FSDP2 all-gathers a unit into one flat buffer, then copies each parameter out into storage of its own:
+            # for that moment the unit is whole twice (ZeRO-3 by hand gathers straight into the parameters' storage)
+            parts["gathered unit"] += b["weight"] * sum(unit)
     else:
         parts["gathered unit"] = 0
     parts["runtime"] = overhead_mb * MiB
