@@ -44,6 +44,20 @@ def test_litserve_competitor_serves_what_our_server_serves(ckpt_path):
         assert list(answer["all_probabilities"].values()) == pytest.approx(probs, abs=1e-5)
 
 
+def test_litserve_competitor_refuses_an_int8_model_that_drifts(ckpt_path, tmp_path):
+    """It loads through the server's own check (loading.check_for_serving), so it refuses what our server refuses."""
+    from distrinews_course.bench.serving_litserve import DistriNewsLitAPI
+    from distrinews_lib.serving.inference import CheckpointError
+
+    from .test_serving_checkpoints import tampered
+    from .test_serving_int8 import outlier_weights
+
+    path = tampered(ckpt_path, tmp_path / "outliers.pt", outlier_weights)
+    api = DistriNewsLitAPI(str(path), torch_threads=0, quantize="int8", max_batch_size=32, batch_timeout=0.002)
+    with pytest.raises(CheckpointError, match="would change checkpoint .* answers too much"):
+        api.setup("cpu")
+
+
 def live_processes_with(words: list[str]) -> list[str]:
     out = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):

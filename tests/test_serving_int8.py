@@ -15,7 +15,7 @@ from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.errors import UserError
 from distrinews_lib.serving.app import create_app
 from distrinews_lib.serving.inference import CheckpointError, load_checkpoint, predict_proba
-from distrinews_lib.serving.loading import load_in_precision
+from distrinews_lib.serving.loading import check_for_serving, load_in_precision, ready_to_serve
 from distrinews_lib.serving.quantize import MAX_DRIFT, linear_weights
 from distrinews_lib.serving.settings import ServingSettings
 
@@ -126,22 +126,54 @@ def test_a_model_int8_does_not_apply_to_is_refused_at_startup(tmp_path):
             pass  # the server must not start
 
 
-def test_a_model_int8_would_break_is_refused_at_startup(good, tmp_path):
-    path = tampered(good, tmp_path / "outliers.pt", outlier_weights)
+@pytest.fixture(scope="module")
+def drifting(good, tmp_path_factory):
+    """A checkpoint that int8 applies to (its Linear layers hold its weights) but whose int8 answers drift."""
+    path = tampered(good, tmp_path_factory.mktemp("drift") / "outliers.pt", outlier_weights)
     probs = predict_proba(load_checkpoint(path), TEXTS)
     assert bool(torch.isfinite(probs).all())  # fp32 answers it
-    with pytest.raises(CheckpointError, match="would change checkpoint .* answers too much"):
-        load_in_precision(path, "cpu", "int8")
+    return path
+
+
+DRIFT = "would change checkpoint .* answers too much"
+
+
+def test_loading_in_int8_leaves_the_answers_to_the_check(drifting):
+    """Loading is one thing, checking the answers another: the drift shows only when the answers are checked."""
+    int8 = load_in_precision(drifting, "cpu", "int8")
+    assert int8.precision == "int8" and "probe_drift" not in int8.quantization
+    with pytest.raises(CheckpointError, match=DRIFT):
+        check_for_serving(drifting, "cpu", "int8")
+    assert check_for_serving(drifting, "cpu").precision == "fp32"  # it serves in fp32: the refusal is int8's
+
+
+def test_a_model_int8_would_break_is_refused_by_every_way_the_server_starts(drifting):
+    settings = ServingSettings(checkpoint=drifting, device="cpu", torch_threads=0, quantize="int8")
+    with pytest.raises(CheckpointError, match=DRIFT):
+        with TestClient(create_app(settings)):  # the lifespan loads it
+            pass  # the server must not start
+    with pytest.raises(CheckpointError, match=DRIFT):
+        with TestClient(create_app(settings, loaded=load_checkpoint(drifting))):  # handed fp32, asked for int8
+            pass
+    with pytest.raises(CheckpointError, match=DRIFT):
+        ready_to_serve(load_checkpoint(drifting), "int8")
+
+
+def test_an_int8_checkpoint_cannot_go_back_to_fp32(good):
+    int8 = load_in_precision(good, "cpu", "int8")
+    with pytest.raises(CheckpointError, match="is loaded in int8 already; load it again to serve it in fp32"):
+        ready_to_serve(int8, "none")
 
 
 @pytest.mark.parametrize(
-    "argv,words",
+    "kind,argv,words",
     [
-        (["--quantize", "fp8"], "--quantize='fp8' is not a precision this server offers"),
-        (["--quantize", "int8"], "does not apply to checkpoint"),
+        ("good", ["--quantize", "fp8"], "--quantize='fp8' is not a precision this server offers"),
+        ("gpt2", ["--quantize", "int8"], "does not apply to checkpoint"),
+        ("drifting", ["--quantize", "int8"], "answers too much: a class probability moved by"),
     ],
 )
-def test_command_line_refuses_with_exit_code_2(tmp_path, good, argv, words, capsys, monkeypatch):
+def test_command_line_refuses_with_exit_code_2(request, tmp_path, kind, argv, words, capsys, monkeypatch):
     import uvicorn
 
     from distrinews_lib.serving.__main__ import main
@@ -150,7 +182,7 @@ def test_command_line_refuses_with_exit_code_2(tmp_path, good, argv, words, caps
         raise AssertionError("the server started")
 
     monkeypatch.setattr(uvicorn.Server, "run", started)
-    checkpoint = good if "fp8" in argv else gpt2_checkpoint(tmp_path / "gpt2.pt")
+    checkpoint = gpt2_checkpoint(tmp_path / "gpt2.pt") if kind == "gpt2" else request.getfixturevalue(kind)
     with pytest.raises(SystemExit) as stopped:
         main(["--checkpoint", str(checkpoint), "--port", "0", "--device", "cpu", *argv])
     err = capsys.readouterr().err

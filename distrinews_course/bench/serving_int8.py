@@ -2,9 +2,10 @@
 in one run; writes benchmarks/serving_int8_<machine>.json.
 
 For each checkpoint:
-* accuracy: the fp32 model and the int8 one (serving.quantize, as the server builds it) classify every test text of
-  --data (the 7,600 of AG News' test set with --data ../shared/data/ag_news), in this process; accuracy of each, the
-  difference in points, how often their labels agree, the largest probability difference;
+* accuracy: the fp32 model and the int8 one (serving.loading.check_for_serving, as the server loads and checks them)
+  classify every test text of --data (the 7,600 of AG News' test set with --data ../shared/data/ag_news), in this
+  process; accuracy of each, the difference in points, how often their labels agree, the largest probability
+  difference;
 * model speed without HTTP: the same texts in chunks of 512 that alternate between fp32 and int8 (batch 64, the
   server's torch threads);
 * where fp32 spends its forward pass: the share of its time in the Linear layers (torch.profiler), the part int8
@@ -130,14 +131,14 @@ def weights(model) -> dict:
 def measure_checkpoint(
     checkpoint: Path, data: tuple, levels: list, duration: float, warmup: float, rounds: int, quick: bool
 ) -> dict:
-    from distrinews_lib.serving.loading import load_in_precision
+    from distrinews_lib.serving.loading import check_for_serving
 
     texts, labels, names, _ = data
     torch.set_num_threads(max(1, our_settings()["torch_threads"]))  # as the server runs it (1 thread per pass)
-    fp32 = load_in_precision(checkpoint, "cpu")
+    fp32 = check_for_serving(checkpoint, "cpu")
     row = {"model": {**model_description(checkpoint), **weights(fp32.model)}}
     row["fp32_time"] = where_time_goes(fp32, texts)
-    int8 = load_in_precision(checkpoint, "cpu", "int8")
+    int8 = check_for_serving(checkpoint, "cpu", "int8")  # refused as the server refuses it
     row["quantization"] = int8.quantization
     print(f"[{checkpoint}] accuracy on {len(texts)} test texts, fp32 and int8 ...", flush=True)
     row.update(accuracy_and_speed(fp32, int8, texts, labels, names))

@@ -18,9 +18,8 @@ import torch
 from fastapi import FastAPI
 
 from .batching import MicroBatcher
-from .inference import Classifier, LoadedCheckpoint, check_predictions
-from .loading import load_in_precision
-from .quantize import quantize_int8
+from .inference import Classifier, LoadedCheckpoint, load_for_serving
+from .loading import ready_to_serve
 from .settings import QUANTIZE_CHOICES, ServingSettings
 
 log = logging.getLogger("distrinews.serving")
@@ -38,10 +37,8 @@ def serving_lifespan(given: ServingSettings, loaded: Optional[LoadedCheckpoint] 
         else:
             given_now = given
         settings = given_now.resolved()
-        if loaded is not None:
+        if loaded is not None:  # checked by the command line already, or to be checked below
             ckpt = loaded
-            if ckpt.precision != QUANTIZE_CHOICES[settings.quantize]:  # given fp32, asked for int8
-                ckpt = await asyncio.to_thread(quantize_int8, ckpt)
         else:
             log.info(
                 "loading checkpoint %s on %s (%s)",
@@ -49,14 +46,15 @@ def serving_lifespan(given: ServingSettings, loaded: Optional[LoadedCheckpoint] 
                 settings.device,
                 QUANTIZE_CHOICES[settings.quantize],
             )
-            ckpt = await asyncio.to_thread(load_in_precision, settings.checkpoint, settings.device, settings.quantize)
+            ckpt = await asyncio.to_thread(load_for_serving, settings.checkpoint, settings.device)  # fp32 first
         previous_threads = torch.get_num_threads()
         if settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
         try:
-            # Warm-up: the first client does not pay for lazy initialisation, and a checkpoint that loads
-            # but cannot classify, or answers NaN, is refused now rather than on every request.
-            await asyncio.to_thread(check_predictions, ckpt)
+            # In the precision asked for, and its answers checked (int8's against fp32's, taken before quantizing):
+            # a checkpoint that loads but cannot classify, answers NaN or drifts in int8 is refused now rather than
+            # on every request. Also the warm-up: the first client does not pay for lazy initialisation.
+            ckpt = await asyncio.to_thread(ready_to_serve, ckpt, settings.quantize)
             classifier = Classifier(ckpt, settings.device)
             batcher = MicroBatcher(
                 classifier.predict,

@@ -8,13 +8,16 @@ where the CPU has it). Everything else stays fp32: the embeddings, LayerNorm, so
 activations, the tokenizer, HTTP. So int8 pays where Linear layers do most of the work (MiniLM, DistilBERT) and
 little where they do not (the course's tiny model, whose time goes to the rest).
 
-Refused at start-up with one paragraph (a CheckpointError), never served slowly or wrongly:
+Refused at start-up with one paragraph (a CheckpointError), never served slowly or wrongly. quantize_int8 refuses
+what shows before any text is classified:
 * a device other than the CPU (settings.py refuses that before anything is loaded);
 * a torch without the CPU int8 path (no quantize_dynamic, no quantized engine);
 * a model whose torch.nn.Linear layers hold less than MIN_LINEAR_SHARE of its weights outside the embeddings (GPT-2's
-  layers are transformers' Conv1D, which dynamic quantization leaves alone: int8 would change almost nothing);
-* a model whose int8 answers move any class probability by more than MAX_DRIFT on PROBE_TEXTS (a layer with a few
-  huge weights leaves the others with no int8 resolution).
+  layers are transformers' Conv1D, which dynamic quantization leaves alone: int8 would change almost nothing).
+check_drift refuses what its answers show, as part of the answer check the server runs after loading
+(loading.check_for_serving): a model whose int8 answers move any class probability by more than MAX_DRIFT on
+PROBE_TEXTS against the fp32 answers that probe_answers took before quantizing (a layer with a few huge weights
+leaves the others with no int8 resolution).
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ def int8_engine() -> str | None:
 
 def quantize_int8(loaded: LoadedCheckpoint) -> LoadedCheckpoint:
     """The checkpoint with its Linear layers in dynamic int8 (in place: the fp32 weights are not kept), or a
-    CheckpointError saying why int8 does not apply to it."""
+    CheckpointError saying why int8 does not apply to it. Its answers are check_drift's to judge."""
     path, model = loaded.path, loaded.model
     device = next(model.parameters()).device
     if device.type != "cpu":
@@ -95,28 +98,41 @@ def quantize_int8(loaded: LoadedCheckpoint) -> LoadedCheckpoint:
             f"(a {type(model).__name__}'s other layers, such as transformers' Conv1D, stay fp32), so it would serve "
             "about as slowly as fp32. Serve it without --quantize."
         )
-    fp32 = predict_proba(loaded, PROBE_TEXTS)
     with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao on every call
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", UserWarning)
         qmodel = quantize_dynamic(
             model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True
         )
-    int8 = dataclasses.replace(loaded, model=qmodel, precision="int8")
+    quantization = {"method": METHOD, "engine": engine, "linear_layers": layers, "linear_share": round(share, 4)}
+    return dataclasses.replace(loaded, model=qmodel, precision="int8", quantization=quantization)
+
+
+def int8_failed(path, err: Exception) -> CheckpointError:
+    """torch's own error on the way to int8 (quantize_dynamic, the probe texts), as one paragraph."""
+    first = (str(err).splitlines() or [""])[0][:200]
+    return CheckpointError(
+        f"--quantize int8 failed on checkpoint {path} ({type(err).__name__}: {first}). Serve it without --quantize."
+    )
+
+
+def probe_answers(loaded: LoadedCheckpoint) -> torch.Tensor:
+    """The fp32 model's class probabilities on PROBE_TEXTS: check_drift's reference, taken before quantize_int8
+    replaces the fp32 weights in place."""
+    return predict_proba(loaded, PROBE_TEXTS)
+
+
+def check_drift(int8: LoadedCheckpoint, fp32_answers: torch.Tensor) -> float:
+    """CheckpointError unless int8's answers on PROBE_TEXTS stay within MAX_DRIFT of fp32's (probe_answers); the
+    drift is recorded in int8.quantization (the server's /health shows it) and returned."""
     probs = predict_proba(int8, PROBE_TEXTS)
-    drift = float((probs - fp32).abs().max()) if bool(torch.isfinite(probs).all()) else float("inf")
+    drift = float((probs - fp32_answers).abs().max()) if bool(torch.isfinite(probs).all()) else float("inf")
     if not drift <= MAX_DRIFT:
         raise CheckpointError(
-            f"--quantize int8 would change checkpoint {path}'s answers too much: a class probability moved by "
+            f"--quantize int8 would change checkpoint {int8.path}'s answers too much: a class probability moved by "
             f"{drift:.2f} (more than {MAX_DRIFT}) on {len(PROBE_TEXTS)} test texts, int8 against fp32. Some of its "
             "layers have weights int8 cannot represent finely enough (a few very large ones). Serve it without "
             "--quantize."
         )
-    int8.quantization = {
-        "method": METHOD,
-        "engine": engine,
-        "linear_layers": layers,
-        "linear_share": round(share, 4),
-        "probe_drift": round(drift, 5),
-    }
-    return int8
+    int8.quantization = {**int8.quantization, "probe_drift": round(drift, 5)}
+    return drift
