@@ -1,21 +1,20 @@
 """The checkpoint's format, in one place, below both the training and the serving side: save_checkpoint writes it
 (the *unwrapped* model, its tokenizer's files, labels and run metadata in one file, written atomically by rank 0);
 read_checkpoint reads and validates it (torch.load(weights_only=True)), with a version field and a message that says
-what an older, newer, foreign or other-task file is; load_classifier rebuilds a classifier from it and refuses one
-that would load but answer wrongly (check_servable). The server (serving/) and the language models (lm/) only call
-it; it imports nothing of either, nor of training/.
+what an older, newer, foreign or other-task file is; check_servable refuses a classifier's file that would load but
+answer wrongly. The server (serving/inference.py rebuilds a classifier from it) and the language models (lm/) only
+call it; it imports nothing of either, nor of training/.
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import fields
 from pathlib import Path
 
 import torch
 
-from .data.tokenization import HASH_FILE, TOKEN_PATTERN, TRUNCATIONS, HashTokenizer, set_truncation, truncation_of
+from .data.tokenization import HASH_FILE, TOKEN_PATTERN, HashTokenizer, truncation_of
 from .errors import UserError
 from .files import atomic_torch_save
 
@@ -247,54 +246,3 @@ def check_servable(path, payload: dict, model: torch.nn.Module) -> None:
             f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): the training run that wrote it diverged. "
             "Retrain it with a lower --lr, or with --amp off."
         )
-
-
-def _custom_config(d: dict):
-    from .models.custom import CustomConfig
-
-    unknown = sorted(set(d) - {f.name for f in fields(CustomConfig)})
-    if unknown:
-        raise ValueError(f"unknown custom model settings: {', '.join(unknown)}")
-    return CustomConfig(**d)
-
-
-def load_classifier(path=DEFAULT_CHECKPOINT) -> tuple:
-    """(eval-mode model on the CPU, tokenizer, payload) of a classifier's checkpoint: read and checked, its model
-    rebuilt from its own config (transformers, or --model custom's plain PyTorch) with strict weights, refused when it
-    would answer wrongly (check_servable), and its tokenizer cutting texts as in training."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification  # deferred: importing it costs seconds
-
-    from .models.build import quiet_transformers
-    from .models.custom import MODEL_TYPE as CUSTOM_MODEL_TYPE
-    from .models.custom import CustomClassifier
-
-    quiet_transformers()
-    path = Path(path)
-    payload = read_checkpoint(path, task=CLASSIFY_TASK)  # another task's file refused
-    cfg_dict = dict(payload["model_config"])
-    model_type = cfg_dict.pop("model_type", payload["model_type"])
-    if model_type == CUSTOM_MODEL_TYPE:  # --model custom: plain PyTorch, rebuilt from its own config
-        try:
-            model = CustomClassifier(_custom_config(cfg_dict))
-        except (TypeError, ValueError) as err:
-            raise CheckpointError(
-                f"checkpoint {path} has a custom model config this version cannot build ({err}); retrain it."
-            ) from None
-    else:
-        config = AutoConfig.for_model(model_type, **cfg_dict)
-        model = AutoModelForSequenceClassification.from_config(config)
-    try:
-        model.load_state_dict(payload["state_dict"], strict=True)
-    except RuntimeError as err:
-        raise CheckpointError(
-            f"checkpoint {path} does not match its own model config: {str(err).splitlines()[0][:200]}"
-        ) from None
-    check_servable(path, payload, model)
-    tokenizer = tokenizer_from_files(payload["tokenizer_files"])
-    truncation = payload.get("truncation", "head")
-    if truncation not in TRUNCATIONS:
-        raise CheckpointError(
-            f"checkpoint {path} has truncation={truncation!r}; it must be one of {', '.join(TRUNCATIONS)}. Retrain it."
-        )
-    set_truncation(tokenizer, truncation)
-    return model.eval(), tokenizer, payload
