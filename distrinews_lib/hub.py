@@ -3,7 +3,6 @@ cache. The probe is a real HTTPS request: a proxy that accepts any TCP connectio
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import os
 import re
@@ -100,21 +99,6 @@ def dataset_download_command(repo_id: str) -> str:
 
 def model_download_command(repo_id: str) -> str:
     return f"HF_HOME={_hf_home()} hf download {repo_id}"
-
-
-@contextlib.contextmanager
-def offline_datasets():
-    """Within it, `datasets` and huggingface_hub act as under HF_HUB_OFFLINE=1, whatever the environment
-    said when they were imported."""
-    import datasets.config as dc  # deferred: datasets is optional (the hub extra)
-    import huggingface_hub.constants as hc
-
-    saved = (dc.HF_HUB_OFFLINE, dc.HF_DATASETS_OFFLINE, hc.HF_HUB_OFFLINE)
-    dc.HF_HUB_OFFLINE = dc.HF_DATASETS_OFFLINE = hc.HF_HUB_OFFLINE = True
-    try:
-        yield
-    finally:
-        dc.HF_HUB_OFFLINE, dc.HF_DATASETS_OFFLINE, hc.HF_HUB_OFFLINE = saved
 
 
 def hub_cache_name(spec, repo_id: str) -> str | None:

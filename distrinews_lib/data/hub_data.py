@@ -13,10 +13,24 @@ from ..hub import (
     env_says_offline,
     hub_cache_name,
     hub_reachable,
-    offline_datasets,
 )
 from .readers import label_indices
 from .texts import DATASETS, HUB_DATASET, DatasetSpec, TextOptions, TextSplits, clean_review, subset_index
+
+
+@contextlib.contextmanager
+def offline_datasets():
+    """Within it, `datasets` and huggingface_hub act as under HF_HUB_OFFLINE=1, whatever the environment
+    said when they were imported."""
+    import datasets.config as dc  # deferred: datasets is optional (the hub extra)
+    import huggingface_hub.constants as hc
+
+    saved = (dc.HF_HUB_OFFLINE, dc.HF_DATASETS_OFFLINE, hc.HF_HUB_OFFLINE)
+    dc.HF_HUB_OFFLINE = dc.HF_DATASETS_OFFLINE = hc.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        dc.HF_HUB_OFFLINE, dc.HF_DATASETS_OFFLINE, hc.HF_HUB_OFFLINE = saved
 
 
 def load_hub(
