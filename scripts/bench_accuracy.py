@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO))
 from distrinews_course import launch  # noqa: E402
 from distrinews_course.bench import provenance
 from distrinews_course.bench.train_report import ordered
+from distrinews_course.bench.train_setup import offline_source
 from distrinews_lib.data import sources
 from distrinews_lib.errors import UserError, main_guard  # noqa: E402
 
@@ -66,7 +67,7 @@ def find_data(choice: str) -> str:
             "--data synthetic: an accuracy on synthetic texts says nothing about AG News. Use auto, embedded "
             "(the real AG News sample inside distrinews_lib) or a folder with train.csv and test.csv."
         )
-    return sources.offline_source(choice, ("embedded",))
+    return offline_source(choice, ("embedded",))
 
 
 def train_args(s: dict, data_dir: str, batch: int, out: Path, threads: int, seed: int, ddp: bool) -> list:

@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 
+from distrinews_course.bench.train_setup import offline_source
 from distrinews_lib.data import hub_data, readers, sources, texts, tokenization
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.errors import UserError
@@ -97,9 +98,9 @@ def test_the_data_folder_has_one_rule_in_one_function(tmp_path, monkeypatch):
     monkeypatch.setenv("DISTRINEWS_DATA_DIR", str(env_dir))
     assert sources.data_dir(str(flag_dir)) == str(flag_dir)
     assert sources.data_dir() == str(env_dir)
-    assert sources.offline_source("auto") == str(env_dir) and sources.offline_source("embedded") == "embedded"
+    assert offline_source("auto") == str(env_dir) and offline_source("embedded") == "embedded"
     monkeypatch.setenv("DISTRINEWS_DATA_DIR", "")
-    assert sources.data_dir() is None and sources.offline_source("auto") == "embedded"
+    assert sources.data_dir() is None and offline_source("auto") == "embedded"
     monkeypatch.setenv("DISTRINEWS_DATA_DIR", str(tmp_path / "gone"))
     with pytest.raises(UserError, match="DISTRINEWS_DATA_DIR=.*no such folder.*does not exist"):
         sources.data_dir()
@@ -107,7 +108,7 @@ def test_the_data_folder_has_one_rule_in_one_function(tmp_path, monkeypatch):
         sources.data_dir(str(tmp_path / "nope"), "--data-dir")
     (tmp_path / "file.csv").write_text("x")
     with pytest.raises(UserError, match="is not a folder"):
-        sources.offline_source(str(tmp_path / "file.csv"))
+        offline_source(str(tmp_path / "file.csv"))
 
 
 def test_no_script_reads_the_data_folder_variable_itself():

@@ -33,6 +33,7 @@ import torch
 from distrinews_lib.data import sources
 
 from . import provenance, step_ops
+from .train_setup import offline_source
 
 KAGGLE_CORES = 2  # a Kaggle rank's share of the machine: 4 vCPUs for 2 ranks on "GPU T4 x2"
 LAUNCH_API_S = 4e-6  # ASSUMED host cost of one CUDA kernel launch call (cudaLaunchKernel: a few microseconds)
@@ -226,7 +227,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=None, help="timed steps (default: 50 on CUDA, 10 for the proxy)")
     p.add_argument("--warmup", type=int, default=30, help="steps before the clock (CUDA graphs are recorded in them)")
     args = p.parse_args(argv)
-    data_arg = sources.offline_source(args.data, ("embedded",))
+    data_arg = offline_source(args.data, ("embedded",))
     cores = pin(args.cores)
     started = time.time()
     cuda = torch.cuda.is_available()

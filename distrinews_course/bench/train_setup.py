@@ -85,10 +85,20 @@ def ablation_flags(device: torch.device, wanted) -> list:
     return [(name, desc) for name, desc, ok in table if ok and (wanted == "all" or name in wanted)]
 
 
+def offline_source(choice: str, keywords: tuple = ("embedded",)) -> str:
+    """--data of a benchmark, which never reads the network on its own: auto = sources.data_dir(), else the embedded
+    real sample; one of `keywords` as it is; anything else a folder (data_dir's rule)."""
+    if choice == "auto":
+        return sources.data_dir() or "embedded"
+    if choice in keywords:
+        return choice
+    return sources.data_dir(choice, "--data", ("auto", *keywords))
+
+
 def resolve_data(choice: str) -> str:
     """What the scripts get as --data. auto: $DISTRINEWS_DATA_DIR, else the real AG News sample embedded in
     distrinews_lib (never the hub: a benchmark must not depend on the network)."""
-    return sources.offline_source(choice, ("embedded", "synthetic", "hub"))
+    return offline_source(choice, ("embedded", "synthetic", "hub"))
 
 
 def data_note(splits: texts.TextSplits) -> str:

@@ -91,16 +91,6 @@ def data_dir(folder: str | None = None, flag: str = "--data", choices: tuple = (
     return str(path.resolve())
 
 
-def offline_source(choice: str, keywords: tuple = ("embedded",)) -> str:
-    """--data of a benchmark, which never reads the network on its own: auto = data_dir(), else the embedded real
-    sample; one of `keywords` as it is; anything else a folder (data_dir's rule)."""
-    if choice == "auto":
-        return data_dir() or "embedded"
-    if choice in keywords:
-        return choice
-    return data_dir(choice, "--data", ("auto", *keywords))
-
-
 def resolve_source(source: str, dataset: str = "ag_news", hub: bool | None = None) -> str:
     spec = DATASETS.get(dataset)
     if spec is None:  # a folder, csv:PATH or hub:ID: --dataset says where it is
