@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .data.tokenization import HASH_FILE, TOKEN_PATTERN, HashTokenizer, truncation_of
+from .data.tokenization import HASH_FILE, truncation_of
 from .errors import UserError
 from .files import atomic_torch_save
 
@@ -52,24 +52,16 @@ def tokenizer_files(tokenizer) -> dict:
 
 def tokenizer_from_files(files: dict):
     """The tokenizer from tokenizer_files(): the hash tokenizer from its settings, any other through transformers."""
-    if HASH_FILE in files:  # the vocabulary-free hash tokenizer: its settings are all it needs
-        return _hash_tokenizer(json.loads(files[HASH_FILE]))
+    if HASH_FILE in files:  # the vocabulary-free hash tokenizer (an option): its settings are all it needs
+        from .data.hash_tokenizer import HashTokenizer
+
+        return HashTokenizer.from_dict(json.loads(files[HASH_FILE]))
     from transformers import AutoTokenizer  # deferred: importing transformers costs seconds
 
     with tempfile.TemporaryDirectory() as tmp:
         for name, text in files.items():
             (Path(tmp) / Path(name).name).write_text(text, encoding="utf-8")
         return AutoTokenizer.from_pretrained(tmp)
-
-
-def _hash_tokenizer(d: dict) -> HashTokenizer:
-    if (
-        d.get("tokenizer_class") != "HashTokenizer"
-        or d.get("hash") != "blake2b-64"
-        or d.get("pattern") != TOKEN_PATTERN
-    ):
-        raise ValueError(f"not a hash tokenizer this version can rebuild: {str(d)[:200]}")
-    return HashTokenizer(int(d["buckets"]), d.get("truncation", "head"), int(d.get("model_max_length", 512)))
 
 
 def _plain(value):

@@ -8,14 +8,8 @@ import subprocess
 import sys
 
 from distrinews_lib import checkpoint
-from distrinews_lib.data.tokenization import (
-    HashTokenizer,
-    cut,
-    encode_texts,
-    set_truncation,
-    stable_hash,
-    tiny_tokenizer,
-)
+from distrinews_lib.data.hash_tokenizer import HashTokenizer, stable_hash
+from distrinews_lib.data.tokenization import cut, encode_texts, set_truncation, tiny_tokenizer
 
 from .helpers import ROOT
 
@@ -43,7 +37,7 @@ def test_ids_are_pinned_so_every_machine_and_python_agrees():
 def test_the_same_ids_in_other_processes_whatever_their_hash_seed():
     """Python salts hash(str) per process (PYTHONHASHSEED): two DDP ranks would disagree. blake2b never does."""
     code = (
-        "import json, sys; from distrinews_lib.data.tokenization import HashTokenizer; "
+        "import json, sys; from distrinews_lib.data.hash_tokenizer import HashTokenizer; "
         "print(json.dumps([HashTokenizer(32768)(json.loads(sys.argv[1]), max_length=16)['input_ids'], hash('news')]))"
     )
     here = HashTokenizer(32768)(TEXTS, max_length=16)["input_ids"]

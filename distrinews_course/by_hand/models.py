@@ -25,7 +25,8 @@ HASH_VOCAB = 4096
 
 
 def tokenizer_for(kind: str):
-    from distrinews_lib.data.tokenization import HashTokenizer, tiny_tokenizer
+    from distrinews_lib.data.hash_tokenizer import HashTokenizer
+    from distrinews_lib.data.tokenization import tiny_tokenizer
 
     return tiny_tokenizer() if kind == "tiny" else HashTokenizer(HASH_VOCAB, "head", model_max_length=512)
 

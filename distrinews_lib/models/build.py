@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..data.tokenization import HashTokenizer, tiny_tokenizer
+from ..data.tokenization import tiny_tokenizer
 from ..errors import UserError
 from ..hub import env_says_offline, hub_reachable, model_download_command, models_cache_dir
 
@@ -110,6 +110,8 @@ def build_model(cfg, label_names: list, *, hub: bool | None = None):
 
     def make_tokenizer():
         if kind_of_tokenizer == "hash":
+            from ..data.hash_tokenizer import HashTokenizer  # an option, not the core: read only when chosen
+
             return HashTokenizer(cfg.hash_buckets, cfg.truncation, model_max_length=max(512, cfg.max_length))
         return tiny_tokenizer()
 

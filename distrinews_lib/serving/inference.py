@@ -21,7 +21,8 @@ from ..checkpoint import (  # the format's one module
     read_checkpoint,
     tokenizer_from_files,
 )
-from ..data.tokenization import TRUNCATIONS, HashTokenizer, encode_texts, set_truncation
+from ..data.hash_tokenizer import HashTokenizer
+from ..data.tokenization import TRUNCATIONS, encode_texts, set_truncation
 from ..errors import UserError
 from .schemas import CheckpointInfo
 
