@@ -99,7 +99,8 @@ def main(argv=None) -> None:
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port {args.port} is not a TCP port (0..65535).")
     settings = settings_from(args)
-    # Missing, empty, corrupt, inconsistent, or answering NaN: CheckpointError -> one message, exit 2.
+    # Missing, empty, corrupt, inconsistent, answering NaN, or moved too far by int8: CheckpointError -> one message,
+    # exit 2.
     loaded = check_for_serving(settings.checkpoint, settings.device, settings.quantize)
     app = create_app(settings, loaded=loaded)
     connection = settings.group("connection")
