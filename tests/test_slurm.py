@@ -193,6 +193,11 @@ def test_a_requeued_job_resumes_from_its_snapshot_and_ends_bit_identical(cluster
     while cluster.job(job_id)["JobState"] != "PENDING":
         assert time.time() < deadline, f"job {job_id} not PENDING 120 s after its requeue; log:\n{_tail(log)}"
         time.sleep(0.2)
+    # ...and for its nodes to let the old run go: started before they are idle again, the job is killed at once
+    # ("Killing non-startable batch JobId=2: Job credential revoked" in slurmctld's log, 1 CI run in 5 here).
+    while set(cluster.sh("run", "sinfo", "-h", "-N", "-o", "%T").split()) != {"idle"}:
+        assert time.time() < deadline, f"job {job_id}'s nodes not idle 120 s after its requeue; log:\n{_tail(log)}"
+        time.sleep(0.2)
     cluster.sh("run", "scontrol", "update", f"JobId={job_id}", "StartTime=now")
     info = cluster.wait(job_id, log)
     TIMINGS["requeued job, submit -> COMPLETED (s)"] = round(time.time() - t, 1)
