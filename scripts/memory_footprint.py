@@ -21,7 +21,8 @@ would reuse it without raising the peak. Per rank and run it reports:
   AdamW's two moments, and DeepSpeed's fp32 master partition too);
 - the bytes of the activations autograd saved for backward in one forward (counted by a saved-tensors hook);
 - the peak resident memory (VmHWM) during the steps above the process's resident memory before the model existed;
-- the time per step (the median);
+- the time per step (the median), and for plain DDP the FLOPs of one forward and backward, counted op by op
+  (torch's FlopCounterMode: what a step computes, however busy the machine);
 - the largest difference between its final weights (gathered) and those of the first run with the same batch
   shape (fp32, dropout off, no weight decay, no clipping: every variant must compute the same thing).
 """
@@ -111,14 +112,13 @@ def batches(ds, pad_id, run, steps, rank, world) -> list:
 
 
 def step_loop(my_batches, forward_backward, opt_step):
-    """Each step's wall seconds and CPU seconds (this process's threads: what it did, however busy the machine)."""
     times, saved = [], 0
     for i, batch in enumerate(my_batches):
-        t, c = time.perf_counter(), time.process_time()
+        t = time.perf_counter()
         saved_i, grads = forward_backward(batch, count=i == 0)
         saved = max(saved, saved_i)
         opt_step()
-        times.append((time.perf_counter() - t, time.process_time() - c))
+        times.append(time.perf_counter() - t)
     return times, saved, grads
 
 
@@ -169,7 +169,21 @@ def run_torch(run, args, template, my_batches, world):
         k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()  # noqa: E731
         for k, v in model.state_dict().items()
     }
-    return held, times, saved, gather
+
+    def count_flops(batch) -> int | None:
+        """The FLOPs of one forward and backward, counted op by op (no step): what a step computes, which no other
+        program on the machine can change (its time, they can). On a fresh copy of the model outside DDP: counting
+        needs no collective, so no rank can wait for another. Plain DDP's runs only: the figure chapter 06 reads."""
+        if variant != "ddp":
+            return None
+        from torch.utils.flop_counter import FlopCounterMode
+
+        copy = make_model(args.model, args.seed, run["ckpt"])
+        with FlopCounterMode(display=False) as counter:
+            loss_of(copy, batch).backward()
+        return counter.get_total_flops()
+
+    return held, times, saved, gather, count_flops
 
 
 def ds_gradient_bytes(opt, params) -> int:
@@ -232,7 +246,7 @@ def run_deepspeed(run, args, template, my_batches, world):
                 return {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
         return {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
 
-    return held, times, saved, gather
+    return held, times, saved, gather, lambda batch: None
 
 
 def one_run(run, index, args, template, ds, pad_id, rank, world, scratch: Path) -> dict:
@@ -248,9 +262,9 @@ def one_run(run, index, args, template, ds, pad_id, rank, world, scratch: Path) 
         before = status_mb("VmRSS")
         reset_peak()
         if run["variant"].startswith("deepspeed"):
-            held, times, saved, gather = run_deepspeed(run, args, template, my_batches, world)
+            held, times, saved, gather, count_flops = run_deepspeed(run, args, template, my_batches, world)
         else:
-            held, times, saved, gather = run_torch(run, args, template, my_batches, world)
+            held, times, saved, gather, count_flops = run_torch(run, args, template, my_batches, world)
         peak = status_mb("VmHWM") - before  # read before anything else (the gathered weights) is allocated
         full = gather()
         reference = scratch / f"reference_{run['batch']}x{run['seq']}.pt"
@@ -260,13 +274,14 @@ def one_run(run, index, args, template, ds, pad_id, rank, world, scratch: Path) 
         dist.barrier()
         ref = torch.load(reference, weights_only=True)
         diff = max(float((full[k].float() - ref[k].float()).abs().max()) for k in ref)
+        flops = count_flops(my_batches[0])  # after the weights are compared: it leaves gradients behind
         mine = {
             **held,
             "total": sum(held.values()),
             "activations_saved": saved,
             "peak_rss_above_start_mb": peak,
-            "seconds_per_step": sorted(w for w, _ in times)[len(times) // 2],
-            "cpu_seconds_per_step": sorted(c for _, c in times)[len(times) // 2],
+            "seconds_per_step": sorted(times)[len(times) // 2],
+            "flops_per_step": flops,
             "max_weight_diff_vs_first": diff,
         }
         everyone = [None] * world
