@@ -169,21 +169,19 @@ def run_torch(run, args, template, my_batches, world):
         k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()  # noqa: E731
         for k, v in model.state_dict().items()
     }
+    return held, times, saved, gather
 
-    def count_flops(batch) -> int | None:
-        """The FLOPs of one forward and backward, counted op by op (no step): what a step computes, which no other
-        program on the machine can change (its time, they can). On a fresh copy of the model outside DDP: counting
-        needs no collective, so no rank can wait for another. Plain DDP's runs only: the figure chapter 06 reads."""
-        if variant != "ddp":
-            return None
-        from torch.utils.flop_counter import FlopCounterMode
 
-        copy = make_model(args.model, args.seed, run["ckpt"])
-        with FlopCounterMode(display=False) as counter:
-            loss_of(copy, batch).backward()
-        return counter.get_total_flops()
+def count_flops(args, run, batch) -> int:
+    """The FLOPs of one forward and backward, counted op by op (no step): what a step computes, which no other
+    program on the machine can change (its time, they can). On a fresh copy of the model outside DDP: counting
+    needs no collective, so no rank can wait for another."""
+    from torch.utils.flop_counter import FlopCounterMode
 
-    return held, times, saved, gather, count_flops
+    copy = make_model(args.model, args.seed, run["ckpt"])
+    with FlopCounterMode(display=False) as counter:
+        loss_of(copy, batch).backward()
+    return counter.get_total_flops()
 
 
 def ds_gradient_bytes(opt, params) -> int:
@@ -246,7 +244,7 @@ def run_deepspeed(run, args, template, my_batches, world):
                 return {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
         return {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
 
-    return held, times, saved, gather, lambda batch: None
+    return held, times, saved, gather
 
 
 def one_run(run, index, args, template, ds, pad_id, rank, world, scratch: Path) -> dict:
@@ -262,9 +260,9 @@ def one_run(run, index, args, template, ds, pad_id, rank, world, scratch: Path) 
         before = status_mb("VmRSS")
         reset_peak()
         if run["variant"].startswith("deepspeed"):
-            held, times, saved, gather, count_flops = run_deepspeed(run, args, template, my_batches, world)
+            held, times, saved, gather = run_deepspeed(run, args, template, my_batches, world)
         else:
-            held, times, saved, gather, count_flops = run_torch(run, args, template, my_batches, world)
+            held, times, saved, gather = run_torch(run, args, template, my_batches, world)
         peak = status_mb("VmHWM") - before  # read before anything else (the gathered weights) is allocated
         full = gather()
         reference = scratch / f"reference_{run['batch']}x{run['seq']}.pt"
@@ -274,7 +272,7 @@ def one_run(run, index, args, template, ds, pad_id, rank, world, scratch: Path) 
         dist.barrier()
         ref = torch.load(reference, weights_only=True)
         diff = max(float((full[k].float() - ref[k].float()).abs().max()) for k in ref)
-        flops = count_flops(my_batches[0])  # after the weights are compared: it leaves gradients behind
+        flops = count_flops(args, run, my_batches[0]) if run["variant"] == "ddp" else None  # the figure 06 reads
         mine = {
             **held,
             "total": sum(held.values()),
