@@ -66,6 +66,10 @@ def same_runs(tmp_path_factory):
     return tmp, acc, build_model(RunConfig(model=str(tmp / "model")), AG_NEWS_LABELS)[0].state_dict()
 
 
+# Chapter 09 asserts all of it under nbval, with dropout on: accelerate launch ran N processes (code cell 5), the
+# weights of train_ddp.py bit for bit, the same training loss, each of 401 held-out texts counted once (cell 6), its
+# TensorBoard tracker's files (cell 8), and the server loading and answering with the checkpoint (cell 7)
+@pytest.mark.also_in_notebook
 @pytest.mark.slow
 def test_accelerate_trains_the_same_weights_as_the_ddp_script(same_runs):
     tmp, acc, init = same_runs
@@ -80,6 +84,7 @@ def test_accelerate_trains_the_same_weights_as_the_ddp_script(same_runs):
     assert list((tmp / "acc").rglob("events.out.tfevents.*")), "Accelerate's TensorBoard tracker wrote its files"
 
 
+@pytest.mark.also_in_notebook
 @pytest.mark.slow
 def test_the_accelerate_checkpoint_serves_unchanged(same_runs):
     from fastapi.testclient import TestClient
@@ -126,6 +131,9 @@ def test_an_accelerate_launch_that_starts_fewer_processes_fails_loudly(tmp_path)
         )
 
 
+# Chapter 06 asserts all of it under nbval on the same script: every run ends with DDP's weights (code cell 8), DDP
+# holds exactly weights + gradients + two moments, FSDP2 1/N of it either way, ZeRO-1's shards sum to DDP's (cell 11)
+@pytest.mark.also_in_notebook
 @pytest.mark.slow
 def test_zero_and_fsdp_end_with_ddps_weights_and_hold_less(tmp_path):
     out = tmp_path / "memory.json"

@@ -160,6 +160,10 @@ def test_node_launcher_refuses_a_bad_setup_at_once(options, words):
 
 
 # ------------------------------------------------------------------------------------------ the real thing
+# Chapter 08 asserts all of it under nbval, on its run that also loses a node: the ranks' identities, hosts, addresses
+# and store (code cell 4, with the plan decided on node0), a copy of the gradients per step over each node's veth0
+# (cell 6) and the weights of one machine with two processes, bit for bit (cell 8)
+@pytest.mark.also_in_notebook
 @needs_netns
 @pytest.mark.slow
 def test_two_nodes_over_veth_end_like_one_machine(tmp_path, standalone):
