@@ -180,36 +180,11 @@ def test_without_cuda_it_says_to_use_dry_run():
 def test_serving_stage_end_to_end_on_the_cpu(gc, tmp_path):
     """The serving stage's own logic (start, /health, /predict, /predict/batch, stop) with a tiny checkpoint;
     on the GPU machine the same function runs with device='cuda'."""
+    from .test_serving import make_checkpoint  # the stage needs a servable checkpoint, not a trained one
+
     ckpt = tmp_path / "train" / "model.pt"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "scripts/train_single.py",
-            "--config",
-            "cpu_smoke",
-            "--data",
-            "embedded",
-            "--epochs",
-            "1",
-            "--num_samples",
-            "64",
-            "--eval_samples",
-            "16",
-            "--max_steps_per_epoch",
-            "2",
-            "--no-progress",
-            "--no-snapshots",
-            "--output",
-            str(tmp_path / "train"),
-            "--checkpoint",
-            str(ckpt),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    ckpt.parent.mkdir()
+    make_checkpoint(ckpt)
     stage = gc.Stage("serving", "test", None, timeout=120, out=str(ckpt))
     texts = [f"Stocks rally as markets open, day {i}" for i in range(70)]
     res = gc.serving_stage(stage, tmp_path, texts, device="cpu")

@@ -86,7 +86,7 @@ def test_a_killed_language_model_run_resumes_bit_identical(tmp_path):
             "--epochs",
             2,
             "--num_samples",
-            600,
+            320,  # 10 steps an epoch: killed in the first, resumed from its step-5 snapshot, through the second
             "--eval_samples",
             100,
             "--batch_size",
@@ -106,12 +106,12 @@ def test_a_killed_language_model_run_resumes_bit_identical(tmp_path):
         res = torchrun(
             faults.WRAPPER,
             2,
-            ["kill:rank=1:step=12", SCRIPTS / "train_ddp.py", *args, "--output", b, "--checkpoint", b / "m.pt"],
+            ["kill:rank=1:step=7", SCRIPTS / "train_ddp.py", *args, "--output", b, "--checkpoint", b / "m.pt"],
             timeout=300,
             echo=False,
             torchrun_args=["--max-restarts=1"],
         )
-        assert "injected fault: kill after step 12" in res.output and "resumed from" in res.output
+        assert "injected fault: kill after step 7" in res.output and "resumed from" in res.output
         sa = torch.load(a / "m.pt", weights_only=True)["state_dict"]
         sb = torch.load(b / "m.pt", weights_only=True)["state_dict"]
         assert all(torch.equal(sa[k], sb[k]) for k in sa), "the resumed LM run must end with the same weights"
