@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import json
 import os
 import re
@@ -346,6 +347,13 @@ def main(argv=None) -> None:
         import deepspeed  # imported before forking: every child shares it instead of importing it again
 
         deepspeed_version = deepspeed.__version__
+        # On a CPU, DeepSpeed compiles its own shared-memory all-reduce (a C++ op: ~30 s of two cores on first use)
+        # and uses it instead of the process group. Here every contender, DeepSpeed too, talks through the same gloo
+        # group: DeepSpeed's rows differ from the others only in what they shard. (By module name: `import
+        # deepspeed.comm.torch as m` would give the torch library, which deepspeed.comm imports under that name.)
+        ds_comm = importlib.import_module("deepspeed.comm.torch")
+        if hasattr(ds_comm, "build_shm_op"):
+            ds_comm.build_shm_op = lambda: None
     except ImportError:
         deepspeed_version = None
     # Everything every run needs, made once before forking, so that no run counts it in its own peak.
