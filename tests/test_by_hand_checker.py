@@ -116,6 +116,15 @@ MUTANTS = [
         "stopped",
         r"^your code stopped: a collective \(all_gather\) was given a tensor whose memory is freed",
     ),
+    (  # rank 1 skips a collective: rank 0 fails after the collective timeout, with a message, never a hang
+        "skipped_collective",
+        "zero1",
+        "        dist.all_gather_into_tensor(weights, dp.shard.detach())",
+        "        if dist.get_rank() == 0:  # rank 1 skips the all-gather\n"
+        "            dist.all_gather_into_tensor(weights, dp.shard.detach())",
+        "crashed",
+        r"(?i)timed out|timeout|connection",
+    ),
 ]
 
 

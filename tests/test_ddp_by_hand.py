@@ -2,8 +2,6 @@
 sees when an exercise is wrong: a message naming the problem, never a hang."""
 
 import importlib.util
-import re
-import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from distrinews_course import by_hand
-from distrinews_course.by_hand import exercises, models, report
+from distrinews_course.by_hand import models, report
 from distrinews_course.by_hand import rung as rung_kit
 from distrinews_course.launch import torchrun
 
@@ -69,35 +67,6 @@ def test_the_two_heads_complete_their_gradients_in_a_rank_dependent_order(monkey
     assert orders[0] != orders[1] and sorted(orders[0]) == sorted(orders[1]), orders
     sizes = {n: p.numel() * p.element_size() for n, p in models.build_model("twoheads", 0).named_parameters()}
     assert sizes["head_a.weight"] == sizes["head_b.weight"] == 2**20  # each fills a 1 MiB bucket: same-size pairs
-
-
-@pytest.mark.slow
-def test_a_rank_skipping_a_collective_fails_fast_with_a_message(tmp_path):
-    spec = importlib.util.spec_from_file_location("answers_03", ROOT / "notebooks" / "answers" / "03_ddp_by_hand.py")
-    answers = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(answers)
-    text = answers.solution_source("zero1")
-    gather = "        dist.all_gather_into_tensor(weights, dp.shard.detach())"
-    assert text.count(gather) == 1
-    path = tmp_path / "skip.py"
-    path.write_text(
-        text.replace(gather, "        if dist.get_rank() == 0:  # rank 1 skips the all-gather\n    " + gather)
-    )
-    compile(path.read_text(), str(path), "exec")  # the mutant is code, not a syntax error the checker would name
-    start = time.monotonic()
-    # The rank left waiting fails after the collective timeout: 5 s here (the notebook's 20 would only be waited out).
-    v = exercises.check_exercises(
-        [("zero1", path, "zero1")],
-        tmp_path,
-        timeout=300,
-        models="tiny",
-        check_steps=2,
-        probes=False,
-        collective_timeout_s=5,
-    )["zero1"]
-    assert v["ok"] is False and v["mistake"] == "crashed" and "\n" not in v["message"], v
-    assert re.search(r"timed out|timeout|connection", v["message"], re.I), v["message"]
-    assert time.monotonic() - start < 240
 
 
 def test_one_dtype_per_flat_buffer():
