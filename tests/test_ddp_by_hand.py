@@ -1,5 +1,6 @@
-"""Chapter 03's ladder (scripts/by_hand/): every rung against torch's DDP on real gloo processes, and what the learner
-sees when an exercise is wrong: a message naming the problem, never a hang."""
+"""Chapter 03's ladder (scripts/by_hand/): every rung against torch's DDP on real gloo processes, its bucket rule, its
+flat buffers and its timing. What the learner sees when an exercise is wrong (a message naming the problem, never a
+hang) is tests/test_by_hand_checker.py's."""
 
 import importlib.util
 from pathlib import Path
