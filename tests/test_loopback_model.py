@@ -55,9 +55,12 @@ def test_each_point_uses_another_batch_s_all_reduce(sweep):
     assert cost.comm_for(16) == cost.inside_s[64] and cost.comm_for(64) == cost.comm_for(256) == cost.inside_s[16]
 
 
-def test_the_speedup_is_never_predicted_above_n(sweep):
+def test_the_speedup_follows_the_pair_past_n_and_never_past_the_pair(sweep):
     _, cost = sweep
-    assert cost.speedup(single_step=1.0, pair_step=0.1) == cost.n  # a pair 10x faster than the single: still N
+    # a pair 4x faster than the single (the cache effect at half the batch): the prediction passes N with it, as
+    # chapter 05 measured (2.49x at 256 per process, 2 processes), less what DDP adds to the pair's step
+    fast = cost.speedup(single_step=1.0, pair_step=0.25)
+    assert cost.n < fast < 4 and fast == pytest.approx(1.0 / cost.step(0.25))
 
 
 def test_a_busy_round_is_shown_with_the_part_it_missed(sweep):

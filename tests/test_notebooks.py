@@ -219,8 +219,9 @@ def _defined_functions(source: str) -> set[str]:
     return {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
-def _answer_calls(source: str) -> list[tuple[str, str, bool]]:
-    """(chapter, name, inside a function) for every answer("chapter", "name", ...) call with literal arguments."""
+def _answer_calls(source: str) -> list[tuple[str, str, bool, str | None]]:
+    """(chapter, name, inside a function, the name passed as its flag) for every answer("chapter", "name", ...) call
+    with literal arguments."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -234,7 +235,12 @@ def _answer_calls(source: str) -> list[tuple[str, str, bool]]:
             and len(node.args) >= 2
             and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args[:2])
         ):
-            calls.append((node.args[0].value, node.args[1].value, in_function))
+            # the third argument: the notebook's SOLUTIONS parameter, which run_course.py --solutions sets (CI sets
+            # DISTRINEWS_SOLUTIONS instead, so a call without it passes under nbval and fails for the instructor)
+            flag = (
+                node.args[2] if len(node.args) > 2 else next((k.value for k in node.keywords if k.arg == "flag"), None)
+            )
+            calls.append((node.args[0].value, node.args[1].value, in_function, getattr(flag, "id", None)))
         for child in ast.iter_child_nodes(node):
             visit(child, in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
 
@@ -256,9 +262,13 @@ def test_answers_stay_off_the_page(path):
     loaded = []
     for i, c in enumerate(c for c in nbformat.read(str(path), as_version=4).cells if c.cell_type == "code"):
         tags = set(c.metadata.get("tags", []))
-        for chapter, name, in_function in _answer_calls(c.source):
+        for chapter, name, in_function, flag in _answer_calls(c.source):
             assert in_function, (
                 f"{path.name} code cell {i} loads answer {name!r} outside a function: it would run for every learner"
+            )
+            assert flag == "SOLUTIONS", (
+                f"{path.name} code cell {i} loads answer {name!r} without passing SOLUTIONS: run_course.py --solutions "
+                "would stop there"
             )
             assert chapter == path.stem, f"{path.name} code cell {i} loads {chapter}'s answer {name!r}"
             loaded.append(name)
@@ -282,5 +292,5 @@ def test_the_answers_check_finds_an_answer_on_the_page():
     cell = "def exercise_1():\n    def average_gradients(model, world):\n        pass\n"
     assert _defined_functions(cell) == {"exercise_1", "average_gradients"}
     assert _defined_functions("%%writefile x.py\ndef f(): pass") == set()
-    assert _answer_calls('f = answer("00_concepts", "f", SOLUTIONS)') == [("00_concepts", "f", False)]
-    assert _answer_calls('def g():\n    return answer("00_concepts", "f")') == [("00_concepts", "f", True)]
+    assert _answer_calls('f = answer("00_concepts", "f", SOLUTIONS)') == [("00_concepts", "f", False, "SOLUTIONS")]
+    assert _answer_calls('def g():\n    return answer("00_concepts", "f")') == [("00_concepts", "f", True, None)]
