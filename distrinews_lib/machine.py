@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import socket
@@ -28,9 +29,11 @@ def versions() -> dict:
     except Exception:  # an NCCL-less build
         pass
     for pkg in ("transformers", "datasets", "accelerate"):
-        try:  # deferred on purpose: optional packages, and each import costs time
-            out[pkg] = __import__(pkg).__version__
-        except ImportError:
+        # read from the installed package's metadata, not by importing it: importing datasets alone costs 0.6 s,
+        # in every process that trains
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
             out[pkg] = None
     return out
 

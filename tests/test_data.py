@@ -213,6 +213,10 @@ def test_tokenize_once_and_cache(tmp_path, monkeypatch):
     ids = tokenization.tokenize_texts(texts, tok, 16)
     assert len(list((tmp_path / "tokenized").glob("*.pt"))) == 1
     assert tokenization.tokenize_texts(texts, tok, 16) == ids
+    assert ids == tokenization.tokenize_texts(texts, tok, 16, use_cache=False)  # the cache returns what encoding gives
+    (cached,) = (tmp_path / "tokenized").glob("*.pt")
+    cached.write_bytes(b"not a torch file")  # a damaged cache file is rebuilt, not an error
+    assert tokenization.tokenize_texts(texts, tok, 16) == ids
     assert tok.unk_token_id not in ids[0], "the tiny tokenizer must know DistilBERT's vocabulary"
     assert ids[0][0] == tok.cls_token_id and ids[0][-1] == tok.sep_token_id
 

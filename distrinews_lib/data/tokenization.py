@@ -85,6 +85,7 @@ def cache_dir() -> Path:
 
 def _cache_key(texts: list, tokenizer, max_length: int, truncation: str = "head") -> str:
     h = hashlib.sha256()
+    h.update(f"{CACHE_FORMAT}|".encode())  # a new format gets new files: an older file is never misread
     h.update(f"{type(tokenizer).__name__}|{tokenizer.name_or_path}|{len(tokenizer)}|{max_length}|".encode())
     if truncation != "head":
         h.update(f"truncation={truncation}|".encode())
@@ -95,19 +96,43 @@ def _cache_key(texts: list, tokenizer, max_length: int, truncation: str = "head"
     return h.hexdigest()[:32]
 
 
+# The cache holds two flat int32 tensors, not a list of lists: torch.load(weights_only=True) unpickles a list of
+# lists one int at a time in Python (0.6 s for 12,000 texts, in every process that trains), two tensors in 0.04 s.
+CACHE_FORMAT = "flat-int32"
+
+
+def _pack(ids: list) -> dict:
+    return {
+        "lengths": torch.tensor([len(x) for x in ids], dtype=torch.int32),
+        "ids": torch.tensor([i for x in ids for i in x], dtype=torch.int32),
+    }
+
+
+def _unpack(packed: dict) -> list:
+    flat, out, at = packed["ids"].tolist(), [], 0
+    for n in packed["lengths"].tolist():
+        out.append(flat[at : at + n])
+        at += n
+    if at != len(flat):
+        raise ValueError("token cache: lengths and ids disagree")
+    return out
+
+
 def tokenize_texts(texts: list, tokenizer, max_length: int, use_cache: bool = True) -> list:
     """encode_texts, cached on disk so every rank and rerun reuses the ids."""
     truncation = truncation_of(tokenizer)
     path = cache_dir() / f"{_cache_key(texts, tokenizer, max_length, truncation)}.pt"
     if use_cache and path.is_file():
         try:
-            return torch.load(path, weights_only=True)
+            ids = _unpack(torch.load(path, weights_only=True))
+            if len(ids) == len(texts):
+                return ids
         except Exception:
             pass  # a damaged cache file is simply rebuilt
     ids = encode_texts(tokenizer, texts, max_length, truncation)
     if use_cache:
         try:
-            atomic_torch_save(ids, path)  # ranks tokenizing at the same time can't corrupt it
+            atomic_torch_save(_pack(ids), path)  # ranks tokenizing at the same time can't corrupt it
         except OSError:
             pass  # a read-only home is no reason to stop training
     return ids
