@@ -228,3 +228,21 @@ def test_a_box_killed_midway_is_removed_by_the_next_one(tmp_path):
     assert p.returncode == 0 and "removed a box left behind by a killed run" in p.stdout, p.stdout
     assert _netns() == before
     assert subprocess.run(["pgrep", "-f", str(script)], capture_output=True).returncode == 1  # no rank left
+
+
+def test_the_link_rate_is_read_from_the_messages_the_link_sets():
+    """Chapter 05's fit on a 400mbit box, measured under scripts/slow_machine.py (52% core speed, 084f7c6): the 64 KiB
+    message rode the token bucket at the busy CPU's speed, and a fit over every size read back 440 Mbit/s of payload,
+    more than the link can carry. Fitted on the messages at least 4x the bucket it reads the link's own rate."""
+    from distrinews_course import perf_model as pm
+
+    ms = {2**16: 3.32, 2**18: 4.79, 2**20: 21.2, 2**22: 86.76, 2**24: 351.51}
+    rows = [{"op": "all_reduce", "bytes": b, "seconds": t / 1000} for b, t in ms.items()]
+    bits = link.bits_per_s("400mbit")
+    assert link.burst_bytes(bits) == 256 * 1024 and link.burst_bytes(link.bits_per_s("10gbit")) == 2_500_000
+    kept = link.rate_bound(rows, bits)
+    assert [r["bytes"] for r in kept] == [2**20, 2**22, 2**24]
+    ceiling = bits * link.PAYLOAD_SHARE
+    payload = lambda fit: pm.ring_bytes_per_rank(1, 2) * fit.bandwidth * 8  # noqa: E731
+    assert payload(pm.fit_alpha_beta(rows)) > 1.1 * ceiling  # every size: the bucket's burst read as the link
+    assert abs(payload(pm.fit_alpha_beta(kept)) / ceiling - 1) < 0.01  # the link's sizes: its rate, within 1%

@@ -14,9 +14,9 @@ import sys
 import threading
 from pathlib import Path
 
-from distrinews_course.link import (
-    bits_per_s as parse_rate,
-)  # one rule for what a rate is (box.py puts ROOT on the path)
+# one rule for what a rate is, and for its bucket (box.py puts ROOT on the path)
+from distrinews_course.link import bits_per_s as parse_rate
+from distrinews_course.link import burst_bytes
 from distrinews_lib.errors import UserError
 
 SUBNET = "10.88.0"
@@ -34,11 +34,9 @@ def say(msg: str) -> None:
 
 
 def tbf_args(bits: float) -> list[str]:
-    """tc's tbf at `bits` per second. The burst holds at least 256 KiB: the kernel hands veth 64 KiB segments
-    (TSO), and a filter whose bucket is smaller than a segment never sends it (measured: 32 KiB cut 400mbit to
-    35 MB/s). The queue holds 100 ms of traffic; TCP's window adapts to it."""
-    burst = max(256 * 1024, int(bits / 8 * 0.002))
-    return ["rate", f"{int(bits)}bit", "burst", str(burst), "latency", "100ms"]
+    """tc's tbf at `bits` per second, with link.burst_bytes' bucket. The queue holds 100 ms of traffic; TCP's window
+    adapts to it."""
+    return ["rate", f"{int(bits)}bit", "burst", str(burst_bytes(bits)), "latency", "100ms"]
 
 
 def _run(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess:
