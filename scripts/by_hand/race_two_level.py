@@ -107,7 +107,7 @@ def main():
     runners, batches = two.prepare(CONTENDERS, args, mods, rank, world)
     fast = two.fast_steps(runners, batches, args.fast_steps)
     # message sizes near the race's own (a block of 8 MiB inside a node, shards of 4 MiB across): the filter's burst
-    # (256 KiB) lets a small message through at once, which a fit on small messages would take for a fast link
+    # (link.burst_bytes) lets a small message through at once, which a fit on small messages would take for a fast link
     inter_sizes = [2**18, 2**19, 2**20, 2**21]
     fits = {"intra": two.fit_level("intra", nodes, lay, [2**20, 2**22, 2**23])}
     fits["inter_unshaped"] = two.fit_level("inter", nodes, lay, inter_sizes)
