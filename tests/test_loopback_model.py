@@ -76,3 +76,41 @@ def test_a_busy_round_is_shown_with_the_part_it_missed(sweep):
     (note,) = loopback.notes(pts, cost)
     assert f"at {b} per process other programs used 1.00 cores during the DDP run" in note
     assert "its compute" in note and "its all-reduce" in note and "off the one measured at the other batches" in note
+
+
+def test_a_quiet_sweep_is_checked_within_15_percent(sweep):
+    rec, cost = sweep
+    pts = points(rec, cost)
+    assert loopback.spread(pts) < loopback.BOUND, "the recorded quiet rounds agree within a few percent"
+    assert all("within 15% of the measurement" in claim for _, claim in loopback.verdicts(pts))
+
+
+def slowed(rec, cost, factor):
+    """The recorded sweep with one DDP run at the largest batch slowed by `factor`: the host, with nothing in the VM
+    to show for it (its other programs' cores stay as recorded)."""
+    runs = json.loads(json.dumps(rec["runs"]))
+    runs[f"ddp_b{rec['batches'][-1]}_r1"]["seconds"] *= factor
+    pts = loopback.points(runs, cost, rec["batches"], rec["rounds"])
+    assert all(r["quiet"] for p in pts for r in p["rounds"])
+    speeds = [r["measured"] for r in pts[-1]["rounds"]]
+    return pts, (max(speeds) - min(speeds)) / sorted(speeds)[1]
+
+
+def test_rounds_that_disagree_widen_the_check_to_their_spread(sweep):
+    rec, cost = sweep
+    pts, widest = slowed(rec, cost, 1.25)
+    assert loopback.BOUND < widest <= 2 * loopback.BOUND
+    assert loopback.spread(pts) == pytest.approx(widest) and loopback.margin(pts) == pytest.approx(widest)
+    verdicts = loopback.verdicts(pts)
+    assert len(verdicts) == len(rec["batches"])
+    assert all(f"within {100 * widest:.0f}% of the measurement" in claim for _, claim in verdicts), verdicts
+
+
+def test_rounds_that_disagree_by_over_twice_the_bound_are_shown_not_checked(sweep):
+    rec, cost = sweep
+    pts, widest = slowed(rec, cost, 1.6)
+    assert widest > 2 * loopback.BOUND
+    assert loopback.margin(pts) is None and loopback.verdicts(pts) == []
+    (note,) = loopback.notes(pts, cost)
+    assert note.startswith(f"NOTE: a batch's measured speedups moved by {100 * widest:.0f}% of their median")
+    assert "shown, not checked" in note
