@@ -26,6 +26,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from .timing import checked_margin, rounds_spread
+
 COMPUTE = ("data", "forward", "backward", "clip", "optimizer")
 PER_EXAMPLE = ("data", "forward", "backward")  # shrinks with the batch
 REPEATED = ("clip", "optimizer")  # every rank does it over all parameters, whatever its batch
@@ -212,15 +214,14 @@ def spread(pts: list[dict]) -> float:
     rounds agree with each other."""
     speeds = [[r["measured"] for r in p["rounds"] if r["quiet"]] for p in pts]
     speeds = [x for x in speeds if len(x) >= 2] or [[r["measured"] for r in p["rounds"]] for p in pts]
-    return max(((max(x) - min(x)) / statistics.median(x) for x in speeds if x), default=0.0)
+    return max((rounds_spread(x) for x in speeds if x), default=0.0)
 
 
 def margin(pts: list[dict], bound: float = BOUND) -> float | None:
     """The share each prediction is checked within: `bound`, or the sweep's own spread where wider; None where the
-    rounds disagree by more than twice `bound`: the host moved whole runs more than a model good to `bound` can be
+    rounds disagree by more than NOISY_SPREAD: the host moved whole runs more than a model good to `bound` can be
     told from them, so the points are shown, not checked (`notes` says so)."""
-    s = spread(pts)
-    return None if s > 2 * bound else max(bound, s)
+    return checked_margin(bound, spread(pts))
 
 
 def verdicts(pts: list[dict], bound: float = BOUND) -> list[tuple[bool, str]]:

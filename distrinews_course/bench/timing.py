@@ -172,6 +172,23 @@ def summary(values) -> dict:
     return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
 
 
+# Rounds whose spread is above this cannot check a bound of 15%: a virtual machine's host moved whole runs (its other
+# guests share the physical cores, and nothing inside the VM shows it). Chapters 03, 05 and 08 show them with a NOTE.
+NOISY_SPREAD = 0.30
+
+
+def rounds_spread(values) -> float:
+    """How far repeated rounds of one measurement disagree: their range, as a share of their median."""
+    vals = [float(v) for v in values]
+    return (max(vals) - min(vals)) / statistics.median(vals)
+
+
+def checked_margin(bound: float, spread: float) -> float | None:
+    """The share a measurement is checked within: `bound`, or the rounds' own spread where wider; None (shown, not
+    checked) where the spread is above NOISY_SPREAD."""
+    return None if spread > NOISY_SPREAD else max(bound, spread)
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
