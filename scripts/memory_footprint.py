@@ -21,8 +21,8 @@ would reuse it without raising the peak. Per rank and run it reports:
   AdamW's two moments, and DeepSpeed's fp32 master partition too);
 - the bytes of the activations autograd saved for backward in one forward (counted by a saved-tensors hook);
 - the peak resident memory (VmHWM) during the steps above the process's resident memory before the model existed;
-- the time per step (the median), and for plain DDP the FLOPs of one forward and backward, counted op by op
-  (torch's FlopCounterMode: what a step computes, however busy the machine);
+- the time per step, wall and this process's CPU seconds (medians), and for plain DDP the FLOPs of one forward and
+  backward, counted op by op (torch's FlopCounterMode: what a step computes, however busy the machine);
 - the largest difference between its final weights (gathered) and those of the first run with the same batch
   shape (fp32, dropout off, no weight decay, no clipping: every variant must compute the same thing).
 """
@@ -35,6 +35,7 @@ import importlib
 import json
 import os
 import re
+import statistics
 import tempfile
 import time
 import warnings
@@ -113,14 +114,17 @@ def batches(ds, pad_id, run, steps, rank, world) -> list:
 
 
 def step_loop(my_batches, forward_backward, opt_step):
-    times, saved = [], 0
+    """Each step's wall seconds and this process's CPU seconds. With one compute thread, the CPU seconds are the work
+    the step cost, which other programs sharing the cores hardly add to: they stretch its wall time."""
+    times, cpu, saved = [], [], 0
     for i, batch in enumerate(my_batches):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         saved_i, grads = forward_backward(batch, count=i == 0)
         saved = max(saved, saved_i)
         opt_step()
         times.append(time.perf_counter() - t)
-    return times, saved, grads
+        cpu.append(time.process_time() - c)
+    return (times, cpu), saved, grads
 
 
 def run_torch(run, args, template, my_batches, world):
@@ -279,7 +283,8 @@ def one_run(run, index, args, template, ds, pad_id, rank, world, scratch: Path) 
             "total": sum(held.values()),
             "activations_saved": saved,
             "peak_rss_above_start_mb": peak,
-            "seconds_per_step": sorted(times)[len(times) // 2],
+            "seconds_per_step": statistics.median(times[0]),
+            "cpu_seconds_per_step": statistics.median(times[1]),
             "flops_per_step": flops,
             "max_weight_diff_vs_first": diff,
         }
