@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from distrinews_course.by_hand import check, exercises, timeline
+from distrinews_course.by_hand import check, exercises, probes, timeline
 
 ROOT = Path(__file__).resolve().parent.parent
 EXERCISES = ("overlapped", "bucketed", "zero1", "zero3")
@@ -140,17 +140,53 @@ def mutant_files(tmp_path):
     return items
 
 
-@pytest.mark.slow
-def test_every_mutant_is_caught_with_its_message(tmp_path):
-    # A mutant that leaves a collective (a rank that crashed) costs its peer the whole collective timeout: 5 s, not the
-    # notebook's 20; both ranks run the same steps, so a healthy collective never waits that long for its peer.
-    verdicts = exercises.check_exercises(
-        mutant_files(tmp_path), tmp_path, timeout=1200, models="tiny", check_steps=2, collective_timeout_s=5
+@pytest.fixture(scope="module")
+def mutants_launch(tmp_path_factory):
+    """Every mutant in ONE launch, and ZeRO-2 (the one rung no exercise covers) on every case beside them: its own
+    launch would start two more ranks and run torch DDP's references again."""
+    tmp = tmp_path_factory.mktemp("mutants")
+    # A mutant that leaves a collective (a rank that crashed) costs its peer the whole collective timeout: 5 s, not
+    # the notebook's 20; both ranks run the same steps, so a healthy collective never waits that long for its peer.
+    return exercises.check_exercises(
+        mutant_files(tmp), tmp, timeout=1200, models="tiny", check_steps=2, collective_timeout_s=5, rungs="zero2"
     )
+
+
+@pytest.mark.slow
+def test_every_mutant_is_caught_with_its_message(mutants_launch):
     for label, rung, old, new, key, message in MUTANTS:
-        v = verdicts[label]
+        v = mutants_launch[label]
         assert v["ok"] is False and v["mistake"] == key, (label, v)
         assert "\n" not in v["message"] and re.search(message, v["message"]), (label, v["message"])
+
+
+# case -> how ZeRO-2 must end: "as DDP" (weights equal to torch DDP's on the same case) or "clear error on every rank"
+ZERO2_EXPECTED = {
+    "accumulate": "as DDP",
+    "dtype": "as DDP",
+    "order": "as DDP",
+    "unused_rank1": "clear error on every rank",
+    "unused_all": "clear error on every rank",
+}
+
+
+@pytest.mark.slow
+def test_zero2_meets_every_case_of_the_checker(mutants_launch):
+    """The checker's cases on ZeRO-2: each ends as torch's DDP does, or in a clear error on every rank; its buckets
+    follow DDP's rule and none of its collectives waits inside backward."""
+    race = mutants_launch["_race"]
+    assert race["check"]["tiny"]["zero2"]["verdict"]["ok"], race["check"]["tiny"]["zero2"]
+    got = race["probes"]["zero2"]
+    assert list(got) == probes.probes_for("zero2"), got
+    for case, want in ZERO2_EXPECTED.items():
+        v = got[case]
+        assert v["ok"], (case, v)
+        if want == "clear error on every rank":
+            assert "clear error on every rank" in v["summary"] or "refused on every rank" in v["summary"], v
+        else:
+            assert "max difference" in v["summary"] and "refused" not in v["summary"], v
+    assert got["overlap"]["ok"] and "none waited for there" in got["overlap"]["summary"], got["overlap"]
+    assert got["bucket_rule"]["ok"], got["bucket_rule"]
 
 
 def test_every_mistake_of_the_table_has_a_mutant():
