@@ -13,6 +13,7 @@ most. A process that leaves its parent (a daemon, a Slurm job) is not counted.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -26,11 +27,11 @@ def pytest_addoption(parser):
     parser.addoption("--cpu-out", default="outputs/suite_cpu", help="tests/cpu_by_item.py: where its files go")
 
 
-def tree_cpu_seconds(pid: int | None = None) -> float:
-    """CPU-seconds (user + system) of a process and all its descendants, the reaped ones included."""
+def tree_cpu_seconds() -> float:
+    """CPU-seconds (user + system) of this process and all its descendants, the reaped ones included."""
     import psutil
 
-    me = psutil.Process(pid)
+    me = psutil.Process()
     total = 0.0
     for p in [me, *me.children(recursive=True)]:
         try:
@@ -59,27 +60,22 @@ def pytest_runtest_protocol(item, nextitem):
         f.write(f"{t0:.2f}\t{wall:.2f}\t{cpu:.2f}\t{item.nodeid}\n")
 
 
-def _stat() -> tuple[int, int] | None:
-    """(busy, total) jiffies of all cores, or None where there is no /proc/stat."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return sum(fields) - idle, sum(fields)
-
-
 class _Sampler(threading.Thread):
     def __init__(self):
         super().__init__(daemon=True)
-        self.samples: list[tuple[float, int, int]] = []
+        self.samples: list[tuple[float, float]] = []  # (time, the machine's busy CPU-seconds since boot)
         self.halt = threading.Event()
+
+    def sample(self):
+        from distrinews_course.bench.timing import cpu_busy_seconds
+
+        busy = cpu_busy_seconds()  # None without /proc/stat
+        if busy is not None:
+            self.samples.append((time.time(), busy))
 
     def run(self):
         while True:
-            s = _stat()
-            if s:
-                self.samples.append((time.time(), *s))
+            self.sample()
             if self.halt.wait(SAMPLE_S):
                 return
 
@@ -88,16 +84,14 @@ class _Sampler(threading.Thread):
         (None: no two samples around it)."""
         before = [s for s in self.samples if s[0] <= start] or self.samples[:1]
         after = [s for s in self.samples if s[0] >= end] or self.samples[-1:]
-        if not before or not after or after[0][2] <= before[-1][2]:
+        if not before or not after or after[0][0] <= before[-1][0]:
             return None
-        return (after[0][1] - before[-1][1]) / (after[0][2] - before[-1][2])
+        return (after[0][1] - before[-1][1]) / ((after[0][0] - before[-1][0]) * (os.cpu_count() or 1))
 
     def stop(self):
         self.halt.set()
         self.join()
-        s = _stat()
-        if s:
-            self.samples.append((time.time(), *s))
+        self.sample()
 
 
 def pytest_configure(config):
@@ -126,7 +120,7 @@ def summary(rows, quiet_files, busy=lambda start, end: None, top: int = 12) -> l
         return ["cpu_by_item: no test ran"]
     lines = []
     quiet = [r for r in rows if r[3].split("::", 1)[0] in quiet_files]
-    shared = [r for r in rows if r not in quiet]
+    shared = [r for r in rows if r[3].split("::", 1)[0] not in quiet_files]
     for label, part in (("shared part", shared), ("quiet files", quiet)):
         if not part:
             continue
