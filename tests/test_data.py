@@ -206,6 +206,50 @@ def test_balanced_subset_is_balanced_and_deterministic():
     assert sorted(Counter(labels[i] for i in a).values()) == [25, 25, 25, 26]
 
 
+def test_a_folder_s_rows_are_cleaned_only_when_a_run_keeps_them(tmp_path):
+    rows = "".join(f'"{1 + i % 4}","Title {i} #39;s","Body quot;{i} quot;"\n' for i in range(40))
+    path = write(tmp_path / "train.csv", rows)
+    eager, labels = readers.read_zhang_csv(path, AG_NEWS_LABELS)
+    cleaned = []
+
+    def counting(*parts):
+        cleaned.append(parts)
+        return texts.clean_news(*parts)
+
+    lazy, lazy_labels = readers.read_zhang_csv(path, AG_NEWS_LABELS, clean=counting, lazy=True)
+    assert (len(lazy), lazy_labels, cleaned) == (40, labels, [])  # every row read and checked, none cleaned yet
+    splits = texts.TextSplits(lazy, lazy_labels, eager[:4], labels[:4], "folder", str(path))
+    texts.take_subsets(splits, 8, None, seed=0)
+    idx = texts.subset_index(labels, 8, 0)
+    assert splits.train_texts == [eager[i] for i in idx] and "'s" in splits.train_texts[0]
+    assert len(cleaned) == 8  # the 8 rows the run keeps, not the 40
+    splits = texts.TextSplits(eager[:4], labels[:4], lazy, lazy_labels, "folder", str(path))
+    texts.take_subsets(splits, 8, None, seed=0)
+    assert type(splits.test_texts) is list and splits.test_texts == eager  # every row kept: all cleaned, a plain list
+    assert lazy[1:3] == eager[1:3]
+
+
+def test_a_bench_launch_reads_each_folder_once_and_every_run_gets_its_own_lists(tmp_path):
+    from distrinews_course.bench import harness
+
+    write(tmp_path / "train.csv", ORIGINAL)
+    write(tmp_path / "test.csv", ORIGINAL)
+    reads = []
+
+    def load(folder, *args):
+        reads.append(folder)
+        return readers.load_folder(folder, *args)
+
+    once = harness._read_once(load)
+    a, b = once(tmp_path), once(tmp_path)
+    assert len(reads) == 1 and a is not b and a.train_labels is not b.train_labels
+    a.train_labels.append(9)
+    a.source = "embedded"
+    assert b.train_labels == [2, 3] and b.source == "folder" and list(b.train_texts) == list(a.train_texts)
+    once(tmp_path, texts.DATASETS["ag_news"])
+    assert len(reads) == 2  # other arguments: read again
+
+
 def test_tokenize_once_and_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("DISTRINEWS_CACHE", str(tmp_path))
     _, tok, _ = build_model(RunConfig(model="tiny"), AG_NEWS_LABELS)

@@ -228,7 +228,7 @@ def run(script, argv, *, warmup: int, steps: int, device=None, comm: bool = Fals
 # that, so inside shared_process_group() those two functions are swapped for no-ops; and a single-process script
 # run on one rank of that group must not meet the others in collectives, so alone() makes
 # distrinews_lib.distributed report no process group. Both are undone on leaving the block. One more, for time only:
-# the embedded sample is read once per launch, not once per run (_read_once).
+# a data folder is read once per launch, not once per run (_read_once).
 
 
 @contextlib.contextmanager
@@ -259,7 +259,7 @@ def shared_process_group(timeout_s: float = 600):
         with (
             _patched(dist, "init_process_group", lambda *a, **k: None),
             _patched(dist, "destroy_process_group", lambda *a, **k: None),
-            _patched(sources, "load_embedded", _read_once(sources.load_embedded)),
+            _patched(sources, "load_folder", _read_once(sources.load_folder)),  # load_embedded's too
         ):
             yield backend, why
     finally:
@@ -268,19 +268,24 @@ def shared_process_group(timeout_s: float = 600):
 
 
 def _read_once(load):
-    """The embedded AG News sample, read and cleaned once per launch (a third of a second each time, before any run's
-    clock starts): each run gets its own copy of the lists, which a run's subset replaces."""
-    kept = []
+    """A data folder (the embedded sample's, or --data's), read once per launch, not once per run (a tenth of a
+    second each time, before any run's clock starts): each run gets its own copy of the lists, which a run's subset
+    replaces. The texts themselves (texts.CleanOnRead, read-only) are shared: each run cleans the rows it keeps."""
+    kept = {}
 
-    def once():
-        if not kept:
-            kept.append(load())
-        s = kept[0]
+    def copy(x):
+        return list(x) if isinstance(x, list) else x
+
+    def once(*args, **kwargs):
+        key = repr((args, sorted(kwargs.items())))
+        if key not in kept:
+            kept[key] = load(*args, **kwargs)
+        s = kept[key]
         return dataclasses.replace(
             s,
-            train_texts=list(s.train_texts),
+            train_texts=copy(s.train_texts),
             train_labels=list(s.train_labels),
-            test_texts=list(s.test_texts),
+            test_texts=copy(s.test_texts),
             test_labels=list(s.test_labels),
             full_sizes=dict(s.full_sizes),
             label_names=list(s.label_names),

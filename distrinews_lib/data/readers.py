@@ -17,6 +17,7 @@ from ..errors import UserError
 from .texts import (
     DATASETS,
     IMDB_HEADER,
+    CleanOnRead,
     DatasetSpec,
     TextOptions,
     TextSplits,
@@ -63,8 +64,11 @@ def read_zhang_csv(
     fields: tuple = ("title", "description"),
     what: str = "AG News",
     clean: Callable = clean_news,
+    *,
+    lazy: bool = False,
 ) -> tuple[list, list]:
-    """(texts, 0-based labels) from a headerless Zhang et al. CSV: "class 1..K","field",..."""
+    """(texts, 0-based labels) from a headerless Zhang et al. CSV: "class 1..K","field",... Every row is checked
+    here; lazy: the texts are cleaned when read (texts.CleanOnRead), for a caller that keeps a subset."""
     path = Path(path)
     n = len(fields) + 1
     k = len(label_names) if label_names else None
@@ -96,7 +100,7 @@ def read_zhang_csv(
                         + (f" ({classes})" if k else "")
                         + ". Fix the label or drop the row."
                     )
-                texts.append(clean(*row[1:]))
+                texts.append(row[1:])
                 labels.append(label - 1)
     except (UnicodeDecodeError, gzip.BadGzipFile, EOFError, csv.Error, zlib.error, OSError) as err:
         raise _unreadable(
@@ -104,7 +108,8 @@ def read_zhang_csv(
         ) from None
     if not texts:
         raise UserError(f"{path} holds no rows.")
-    return texts, labels
+    texts = CleanOnRead(texts, clean)
+    return (texts if lazy else list(texts)), labels
 
 
 def read_header_csv(path: str | os.PathLike, text_columns: tuple, label_column: str) -> tuple[list, list]:
@@ -264,8 +269,8 @@ def load_folder(
     fields, what, clean = (spec.zhang_fields, spec.name, spec.clean) if spec else (None, "the dataset", clean_review)
     if fields is None:  # count the fields of the first row
         fields = tuple(f"field{i}" for i in range(1, len(_first_row(train_file) or ["", ""])))
-    tr_x, tr_y = read_zhang_csv(train_file, names, fields, what, clean)
-    te_x, te_y = read_zhang_csv(test_file, names, fields, what, clean)
+    tr_x, tr_y = read_zhang_csv(train_file, names, fields, what, clean, lazy=True)  # take_subsets cleans the rows kept
+    te_x, te_y = read_zhang_csv(test_file, names, fields, what, clean, lazy=True)
     if names is None:
         names = [str(i + 1) for i in range(max(tr_y + te_y) + 1)]
     return TextSplits(

@@ -8,12 +8,29 @@ import hashlib
 import html
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 AG_NEWS_LABELS = ["World", "Sports", "Business", "Sci/Tech"]  # in the order of the original classes.txt
 HUB_DATASET = "fancyzhx/ag_news"  # the canonical id of "ag_news" on the hub
+
+
+class CleanOnRead(Sequence):
+    """A file's texts, each made clean when it is read: a run keeps a subset of the rows (--num_samples), and cleaning
+    every row of a file was most of reading it (0.3 of 0.44 CPU-s for AG News' 12,000 + 7,600 rows here)."""
+
+    def __init__(self, raw: list, clean: Callable):
+        self._raw, self._clean = raw, clean
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._clean(*r) for r in self._raw[i]]
+        return self._clean(*self._raw[i])
 
 
 @dataclass
@@ -225,6 +242,8 @@ def take_subsets(splits: TextSplits, num_samples: int | None, eval_samples: int 
         if idx is not None:
             setattr(splits, f"{split}_texts", [texts[i] for i in idx])
             setattr(splits, f"{split}_labels", [labels[i] for i in idx])
+        elif not isinstance(texts, list):
+            setattr(splits, f"{split}_texts", list(texts))  # every row kept: cleaned now, a plain list from here on
     return splits
 
 
