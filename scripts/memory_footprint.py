@@ -22,7 +22,9 @@ would reuse it without raising the peak. Per rank and run it reports:
 - the bytes of the activations autograd saved for backward in one forward (counted by a saved-tensors hook);
 - the peak resident memory (VmHWM) during the steps above the process's resident memory before the model existed;
 - the time per step, wall and this process's CPU seconds (medians), and for plain DDP the FLOPs of one forward and
-  backward, counted op by op (torch's FlopCounterMode: what a step computes, however busy the machine);
+  backward, counted op by op (torch's FlopCounterMode: what a step computes, however busy the machine); for plain
+  DDP with `+ckpt`, recomputation's CPU price in pairs of steps without and with it, one after the other
+  (`cpu_ratio_pairs`: a busy machine slows both steps of a pair alike);
 - the largest difference between its final weights (gathered) and those of the first run with the same batch
   shape (fp32, dropout off, no weight decay, no clipping: every variant must compute the same thing).
 """
@@ -188,6 +190,30 @@ def count_flops(args, run, batch) -> int:
     return counter.get_total_flops()
 
 
+def paired_cpu_ratios(args, batch, pairs: int = 5) -> list:
+    """Recomputation's price in CPU seconds, measured in pairs: on a fresh copy of the model (outside DDP, as
+    count_flops), a forward and backward without recomputation, then one with it, `pairs` times over after one pair
+    that warms both paths up; each pair's ratio. Other programs on the cores slow both halves of a pair alike, where
+    two runs one after the other can meet different loads (chapter 06 once read 0.97x from such a pair of runs)."""
+    model = make_model(args.model, args.seed)
+    model.train()  # recomputation applies in training only
+    ratios = []
+    for k in range(pairs + 1):
+        cpu = []
+        for recompute in (False, True):
+            if recompute:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_disable()
+            model.zero_grad(set_to_none=True)
+            c = time.process_time()
+            loss_of(model, batch).backward()
+            cpu.append(time.process_time() - c)
+        if k:
+            ratios.append(cpu[1] / cpu[0])
+    return ratios
+
+
 def ds_gradient_bytes(opt, params) -> int:
     """The gradients DeepSpeed holds between backward and step: full .grad tensors (stage 1 keeps them
     until the step) plus its reduced, partitioned gradient buffers (stages 2 and 3), counted once each."""
@@ -278,6 +304,7 @@ def one_run(run, index, args, template, ds, pad_id, rank, world, scratch: Path) 
         ref = torch.load(reference, weights_only=True)
         diff = max(float((full[k].float() - ref[k].float()).abs().max()) for k in ref)
         flops = count_flops(args, run, my_batches[0]) if run["variant"] == "ddp" else None  # the figure 06 reads
+        pairs = paired_cpu_ratios(args, my_batches[0]) if run["variant"] == "ddp" and run["ckpt"] else None
         mine = {
             **held,
             "total": sum(held.values()),
@@ -286,6 +313,7 @@ def one_run(run, index, args, template, ds, pad_id, rank, world, scratch: Path) 
             "seconds_per_step": sorted(wall_s)[len(wall_s) // 2],
             "cpu_seconds_per_step": sorted(cpu_s)[len(cpu_s) // 2],
             "flops_per_step": flops,
+            "cpu_ratio_pairs": pairs,  # +ckpt runs: recomputation's CPU price, step pair by step pair
             "max_weight_diff_vs_first": diff,
         }
         everyone = [None] * world
