@@ -89,8 +89,16 @@ def make_model(name: str, seed: int, ckpt: bool = False):
         model = AutoModelForSequenceClassification.from_config(DistilBertConfig(num_labels=4))
     without_dropout(model)  # every variant must compute the same thing
     if ckpt:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        recompute(model, True)
     return model
+
+
+def recompute(model, on: bool) -> None:
+    """Activation recomputation (gradient checkpointing) on or off for the model's layers."""
+    if on:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_disable()
 
 
 def tokenized(args, n: int):
@@ -200,11 +208,8 @@ def paired_cpu_ratios(args, batch, pairs: int = 5) -> list:
     ratios = []
     for k in range(pairs + 1):
         cpu = []
-        for recompute in (False, True):
-            if recompute:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                model.gradient_checkpointing_disable()
+        for on in (False, True):
+            recompute(model, on)
             model.zero_grad(set_to_none=True)
             c = time.process_time()
             loss_of(model, batch).backward()
