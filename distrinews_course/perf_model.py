@@ -32,8 +32,8 @@ def ring_bytes_per_rank(nbytes: float, n: int) -> float:
     return wire_bytes("all_reduce", nbytes, n)
 
 
-def _timed(op, reps: int) -> tuple[float, float | None]:
-    """Median seconds of `op` over reps (the slowest rank's, each time) and the bytes this rank wrote per call."""
+def _timed(op, reps: int) -> tuple[list[float], float | None]:
+    """Seconds of each of `reps` calls of `op` (the slowest rank's, each time) and the bytes this rank wrote a call."""
     op()  # connect and warm up
     times, written = [], []
     for _ in range(reps):
@@ -46,23 +46,28 @@ def _timed(op, reps: int) -> tuple[float, float | None]:
             written.append(w1 - w0)
     slowest = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a collective is over when its last rank is done
-    return statistics.median(slowest.tolist()), (statistics.median(written) if written else None)
+    return slowest.tolist(), (statistics.median(written) if written else None)
 
 
 def reps_for(nbytes: int) -> int:
-    """More repetitions of small messages (cheap, noisy), two of the largest (a quarter of a second each)."""
-    return max(2, min(20, (1 << 26) // max(nbytes, 1)))
+    """More repetitions of small messages (cheap, noisy); at least 5 of the largest (cheap next to a training run), so
+    that their median outlasts one burst of other programs and their spread says how much the run moved."""
+    return max(5, min(20, (1 << 26) // max(nbytes, 1)))
+
+
+def _row(op: str, nbytes: int, times: list[float], sent: float | None) -> dict:
+    return {"op": op, "bytes": nbytes, "seconds": statistics.median(times), "times": times, "sent": sent}
 
 
 def time_collectives(sizes, halves_at: int | None = None) -> list[dict]:
     """On every rank: time all_reduce of each size (bytes of fp32), and, at `halves_at` bytes, the ring's two halves
-    (reduce_scatter and all_gather). Returns rows {op, bytes, seconds, sent} (sent: bytes this rank wrote)."""
+    (reduce_scatter and all_gather). Returns rows {op, bytes, seconds, times, sent}: the median of the repetitions'
+    times, each repetition's time, and the bytes this rank wrote per call."""
     n = dist.get_world_size()
     rows = []
     for size in sizes:
         x = torch.ones(max(1, size // 4))
-        t, sent = _timed(lambda: dist.all_reduce(x), reps_for(size))
-        rows.append({"op": "all_reduce", "bytes": x.numel() * 4, "seconds": t, "sent": sent})
+        rows.append(_row("all_reduce", x.numel() * 4, *_timed(lambda: dist.all_reduce(x), reps_for(size))))
     if halves_at:
         x = torch.ones(halves_at // 4 // n * n)
         part = torch.empty(x.numel() // n)
@@ -70,8 +75,7 @@ def time_collectives(sizes, halves_at: int | None = None) -> list[dict]:
             ("reduce_scatter", lambda: dist.reduce_scatter_tensor(part, x)),
             ("all_gather", lambda: dist.all_gather_into_tensor(x, part)),
         ):
-            t, sent = _timed(fn, reps_for(halves_at))
-            rows.append({"op": op, "bytes": x.numel() * 4, "seconds": t, "sent": sent})
+            rows.append(_row(op, x.numel() * 4, *_timed(fn, reps_for(halves_at))))
     return rows
 
 
