@@ -6,7 +6,7 @@
 2. correct: flat, hierarchical, HSDP by hand and FSDP2's HSDP against torch's DDP, HSDP by hand against FSDP2's,
    weights compared after every step;
 3. compute: the step with no communication, every rank at once; rank 0 dials every link to the rate at which
-   hierarchical's bytes take --comm_over_compute x that step;
+   hierarchical's bytes take --comm_over_compute x that step, at most MAX_MBIT (race_two_level.py in the library);
 4. fit: each level's alpha-beta at that rate (inside the nodes; across them);
 5. predict, then race: every contender's step and bytes over each node's link, predicted and written to the log
    BEFORE the timed rounds; then alternating rounds, each node's link counted (/sys/class/net/eth0/statistics).
@@ -112,19 +112,17 @@ def main():
     fits = {"intra": two.fit_level("intra", nodes, lay, [2**20, 2**22, 2**23])}
     fits["inter_unshaped"] = two.fit_level("inter", nodes, lay, inter_sizes)
     # 4. the slow link, dialed by rank 0, and its fit
-    mbit = (
-        int(link.bits_per_s(args.link) / 1e6)
-        if args.link
-        else two.link_rate_mbit(lay, compute_s, args.comm_over_compute)
-    )
+    wanted = two.link_rate_mbit(lay, compute_s, args.comm_over_compute)
+    mbit = int(link.bits_per_s(args.link) / 1e6) if args.link else min(wanted, two.MAX_MBIT)
     dist.barrier()
     if rank == 0:
         link.dial(f"{mbit}mbit")
     dist.barrier()
     fits["inter"] = two.fit_level("inter", nodes, lay, inter_sizes)
-    res.update(compute=parts, link_mbit=mbit, timing_batch=args.timing_batch, fit=fits)
+    res.update(compute=parts, link_mbit=mbit, link_mbit_wanted=wanted, timing_batch=args.timing_batch, fit=fits)
     f_in, f_out = fits["intra"], fits["inter"]
-    say(rank, f"step with no communication: {1000 * compute_s:.0f} ms; every link dialed to {mbit} Mbit/s")
+    capped = "" if args.link or mbit == wanted else f" (capped: {args.comm_over_compute:g}x the step asks {wanted})"
+    say(rank, f"step with no communication: {1000 * compute_s:.0f} ms; every link dialed to {mbit} Mbit/s{capped}")
     say(
         rank,
         f"fit: inside a node alpha {1000 * f_in['alpha_s']:.2f} ms, {f_in['bytes_per_s'] / 1e6:.0f} MB/s per rank; "
