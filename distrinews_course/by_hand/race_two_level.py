@@ -325,7 +325,6 @@ def summary(res: dict) -> dict:
         "model": "tiny",
         "timing_batch": res["timing_batch"],
         "link_mbit": res["link_mbit"],
-        "link_mbit_wanted": res.get("link_mbit_wanted"),
         "grad_bytes": res["grad_bytes"],
         "compute_s": res["compute"],
         "fits": {k: {"alpha_s": v["alpha_s"], "bytes_per_s": v["bytes_per_s"]} for k, v in res["fit"].items()},
