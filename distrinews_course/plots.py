@@ -73,7 +73,7 @@ def read_tensorboard(run_dir) -> dict:
 def predicted_vs_measured(
     xs, predicted, measured, *, labels=None, hline=None, vline=None, xlabel="", title="", save_to=None, ylim=None
 ):
-    """Chapter 05's speedup plots: a prediction made before the run (dashed) against the measurement, on a log x axis.
+    """Chapter 05's speedup plots: a prediction (dashed) against the measurement, on a log x axis.
     hline / vline: (value, label) of a reference line (the ideal N x, 1 process, a break-even rate)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))

@@ -4,6 +4,7 @@
 
 import dataclasses
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -12,14 +13,24 @@ from distrinews_course import perf_model as pm
 from distrinews_course.bench import loopback
 
 DATA = Path(__file__).resolve().parent / "data" / "loopback_sweep.json"
+NOISY = DATA.with_name("loopback_sweep_noisy.json")  # a host that moved runs by 23%: see its note
+
+
+def load(path):
+    rec = json.loads(path.read_text())
+    fit = pm.Fit(rec["fit"]["alpha_s"], rec["fit"]["beta_s_per_byte"])
+    cost = loopback.Model.from_runs(rec["runs"], fit, rec["n"], rec["batches"][0], rec["rounds"])
+    return rec, cost
 
 
 @pytest.fixture(scope="module")
 def sweep():
-    rec = json.loads(DATA.read_text())
-    fit = pm.Fit(rec["fit"]["alpha_s"], rec["fit"]["beta_s_per_byte"])
-    cost = loopback.Model.from_runs(rec["runs"], fit, rec["n"], rec["batches"][0], rec["rounds"])
-    return rec, cost
+    return load(DATA)
+
+
+@pytest.fixture(scope="module")
+def noisy():
+    return load(NOISY)
 
 
 def points(rec, cost):
@@ -36,23 +47,62 @@ def test_every_point_is_checked_and_holds(sweep):
     assert loopback.notes(pts, cost) == []
 
 
-@pytest.mark.parametrize(
-    "term, times",
-    [
-        ("the all-reduce counted twice (the ring's bytes taken as 2x the message)", 2.0),
-        ("the all-reduce left out", 0.0),
-    ],
-)
-def test_a_wrong_model_term_fails_the_check(sweep, term, times):
+def test_a_model_without_the_all_reduce_fails_the_check(sweep):
+    # at 16 per process the all-reduce is a fifth of the DDP step: more than the 15% the check allows. (Doubled, it
+    # moves that point by about as much, from 1.08 to 0.87 on this sweep: within the bound, so the check is not
+    # claimed to catch it; section 1's count of the ring's bytes does.)
     rec, cost = sweep
-    bad = dataclasses.replace(cost, inside_s={b: s * times for b, s in cost.inside_s.items()})
+    bad = dataclasses.replace(
+        cost, transfer_rounds={b: [(0.0, q) for _, q in v] for b, v in cost.transfer_rounds.items()}
+    )
     failed = [claim for ok, claim in loopback.verdicts(points(rec, bad)) if not ok]
-    assert failed, f"with {term} every point still passed: the check could not fail"
+    assert any(claim.startswith("at 16 per process") for claim in failed), failed
 
 
-def test_each_point_uses_another_batch_s_all_reduce(sweep):
-    _, cost = sweep
-    assert cost.comm_for(16) == cost.inside_s[64] and cost.comm_for(64) == cost.comm_for(256) == cost.inside_s[16]
+def test_each_point_uses_the_other_batches_all_reduce_never_its_own(sweep):
+    rec, cost = sweep
+    rounds = cost.transfer_rounds
+    for k, (s, _) in enumerate(rounds[16]):  # the DDP run's own clock: the transfer part of its steps
+        assert s == loopback.part(rec["runs"][f"ddp_b16_r{k}"], "transfer")
+    for b in rounds:
+        others = sorted(s for o, v in rounds.items() if o != b for s, quiet in v if quiet)
+        assert cost.comm_for(b) == pytest.approx(statistics.median(others))
+        own_wrong = dataclasses.replace(cost, transfer_rounds={**rounds, b: [(9.9, True)] * len(rounds[b])})
+        assert own_wrong.comm_for(b) == cost.comm_for(b), "a point's own DDP runs went into its prediction"
+
+
+def test_a_host_that_moves_runs_between_rounds_does_not_move_the_all_reduce(noisy):
+    rec, cost = noisy
+    runs = rec["runs"]
+    # 8e1d6c5's term: the DDP step less the pair's and DDP's own work, the median of 64's rounds (a difference of two
+    # runs seconds apart): 37 ms on this host, where the DDP steps' own clock says 10 to 13 ms at every batch
+    diff = statistics.median(
+        loopback.step_s(runs[f"ddp_b64_r{k}"]) - loopback.lockstep_s(runs[f"pair_b64_r{k}"]) - cost.overhead_s
+        for k in range(rec["rounds"])
+    )
+    assert diff > 2.5 * cost.comm_for(16)
+    assert max(cost.transfer_s.values()) / min(cost.transfer_s.values()) < 1.5
+    pts = points(rec, cost)
+    assert pts[0]["quiet"] and abs(pts[0]["ratio"] - 1) < 0.05, pts[0]["ratios"]
+    old = dataclasses.replace(cost, transfer_rounds={64: [(diff, True)]})  # 8e1d6c5's model, which CI failed on
+    assert points(rec, old)[0]["ratio"] < 0.8
+    # every round of this sweep but one at 64 ran quiet, while the host moved them by 23%: 16 and 256 are checked,
+    # within twice that, and hold; 64 is shown with a note
+    verdicts = loopback.verdicts(pts)
+    assert [c.split(" per process")[0] for _, c in verdicts] == ["at 16", "at 256"] and all(ok for ok, _ in verdicts)
+    assert all("within 46% of the measurement" in c for _, c in verdicts), verdicts
+
+
+def test_a_point_is_judged_on_the_median_of_its_quiet_rounds(sweep):
+    rec, cost = sweep
+    runs = json.loads(json.dumps(rec["runs"]))
+    b = rec["batches"][0]
+    runs[f"ddp_b{b}_r1"]["seconds"] *= 1.25  # one round the host slowed, unseen in the VM
+    (p, *_) = loopback.points(runs, cost, rec["batches"], rec["rounds"])
+    assert len(p["ratios"]) == rec["rounds"] and p["ratio"] == pytest.approx(statistics.median(p["ratios"]))
+    assert max(p["ratios"]) > 1.2 and abs(p["ratio"] - 1) < loopback.BOUND, "one slowed round decided the point"
+    (claim,) = [c for _, c in loopback.verdicts(loopback.points(runs, cost, rec["batches"], rec["rounds"]))][:1]
+    assert f"over its {rec['rounds']} rounds, median {p['ratio']:.2f}" in claim
 
 
 def test_the_speedup_follows_the_pair_past_n_and_never_past_the_pair(sweep):
@@ -74,14 +124,15 @@ def test_a_busy_round_is_shown_with_the_part_it_missed(sweep):
     pts = loopback.points(runs, cost, rec["batches"], rec["rounds"])
     assert len(loopback.verdicts(pts)) == len(rec["batches"]) - 1
     (note,) = loopback.notes(pts, cost)
-    assert f"at {b} per process other programs used 1.00 cores during the DDP run" in note
+    assert note.startswith(f"NOTE: at {b} per process 0 of {rec['rounds']} rounds ran quiet")
+    assert "1.00 during the DDP run" in note and "shown, not checked" in note
     assert "its compute" in note and "its all-reduce" in note and "off the one measured at the other batches" in note
 
 
 def test_a_quiet_sweep_is_checked_within_15_percent(sweep):
     rec, cost = sweep
     pts = points(rec, cost)
-    assert loopback.spread(pts) < loopback.BOUND, "the recorded quiet rounds agree within a few percent"
+    assert loopback.SPREAD_TIMES * loopback.spread(pts) < loopback.BOUND, "the quiet rounds agree within a few percent"
     assert all("within 15% of the measurement" in claim for _, claim in loopback.verdicts(pts))
 
 
@@ -96,14 +147,14 @@ def slowed(rec, cost, factor):
     return pts, (max(speeds) - min(speeds)) / sorted(speeds)[1]
 
 
-def test_rounds_that_disagree_widen_the_check_to_their_spread(sweep):
+def test_rounds_that_disagree_widen_the_check_to_twice_their_spread(sweep):
     rec, cost = sweep
     pts, widest = slowed(rec, cost, 1.25)
     assert loopback.BOUND < widest <= 2 * loopback.BOUND
-    assert loopback.spread(pts) == pytest.approx(widest) and loopback.margin(pts) == pytest.approx(widest)
+    assert loopback.spread(pts) == pytest.approx(widest) and loopback.margin(pts) == pytest.approx(2 * widest)
     verdicts = loopback.verdicts(pts)
     assert len(verdicts) == len(rec["batches"])
-    assert all(f"within {100 * widest:.0f}% of the measurement" in claim for _, claim in verdicts), verdicts
+    assert all(f"within {200 * widest:.0f}% of the measurement" in claim for _, claim in verdicts), verdicts
 
 
 def test_rounds_that_disagree_by_over_twice_the_bound_are_shown_not_checked(sweep):
@@ -114,3 +165,17 @@ def test_rounds_that_disagree_by_over_twice_the_bound_are_shown_not_checked(swee
     (note,) = loopback.notes(pts, cost)
     assert note.startswith(f"NOTE: a batch's measured speedups moved by {100 * widest:.0f}% of their median")
     assert "shown, not checked" in note
+
+
+def test_a_point_with_a_busy_round_is_shown_not_checked(sweep):
+    # its median would rest on 2 rounds: one the host slowed, unseen, would decide it
+    rec, cost = sweep
+    runs = json.loads(json.dumps(rec["runs"]))
+    b = rec["batches"][-1]
+    (r,) = runs[f"single_b{b}_r2"]["ranks"]  # other programs took a core during one single run at the largest batch
+    r["foreign_cores"] = 1.0
+    pts = loopback.points(runs, cost, rec["batches"], rec["rounds"])
+    assert [p["quiet"] for p in pts] == [True, True, False] and len(pts[-1]["ratios"]) == 2
+    assert [c for _, c in loopback.verdicts(pts)][-1].startswith(f"at {rec['batches'][1]} per process")
+    (note,) = loopback.notes(pts, cost)
+    assert note.startswith(f"NOTE: at {b} per process 2 of 3 rounds ran quiet (other programs used up to 1.00 cores")
