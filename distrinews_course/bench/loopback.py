@@ -27,7 +27,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from .timing import NOISY_SPREAD, rounds_spread
+from .timing import checked_margin, rounds_spread
 
 COMPUTE = ("data", "forward", "backward", "clip", "optimizer")
 PER_EXAMPLE = ("data", "forward", "backward")  # shrinks with the batch
@@ -253,8 +253,7 @@ def margin(pts: list[dict], bound: float = BOUND) -> float | None:
     """The share each prediction is checked within: `bound`, or SPREAD_TIMES the sweep's own spread where wider;
     None where the rounds disagree by more than NOISY_SPREAD: the host moved whole runs more than a model good to
     `bound` can be told from them, so the points are shown, not checked (`notes` says so)."""
-    s = spread(pts)
-    return None if s > NOISY_SPREAD else max(bound, SPREAD_TIMES * s)
+    return checked_margin(bound, spread(pts), SPREAD_TIMES)
 
 
 def verdicts(pts: list[dict], bound: float = BOUND) -> list[tuple[bool, str]]:

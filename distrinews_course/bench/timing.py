@@ -183,10 +183,10 @@ def rounds_spread(values) -> float:
     return (max(vals) - min(vals)) / statistics.median(vals)
 
 
-def checked_margin(bound: float, spread: float) -> float | None:
-    """The share a measurement is checked within: `bound`, or the rounds' own spread where wider; None (shown, not
-    checked) where the spread is above NOISY_SPREAD."""
-    return None if spread > NOISY_SPREAD else max(bound, spread)
+def checked_margin(bound: float, spread: float, times: float = 1.0) -> float | None:
+    """The share a measurement is checked within: `bound`, or `times` the rounds' own spread where wider; None (shown,
+    not checked) where the spread is above NOISY_SPREAD."""
+    return None if spread > NOISY_SPREAD else max(bound, times * spread)
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
