@@ -84,6 +84,10 @@ def default_nproc() -> int:
 # torchrun's report of a failed rank: "rank : 1 (local_rank: 1)" then "exitcode : -6 (pid: 123)  (SIGABRT)"
 _VERDICT = re.compile(r"^\s*rank\s*:\s*(\d+).*\n\s*exitcode\s*:\s*(-?\d+)[^\n]*?(?:\((SIG\w+)\))?\s*$", re.M)
 RANK_TAIL_LINES = 15
+# How often a running launch walks /proc for its processes (each walk reads every process's stat: milliseconds of CPU
+# on a busy machine). Its end still sees every rank: the walk runs again before the kill, and a rank orphaned between
+# two walks dies with torchrun anyway (course/harden.py's parent-death signal).
+FAMILY_REFRESH_S = 1.0
 
 
 def signalled_ranks(output: str) -> dict:
@@ -182,9 +186,11 @@ def _run_logged(cmd, *, timeout, env, cwd, echo, check, what, logs: Path) -> Lau
     reader.start()
     timed_out = False
     try:
-        deadline = time.monotonic() + timeout
+        deadline, seen = time.monotonic() + timeout, 0.0
         while proc.poll() is None:  # poll, so the family of processes is known when it has to be stopped
-            family.refresh()
+            if time.monotonic() - seen >= FAMILY_REFRESH_S:
+                family.refresh()
+                seen = time.monotonic()
             if time.monotonic() > deadline:
                 raise subprocess.TimeoutExpired(cmd, timeout)
             time.sleep(0.2)

@@ -65,19 +65,21 @@ class _Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.samples: list[tuple[float, float]] = []  # (time, the machine's busy CPU-seconds since boot)
         self.halt = threading.Event()
-
-    def sample(self):
+        # Imported (it imports torch: seconds) and sampled here, before the first test: a suite shorter than that
+        # import would otherwise have no sample before its first test, and no busy share.
         from distrinews_course.bench.timing import cpu_busy_seconds
 
-        busy = cpu_busy_seconds()  # None without /proc/stat
+        self.read = cpu_busy_seconds
+        self.sample()
+
+    def sample(self):
+        busy = self.read()  # None without /proc/stat
         if busy is not None:
             self.samples.append((time.time(), busy))
 
     def run(self):
-        while True:
+        while not self.halt.wait(SAMPLE_S):
             self.sample()
-            if self.halt.wait(SAMPLE_S):
-                return
 
     def busy(self, start: float, end: float) -> float | None:
         """The share of the cores' time that was busy from the last sample before start to the first after end

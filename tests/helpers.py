@@ -8,6 +8,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
 AG_NEWS = ROOT.parent / "shared" / "data" / "ag_news"
+# A pytest run inside a test, on a small suite of its own, loads only the plugins it uses: autoloading every installed
+# one (nbval, schemathesis, hypothesis...) costs each of its processes 6 CPU-s, and a `pytest -n 2` is three processes.
+NESTED_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+NESTED_PLUGINS = ["-p", "xdist.plugin"]
 
 
 def run_script(args, timeout=180, env=None, cwd=None):

@@ -1,12 +1,14 @@
 """tests/cpu_by_item.py on a small suite of its own, in a real `pytest -n 2`: a test whose child process burns CPU is
 charged for it, a test that sleeps is not, and the report names both parts and the costliest file."""
 
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 from tests.cpu_by_item import read_items, summary
+from tests.helpers import NESTED_ENV, NESTED_PLUGINS
 
 ROOT = Path(__file__).resolve().parent.parent
 BURN_S = 1.0  # CPU-seconds the child of test_burns spends
@@ -31,9 +33,9 @@ def test_a_childs_cpu_counts_for_the_test_that_started_it_and_a_sleep_does_not(t
     (suite / "test_other.py").write_text("def test_nothing():\n    pass\n")
     out = tmp_path / "cpu"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "-p", "tests.cpu_by_item",
-         "--cpu-out", str(out), "-o", "addopts=", "--rootdir", str(suite), str(suite)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", *NESTED_PLUGINS,
+         "-p", "tests.cpu_by_item", "--cpu-out", str(out), "-o", "addopts=", "--rootdir", str(suite), str(suite)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ, **NESTED_ENV),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = {nodeid.split("::")[-1]: (wall, cpu) for _, wall, cpu, nodeid in read_items(out)}

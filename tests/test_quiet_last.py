@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers import NESTED_ENV, NESTED_PLUGINS
+
 ROOT = Path(__file__).resolve().parent.parent
 
 CONFTEST = f"""
@@ -49,9 +51,9 @@ def test_quiet_files_run_last_and_alone_and_every_file_on_one_worker(tmp_path):
     names += chain
     log = tmp_path / "log.jsonl"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "tests"],
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", *NESTED_PLUGINS, "tests"],
         cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin", "LOG": str(log), "PYTHONPATH": str(ROOT)},
+        env={"PATH": "/usr/bin:/bin", "LOG": str(log), "PYTHONPATH": str(ROOT), **NESTED_ENV},
         capture_output=True,
         text=True,
         timeout=300,
