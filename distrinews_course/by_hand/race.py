@@ -433,6 +433,7 @@ def bucket_sweep(sizes_mb, batches, args, mods, rank, with_ddp=True) -> dict:
     for mb in sizes_mb:
         out[str(mb)] = {
             "bucketed_step_s": statistics.median(times[f"bucketed@{mb}"]),
+            "bucketed_rounds_s": times[f"bucketed@{mb}"],  # each round's step: how far the rounds agree
             "bucketed_buckets": len(runners[f"bucketed@{mb}"].dp.buckets),
         }
         if with_ddp:

@@ -129,3 +129,44 @@ def rung_summary(res: dict, zero: dict | None = None) -> dict:
                 }
             )
     return out
+
+
+def sweep_claims(sweep: dict, chosen_mb: float, bound: float = 0.15) -> tuple[list, float | None, float]:
+    """Chapter 03's two claims on a bucket sweep timed in alternating rounds, each (holds, sentence), each on sizes
+    compared within a round (the host moves whole rounds): one bucket is slower than the sweep's best size in the
+    median round, and a bucket per gradient gains nothing over `chosen_mb`'s few buckets beyond the rounds' noise
+    (`bound`, or their spread where wider). Which size comes out fastest is not claimed: on a 2-core host a bucket per
+    gradient and a few buckets differ by less than their rounds do (4% one way, 12% the other, in two runs). Returns
+    (claims, margin, spread); margin None: the rounds moved by over timing.NOISY_SPREAD, so the claims are shown, not
+    checked."""
+    import statistics
+
+    from ..bench import timing
+
+    rounds = {mb: v.get("bucketed_rounds_s") or [v["bucketed_step_s"]] for mb, v in sweep.items()}
+    spread = max(timing.rounds_spread(r) for r in rounds.values())
+    margin = timing.checked_margin(bound, spread)
+    m = bound if margin is None else margin
+    sizes = sorted(sweep, key=float)
+    count = {mb: sweep[mb]["bucketed_buckets"] for mb in sizes}
+    best = min(sizes, key=lambda mb: sweep[mb]["bucketed_step_s"])
+    one, finest, chosen = sizes[-1], sizes[0], next(mb for mb in sizes if float(mb) == float(chosen_mb))
+
+    def paired(a, b):  # a's step over b's, round by round; the median round
+        return statistics.median(x / y for x, y in zip(rounds[a], rounds[b]))
+
+    slower, gain = paired(one, best), paired(finest, chosen)
+    claims = [
+        (
+            one != best and slower > 1,
+            f"one bucket ({one} MiB) is slower than the sweep's best size ({best} MiB, {count[best]} buckets): "
+            f"{slower:.2f}x its step in the median round, since nothing leaves before backward ends",
+        ),
+        (
+            gain >= 1 - m,
+            f"a bucket per gradient ({finest} MiB, {count[finest]} buckets) gains nothing over {chosen} MiB's "
+            f"{count[chosen]} beyond the rounds' noise ({100 * m:.0f}%): {gain:.2f}x their step in the median round, "
+            "what its earlier start saves its messages' fixed costs spend",
+        ),
+    ]
+    return claims, margin, spread
