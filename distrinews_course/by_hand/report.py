@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from pathlib import Path
 
 from . import SCRIPTS
@@ -139,9 +140,7 @@ def sweep_claims(sweep: dict, chosen_mb: float, bound: float = 0.15) -> tuple[li
     gradient and a few buckets differ by less than their rounds do (4% one way, 12% the other, in two runs). Returns
     (claims, margin, spread); margin None: the rounds moved by over timing.NOISY_SPREAD, so the claims are shown, not
     checked."""
-    import statistics
-
-    from ..bench import timing
+    from ..bench import timing  # deferred: it imports torch
 
     rounds = {mb: v.get("bucketed_rounds_s") or [v["bucketed_step_s"]] for mb, v in sweep.items()}
     spread = max(timing.rounds_spread(r) for r in rounds.values())
@@ -158,7 +157,7 @@ def sweep_claims(sweep: dict, chosen_mb: float, bound: float = 0.15) -> tuple[li
     slower, gain = paired(one, best), paired(finest, chosen)
     claims = [
         (
-            one != best and slower > 1,
+            slower > 1,  # 1.0 exactly where one bucket is the best size itself
             f"one bucket ({one} MiB) is slower than the sweep's best size ({best} MiB, {count[best]} buckets): "
             f"{slower:.2f}x its step in the median round, since nothing leaves before backward ends",
         ),
