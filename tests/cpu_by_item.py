@@ -1,6 +1,6 @@
 """Where the suite's time goes, in CPU-seconds: a pytest plugin, off unless asked for.
 
-    .venv/bin/python -m pytest -n 2 -p tests.cpu_by_item --cpu-out outputs/suite_cpu
+    .venv/bin/python -m pytest -n 2 -p tests.cpu_by_item --cpu-out=outputs/suite_cpu
 
 --durations gives each test's wall time; on two shared cores that says little about what a test costs the other
 worker. This plugin adds, for every test, the CPU-seconds of the worker's whole process tree while it ran: the
@@ -96,9 +96,30 @@ class _Sampler(threading.Thread):
         self.sample()
 
 
+def _moved_root(config) -> str | None:
+    """pytest takes an argument that names an existing path for a test path while it picks its root, before this
+    plugin's option is known: `--cpu-out DIR` with DIR outside the directory pytest runs in moves the root above it,
+    and pyproject.toml's settings (nbval, the markers, testpaths) with it. `--cpu-out=DIR` is one argument, not a
+    path."""
+    value = config.getoption("--cpu-out")
+    args, here = list(config.invocation_params.args), config.invocation_params.dir
+    if value not in args or config.getoption("rootdir", None) or not Path(value).is_dir():
+        return None
+    out = Path(value).resolve()
+    if out == here or here in out.parents:
+        return None
+    return (
+        f"--cpu-out {value}: pytest read that existing folder as a test path and made {config.rootpath} the root, "
+        f"without this checkout's pyproject.toml (no notebooks, no markers); write --cpu-out={value}, with '='"
+    )
+
+
 def pytest_configure(config):
     if _worker(config) != "main":
         return
+    moved = _moved_root(config)
+    if moved:
+        raise pytest.UsageError(moved)
     out = _out(config)
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("items_*.tsv"):  # this run's lines only

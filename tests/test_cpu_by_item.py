@@ -63,3 +63,25 @@ def test_the_report_splits_the_quiet_files_from_the_rest_and_ranks_files_by_cpu(
     assert ranked == ["notebooks/03_ddp_by_hand.ipynb", "tests/test_a.py", "tests/test_b.py"]
     assert lines[4].split()[:2] == ["21.0", "15.0"]  # test_a's two tests: CPU and wall added
     assert summary([], ()) == ["cpu_by_item: no test ran"]
+
+
+def test_an_output_folder_outside_the_run_that_would_move_pytests_root_is_refused_with_the_fix(tmp_path):
+    """`--cpu-out DIR`, DIR an existing folder outside where pytest runs: pytest took it for a test path and moved its
+    root above both, losing pyproject.toml (a whole suite ran without its notebooks). Refused in one line; `=` works."""
+    suite, out = tmp_path / "suite", tmp_path / "cpu"
+    suite.mkdir()
+    out.mkdir()
+    (suite / "test_one.py").write_text("def test_one():\n    pass\n")
+    env = dict(os.environ, **NESTED_ENV, PYTHONPATH=str(ROOT))
+
+    def run(*cpu_out):
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.cpu_by_item", *cpu_out]
+        return subprocess.run(cmd, cwd=suite, capture_output=True, text=True, timeout=300, env=env)
+
+    refused = run("--cpu-out", str(out))
+    said = refused.stdout + refused.stderr
+    assert refused.returncode == 4 and f"write --cpu-out={out}, with '='" in said, said[-2000:]
+    assert "Traceback" not in said and not list(out.glob("items_*.tsv")), said[-2000:]
+    ok = run(f"--cpu-out={out}")
+    assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-2000:]
+    assert [nodeid for *_, nodeid in read_items(out)] == ["test_one.py::test_one"]
