@@ -105,8 +105,7 @@ def _moved_root(config) -> str | None:
     args, here = list(config.invocation_params.args), config.invocation_params.dir
     if value not in args or config.getoption("rootdir", None) or not Path(value).is_dir():
         return None
-    out = Path(value).resolve()
-    if out == here or here in out.parents:
+    if Path(value).resolve().is_relative_to(here):
         return None
     return (
         f"--cpu-out {value}: pytest read that existing folder as a test path and made {config.rootpath} the root, "
