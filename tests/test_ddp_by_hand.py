@@ -117,6 +117,10 @@ def test_the_race_times_another_batch_without_dropout(tmp_path):
     )
     assert res["batch_size"] == 16 and res["timing_batch_size"] == 4 and res["dropout_when_timed"] is False
     assert set(res["timing"]["median_step_s"]) == {"ddp", "flat", "bucketed"}
+    # backward's seconds a step, every round: part of the step, never more
+    for name, steps in res["timing"]["step_s"].items():
+        backward = res["timing"]["backward_s"][name]
+        assert len(backward) == len(steps) == 1 and all(0 < b < s for b, s in zip(backward, steps)), (name, backward)
 
 
 def test_a_late_timeline_thread_never_rewrites_a_reduce_scatter_result():

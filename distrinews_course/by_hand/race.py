@@ -135,7 +135,7 @@ class Runner:
                 kw["ranks_per_node"] = getattr(args, "ranks_per_node", None)
             self.dp = cls(self.model, bucket_mb, True, self.timeline, **kw)
             self.opt = self.dp.optimizer(args.lr, args.weight_decay)
-        self.steps, self.first_grad = 0, None
+        self.steps, self.first_grad, self.backward_s = 0, None, 0.0  # backward's seconds, summed over every step
         self.log = Collectives() if name in FSDP2 else None  # FSDP2 collectives, counted
         self.opt.register_step_pre_hook(self._note_gradient)
 
@@ -165,10 +165,12 @@ class Runner:
                 loss = (self.dp if self.name == "ddp" else self.model)(**part).loss
             if log is not None:
                 log.in_backward = True
+            t0 = time.perf_counter()
             try:
                 with self.timeline.span("backward"):
                     loss.backward()
             finally:
+                self.backward_s += time.perf_counter() - t0
                 if log is not None:
                     log.in_backward = False
         with self.timeline.span("step"):
@@ -302,30 +304,34 @@ def check(kind, contenders, mods, args, rank, world, facts, cases, with_fsdp2=Fa
 
 
 def timed_round(runner, batches, record):
-    """Run the batches; returns rank 0's seconds per step (the ranks wait for each other in every collective)."""
+    """Run the batches; returns rank 0's seconds per step (the ranks wait for each other in every collective) and its
+    backward's seconds per step (the collectives a rung launches from its hooks run meanwhile)."""
     dist.barrier()
-    t0 = time.perf_counter()
+    b0, t0 = runner.backward_s, time.perf_counter()
     for i, b in enumerate(batches):
         if record and i == len(batches) - 1:
             runner.timeline.start()
         runner.step(b)
         runner.timeline.on = False
     dist.barrier()
-    return (time.perf_counter() - t0) / len(batches)
+    return (time.perf_counter() - t0) / len(batches), (runner.backward_s - b0) / len(batches)
 
 
 def race(names, make, batches, rounds, warmup=1):
-    """Alternating rounds (the order rotates), after `warmup` steps each; the median seconds per step of each."""
+    """Alternating rounds (the order rotates), after `warmup` steps each: each contender's seconds per step in every
+    round, and its backward's seconds per step in every round."""
     runners = {n: make(n) for n in names}
     for r in runners.values():
         for b in batches[:warmup]:
             r.step(b)
-    times = {n: [] for n in names}
+    times, backward = {n: [] for n in names}, {n: [] for n in names}
     for k in range(rounds):
         order = names[k % len(names) :] + names[: k % len(names)]
         for n in order:
-            times[n].append(timed_round(runners[n], batches, record=k == rounds - 1))
-    return runners, times
+            step_s, backward_s = timed_round(runners[n], batches, record=k == rounds - 1)
+            times[n].append(step_s)
+            backward[n].append(backward_s)
+    return runners, times, backward
 
 
 def timing(names, mods, args, rank, world, rounds, benchmark=False) -> tuple:
@@ -337,7 +343,9 @@ def timing(names, mods, args, rank, world, rounds, benchmark=False) -> tuple:
         out["quiet_wait"] = wait_for_quiet(0.3, timeout_s=60)
     dist.barrier()
     busy0, cpu0, t0 = cpu_busy_seconds(), time.process_time(), time.perf_counter()
-    runners, times = race(names, lambda n: Runner(n, "wide", args, mods, rank, dropout=args.dropout), batches, rounds)
+    runners, times, backward = race(
+        names, lambda n: Runner(n, "wide", args, mods, rank, dropout=args.dropout), batches, rounds
+    )
     own = torch.tensor([time.process_time() - cpu0])
     dist.all_reduce(own)  # both ranks' CPU time: the rest of the machine's busy time is someone else's
     busy1, span = cpu_busy_seconds(), time.perf_counter() - t0
@@ -349,6 +357,7 @@ def timing(names, mods, args, rank, world, rounds, benchmark=False) -> tuple:
             "rounds": rounds,
             "steps_per_round": args.round_steps,
             "step_s": times,
+            "backward_s": backward,  # DDP's holds the all-reduces of its buckets; a rung's, the launches of its own
             "median_step_s": med,
             "ratio_vs_ddp": {n: med[n] / med["ddp"] for n in names if n != "ddp"},
             "foreign_cores": foreign,
@@ -428,7 +437,7 @@ def bucket_sweep(sizes_mb, batches, args, mods, rank, with_ddp=True) -> dict:
         impl, mb = n.split("@")
         return Runner(impl, "wide", args, mods, rank, bucket_mb=float(mb), dropout=args.dropout)
 
-    runners, times = race(names, make, batches, args.sweep_rounds)
+    runners, times, _ = race(names, make, batches, args.sweep_rounds)
     out = {}
     for mb in sizes_mb:
         out[str(mb)] = {
