@@ -281,12 +281,12 @@ def raw_request(method: str, path: str, body: bytes = b"", extra: bytes = b"") -
     )
 
 
-def read_until_closed(sock: socket.socket, timeout: float) -> tuple[bytes, float]:
-    """Everything the server sends until it closes the connection (or `timeout`), and when it closed."""
+def read_until_closed(sock: socket.socket, timeout: float, done=lambda data: False) -> tuple[bytes, float]:
+    """Everything the server sends until it closes the connection, `done(data)` holds, or `timeout`; and when."""
     sock.settimeout(timeout)
     start, data = time.monotonic(), b""
     try:
-        while True:
+        while not done(data):
             chunk = sock.recv(65536)
             if not chunk:
                 break
@@ -296,25 +296,12 @@ def read_until_closed(sock: socket.socket, timeout: float) -> tuple[bytes, float
     return data, time.monotonic() - start
 
 
-def read_response(sock: socket.socket, timeout: float) -> bytes:
-    """One whole HTTP response (its head, then Content-Length bytes of body), without waiting for the server to close
-    the connection: plain uvicorn keeps it open for its keep-alive timeout after answering."""
-    sock.settimeout(timeout)
-    data = b""
-    try:
-        while True:
-            head, sep, body = data.partition(b"\r\n\r\n")
-            if sep:
-                length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
-                if length and len(body) >= int(length.group(1)):
-                    break
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    except (socket.timeout, ConnectionResetError):
-        pass
-    return data
+def whole_response(data: bytes) -> bool:
+    """One whole HTTP response is in: its head, then Content-Length bytes of body. Plain uvicorn keeps the connection
+    open for its keep-alive timeout after answering, so waiting for it to close costs those seconds."""
+    head, sep, body = data.partition(b"\r\n\r\n")
+    length = re.search(rb"(?im)^content-length:\s*(\d+)", head) if sep else None
+    return bool(length) and len(body) >= int(length.group(1))
 
 
 def health_of(base: str) -> dict:
@@ -455,7 +442,7 @@ def test_oversized_headers_get_431(servers, how, what):
                 sent += sock.send(request[i : i + (1 << 16)])
         except OSError:
             pass  # the server answered and closed before the client finished sending
-        data = read_response(sock, 30)
+        data, _ = read_until_closed(sock, 30, done=whole_response)
     assert data.startswith(b"HTTP/1.1 431"), data[:200]
     if how != "uvicorn" and what == "a 16 MB header":
         assert sent < len(request) // 2, "the server should refuse long before the whole header is in"
