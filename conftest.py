@@ -5,6 +5,12 @@ from pathlib import Path
 
 import pytest
 
+from distrinews_lib import quick_imports
+
+# The tests' own processes (pytest and its workers) load torch, transformers and the rest with the garbage collector
+# paused, as the course's ranks do (distrinews_lib/quick_imports.py).
+quick_imports.install()
+
 ROOT = Path(__file__).resolve().parent
 SHARED_AG_NEWS = ROOT.parent / "shared" / "data" / "ag_news"
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from .. import quick_imports
 from ..data.tokenization import tiny_tokenizer
 from ..errors import UserError
 from ..hub import env_says_offline, hub_reachable, model_download_command, models_cache_dir
@@ -94,6 +95,7 @@ def _model_missing_message(name: str, err: BaseException, hub: bool) -> str:
     )
 
 
+@quick_imports.paused()  # transformers loads here: with the garbage collector paused, then frozen
 def build_model(cfg, label_names: list, *, hub: bool | None = None):
     """(model, tokenizer, ModelInfo) for a run's configuration, one output per label name. hub: whether
     the hub is reachable, as the plan decided (None: probe it here unless offline)."""

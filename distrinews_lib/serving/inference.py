@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 import torch
 
+from .. import quick_imports
 from ..checkpoint import (  # the format's one module
     CLASSIFY_TASK,
     DEFAULT_CHECKPOINT,
@@ -53,6 +54,7 @@ def _custom_config(d: dict):
     return CustomConfig(**d)
 
 
+@quick_imports.paused()  # transformers loads here: with the garbage collector paused, then frozen
 def load_classifier(path=DEFAULT_CHECKPOINT) -> tuple:
     """(eval-mode model on the CPU, tokenizer, payload) of a classifier's checkpoint: read and checked, its model
     rebuilt from its own config (transformers, or --model custom's plain PyTorch) with strict weights, refused when it

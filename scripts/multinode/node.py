@@ -229,6 +229,9 @@ def explain(rc: int, tail: str, a, pre: Preflight) -> str | None:
 
 
 def main(argv=None) -> int:
+    from distrinews_lib import quick_imports
+
+    quick_imports.install()  # its preflight imports torch: with the garbage collector paused
     a = parse(argv)
     try:
         master_ip, local = check_setup(a)
