@@ -73,11 +73,11 @@ def keep_own_output(folder: str) -> None:
 
 
 def apply() -> None:
+    if "RANK" in os.environ:  # started by torchrun (or accelerate launch): its agent is our parent
+        die_with_parent()  # first: the sooner it is tied to its parent, the smaller the window a parent can die in
     from distrinews_lib import quick_imports
 
     quick_imports.install()  # the script's torch and transformers load with the garbage collector paused
-    if "RANK" in os.environ:  # started by torchrun (or accelerate launch): its agent is our parent
-        die_with_parent()
     mark_rank()
     if os.environ.get("DISTRINEWS_RANK_LOGS"):
         keep_own_output(os.environ["DISTRINEWS_RANK_LOGS"])
