@@ -25,7 +25,7 @@ SEQ_LEN = 64
 HASH_VOCAB = 4096
 
 
-@functools.cache  # one per process: building DistilBERT's WordPiece tokenizer costs a rank ~0.1 CPU-s each time
+@functools.cache  # one per process: each kind's tokenizer is built once
 def tokenizer_for(kind: str):
     from distrinews_lib.data.hash_tokenizer import HashTokenizer
     from distrinews_lib.data.tokenization import tiny_tokenizer
@@ -146,26 +146,23 @@ def step_seconds(kind: str, batch_size: int, dropout: bool = True, steps: int = 
 
 @functools.cache
 def _encoded(kind: str, n: int) -> tuple[list, list]:
-    """The sample's first `n` training texts as `kind`'s token ids, and their labels: read and encoded once per process
-    (a launch that checks many cases asks for the same batches again and again; reading the sample costs ~0.2 CPU-s)."""
+    """The sample's first `n` training texts (fewer if it has fewer) as `kind`'s token ids, and their labels: read and
+    encoded once per process (a launch that checks many cases asks for the same batches again and again; reading the
+    sample costs ~0.2 CPU-s)."""
     from distrinews_lib.data.sources import load_embedded
     from distrinews_lib.data.tokenization import encode_texts
 
     splits = load_embedded()
-    texts, labels = splits.train_texts[:n], splits.train_labels[:n]
-    if len(texts) < n:
-        raise UserError(f"{n} texts needed; the embedded sample has {len(texts)}")
-    return encode_texts(tokenizer_for(kind), texts, SEQ_LEN, "head"), labels
+    return encode_texts(tokenizer_for(kind), splits.train_texts[:n], SEQ_LEN, "head"), splits.train_labels[:n]
 
 
 def batches(kind: str, rank: int, world: int, steps: int, batch_size: int) -> list:
     """This rank's `steps` batches of real AG News texts (the embedded sample), disjoint from the other ranks'. Fresh
     tensors on every call: a caller may change its batches."""
     n = steps * batch_size * world
-    try:
-        ids, labels = _encoded(kind, n)
-    except UserError as e:
-        raise UserError(f"{steps} steps x {batch_size} x {world} ranks: {e}") from None
+    ids, labels = _encoded(kind, n)
+    if len(ids) < n:
+        raise UserError(f"{steps} steps x {batch_size} x {world} ranks need {n} texts; the sample has {len(ids)}")
     out = []
     for s in range(steps):
         rows = [rank + world * (s * batch_size + i) for i in range(batch_size)]  # rank r takes every world-th text
