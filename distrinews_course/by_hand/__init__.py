@@ -19,3 +19,20 @@ from .. import ROOT
 SCRIPTS = ROOT / "scripts" / "by_hand"
 RUNGS = ("naive", "flat", "overlapped", "bucketed", "zero1", "zero2", "zero3")
 TWO_LEVEL = ("hierarchical", "hsdp")  # chapter 08's rungs: N nodes x g ranks (by_hand/nodes.py)
+# Each rung's class, named by its idea: a traceback, a race table or a cell that names one says which idea ran.
+CLASSES = {
+    "naive": "NaiveDP",
+    "flat": "FlatDP",
+    "overlapped": "OverlappedDP",
+    "bucketed": "BucketedDP",
+    "zero1": "Zero1DP",
+    "zero2": "Zero2DP",
+    "zero3": "Zero3DP",
+    "hierarchical": "HierarchicalDP",
+    "hsdp": "HSDP",
+}
+
+
+def rung_class(module, rung: str):
+    """The data-parallel class a rung's module (or a learner's file standing in for it) defines."""
+    return getattr(module, CLASSES[rung])

@@ -9,14 +9,14 @@ from pathlib import Path
 
 from distrinews_lib.errors import UserError
 
-from . import SCRIPTS, TWO_LEVEL
+from . import CLASSES, SCRIPTS, TWO_LEVEL
 from .check import PASS, mistake
 
 # What each exercise's file must define, and the functions the learner writes (a stub raises NotImplementedError).
 EXERCISES = {
-    "overlapped": "DataParallel",
-    "bucketed": "DataParallel",
-    "zero1": "DataParallel",
+    "overlapped": CLASSES["overlapped"],
+    "bucketed": CLASSES["bucketed"],
+    "zero1": CLASSES["zero1"],
     "zero3": "gather",
     "hierarchical": "across_nodes",  # chapter 08's: checked on 2 nodes x 2 ranks (TWO_LEVEL_WORLD)
 }

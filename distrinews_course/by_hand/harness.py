@@ -1,7 +1,7 @@
 """A rung script's main, the same for every rung: join the gloo group torchrun set up, build the model on this rank's
-own seed and its share of the real texts, wrap it in the rung's DataParallel, train, then check that every rank ends
-with the same weights (distributed.max_param_difference). A rung's file holds only its DataParallel and ends with
-`harness.run(DataParallel, __doc__)`."""
+own seed and its share of the real texts, wrap it in the rung's class (NaiveDP, BucketedDP, ...), train, then check
+that every rank ends with the same weights (distributed.max_param_difference). A rung's file holds only its class and
+ends with `harness.run(NaiveDP, __doc__)`."""
 
 from __future__ import annotations
 
@@ -47,13 +47,13 @@ def init(timeout_s: float = 30, store=None) -> tuple[int, int]:
     return rank, world
 
 
-def train(DataParallel, doc: str, argv=None) -> float:
-    """Train `DataParallel` as its script's command line says; returns the largest weight difference between ranks."""
+def train(rung_cls, doc: str, argv=None) -> float:
+    """Train `rung_cls` as its script's command line says; returns the largest weight difference between ranks."""
     args = parse_args(doc, argv)
     rank, world = init(args.timeout_s)
     model = models.build_model(args.model, seed=args.seed + rank)  # each rank its own random init, on purpose
     batches = models.batches(args.model, rank, world, args.steps, args.batch_size)  # its own share of the texts
-    dp = DataParallel(model, args.bucket_mb, args.broadcast)
+    dp = rung_cls(model, args.bucket_mb, args.broadcast)
     optimizer = dp.optimizer(args.lr, args.weight_decay)
     for step, batch in enumerate(batches, 1):
         loss = model(**batch).loss
@@ -72,12 +72,12 @@ def train(DataParallel, doc: str, argv=None) -> float:
     return diff
 
 
-def run(DataParallel, doc: str) -> None:
+def run(rung_cls, doc: str) -> None:
     """A rung script's entry point: train, a mistake in one paragraph, and an end without the interpreter's teardown
     (where gloo's threads can abort a finished rank)."""
 
     @main_guard
     def main():
-        train(DataParallel, doc)
+        train(rung_cls, doc)
 
     run_and_end(main)

@@ -20,7 +20,7 @@ from distrinews_lib.errors import UserError
 
 from ..bench.timing import cpu_busy_seconds, wait_for_quiet
 from ..proc_self import bytes_written
-from . import RUNGS, SCRIPTS, TWO_LEVEL, measure, models, report
+from . import RUNGS, SCRIPTS, TWO_LEVEL, measure, models, report, rung_class
 from .check import PASS, compare, crashed, mistake, two_level_mistake
 from .exercises import EXERCISES
 from .rung import agreement_group, param_names
@@ -41,10 +41,12 @@ def load(path: Path, name: str):
 
 def rung_modules(rungs, exercises):
     """{contender: module}, {contender: rung}. An exercise RUNG:FILE[:LABEL] is a fresh copy of the rung's script
-    in which every class and function FILE defines replaces the script's own (the learner's DataParallel, or
+    in which every class and function FILE defines replaces the script's own (the learner's rung class, or
     ZeRO-3's gather and free): contender LABEL (default RUNG)."""
     mods = {name: load(SCRIPTS / f"{name}.py", f"by_hand_{name}") for name in rungs}
     kinds = {name: name for name in rungs}
+    for name in rungs:
+        mods[name].RUNG = name  # which rung's class a Runner wraps (a contender's label may differ)
     for exercise in exercises:
         rung, path, label = (exercise.split(":") + [""])[:3]
         label = label or rung
@@ -58,6 +60,7 @@ def rung_modules(rungs, exercises):
         for name, obj in vars(learner).items():
             if getattr(obj, "__module__", None) == learner.__name__ and hasattr(mod, name):
                 setattr(mod, name, obj)
+        mod.RUNG = rung
         mods[label], kinds[label] = mod, rung
     return mods, kinds
 
@@ -130,7 +133,7 @@ class Runner:
             self.dp = fsdp2(self.model, args.ranks_per_node if name == "fsdp2_hsdp" else None)
             self.opt = torch.optim.AdamW(self.model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
         else:
-            cls, kw = mods[name].DataParallel, {}
+            cls, kw = rung_class(mods[name], getattr(mods[name], "RUNG", name)), {}
             if "ranks_per_node" in inspect.signature(cls).parameters:  # a two-level rung: the layout the race gives
                 kw["ranks_per_node"] = getattr(args, "ranks_per_node", None)
             self.dp = cls(self.model, bucket_mb, True, self.timeline, **kw)

@@ -11,7 +11,7 @@ from distrinews_course.by_hand.rung import Rung, bucket_cap_bytes
 from distrinews_lib.errors import UserError
 
 
-class DataParallel(Rung):
+class BucketedDP(Rung):
     """Average the gradients DURING backward(), a bucket at a time: fewer, larger messages, still overlapped."""
 
     def __init__(self, model, bucket_mb=None, broadcast=True, timeline=None):
@@ -72,4 +72,4 @@ def on_grad_ready(param, dp):
 
 
 if __name__ == "__main__":
-    harness.run(DataParallel, __doc__)
+    harness.run(BucketedDP, __doc__)

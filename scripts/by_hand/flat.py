@@ -9,7 +9,7 @@ from distrinews_course.by_hand import harness
 from distrinews_course.by_hand.rung import Rung
 
 
-class DataParallel(Rung):
+class FlatDP(Rung):
     """Average every gradient over the ranks after backward(): all of them flattened into one buffer, one all-reduce."""
 
     def sync_gradients(self):
@@ -24,4 +24,4 @@ class DataParallel(Rung):
 
 
 if __name__ == "__main__":
-    harness.run(DataParallel, __doc__)
+    harness.run(FlatDP, __doc__)

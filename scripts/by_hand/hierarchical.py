@@ -22,7 +22,7 @@ from distrinews_course.by_hand.nodes import Nodes
 from distrinews_course.by_hand.rung import Rung, one_dtype
 
 
-class DataParallel(Rung):
+class HierarchicalDP(Rung):
     """One flat buffer of every gradient, averaged in two levels: inside the node, across the nodes, inside again."""
 
     def __init__(self, model, bucket_mb=None, broadcast=True, timeline=None, ranks_per_node=None):
@@ -58,4 +58,4 @@ def across_nodes(dp, shard, flat):
 
 
 if __name__ == "__main__":
-    harness.run(DataParallel, __doc__)
+    harness.run(HierarchicalDP, __doc__)

@@ -8,13 +8,13 @@ What FSDP2 calls hybrid sharding: fully_shard on a 2-D mesh (replicate, shard).
     python scripts/cluster/box.py --nodes 2 --ranks-per-node 2 --link 300mbit -- scripts/by_hand/hsdp.py --steps 20
 """
 import torch.distributed as dist
-from zero3 import DataParallel as ZeRO3  # rung 7, unchanged (its folder is on the path of a script)
+from zero3 import Zero3DP  # rung 7, unchanged (its folder is on the path of a script)
 
 from distrinews_course.by_hand import harness
 from distrinews_course.by_hand.nodes import Nodes
 
 
-class DataParallel(ZeRO3):
+class HSDP(Zero3DP):
     """ZeRO-3 with its blocks sharded inside the node; the gradient shards all-reduced across the nodes."""
 
     def __init__(self, model, bucket_mb=None, broadcast=True, timeline=None, ranks_per_node=None):
@@ -39,4 +39,4 @@ class DataParallel(ZeRO3):
 
 
 if __name__ == "__main__":
-    harness.run(DataParallel, __doc__)
+    harness.run(HSDP, __doc__)

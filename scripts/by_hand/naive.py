@@ -8,7 +8,7 @@ from distrinews_course.by_hand import harness
 from distrinews_course.by_hand.rung import Rung
 
 
-class DataParallel(Rung):
+class NaiveDP(Rung):
     """Average every gradient over the ranks after backward(): one blocking all-reduce per parameter."""
 
     def sync_gradients(self):
@@ -20,4 +20,4 @@ class DataParallel(Rung):
 
 
 if __name__ == "__main__":
-    harness.run(DataParallel, __doc__)
+    harness.run(NaiveDP, __doc__)

@@ -10,7 +10,7 @@ from distrinews_course.by_hand.rung import Rung
 from distrinews_lib.errors import UserError
 
 
-class DataParallel(Rung):
+class OverlappedDP(Rung):
     """Average every gradient over the ranks DURING backward(): a hook launches its async all-reduce once ready."""
 
     def __init__(self, model, bucket_mb=None, broadcast=True, timeline=None):
@@ -50,4 +50,4 @@ def on_grad_ready(param, dp):
 
 
 if __name__ == "__main__":
-    harness.run(DataParallel, __doc__)
+    harness.run(OverlappedDP, __doc__)

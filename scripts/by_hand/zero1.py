@@ -10,7 +10,7 @@ from distrinews_course.by_hand import harness
 from distrinews_course.by_hand.rung import Rung, one_dtype, stop_unless_every_rank_has
 
 
-class DataParallel(Rung):
+class Zero1DP(Rung):
     """One flat buffer split evenly: rank r owns elements [r * shard, (r + 1) * shard) and only updates those."""
 
     def __init__(self, model, bucket_mb=None, broadcast=True, timeline=None):
@@ -62,4 +62,4 @@ def sharded_step(dp, optimizer):
 
 
 if __name__ == "__main__":
-    harness.run(DataParallel, __doc__)
+    harness.run(Zero1DP, __doc__)

@@ -13,7 +13,7 @@ from distrinews_course.by_hand.rung import Rung, bucket_cap_bytes, one_dtype
 from distrinews_lib.errors import UserError
 
 
-class DataParallel(Rung):
+class Zero2DP(Rung):
     """Reduce-scatter the gradients DURING backward(), a bucket at a time; a rank keeps and updates its shard only."""
 
     def __init__(self, model, bucket_mb=None, broadcast=True, timeline=None):
@@ -100,4 +100,4 @@ def on_grad_ready(param, dp):
 
 
 if __name__ == "__main__":
-    harness.run(DataParallel, __doc__)
+    harness.run(Zero2DP, __doc__)

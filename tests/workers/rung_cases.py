@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts" / "by_hand"
 sys.path.insert(0, str(SCRIPTS))  # zero2.py imports bucketed.py's rule, hsdp.py zero3.py, as run as scripts
 sys.path.insert(0, str(ROOT))
+from distrinews_course.by_hand import rung_class  # noqa: E402
 from distrinews_lib.errors import UserError  # noqa: E402
 
 MODS = {}  # rung -> its module, loaded once here, before the children fork
@@ -159,7 +160,7 @@ def run_case(rung, model_kw, run_kw):
             if isinstance(per_node, str):  # "rank0:4": rank 0 says 4, the others the default
                 per_node = int(per_node.split(":")[1]) if rank == 0 else PER_NODE
             kw["ranks_per_node"] = per_node
-        dp = MODS[rung].DataParallel(model, bucket_mb, **kw)
+        dp = rung_class(MODS[rung], rung)(model, bucket_mb, **kw)
         optimizer = dp.optimizer(1e-2, 0.01)
         train(model, lambda: dp.step(optimizer), data)
         got = dp.full_weights() if hasattr(dp, "full_weights") else [p.detach() for p in model.parameters()]

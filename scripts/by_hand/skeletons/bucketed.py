@@ -2,7 +2,7 @@
 
 The class around the synchronisation is given; each function that raises NotImplementedError is yours to write.
 Read every line first: the given code says what your functions receive and what they must leave behind.
-The checker runs your DataParallel in place of scripts/by_hand/bucketed.py's, on 2 ranks, against torch's DDP,
+The checker runs your BucketedDP in place of scripts/by_hand/bucketed.py's, on 2 ranks, against torch's DDP,
 and names the first mistake it finds. Stuck? exercises.hint("bucketed", 1) shows the first of 4 hints.
 """
 import torch  # noqa: F401  (for the code you write)
@@ -12,7 +12,7 @@ from distrinews_course.by_hand.rung import Rung, bucket_cap_bytes
 from distrinews_lib.errors import UserError  # noqa: F401  (for the errors your code raises)
 
 
-class DataParallel(Rung):
+class BucketedDP(Rung):
     """Average the gradients DURING backward(), a bucket at a time: fewer, larger messages, still overlapped."""
 
     def __init__(self, model, bucket_mb=None, broadcast=True, timeline=None):

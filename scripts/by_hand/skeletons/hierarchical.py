@@ -13,7 +13,7 @@ from distrinews_course.by_hand.nodes import Nodes
 from distrinews_course.by_hand.rung import Rung, one_dtype
 
 
-class DataParallel(Rung):
+class HierarchicalDP(Rung):
     """One flat buffer of every gradient, averaged in two levels: inside the node, across the nodes, inside again."""
 
     def __init__(self, model, bucket_mb=None, broadcast=True, timeline=None, ranks_per_node=None):

@@ -2,7 +2,7 @@
 
 The class around the synchronisation is given; each function that raises NotImplementedError is yours to write.
 Read every line first: the given code says what your functions receive and what they must leave behind.
-The checker runs your DataParallel in place of scripts/by_hand/zero1.py's, on 2 ranks, against torch's DDP, and
+The checker runs your Zero1DP in place of scripts/by_hand/zero1.py's, on 2 ranks, against torch's DDP, and
 names the first mistake it finds. Stuck? exercises.hint("zero1", 1) shows the first of 4 hints.
 """
 import torch
@@ -12,7 +12,7 @@ from distrinews_course.by_hand.rung import Rung, one_dtype, stop_unless_every_ra
 from distrinews_lib.errors import UserError  # noqa: F401  (for the errors your code raises)
 
 
-class DataParallel(Rung):
+class Zero1DP(Rung):
     """One flat buffer split evenly: rank r owns elements [r * shard, (r + 1) * shard) and only updates those."""
 
     def __init__(self, model, bucket_mb=None, broadcast=True, timeline=None):

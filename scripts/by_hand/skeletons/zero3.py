@@ -40,7 +40,7 @@ class Block:
         return self.full.untyped_storage().nbytes() == self.nbytes
 
 
-class DataParallel(Rung):
+class Zero3DP(Rung):
     """Shard the weights too: each block's full weights exist only while it computes (forward, then backward)."""
 
     def __init__(self, model, bucket_mb=None, broadcast=True, timeline=None):
