@@ -1,26 +1,18 @@
-"""Chapter 06's memory calculator (distrinews_course.memory), memory_footprint.py's run specs: fast, no launch."""
+"""Chapter 06's memory calculator (distrinews_course.memory), memory_footprint.py's run specs (memory_probe): fast,
+no launch."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import pytest
 import torch
 
 from distrinews_course import memory as M
+from distrinews_course import memory_probe
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.models.build import build_model
 from distrinews_lib.training.config import RunConfig
-
-from .helpers import SCRIPTS
-
-
-def _footprint():
-    spec = importlib.util.spec_from_file_location("memory_footprint", SCRIPTS / "memory_footprint.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _tiny():
@@ -84,8 +76,7 @@ def test_the_calculator_prints_a_table_without_a_front_end(capsys):
 
 
 def test_run_specs_are_read_or_refused_with_the_grammar():
-    fp = _footprint()
-    assert fp.parse_run("ddp@32x128+ckpt", 8, 64) == {
+    assert memory_probe.parse_run("ddp@32x128+ckpt", 8, 64) == {
         "name": "ddp@32x128+ckpt",
         "variant": "ddp",
         "batch": 32,
@@ -93,9 +84,9 @@ def test_run_specs_are_read_or_refused_with_the_grammar():
         "ckpt": True,
         "view": False,
     }
-    assert fp.parse_run("ddp+view", 8, 64)["view"] and fp.parse_run("zero1", 8, 64)["batch"] == 8
+    assert memory_probe.parse_run("ddp+view", 8, 64)["view"] and memory_probe.parse_run("zero1", 8, 64)["batch"] == 8
     with pytest.raises(SystemExit, match=r"VARIANT\[@BATCHxSEQ\]"):
-        fp.parse_run("ddp@32", 8, 64)
+        memory_probe.parse_run("ddp@32", 8, 64)
 
 
 def test_adamw_temporaries_follow_the_implementation():
