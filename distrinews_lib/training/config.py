@@ -210,6 +210,12 @@ class RunConfig:
     snapshots: bool = opt(True, "write training snapshots")
     backend: str = opt("auto", "process-group backend", choices=("auto", "nccl", "gloo"), ddp=True)
     ddp_timeout: float = opt(300.0, "seconds a collective may wait before failing", check=positive, ddp=True)
+    debug_hangs: bool = opt(
+        False,
+        "the hang doctor: when a collective waits --ddp_timeout seconds or fails, one rank prints which rank is the "
+        "culprit, at which collective, and its stack (the group waits a grace longer, for the report)",
+        ddp=True,
+    )
     no_sync: bool = opt(True, "skip the all-reduce on non-final accumulation micro-steps", ddp=True)
     bucket_cap_mb: float = opt(25.0, "DDP gradient bucket size (MB)", check=positive, ddp=True)
     gradient_as_bucket_view: bool = opt(True, "gradients live in DDP's buckets (saves a copy)", ddp=True)
@@ -418,6 +424,10 @@ def finish(cfg: RunConfig, ddp: bool, preset_file=None) -> RunConfig:
                 f"--compile_mode {cfg.compile_mode} compiles the model, and --no-compile says not to; drop one of them."
             )
         cfg = replace(cfg, compile=True)
+    if cfg.debug_hangs:
+        from .. import hang_doctor  # opt-in: a run without the flag imports none of it
+
+        cfg = replace(cfg, ddp_timeout=hang_doctor.arm(cfg.ddp_timeout, str(Path(cfg.output) / "hangs")))
     if cfg.model == "custom" and cfg.custom_dim % cfg.custom_heads:
         raise UserError(
             f"--custom_dim {cfg.custom_dim} does not divide by --custom_heads {cfg.custom_heads}: every "
