@@ -44,6 +44,14 @@ def _say(text: str) -> None:
     sys.stderr.flush()
 
 
+def tell_hang_doctor(err: BaseException) -> None:
+    """The hang doctor (--debug_hangs), when this run armed it, hears of the error first and names the culprit rank.
+    Looked up, not imported: a run without it loads none of it."""
+    doctor = sys.modules.get("distrinews_lib.hang_doctor")
+    if doctor is not None:
+        doctor.on_error(err)
+
+
 def main_guard(fn):
     """Run a script's main(): UserError becomes one paragraph on stderr and exit code 2, in full on rank 0
     only (every rank may hit the same mistake; the others print one short line)."""
@@ -65,6 +73,7 @@ def main_guard(fn):
         except RuntimeError as err:  # DistBackendError is a RuntimeError too
             if getattr(err, "from_children", False) or not any(s in str(err).lower() for s in _TIMEOUT_SIGNS):
                 raise  # a launcher's error quoting its children's output is their failure, not this rank's timeout
+            tell_hang_doctor(err)
             rank = os.environ.get("RANK", "0")
             _say(
                 format_user_error(
@@ -90,7 +99,8 @@ def exit_code_of(fn) -> int:
         returned = fn()
     except SystemExit as exit_:
         code = exit_.code
-    except BaseException:  # noqa: BLE001  (printed like Python's own handler; the caller exits non-zero)
+    except BaseException as err:  # noqa: BLE001  (printed like Python's own handler; the caller exits non-zero)
+        tell_hang_doctor(err)
         traceback.print_exc()
         return 1
     else:
