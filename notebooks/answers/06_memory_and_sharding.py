@@ -3,12 +3,16 @@
 from distrinews_course import memory as M
 
 
-def my_zero1_split(sizes, world):
-    """Parameters per rank under ZeroRedundancyOptimizer: whole tensors, largest first, each to the least loaded one."""
-    ranks = [0] * world
-    for n in sorted(sizes, reverse=True):
-        ranks[ranks.index(min(ranks))] += n  # the rank holding the fewest parameters so far
-    return ranks
+def my_zero1_partition(named_sizes, world):
+    """Each rank's tensor names under ZeroRedundancyOptimizer: whole tensors, largest first, each to the rank
+    holding the fewest parameters so far (the lowest such rank on a tie)."""
+    owned = [[] for _ in range(world)]
+    load = [0] * world
+    for name, n in sorted(named_sizes.items(), key=lambda kv: kv[1], reverse=True):
+        rank = load.index(min(load))  # the first of the least loaded ranks
+        owned[rank].append(name)
+        load[rank] += n
+    return owned
 
 
 def long_sequence_predictions(runtime_mib):
