@@ -57,9 +57,11 @@ class CourseEnv:
 
 
 def find_root(start: Path | None = None) -> Path:
-    """The folder holding distrinews_lib/ and scripts/ (notebooks run from notebooks/, Kaggle from /kaggle/working)."""
+    """The folder holding distrinews_lib/ and scripts/ (notebooks run from notebooks/; on Kaggle and Colab from where
+    the archive's install copies the course, scripts/pack_install.sh)."""
     start = Path(start or Path.cwd()).resolve()
-    candidates = [start, *start.parents, Path("/kaggle/working/distrinews"), Path("/kaggle/working")]
+    hosted = [Path("/kaggle/working/distrinews"), Path("/kaggle/working"), Path("/content/distrinews")]
+    candidates = [start, *start.parents, *hosted]
     for c in candidates:
         if (c / "distrinews_lib").is_dir() and (c / "scripts").is_dir():
             return c
