@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Issue 41's GPU measurements, prepared for one lent GPU (H100/H200: torch 2.11+cu130, transformers 5.17, accelerate
-# 1.15, no `datasets`, no internet), each part one device call of at most 10 minutes; a warm machine keeps each
-# part's record in /tmp for the next (on a fresh one, the record committed in benchmarks/ is merged instead):
-#   bash scripts/gpu_session.sh course   # the 12 chapters through run_course.py on one GPU, offline, embedded sample
-#   (or course1 then course2: chapters 00-05, then 06-11, where one call cannot hold the twelve)
+# The GPU benchmark session: the course and the GPU benchmarks on one machine with one GPU (an H100 or H200 here;
+# Python 3.12, torch 2.11 for CUDA 13, transformers 5, accelerate, no package index), in parts of at most 10 minutes
+# each, so that each part fits one sitting on a shared GPU. Each part keeps its record in /tmp for the next part on
+# the same machine; on a fresh machine the record committed in benchmarks/ is merged instead.
+#   bash scripts/gpu_session.sh course   # the chapters through run_course.py on the GPU, offline, embedded sample
+#   (or course1 then course2: chapters 00-05, then 06 onwards, where one part cannot hold them all)
 #   bash scripts/gpu_session.sh race     # bench_train's race: ours, bare, CUDA graphs, Trainer x3; launches, syncs
 #   bash scripts/gpu_session.sh extras   # the CUDA-graphs path checked, the large_gpu preset's MFU, the launch floor
-#   (train = race + extras in one call, where a call can hold both)
+#   (train = race + extras in one part, where ten minutes hold both)
 #   bash scripts/gpu_session.sh rehearse # on a CPU: the same parts at CPU sizes (nothing it writes claims a GPU)
-# Before: `python scripts/gpu_wheels.py` here (the packages the image lacks, into .whl/), and the device call carries
-# it: run(command="bash scripts/gpu_session.sh course", carry=[".whl"]). Results go to $OUT (what the call brings
-# back; at most 8 files), else outputs/gpu_session/; copy the two benchmark files into benchmarks/ afterwards.
+# The machine lacks some of the course's packages: `python scripts/gpu_wheels.py` puts them in .whl/ beforehand, and
+# the session installs them from there (pip's index off) before each part. Results go to $OUT when it is set (a
+# folder the session's files come back from; keep it under 8 files), else outputs/gpu_session/; copy the
+# benchmark files into benchmarks/ afterwards.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PART=${1:-}
@@ -33,10 +35,13 @@ small_tar() {  # logs, records and JSON of a run folder: the executed notebooks 
   (cd "$1" && find . \( -name '*.json' -o -name '*.log' \) -size -4M | tar czf - -T -) > "$2"
 }
 
-# The course in one call, or in two halves (a warm machine keeps the first half's record in /tmp for the second; on a
-# fresh one, a record of the first half committed in benchmarks/ is merged instead).
+# The course in one part, or in two halves (the same machine keeps the first half's record in /tmp for the second; on
+# a fresh one, a record of the first half committed in benchmarks/ is merged instead).
+chapters_from() {  # the chapters in notebooks/ numbered $1 or above, as run_course.py's --only takes them
+  ls notebooks/ | sed -n 's/^\([0-9][0-9]\)_.*\.ipynb$/\1/p' | awk -v from="$1" '$1 >= from' | paste -sd, -
+}
 COURSE1=00,01,02,03,04,05
-COURSE2=06,07,08,09,10,11
+COURSE2=$(chapters_from 06)
 KEEP=/tmp/gpu_session
 mkdir -p "$KEEP"
 course_part() {
