@@ -66,9 +66,9 @@ def same_runs(tmp_path_factory):
     return tmp, acc, build_model(RunConfig(model=str(tmp / "model")), AG_NEWS_LABELS)[0].state_dict()
 
 
-# Chapter 09 asserts all of it under nbval, with dropout on: accelerate launch ran N processes (code cell 5), the
-# weights of train_ddp.py bit for bit, the same training loss, each of 401 held-out texts counted once (cell 6), its
-# TensorBoard tracker's files (cell 8), and the server loading and answering with the checkpoint (cell 7)
+# Chapter 09 asserts all of it under nbval, with dropout on: accelerate launch ran N processes, the weights of
+# train_ddp.py bit for bit, the same training loss, each of 401 held-out texts counted once (section 1,
+# accelerate_runs), its TensorBoard tracker's files (section 2), and the server answering with the checkpoint
 @pytest.mark.also_in_notebook
 @pytest.mark.slow
 def test_accelerate_trains_the_same_weights_as_the_ddp_script(same_runs):
@@ -131,8 +131,8 @@ def test_an_accelerate_launch_that_starts_fewer_processes_fails_loudly(tmp_path)
         )
 
 
-# Chapter 06 asserts all of it under nbval on the same script: every run ends with DDP's weights (code cell 8), DDP
-# holds exactly weights + gradients + two moments, FSDP2 1/N of it either way, ZeRO-1's shards sum to DDP's (cell 11)
+# Chapter 06 asserts all of it under nbval on the same script: every run ends with DDP's weights (section 4), DDP
+# holds exactly weights + gradients + two moments, FSDP2 1/N of it either way, ZeRO-1's shards sum to DDP's (section 6)
 @pytest.mark.also_in_notebook
 @pytest.mark.slow
 def test_zero_and_fsdp_end_with_ddps_weights_and_hold_less(tmp_path):

@@ -1,0 +1,143 @@
+"""Chapter 09's claims (distrinews_course.accelerate_runs, batch_sharding), on run folders written here in the
+formats the training scripts write (metrics.json, model.pt, TensorBoard event files): each claim holds on two runs
+that agree, and a wrong figure makes it fail. Fast: no launch (tests/test_beyond_ddp.py launches the real pair)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from types import SimpleNamespace
+
+import matplotlib
+import pytest
+import torch
+
+from distrinews_course import accelerate_runs as A
+from distrinews_course import batch_sharding as B
+
+matplotlib.use("Agg")
+EPOCHS, STEPS = 2, 5  # optimizer steps per epoch
+
+
+def _write_run(folder, *, weights, metrics, step_losses=None, epoch_logs=None):
+    """One run's folder as train_ddp.py (step_losses) or train_accelerate.py (epoch_logs) leaves it."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    folder.mkdir(parents=True)
+    (folder / "metrics.json").write_text(json.dumps(metrics))
+    torch.save({"state_dict": weights}, folder / "model.pt")
+    if step_losses is not None:  # train_ddp.py's RunTracker: every step's loss, each epoch's figures at its last step
+        with SummaryWriter(str(folder / "tensorboard")) as w:
+            for s, v in enumerate(step_losses, 1):
+                w.add_scalar("train/loss_step", v, s)
+            for e in metrics["epochs"]:
+                w.add_scalar("train/loss", e["train_loss"], e["epoch"] * STEPS)
+                w.add_scalar("val/accuracy", e["val_accuracy"], e["epoch"] * STEPS)
+    if epoch_logs is not None:  # Accelerate's tracker: <project_dir>/distrinews/, one value per epoch
+        with SummaryWriter(str(folder / "distrinews")) as w:
+            for epoch, logs in enumerate(epoch_logs, 1):
+                for tag, v in logs.items():
+                    w.add_scalar(tag, v, epoch)
+
+
+def _metrics(accuracies=(0.43, 0.47), losses=(1.3169, 0.9063), examples=401):
+    epochs = [
+        dict(epoch=i + 1, train_loss=l, val_accuracy=a, val_examples=examples, optimizer_steps=STEPS)
+        for i, (a, l) in enumerate(zip(accuracies, losses))
+    ]
+    return {"epochs": epochs, "data": {"title": "AG News (test)"}}
+
+
+def _pair(tmp_path, *, acc_metrics=None, acc_weights=None, acc_logs=None, ddp_steps=None):
+    torch.manual_seed(0)
+    w = {"a": torch.randn(4, 4), "b": torch.randn(4)}
+    m = _metrics()
+    logs = [{"train/loss": e["train_loss"], "val/accuracy": e["val_accuracy"]} for e in m["epochs"]]
+    steps = ddp_steps if ddp_steps is not None else [1.4 - 0.05 * s for s in range(EPOCHS * STEPS)]
+    _write_run(tmp_path / "ddp", weights=w, metrics=m, step_losses=steps)
+    _write_run(
+        tmp_path / "acc",
+        weights=acc_weights or copy.deepcopy(w),
+        metrics=acc_metrics or m,
+        epoch_logs=acc_logs or logs,
+    )
+    return A.TrainingPair(tmp_path / "ddp", tmp_path / "acc")
+
+
+def _failed(claims):
+    return [claim for ok, claim in claims if not ok]
+
+
+def test_two_runs_that_agree_pass_every_claim(tmp_path):
+    pair = _pair(tmp_path)
+    assert pair.gap == 0.0 and not _failed(pair.claims(401)) and not _failed(pair.tracking_claims())
+    assert "largest weight difference between the two trained models: 0.0" in pair.table()
+    fig = pair.tracking_figure()
+    assert len(fig.axes) == 2 and len(fig.axes[0].lines) == 2
+
+
+def test_a_weight_off_by_one_rounding_fails_bit_for_bit(tmp_path):
+    torch.manual_seed(0)
+    w = {"a": torch.randn(4, 4), "b": torch.randn(4)}
+    w["b"][0] = torch.nextafter(w["b"][0], torch.tensor(10.0))  # one float one step away
+    pair = _pair(tmp_path, acc_weights=w)
+    assert 0 < pair.gap < 1e-6 and any("bit for bit" in c for c in _failed(pair.claims(401)))
+
+
+@pytest.mark.parametrize(
+    "wrong,words",
+    [
+        (dict(losses=(1.3169, 0.9064)), "the same training loss"),
+        (dict(examples=402), "each of the 401 held-out texts exactly once"),
+    ],
+)
+def test_a_run_that_differs_fails_its_claim(tmp_path, wrong, words):
+    pair = _pair(tmp_path, acc_metrics=_metrics(**wrong))
+    assert any(words in c for c in _failed(pair.claims(401)))
+
+
+def test_a_run_that_did_not_learn_fails(tmp_path):
+    pair = _pair(tmp_path)
+    pair.metrics["ddp"]["epochs"][-1]["val_accuracy"] = 0.26
+    assert any("the runs learned" in c for c in _failed(pair.claims(401)))
+
+
+def test_the_tracking_claims_fail_on_a_wrong_figure(tmp_path):
+    lost_a_step = _pair(tmp_path / "one", ddp_steps=[1.0] * (EPOCHS * STEPS - 1))
+    assert any("all 10 optimizer steps" in c for c in _failed(lost_a_step.tracking_claims()))
+    m = _metrics()
+    logs = [{"train/loss": e["train_loss"], "val/accuracy": e["val_accuracy"] + 0.01} for e in m["epochs"]]
+    other = _pair(tmp_path / "two", acc_logs=logs)
+    assert any("Accelerate's own tracker" in c for c in _failed(other.tracking_claims()))
+    drifted = _pair(tmp_path / "three")
+    drifted.metrics["ddp"]["epochs"][0]["val_accuracy"] = 0.44  # metrics.json and the event file disagree
+    assert any("metrics.json's" in c for c in _failed(drifted.tracking_claims()))
+
+
+def test_the_launch_claims_and_notes():
+    ok = SimpleNamespace(ranks=2, output="preset cpu_smoke | world size 2 | ...", lines=["epoch 1/2"])
+    assert not _failed(A.launch_claims(ok, 2)) and A.deepspeed_notice(ok) is None
+    one = SimpleNamespace(ranks=1, output="preset cpu_smoke | world size 1 | ...", lines=[])
+    assert len(_failed(A.launch_claims(one, 2))) == 2
+    warned = SimpleNamespace(lines=["[WARNING] [real_accelerator.py] Setting accelerator to CPU. If you have GPU"])
+    assert "1x" in A.deepspeed_notice(warned)
+    assert A.key_lines("epoch 1/2 | train loss") and not A.key_lines("[WARNING] x")
+
+
+def test_a_gap_prediction_is_judged_in_one_line(capsys):
+    assert A.judge_gap_prediction(None, 0.0) is None
+    assert A.judge_gap_prediction(0.0, 0.0) is True and A.judge_gap_prediction(1e-7, 0.0) is False
+    assert A.judge_gap_prediction("0", 0.0) is None and "write a number" in capsys.readouterr().out
+
+
+def test_the_two_shardings_hold_the_same_global_batches_split_differently():
+    shares = B.rank_batches(n=16, world=2, global_batch=8)
+    sampler, prepared = shares[B.SAMPLER], shares[B.PREPARED]
+    assert sampler[0] == [[0, 2, 4, 6], [8, 10, 12, 14]] and prepared[0] == [[0, 1, 2, 3], [8, 9, 10, 11]]
+    assert B.same_global_batches(shares)[0]
+    moved = copy.deepcopy(shares)  # an example of step 2 trained in step 1: not the same global batch any more
+    moved[B.PREPARED][1][0][-1], moved[B.PREPARED][1][1][0] = 12, 7
+    assert not B.same_global_batches(moved)[0]
+    same = {B.SAMPLER: sampler, B.PREPARED: copy.deepcopy(sampler)}  # no difference to show
+    assert not B.same_global_batches(same)[0]
+    assert len(B.sharding_figure(shares).axes[0].patches) == 2 * 16
