@@ -407,31 +407,11 @@ def measure_adamw_temporaries(model: str = "distilbert-base", timeout: float = 3
     return json.loads(res.output.strip().splitlines()[-1])
 
 
-def _preimport_and_run(argv: list[str]) -> None:
-    """`memory.py preimport MODULE[,MODULE...] SCRIPT ARGS...`: import the modules, then run SCRIPT as __main__.
-    Chapter 06 runs memory_footprint.py so to see what a module imported inside a run's fresh process costs its peak."""
-    import importlib
-    import runpy
-    import sys
-
-    if len(argv) < 2:
-        raise SystemExit("usage: memory.py preimport MODULE[,MODULE...] SCRIPT [ARGS...]")
-    for name in argv[0].split(","):
-        importlib.import_module(name)
-    sys.argv = argv[1:]
-    runpy.run_path(argv[1], run_name="__main__")
-
-
 if __name__ == "__main__":
     import json
     import sys
 
     if sys.argv[1:2] == ["adamw-step"] and len(sys.argv) == 3 and sys.argv[2] in SHAPES:
         print(json.dumps(_adamw_step_peaks(sys.argv[2])))
-    elif sys.argv[1:2] == ["preimport"]:
-        _preimport_and_run(sys.argv[2:])
     else:
-        raise SystemExit(
-            f"usage: python -m distrinews_course.memory adamw-step {{{','.join(SHAPES)}}}\n"
-            "       python distrinews_course/memory.py preimport MODULE[,MODULE...] SCRIPT [ARGS...]"
-        )
+        raise SystemExit(f"usage: python -m distrinews_course.memory adamw-step {{{','.join(SHAPES)}}}")

@@ -123,18 +123,3 @@ def test_a_peak_prediction_is_judged_by_the_part_it_got_wrong():
     ok, why = M.judge_peak_prediction(right / 5, "tiny", 16, 512, overhead_mb=runtime)
     assert not ok and "below the calculator" in why
     assert M.judge_peak_prediction("150", "tiny", 16, 512) == (False, "write a positive number of MiB, not '150'")
-
-
-def test_preimport_imports_first_then_runs_the_script_as_main(tmp_path):
-    import subprocess
-    import sys
-
-    script = tmp_path / "probe.py"
-    script.write_text("import sys\nprint(__name__, 'wave' in sys.modules, sys.argv[1:])\n")
-    out = subprocess.run(
-        [sys.executable, M.__file__, "preimport", "wave", str(script), "--x", "1"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0 and out.stdout.strip() == "__main__ True ['--x', '1']", out.stdout + out.stderr
