@@ -1,0 +1,47 @@
+"""Whether a measured run had this machine's cores to itself: chapter 05's speed claims are checked only on runs where
+it did, and shown with a NOTE where it did not.
+
+    quiet.others(run)                 # cores other programs kept busy during a run of scripts/bench_runs.py
+    quiet.all_quiet(runs, gpus=0)     # every run under QUIET_CORES (always, on GPUs: the devices compute)
+    quiet.busy_reason(runs)           # 'other programs used up to 0.61 cores during 1 of its 9 runs'
+
+Each run of scripts/bench_runs.py records the machine's busy CPU time over its window (/proc/stat) and every rank's own
+CPU time; the difference, per second, is what other programs used (perf_model.others_cores).
+"""
+
+from __future__ import annotations
+
+from ..perf_model import others_cores
+
+# A run is quiet when other programs used under 0.3 cores during it. On the 2-core machines this course is checked on,
+# with one core per rank, 0.3 cores is 15% of the machine: the share the chapter's models are checked to. Where other
+# programs took more, a right model could miss by more than its bound, so the run cannot check it either way.
+QUIET_CORES = 0.3
+
+
+def others(run: dict) -> float | None:
+    """Cores other programs kept busy during one run (None where /proc/stat is missing, or the run has no ranks)."""
+    if "ranks" not in run:
+        return run.get("others_cores")
+    return others_cores(run)
+
+
+def all_quiet(runs, gpus: bool = False) -> bool:
+    """Whether every run had the machine to itself: other programs under QUIET_CORES in each. On GPUs always: the
+    devices compute, not the shared cores. A run with no reading (no /proc/stat) is not quiet: nothing says it was."""
+    return bool(gpus) or all(x is not None and x < QUIET_CORES for x in map(others, runs))
+
+
+def busiest(runs) -> float:
+    """The most cores other programs used during any of the runs (0 where none was measured)."""
+    return max((others(r) or 0.0 for r in runs), default=0.0)
+
+
+def busy_reason(runs) -> str:
+    """Why these runs cannot check a speed claim, in a few words for a NOTE."""
+    runs = list(runs)
+    unread = [r for r in runs if others(r) is None]
+    if unread and len(unread) == len(runs):
+        return "this machine has no /proc/stat to say whether other programs were busy"
+    busy = [r for r in runs if (others(r) or 0.0) >= QUIET_CORES]
+    return f"other programs used up to {busiest(runs):.2f} cores during {len(busy)} of its {len(runs)} runs"

@@ -1,0 +1,50 @@
+"""distrinews_course/claims.py and bench/quiet.py: a claim is checked (a false one fails the notebook with its text)
+or shown with one NOTE that says why this run cannot check it; a run is quiet when other programs used under 0.3 cores
+during it, and one with no reading is not quiet."""
+
+import pytest
+
+from distrinews_course.bench import quiet
+from distrinews_course.claims import Claim, settle
+
+
+def test_a_checked_claim_prints_checked_and_a_false_one_fails(capsys):
+    settle(Claim("two is more than one", 2 > 1))
+    assert capsys.readouterr().out == "checked: two is more than one\n"
+    with pytest.raises(AssertionError, match="claim failed: one is more than two"):
+        settle([Claim("fine", True), Claim("one is more than two", False)])
+
+
+def test_an_unchecked_claim_is_a_note_whatever_it_says(capsys):
+    settle([Claim("the model is within 15%", False, "other programs used up to 0.61 cores during 1 of its 3 runs")])
+    out = capsys.readouterr().out
+    assert out == (
+        "NOTE: not checked on this run (other programs used up to 0.61 cores during 1 of its 3 runs): "
+        "the model is within 15%\n"
+    )
+
+
+def run(*others_cores):
+    """A run of scripts/bench_runs.py whose longest rank saw `others_cores[i]` cores of others (the other ranks' own CPU
+    added, as the machine's busy time counts it)."""
+    ranks = [{"seconds": 1.0, "steps": 1, "cpu_s": 1.0, "foreign_cores": f} for f in others_cores]
+    for i, r in enumerate(ranks):  # what /proc/stat saw beyond this rank: the others' CPU and the other programs'
+        if r["foreign_cores"] is not None:
+            r["foreign_cores"] += sum(o["cpu_s"] for j, o in enumerate(ranks) if j != i)
+    return {"ranks": ranks}
+
+
+def test_quiet_is_under_0_3_cores_of_other_programs():
+    assert quiet.others(run(0.1)) == pytest.approx(0.1)
+    assert quiet.all_quiet([run(0.1), run(0.29)])
+    assert not quiet.all_quiet([run(0.1), run(0.31)])
+    assert quiet.all_quiet([run(0.9)], gpus=True), "on GPUs the devices compute: the cores' other users do not count"
+    assert quiet.busy_reason([run(0.1), run(0.61), run(0.2)]) == (
+        "other programs used up to 0.61 cores during 1 of its 3 runs"
+    )
+
+
+def test_a_run_without_a_reading_is_not_quiet():
+    assert not quiet.all_quiet([run(None)])
+    assert "no /proc/stat" in quiet.busy_reason([run(None)])
+    assert quiet.others({"others_cores": 0.05}) == 0.05  # a collectives run records its own figure
