@@ -296,7 +296,9 @@ def _read_once(load):
 
 @contextlib.contextmanager
 def alone():
-    """On this rank, distrinews_lib acts as in a world of one (for a single-process script run on rank 0
-    while the other ranks wait); torch.distributed itself is untouched."""
-    with _patched(D, "is_initialized", lambda: False):
+    """On this rank, the script sees a world of one (for a single-process script run on rank 0 while the other ranks
+    wait): torch.distributed.is_initialized() answers False inside the block, so every helper of distrinews_lib that
+    asks it (wherever the library keeps that helper) skips its collectives. The process group itself is untouched:
+    the ranks meet again at the harness's barrier after the block."""
+    with _patched(D, "is_initialized", lambda: False), _patched(dist, "is_initialized", lambda: False):
         yield
