@@ -13,7 +13,8 @@ all, its own work alone), "straggler_ms" (the last rank sleeps that long after e
 "every_rank": true on every rank at once, each on its own (what sharing the machine costs, without any
 communication); any other run is scripts/train_ddp.py on every rank, with every gradient bucket's
 all-reduce timed and every byte sent counted. A run {"collectives": {"sizes": [...]}} times all_reduce over
-those message sizes instead (perf_model.time_collectives). Inside scripts/cluster/box.py a run's "link": RATE
+those message sizes instead (perf_model.time_collectives), with the cores other programs kept busy meanwhile.
+Inside scripts/cluster/box.py a run's "link": RATE
 first dials every node's link to that rate (distrinews_course/link.py).
 """
 import contextlib
@@ -27,6 +28,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from distrinews_course import link, perf_model
 from distrinews_course.bench import harness, throughput
+from distrinews_course.bench.timing import cpu_busy_seconds, foreign_cores
 from distrinews_lib.distributed import end_process
 
 
@@ -66,12 +68,15 @@ with harness.shared_process_group():
                 link.dial(run["link"])
             dist.barrier()
         if "collectives" in run:
+            busy, cpu, wall = cpu_busy_seconds(), time.process_time(), time.perf_counter()
             rows = perf_model.time_collectives(**run["collectives"])
-            sent = [None] * world
+            wall, cpu, busy = time.perf_counter() - wall, time.process_time() - cpu, (busy, cpu_busy_seconds())
+            sent, cpus = [None] * world, [None] * world
             dist.all_gather_object(sent, [r["sent"] for r in rows])
+            dist.all_gather_object(cpus, cpu)  # every rank's CPU, its gloo threads' included: ours, not others'
             if rank == 0:
-                results[name] = {**run, "world": world, "rows": [{**r, "sent_by_rank": [s[i] for s in sent]}
-                                                                 for i, r in enumerate(rows)]}
+                results[name] = {**run, "world": world, "others_cores": foreign_cores(*busy, sum(cpus), wall),
+                                 "rows": [{**r, "sent_by_rank": [s[i] for s in sent]} for i, r in enumerate(rows)]}
             continue
         window, clock, started = None, perf_model.StepClock(), time.perf_counter()
         timers = clock if run.get("breakdown") else contextlib.nullcontext()
