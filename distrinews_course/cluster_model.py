@@ -234,3 +234,117 @@ def public_table_predictions(tensor_s: float = 20e-6, interference: float = None
 
 def as_dict(x) -> dict:
     return asdict(x)
+
+
+# --------------------------------------------------------------------------- chapter 05's section 5, on paper
+
+# DistilBERT-base on published hardware: 2x T4 over PCIe (Kaggle), a node of 8 H100 over NVLink, and 64 and 512 H100
+# over InfiniBand. Each rank's batch: 32 texts of 128 tokens; fp32 gradients; backward twice the forward; 40% of the
+# GPU's fp16 peak (a well-fed transformer's share).
+PAPER_CASES = ((2, "T4", "pcie3"), (8, "H100 SXM", "nvlink4"), (64, "H100 SXM", "ib_ndr"), (512, "H100 SXM", "ib_ndr"))
+TOKENS_PER_STEP = 32 * 128
+MFU = 0.4
+
+
+def distilbert_tensors() -> list[tuple[float, float]]:
+    """DistilBERT-base's gradients (bytes, ready fraction), from its shapes only: built on the meta device."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, DistilBertConfig
+
+    with torch.device("meta"):  # shapes only: no weights are made
+        model = AutoModelForSequenceClassification.from_config(DistilBertConfig(num_labels=4))
+    return transformer_tensors(model)
+
+
+def gpu_step_s(params: float, gpu: str, tokens: int = TOKENS_PER_STEP, mfu: float = MFU) -> float:
+    """One GPU's step: 6 FLOPs per parameter and token (forward 2, backward 4) at `mfu` of the GPU's peak."""
+    return 6 * params * tokens / (GPUS[gpu] * 1e12 * mfu)
+
+
+def on_paper(tensors) -> list[dict]:
+    """The ESTIMATE of DDP on each of PAPER_CASES: {n, gpu, link, estimate (DDPEstimate)}."""
+    params = sum(b for b, _ in tensors) / 4
+    return [
+        dict(n=n, gpu=gpu, link=LINKS[key], estimate=ddp_estimate(gpu_step_s(params, gpu), tensors, n, LINKS[key]))
+        for n, gpu, key in PAPER_CASES
+    ]
+
+
+def on_paper_table(tensors, rows) -> str:
+    params, emb = sum(b for b, _ in tensors) / 4, sum(b for b, r in tensors if r == 1.0) / sum(b for b, _ in tensors)
+    lines = [
+        f"DistilBERT-base: {params / 1e6:.1f}M parameters, {len(tensors)} gradient tensors; the word and position "
+        f"embeddings, made last by backward, are {100 * emb:.0f}% of the bytes",
+        f"{'ESTIMATE':<9} {'GPUs':>5} {'link':<28} {'step ms':>7} {'comm ms':>7} {'exposed':>7} {'efficiency':>10} "
+        f"{'speedup':>8}",
+    ]
+    for r in rows:
+        e, name = r["estimate"], f"{r['gpu']}, {r['link'].name.split(',')[0].split(' (')[0]}"
+        lines.append(
+            f"{'':<9} {r['n']:>5} {name:<28} {e.compute_ms:>7.1f} {e.comm_ms:>7.1f} {e.exposed_ms:>7.1f} "
+            f"{100 * e.efficiency:>9.0f}% {e.speedup:>7.1f}x"
+        )
+    lines.append(
+        "sources: " + "; ".join(f"{lk.name}: {lk.source}" for lk in {r["link"].name: r["link"] for r in rows}.values())
+    )
+    return "\n".join(lines)
+
+
+def t4_forecast_line(benchmarks, tensors, efficiency: float) -> str:
+    """The 2x T4 row again, as a FORECAST that counts the host: a step takes at least the CPU time that issues its
+    kernels (bench/launch_floor.py), measured on a GPU where a run left one in benchmarks/, else a CPU PROXY."""
+    from .bench import launch_floor as lf
+
+    floor = lf.known_floor(benchmarks)
+    if floor is None:
+        return "no launch floor in benchmarks/: python -m distrinews_course.bench.launch_floor measures one"
+    gpu_s = gpu_step_s(sum(b for b, _ in tensors) / 4, "T4")
+    parts = []
+    for name in ("eager", "cuda_graphs"):
+        if name in floor:
+            f = lf.t4_step_forecast(gpu_s, floor[name]["seconds_per_step"], ddp_efficiency=efficiency)
+            parts.append(
+                f"{name} {1000 * f['floor_seconds']:.1f} ms ({f['bound']}-bound, 2x T4 {f['2x_speedup']:.2f}x)"
+            )
+    return (
+        f"FORECAST with the CPU's launch floor ({floor['kind']}, {floor['file']}): each 2x T4 step is max(the GPU's "
+        f"{1000 * gpu_s:.1f} ms, the floor): " + "; ".join(parts)
+    )
+
+
+def public_table_lines() -> list[str]:
+    """PUBLIC_DDP_TABLE against the model: predicted / measured overhead per model and GPU count, and a summary line
+    (mean error; resnet50, where INTERFERENCE was fitted, apart from the three held-out models)."""
+    pub = public_table_predictions()
+    lines = [
+        f"{'model':<18} "
+        + " ".join(f"{str(n) + ' GPU':>12}" for n in PUBLIC_DDP_TABLE["gpus"])
+        + "   (predicted / measured overhead, %)"
+    ]
+    for model in PUBLIC_DDP_TABLE["models"]:
+        mine = [r for r in pub if r["model"] == model]
+        lines.append(f"{model:<18} " + " ".join(f"{r['predicted_pts']:>5.1f} /{r['measured_pts']:>5.1f}" for r in mine))
+    err = lambda r: abs(r["predicted_pts"] - r["measured_pts"])  # noqa: E731
+    held = [r for r in pub if r["model"] != "resnet50"]
+    under = sum(r["predicted_pts"] < r["measured_pts"] for r in held)
+    lines.append(
+        f"mean error {sum(map(err, pub)) / len(pub):.1f} points; resnet50 (where the one constant was fitted) at most "
+        f"{max(err(r) for r in pub if r['model'] == 'resnet50'):.1f}; the other three at most "
+        f"{max(map(err, held)):.1f}, under the measurement in {under} of their {len(held)} cells"
+    )
+    return lines
+
+
+def kaggle_line() -> str:
+    """The public 2x T4 measurement (KAGGLE_NANOGPT), read with the model's eyes: how much communication hid, and
+    the link it implies."""
+    k = KAGGLE_NANOGPT
+    hidden = 1 - (k["ddp_ms"] - k["one_gpu_ms"]) / k["comm_ms"]
+    gb_s = ring_bytes_per_rank(k["params"] * 4, 2) / (k["comm_ms"] / 1000) / 1e9
+    return (
+        f"Kaggle, 2x T4, nanoGPT of 4M parameters: {k['one_gpu_ms']} ms on one GPU, {k['ddp_ms']} ms with DDP, of "
+        f"which {k['comm_ms']} ms of communication: {100 * hidden:.0f}% of it hid behind backward ("
+        f"{2 * k['one_gpu_ms'] / k['ddp_ms']:.2f}x on 2 GPUs). Its 16 MB of gradients took {k['comm_ms']} ms: "
+        f"{gb_s:.1f} GB/s, a tenth of PCIe 3.0's {LINKS['pcie3'].gb_s}: Kaggle's two T4s have no peer-to-peer path "
+        "(chapter 00's first cell checks), so NCCL stages every byte through host memory."
+    )

@@ -1,10 +1,10 @@
 """Chapter 05's loopback sweep: the runs of one launch, and the model that predicts each DDP point from the runs
 beside it in the same round.
 
-    runs = loopback.sweep_plan(flags, batches=(16, 64, 256), n=2, samples=1024, rounds=3)  # for scripts/bench_runs.py
-    model = loopback.Model.from_runs(R, fit, n=2, small=16, rounds=3)      # after the launch: the terms, measured
-    pts = loopback.points(R, model, batches, rounds)                      # each batch: its rounds, its median round
-    for ok, claim in loopback.verdicts(pts): check(ok, claim)             # quiet rounds, within margin(pts)
+    runs = loopback.sweep_plan(flags, batches=(16, 64, 256), n=2, samples=768, rounds=3)  # for scripts/bench_runs.py
+    sweep = loopback.Sweep.from_launch(R, fit, batches, n=2, rounds=3)   # after the launch: the model, each point
+    print(sweep.parts_table()); print(sweep.gap_table()); settle(sweep.gap_claim())    # section 2: a step apart
+    print(sweep.speedup_table()); settle(sweep.speedup_claims())                       # section 3: model vs run
 
 Per batch b and round k the launch runs, back to back:
 - single: 1 process, 2b per step (the baseline, the other core idle);
@@ -12,7 +12,8 @@ Per batch b and round k the launch runs, back to back:
 - ddp: train_ddp.py, b per process.
 Once per round, at the smallest batch, `nocomm`: train_ddp.py whose communication hook sends nothing, so DDP's own
 work per step (its hooks, the copies into and out of the buckets, its forward's checks) is timed against the pair's;
-and at the largest, `solo`: 1 process at b alone, for the cache effect (b against 2b, nothing beside it).
+at the largest, `solo`: 1 process at b alone, for the cache effect (b against 2b, nothing beside it), and `buckets`:
+train_ddp.py with small gradient buckets (section 6's lever, compared with the ddp run of its own round).
 
 The prediction of a DDP step is the pair's step (the slower rank's, step by step: DDP's ranks wait for each other in
 every step) + DDP's own work + the all-reduce of the gradients as training runs it (the step clock's transfer part of
@@ -25,19 +26,23 @@ can neither fail it nor pass it.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .timing import checked_margin, rounds_spread
+from ..claims import Claim
+from . import quiet
+from .timing import NOISY_SPREAD, checked_margin, rounds_spread
 
 COMPUTE = ("data", "forward", "backward", "clip", "optimizer")
 PER_EXAMPLE = ("data", "forward", "backward")  # shrinks with the batch
 REPEATED = ("clip", "optimizer")  # every rank does it over all parameters, whatever its batch
 KINDS = ("single", "pair", "ddp")
-QUIET_CORES = 0.3  # other programs' cores above which a run is 'busy'
+SHOWN = ("data", "forward", "backward", "waiting", "transfer", "clip", "optimizer")  # a step's parts, in order
 BOUND = 0.15  # a prediction is right within this share of the measurement
 # The range of 3 rounds understates how far their median strays from the truth: sweeps resampled from the rounds of 8
 # launches on a busy day of this machine failed a check within 1x their range 4.6% of the time, within 2x 0.3%
 SPREAD_TIMES = 2.0
+GAP_BOUND = 0.10  # the parts explain the DDP step within this share of it (or within what its runs moved)
+SMALL_BUCKET_MB = 0.25  # the `buckets` runs' cap: one bucket per 0.25 MiB instead of DDP's 25 MiB
 
 
 def step_s(run: dict) -> float:
@@ -68,9 +73,7 @@ def compute_s(run: dict) -> float:
 
 def others(run: dict) -> float | None:
     """Cores other programs kept busy during a run (None where /proc/stat is missing)."""
-    from ..perf_model import others_cores
-
-    return others_cores(run)
+    return quiet.others(run)
 
 
 def sweep_plan(flags, batches, n: int, samples: int, rounds: int, warmup: int = 1) -> dict:
@@ -78,15 +81,15 @@ def sweep_plan(flags, batches, n: int, samples: int, rounds: int, warmup: int = 
     line. Each run times max(2, samples / (n b)) steps: the same global work at every batch."""
     runs, small, large = {}, batches[0], batches[-1]
 
-    def add(name, world, batch, steps, **extra):  # world: how many processes share the run's examples
+    def add(name, world, batch, steps, *extra, **more):  # world: how many processes share the run's examples
         runs[name] = dict(
             world=world,
             warmup=warmup,
             steps=steps,
             per_rank=batch,
             breakdown=True,
-            **extra,
-            flags=[str(f) for f in flags(name, batch, steps, world=world)],
+            **more,
+            flags=[str(f) for f in flags(name, batch, steps, *extra, world=world)],
         )
 
     for k in range(rounds):
@@ -97,6 +100,8 @@ def sweep_plan(flags, batches, n: int, samples: int, rounds: int, warmup: int = 
             add(f"ddp_b{b}_r{k}", n, b, steps)
             if b == small:
                 add(f"nocomm_b{b}_r{k}", n, b, steps, hook="none")
+            if b == large:
+                add(f"buckets_b{b}_r{k}", n, b, steps, "--bucket_cap_mb", SMALL_BUCKET_MB)
         add(f"solo_b{large}_r{k}", 1, large, max(2, samples // (n * large)))
     return runs
 
@@ -141,6 +146,15 @@ class Model:
         # example than the whole batch in one process), and so may the prediction, as the measurement does.
         return single_step / self.step(pair_step, b)
 
+    def terms_line(self, batches) -> str:
+        """The model's terms, measured, in one line."""
+        return (
+            f"DDP's own work {1000 * self.overhead_s:.1f} ms per step; the all-reduce of "
+            f"{self.grad_bytes / 2**20:.1f} MiB of gradients in {self.buckets} bucket(s) as training ran it: "
+            + ", ".join(f"{1000 * self.comm_for(b):.1f} ms for the point at {b}" for b in batches)
+            + f" (the alpha-beta fit says {1000 * self.comm_s:.1f} ms)"
+        )
+
     @classmethod
     def from_runs(cls, R: dict, fit, n: int, small: int, rounds: int, gpus: bool = False) -> Model:
         """The terms from the launch's nocomm and pair runs (the median of the rounds) and the all-reduce fit."""
@@ -170,14 +184,13 @@ class Model:
 
 
 def round_quiet(runs, gpus: bool = False) -> bool:
-    """Whether a round's runs had the machine to themselves: other programs under QUIET_CORES in each (on GPUs,
-    always: the devices compute, not the shared cores)."""
-    return gpus or all(x is not None and x < QUIET_CORES for x in map(others, runs))
+    """Whether a round's runs had the machine to themselves (quiet.all_quiet)."""
+    return quiet.all_quiet(runs, gpus)
 
 
 def _median_of_quiet(values: list[tuple[float, bool]]) -> float:
     """The median of the values whose round was quiet, or of all where none was."""
-    return statistics.median([x for x, quiet in values if quiet] or [x for x, _ in values])
+    return statistics.median([x for x, q in values if q] or [x for x, _ in values])
 
 
 def points(R: dict, model: Model, batches, rounds: int, gpus: bool = False) -> list[dict]:
@@ -223,21 +236,6 @@ def points(R: dict, model: Model, batches, rounds: int, gpus: bool = False) -> l
     return out
 
 
-def missed(point: dict, model: Model) -> dict:
-    """Where the median round's DDP step left its prediction, in seconds per step: DDP's compute against the pair's
-    plus DDP's own work, its communication against the fit; and the other programs' cores in the pair's run and
-    the ddp run (on a shared core, a busier run computes slower)."""
-    runs = point["runs"]
-    return {
-        "compute": compute_s(runs["ddp"]) - compute_s(runs["pair"]) - model.overhead_s,
-        "comm": step_s(runs["ddp"]) - compute_s(runs["ddp"]) - model.comm_for(point["b"]),
-        "others_pair": others(runs["pair"]) or 0.0,
-        "others_ddp": others(runs["ddp"]) or 0.0,
-        "predicted_step": model.step(point["rounds"][point["kept"]]["pair"], point["b"]),
-        "measured_step": step_s(runs["ddp"]),
-    }
-
-
 def spread(pts: list[dict]) -> float:
     """The sweep's own run-to-run spread: the range of a batch's measured speedups over its quiet rounds, as a share
     of their median, the widest over the batches that had 2 or more quiet rounds (over every round where none had).
@@ -252,87 +250,235 @@ def spread(pts: list[dict]) -> float:
 def margin(pts: list[dict], bound: float = BOUND) -> float | None:
     """The share each prediction is checked within: `bound`, or SPREAD_TIMES the sweep's own spread where wider;
     None where the rounds disagree by more than NOISY_SPREAD: the host moved whole runs more than a model good to
-    `bound` can be told from them, so the points are shown, not checked (`notes` says so)."""
+    `bound` can be told from them, so the points are shown, not checked."""
     return checked_margin(bound, spread(pts), SPREAD_TIMES)
 
 
-def verdicts(pts: list[dict], bound: float = BOUND) -> list[tuple[bool, str]]:
-    """(held, claim) for each point whose rounds all ran quiet: the median over its rounds of predicted / measured
-    within `margin` of 1. Each round's prediction and measurement ran back to back; the median keeps one
-    round the host slowed from deciding the verdict either way."""
+def speedup_claims(pts: list[dict], bound: float = BOUND) -> list[Claim]:
+    """One claim per batch: the median over its rounds of predicted / measured is within `margin` of 1. Each round's
+    prediction and measurement ran back to back, and the median keeps one round the host slowed from deciding the
+    verdict either way. Checked where every round of the point ran quiet (a median of fewer rounds is not guarded
+    from the host) and the sweep's rounds agreed within NOISY_SPREAD."""
     m = margin(pts, bound)
-    if m is None:
-        return []
-    return [
-        (
-            abs(p["ratio"] - 1) < m,
-            f"at {p['b']} per process the prediction is within {100 * m:.0f}% of the measurement (predicted / "
-            f"measured {', '.join(f'{x:.2f}' for x in p['ratios'])} over its {len(p['ratios'])} rounds, median "
-            f"{p['ratio']:.2f}; {100 * bound:.0f}%, or twice the rounds' own spread where wider)",
-        )
-        for p in pts
-        if p["quiet"]
-    ]
-
-
-def notes(pts: list[dict], model: Model) -> list[str]:
-    """For each point not checked (other programs were busy): which part of the prediction missed, by how much; and,
-    first, why none is checked where the rounds themselves disagreed too much (`margin`)."""
-    lines = []
-    if margin(pts) is None:
-        lines.append(
-            f"NOTE: a batch's measured speedups moved by {100 * spread(pts):.0f}% of their median from round to round, "
-            f"more than twice the {100 * BOUND:.0f}% the model is checked to, while other programs here stayed under "
-            f"{QUIET_CORES} cores: the host moved whole runs (a virtual machine shares its physical cores with other "
-            "guests). The points are shown, not checked; on a quiet host the rounds agree within a few percent."
-        )
+    out = []
     for p in pts:
-        if p["quiet"]:
-            continue
-        m = missed(p, model)
-        quiet = sum(r["quiet"] for r in p["rounds"])
-        lines.append(
-            f"NOTE: at {p['b']} per process {quiet} of {len(p['rounds'])} rounds ran quiet (other programs used up to "
-            f"{max(r['others'] for r in p['rounds']):.2f} cores in a round; in the median round "
-            f"{m['others_ddp']:.2f} during the DDP run and {m['others_pair']:.2f} during the pair's), so this point "
-            f"is shown, not checked: predicted {p['predicted']:.2f}x, measured {p['measured']:.2f}x. The DDP step took "
-            f"{1000 * m['measured_step']:.1f} ms against {1000 * m['predicted_step']:.1f} predicted: its compute "
-            f"{1000 * m['compute']:+.1f} ms off the pair's + DDP's own work, its all-reduce "
-            f"{1000 * m['comm']:+.1f} ms off the one measured at the other batches"
-        )
-    return lines
+        within = m if m is not None else bound
+        which = "rounds" if len(p["ratios"]) == len(p["rounds"]) else "quiet rounds"
+        ratios = f"model / measured {', '.join(f'{x:.2f}' for x in p['ratios'])} over its {len(p['ratios'])} {which}"
+        if not p["quiet"]:
+            busy = sum(not r["quiet"] for r in p["rounds"])
+            why = (
+                f"other programs used up to {max(r['others'] for r in p['rounds']):.2f} cores in {busy} of its "
+                f"{len(p['rounds'])} rounds"
+            )
+        elif m is None:
+            why = (
+                f"the host moved whole runs: a batch's measured speedups moved by {100 * spread(pts):.0f}% from round "
+                "to round"
+            )
+        else:
+            why = None
+        if why is None:
+            text = (
+                f"at {p['b']} per process the model ({p['predicted']:.2f}x) is within {100 * within:.0f}% of the "
+                f"measurement ({p['measured']:.2f}x): {ratios}, median {p['ratio']:.2f}"
+            )
+        else:
+            text = (
+                f"at {p['b']} per process the model says {p['predicted']:.2f}x, the run {p['measured']:.2f}x ({ratios})"
+            )
+        out.append(Claim(text, abs(p["ratio"] - 1) < within, why))
+    return out
+
+
+def verdicts(pts: list[dict], bound: float = BOUND) -> list[tuple[bool, str]]:
+    """(held, claim) for each point speedup_claims checks: the ones this run can decide."""
+    return [(c.holds, c.text) for c in speedup_claims(pts, bound) if c.checked]
+
+
+GAP_LABELS = {  # the gap's parts, as the table and the figure name them (section 2's prose says what each is)
+    "repeated": "clipping + optimizer on every rank",
+    "cache": "cache effect: b alone vs 2b",
+    "sharing": "2 processes share the machine",
+    "ddp_own": "DDP's hooks and bucket copies",
+    "gloo": "gloo's threads beside compute",
+    "others": "other programs (DDP's run vs the pair's)",
+    "transfer": "the all-reduce's transfer",
+    "waiting": "waiting for the slower rank",
+    "rest": "the rest (none of the above)",
+}
 
 
 def gap_parts(R: dict, point: dict, model: Model, n: int, cores: int) -> dict:
     """The DDP step at the point's median round, less the ideal (1 process's step / N), taken apart into parts each
-    measured on its own (seconds per step, signed: + costs time, - saves it); 'the rest' is what none explains."""
+    measured on its own (seconds per step, signed: + costs time, - saves it; keys of GAP_LABELS); 'rest' is what none
+    explains."""
     k, b = point["kept"], point["b"]
     one, pair, ddp, solo = (R[f"{kind}_b{b}_r{k}"] for kind in ("single", "pair", "ddp", "solo"))
     per_ex_one = part(one, *PER_EXAMPLE) / n
     # a core's share for one of our n processes, with `busy` cores of other programs' demand beside them; below the
     # quiet bound the figure is this machine's noise (and the kernel's own work for our traffic), not a program
-    share = lambda busy: min(1.0, cores / (n + max(0.0, busy - QUIET_CORES)))  # noqa: E731
+    share = lambda busy: min(1.0, cores / (n + max(0.0, busy - quiet.QUIET_CORES)))  # noqa: E731
     busy_pair, busy_ddp = others(pair) or 0.0, others(ddp) or 0.0
     parts = {
-        "work every rank repeats (clipping and the optimizer over all parameters)": part(pair, *REPEATED)
-        - part(one, *REPEATED) / n,
-        "the cache effect: 1 process alone at b against 2b, per example (-: the smaller batch is cheaper)": part(
-            solo, *PER_EXAMPLE
-        )
-        - per_ex_one,
-        "two processes at once: the pair against 1 process alone at b (memory, caches, a slower core)": part(
-            pair, *PER_EXAMPLE
-        )
-        - part(solo, *PER_EXAMPLE),
-        "DDP's hooks and bucket copies (measured with a hook that sends nothing)": model.overhead_s,
-        "gloo's threads on the cores while forward and backward ran (their CPU time beyond DDP's own)": part(
-            ddp, "helpers_cpu"
-        )
-        - model.helpers_s,
-        "the other programs' share of the cores (DDP's run against the pair's)": compute_s(pair)
-        * (share(busy_pair) / share(busy_ddp) - 1),
-        "the all-reduce's transfer": part(ddp, "transfer"),
-        "waiting for the slower rank": part(ddp, "waiting"),
+        "repeated": part(pair, *REPEATED) - part(one, *REPEATED) / n,
+        "cache": part(solo, *PER_EXAMPLE) - per_ex_one,
+        "sharing": part(pair, *PER_EXAMPLE) - part(solo, *PER_EXAMPLE),
+        "ddp_own": model.overhead_s,
+        "gloo": part(ddp, "helpers_cpu") - model.helpers_s,
+        "others": compute_s(pair) * (share(busy_pair) / share(busy_ddp) - 1),
+        "transfer": part(ddp, "transfer"),
+        "waiting": part(ddp, "waiting"),
     }
-    parts["the rest (none of the above)"] = step_s(ddp) - step_s(one) / n - sum(parts.values())
+    parts["rest"] = step_s(ddp) - step_s(one) / n - sum(parts.values())
     return parts
+
+
+@dataclass
+class Sweep:
+    """The launch's sweep after the fact: the model's terms, each batch's point, and the tables and claims of
+    chapter 05's sections 2 (a step taken apart) and 3 (the model against the measured speedup)."""
+
+    R: dict
+    model: Model
+    pts: list
+    n: int
+    rounds: int
+    cores: int
+    gpus: bool = False
+    at: dict = field(init=False)
+
+    def __post_init__(self):
+        self.at = {p["b"]: p for p in self.pts}
+
+    @classmethod
+    def from_launch(cls, R: dict, fit, batches, n: int, rounds: int, cores: int, gpus: bool = False) -> Sweep:
+        model = Model.from_runs(R, fit, n, batches[0], rounds, gpus)
+        return cls(R, model, points(R, model, batches, rounds, gpus), n, rounds, cores, gpus)
+
+    @property
+    def batches(self) -> list:
+        return [p["b"] for p in self.pts]
+
+    @property
+    def large(self) -> int:
+        return self.batches[-1]
+
+    def run(self, kind: str, b=None) -> dict:
+        """The `kind` run (single, pair, ddp, solo, buckets) at batch b (the largest by default), in that batch's
+        median round."""
+        b = self.large if b is None else b
+        return self.R[f"{kind}_b{b}_r{self.at[b]['kept']}"]
+
+    # ------------------------------------------------------------------ section 2: one step taken apart
+
+    def parts_rows(self) -> list[tuple[str, dict]]:
+        """(label, ms per step of each part in SHOWN, and 'step') for every rank of the largest batch's runs."""
+        n, b = self.n, self.large
+        rows = []
+        for label, kind in (
+            (f"1 process, {n * b}", "single"),
+            (f"1 process, {b}", "solo"),
+            (f"pair, {b} each", "pair"),
+            (f"DDP, {b} each", "ddp"),
+        ):
+            run = self.run(kind)
+            for i, r in enumerate(run["ranks"]):
+                ms = {p: 1000 * r["parts"][p] for p in SHOWN}
+                ms["step"] = 1000 * r["seconds"] / r["steps"]
+                rows.append((label + (f" (rank {i})" if len(run["ranks"]) > 1 else ""), ms))
+        return rows
+
+    def parts_table(self) -> str:
+        head = f"{'ms per step at ' + str(self.large) + ' per process':<30}" + "".join(f"{p:>10}" for p in SHOWN)
+        lines = [head + f"{'step':>10}"]
+        for label, ms in self.parts_rows():
+            lines.append(f"{label:<30}" + "".join(f"{ms[p]:>10.1f}" for p in (*SHOWN, "step")))
+        return "\n".join(lines)
+
+    def gap(self) -> dict:
+        """gap_parts at the largest batch (seconds per step)."""
+        return gap_parts(self.R, self.at[self.large], self.model, self.n, self.cores)
+
+    @property
+    def ideal_s(self) -> float:
+        return step_s(self.run("single")) / self.n
+
+    @property
+    def ddp_s(self) -> float:
+        return step_s(self.run("ddp"))
+
+    def gap_table(self) -> str:
+        single, ddp = step_s(self.run("single")), self.ddp_s
+        ideal = f"ideal: 1 process's step / {self.n} ({1000 * single:.1f} / {self.n})"
+        lines = [f"{ideal:<42} {1000 * self.ideal_s:>8.1f} ms"]
+        lines += [f"  {GAP_LABELS[k]:<40} {1000 * v:>+8.1f}" for k, v in self.gap().items()]
+        lines.append(f"{f'DDP step, measured: {single / ddp:.2f}x':<42} {1000 * ddp:>8.1f} ms")
+        return "\n".join(lines)
+
+    def gap_claim(self) -> Claim:
+        """The parts, each measured on its own, explain the DDP step: what is left ('rest') is within GAP_BOUND of the
+        step, or within what the runs it rests on moved over the rounds, whichever is more. The rest is a difference
+        of four runs' medians (single / N, pair, ddp, solo), so it moves by as much as they move: the sum of their
+        ranges over the rounds. Checked where those runs all ran quiet and that sum is under NOISY_SPREAD of the
+        step: a bound wider than that would let any rest pass."""
+        b, step, rest = self.large, self.ddp_s, self.gap()["rest"]
+        steps = {kind: [step_s(self.R[f"{kind}_b{b}_r{k}"]) for k in range(self.rounds)] for kind in (*KINDS, "solo")}
+        noise = sum((max(s) - min(s)) / (self.n if kind == "single" else 1) for kind, s in steps.items())
+        bound = max(GAP_BOUND * step, noise)
+        left = f"{1000 * rest:+.1f} ms of the DDP step ({1000 * step:.1f} ms) are left unexplained"
+        runs = [self.R[f"{kind}_b{b}_r{k}"] for kind in (*KINDS, "solo") for k in range(self.rounds)]
+        if not quiet.all_quiet(runs, self.gpus):
+            why = quiet.busy_reason(runs)
+        elif noise > NOISY_SPREAD * step:
+            why = f"the runs it rests on moved by {1000 * noise:.0f} ms over the rounds, more than 30% of the step"
+        else:
+            why = None
+        text = f"the parts, each measured on its own, explain the DDP step within {1000 * bound:.1f} ms: {left}"
+        return Claim(text if why is None else f"the parts: {left}", abs(rest) <= bound, why)
+
+    # ------------------------------------------------------------------ section 3: the model against the run
+
+    def speedup_table(self) -> str:
+        lines = [f"{'batch/process':>13} {'model':>7} {'measured':>9}   model/measured in each round (* the median)"]
+        for p in self.pts:
+            rounds = "  ".join(
+                f"{r['predicted'] / r['measured']:.2f}"
+                + ("*" if r["round"] == p["kept"] else " ")
+                + ("" if r["quiet"] else f" (busy: {r['others']:.2f} cores)")
+                for r in p["rounds"]
+            )
+            lines.append(f"{p['b']:>13} {p['predicted']:>6.2f}x {p['measured']:>8.2f}x   {rounds}")
+        return "\n".join(lines)
+
+    def speedup_claims(self) -> list[Claim]:
+        return speedup_claims(self.pts)
+
+    def story(self, emb_share: float) -> str:
+        """What the sweep showed, in a few generated sentences (Markdown): each point, why small batches pay little
+        (where the run shows it), and the largest saving and cost against the ideal at the largest batch."""
+        small = self.at[self.batches[0]]
+        half = small["rounds"][small["kept"]]["pair"] / small["rounds"][small["kept"]]["single"]
+        parts = {k: v for k, v in self.gap().items() if k != "rest"}
+        points = "; ".join(f"**{p['measured']:.2f}x** at {p['b']} per process (model {p['predicted']:.2f}x)"
+                           for p in self.pts)  # fmt: skip
+        out = [
+            f"**On this machine** DDP reached {points}. The all-reduce and DDP's own work cost about the same per step "
+            f"at every batch: the same {self.model.grad_bytes / 2**20:.1f} MiB of gradients, {100 * emb_share:.0f}% "
+            "of them the input embeddings."
+        ]
+        if half > 0.55:
+            out.append(
+                f"Half a small batch does not take half the time: at {small['b']} per process each process's step took "
+                f"{half:.2f} of the 1-process step (at {self.n * small['b']}), partly because the processes share the "
+                "machine, partly because every call of forward and backward has fixed costs (Python, operator "
+                "dispatch) that do not shrink with the batch. A larger batch per process spreads them over more "
+                "examples."
+            )
+        low, high = min(parts, key=parts.get), max(parts, key=parts.get)
+        if parts[low] < 0:
+            out.append(f"At {self.large} per process the largest saving against the ideal was *{GAP_LABELS[low]}* "
+                       f"({1000 * parts[low]:+.1f} ms a step).")  # fmt: skip
+        if parts[high] > 0:
+            out.append(f"The largest cost was *{GAP_LABELS[high]}* ({1000 * parts[high]:+.1f} ms a step).")
+        return " ".join(out)

@@ -1,0 +1,139 @@
+"""Chapter 05's section 1: what an all-reduce costs on this machine, fitted with two numbers, and the bytes each rank
+really sent against the ring's 2(N-1)/N.
+
+    cost = allreduce_cost.AllreduceCost.from_launch(R["collectives"], R4["collectives4"], gpus=0)
+    print(cost.table()); print(cost.headline())
+    settle(cost.claims())               # the fit reproduces the largest message; each rank sent the ring's bytes
+    print(cost.halves_table()); settle(cost.halves_claim())
+
+Around each call every rank reads how many bytes it has written so far (/proc/self/io): gloo talks TCP, so the
+difference is what that rank sent. NCCL moves a GPU's bytes outside the process's write calls, so on GPUs nothing is
+counted and the byte claims say so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..claims import Claim
+from ..perf_model import Fit, fit_alpha_beta, ring_bytes_per_rank
+from . import quiet
+from .timing import rounds_spread
+
+FIT_BOUND = 0.30  # the fit reproduces the largest message within this share, or within that message's own spread
+BYTES_BOUND = 0.02  # each rank sends the ring's 2(N-1)/N of the message within 2% (gloo's headers, a few barriers)
+
+
+def human(nbytes: float) -> str:
+    return f"{nbytes / 2**20:.0f} MiB" if nbytes >= 2**20 else f"{nbytes / 1024:.0f} KiB"
+
+
+@dataclass
+class AllreduceCost:
+    rows2: list  # all_reduce rows of the 2-process launch: {bytes, seconds, times, sent}
+    rows4: dict  # bytes -> all_reduce row of the 4-process launch
+    halves: dict  # reduce_scatter and all_gather rows, 2 processes
+    fit: Fit
+    fit4: Fit
+    others: float | None  # other programs' cores during the 2-process all-reduces
+    gpus: bool = False
+
+    @classmethod
+    def from_launch(cls, run2: dict, run4: dict, gpus: bool = False) -> AllreduceCost:
+        rows2 = [r for r in run2["rows"] if r["op"] == "all_reduce"]
+        rows4 = {r["bytes"]: r for r in run4["rows"] if r["op"] == "all_reduce"}
+        halves = {r["op"]: r for r in run2["rows"] if r["op"] != "all_reduce"}
+        return cls(
+            rows2, rows4, halves, fit_alpha_beta(rows2), fit_alpha_beta(list(rows4.values())), quiet.others(run2), gpus
+        )
+
+    def table(self) -> str:
+        sent = lambda row: f"{row['sent'] / row['bytes']:.3f}" if row and row["sent"] else "n/a"  # noqa: E731
+        lines = [
+            f"{'message':>8} {'2 procs ms':>10} {'fit ms':>7} {'sent/size':>9} {'4 procs ms':>10} {'sent/size':>9}"
+        ]
+        for r in self.rows2:
+            r4 = self.rows4.get(r["bytes"])
+            ms4 = f"{1000 * r4['seconds']:.2f}" if r4 else "-"
+            lines.append(
+                f"{human(r['bytes']):>8} {1000 * r['seconds']:>10.2f} {1000 * self.fit.seconds(r['bytes']):>7.2f} "
+                f"{sent(r):>9} {ms4:>10} {sent(r4):>9}"
+            )
+        return "\n".join(lines)
+
+    @property
+    def knee_bytes(self) -> float:
+        """The message size where latency and bytes cost the same: alpha x bandwidth."""
+        return self.fit.alpha_s * self.fit.bandwidth
+
+    def headline(self) -> str:
+        return (
+            f"The fit on this machine (2 processes): latency alpha = {1000 * self.fit.alpha_s:.2f} ms, bandwidth "
+            f"{self.fit.bandwidth / 1e9:.2f} GB/s of message. Below about {human(self.knee_bytes)} an all-reduce "
+            "costs mostly its latency; above, mostly its bytes."
+        )
+
+    def fit_claim(self) -> Claim:
+        """alpha + S / bandwidth reproduces the largest message's time within FIT_BOUND, or within that message's own
+        spread over its repetitions where it moved more (other programs' bursts stretch the longest message most: a
+        model is checked no closer than its repetitions agree). 30%, because the fit weighs every size alike (relative
+        error) and a 2-core machine's small messages move by more than that; the largest message's time is the one a
+        training step pays. Checked where other programs were quiet during the all-reduces."""
+        big = self.rows2[-1]
+        within = max(FIT_BOUND, rounds_spread(big["times"]))
+        model = self.fit.seconds(big["bytes"])
+        text = (
+            f"alpha + size / bandwidth reproduces the largest message's time ({1000 * big['seconds']:.0f} ms, median "
+            f"of {len(big['times'])}; the fit says {1000 * model:.0f} ms) within {100 * within:.0f}%"
+        )
+        q = quiet.all_quiet([{"others_cores": self.others}], self.gpus)
+        why = None if q else quiet.busy_reason([{"others_cores": self.others}])
+        return Claim(text, self.fit.alpha_s > 0 and abs(model / big["seconds"] - 1) < within, why)
+
+    def ring_claims(self) -> list[Claim]:
+        """Each rank sent 2(N-1)/N of the largest message, counted, within BYTES_BOUND: at 2 ranks 1.0x, at 4 ranks 1.5x
+        (where a naive all-reduce, everyone sending everyone the whole message, would send N-1 = 3x)."""
+        out = []
+        for n, row in ((2, self.rows2[-1]), (4, self.rows4.get(max(self.rows4)) if self.rows4 else None)):
+            if row is None:
+                continue
+            ring = ring_bytes_per_rank(1, n)
+            text = f"with {n} ranks each rank sent 2(N-1)/N = {ring:.2f}x the message: the ring's bytes"
+            if not row["sent"]:
+                out.append(Claim(text, False, "nothing here counts the bytes a GPU sends (NCCL)"))
+                continue
+            got = row["sent"] / row["bytes"]
+            out.append(Claim(text + f" ({got:.3f}x counted)", abs(got / ring - 1) < BYTES_BOUND))
+        return out
+
+    def claims(self) -> list[Claim]:
+        return [self.fit_claim(), *self.ring_claims()]
+
+    def halves_table(self) -> str:
+        lines = [f"{'collective (' + human(self.halves['all_gather']['bytes']) + ')':<24} {'ms':>6} {'sent/size':>9}"]
+        for op in ("reduce_scatter", "all_gather"):
+            r = self.halves[op]
+            sent = f"{r['sent'] / r['bytes']:.3f}" if r["sent"] else "n/a"
+            lines.append(f"{op:<24} {1000 * r['seconds']:>6.2f} {sent:>9}")
+        return "\n".join(lines)
+
+    def halves_claim(self) -> Claim:
+        """The all-gather sends (N-1)/N of the tensor, counted: half the all-reduce's bytes at 2 ranks (BYTES_BOUND)."""
+        ag = self.halves["all_gather"]
+        text = "the all-gather sends (N-1)/N of the tensor: half the all-reduce's bytes"
+        if not ag["sent"]:
+            return Claim(text, False, "nothing here counts the bytes a GPU sends (NCCL)")
+        return Claim(text, abs(ag["sent"] / ag["bytes"] - 0.5) < BYTES_BOUND)
+
+    def gloo_reduce_scatter(self) -> str:
+        """What gloo's reduce_scatter sent, said in a line (it is not the ring's half on every version)."""
+        rs = self.halves["reduce_scatter"]
+        if not rs["sent"]:
+            return ""
+        got = rs["sent"] / rs["bytes"]
+        if abs(got - 0.5) < BYTES_BOUND:
+            return f"gloo's reduce_scatter sent {got:.2f}x: the ring's half."
+        return (
+            f"gloo's reduce_scatter sent {got:.2f}x, not the ring's half: gloo runs a whole all-reduce and keeps your "
+            "chunk. Its all_reduce, the one DDP uses, is the ring (the table above)."
+        )

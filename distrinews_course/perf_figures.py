@@ -1,0 +1,141 @@
+"""Chapter 05's figures, one per claim, every axis labelled. Each takes the object its section's claims come from and
+returns the figure (saved to `save_to` where given); the notebook shows it.
+
+    perf_figures.allreduce_cost(cost)          # section 1: time against message size, the fit through it
+    perf_figures.step_gap(sweep)               # section 2: from the ideal step to DDP's, part by part
+    perf_figures.speedup_by_batch(sweep)       # section 3: the model against the measured speedup
+    perf_figures.dialed_allreduce(after)       # section 4: the link's all-reduce, predicted before the run
+    perf_figures.dialed_speedup(after)         # section 4: the speedup against the link, and the break-even
+
+Only values computed before a launch started are labelled "predicted before the run".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .bench.loopback import GAP_LABELS
+from .plots import _pyplot
+
+
+def _size_label(nbytes: float) -> str:
+    return f"{nbytes / 2**20:.0f} MiB" if nbytes >= 2**20 else f"{nbytes / 1024:.0f} KiB"
+
+
+def _done(fig, save_to):
+    fig.tight_layout()
+    if save_to:
+        fig.savefig(save_to, dpi=110)
+    return fig
+
+
+def allreduce_cost(cost, save_to=None):
+    """All-reduce time against message size, log-log: 2 processes measured, alpha + S / bandwidth through them, and
+    4 processes (sharing 2 cores here: an upper bound)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    sizes = [r["bytes"] for r in cost.rows2]
+    grid = np.geomspace(min(sizes), max(sizes), 100)
+    ax.plot(sizes, [1000 * r["seconds"] for r in cost.rows2], "o", label="2 processes, measured (median)")
+    ax.plot(grid, [1000 * cost.fit.seconds(s) for s in grid], "-", lw=1.2, label="alpha + S / bandwidth (the fit)")
+    if cost.rows4:
+        four = sorted(cost.rows4)
+        ax.plot(four, [1000 * cost.rows4[s]["seconds"] for s in four], "x", color="gray", label="4 processes, measured")
+    ax.axvline(cost.knee_bytes, color="k", lw=0.8, ls=":", label="latency = bytes' time")
+    ax.set(xscale="log", yscale="log", xlabel="message size", ylabel="all-reduce time (ms)")
+    ax.set_title("all_reduce on this machine", fontsize=10)
+    ax.set_xticks(sizes, [_size_label(s) for s in sizes], fontsize=7)
+    ax.xaxis.set_minor_formatter(plt.NullFormatter())
+    ax.legend(fontsize=7)
+    return _done(fig, save_to)
+
+
+def step_gap(sweep, save_to=None):
+    """A waterfall from the ideal DDP step (1 process's step / N) to the measured one: each part, measured on its own,
+    a bar that adds time (red) or saves it (green), and what none explains."""
+    plt = _pyplot()
+    gap = sweep.gap()
+    start, rows = 1000 * sweep.ideal_s, []
+    for key, v in gap.items():
+        rows.append((GAP_LABELS[key], start, 1000 * v))
+        start += 1000 * v
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    labels = [f"ideal: 1 process / {sweep.n}", *(r[0] for r in rows), "DDP step, measured"]
+    y = np.arange(len(labels))[::-1]
+    ax.barh(y[0], 1000 * sweep.ideal_s, color="tab:gray")
+    for yi, (_, left, width) in zip(y[1:-1], rows):
+        ax.barh(yi, width, left=left, color="tab:red" if width > 0 else "tab:green")
+        ax.text(max(left, left + width) + 3, yi, f"{width:+.1f}", va="center", fontsize=7)
+    ax.barh(y[-1], 1000 * sweep.ddp_s, color="tab:blue")
+    ax.set_yticks(y, labels, fontsize=7)
+    ax.set_xlim(0, 1.15 * max(1000 * sweep.ideal_s, 1000 * sweep.ddp_s, *(max(r[1], r[1] + r[2]) for r in rows)))
+    ax.set_xlabel(f"ms per step, {sweep.large} examples per process")
+    ax.set_title(f"DDP's step against the ideal, part by part ({sweep.n} processes)", fontsize=10)
+    return _done(fig, save_to)
+
+
+def speedup_by_batch(sweep, save_to=None):
+    """The speedup over 1 process at each batch: every round measured (dots), the median round (line), and the model
+    made of the runs beside it (dashed); the ideal N."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    xs = sweep.batches
+    for p in sweep.pts:
+        ax.plot([p["b"]] * len(p["rounds"]), [r["measured"] for r in p["rounds"]], ".", color="tab:orange", alpha=0.5)
+    ax.plot(
+        xs, [p["measured"] for p in sweep.pts], "o-", color="tab:orange", label="measured (median round; dots: each)"
+    )
+    ax.plot(xs, [p["predicted"] for p in sweep.pts], "s--", color="tab:blue",
+            label="model: the pair + DDP's own work + the all-reduce")  # fmt: skip
+    ax.axhline(sweep.n, color="k", lw=0.8, ls=":", label=f"ideal {sweep.n}x")
+    top = max(sweep.n, *(r["measured"] for p in sweep.pts for r in p["rounds"]), *(p["predicted"] for p in sweep.pts))
+    ax.set(xscale="log", xlabel="batch per process", ylabel="speedup over 1 process", ylim=(0, top + 0.3))
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.xaxis.set_minor_formatter(plt.NullFormatter())
+    ax.set_title(f"DDP on {sweep.n} {'GPUs' if sweep.gpus else 'CPU processes, one core each'}", fontsize=10)
+    ax.legend(fontsize=7)
+    return _done(fig, save_to)
+
+
+def dialed_allreduce(after, save_to=None):
+    """The all-reduce per step against the link: predicted before the run (lines), measured inside DDP's steps
+    (markers), plain and with fp16 compression."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    bits = [r["bits"] for r in after.rows]
+    grid = np.geomspace(min(bits) * 0.8, max(bits) * 1.25, 60)
+    ax.plot(grid / 1e6, [1000 * after.before.comm_s(b) for b in grid], "-", color="tab:blue",
+            label="predicted before the run")  # fmt: skip
+    ax.plot(np.array(bits) / 1e6, [1000 * r["transfer"] for r in after.rows], "o", color="tab:blue", label="measured")
+    ax.plot(grid / 1e6, [1000 * after.before.comm_s(b, 0.5) for b in grid], "--", color="tab:green",
+            label="fp16 compression, predicted before the run")  # fmt: skip
+    ax.plot([after.fp16["bits"] / 1e6], [1000 * after.fp16["transfer"]], "^", color="tab:green",
+            label="fp16 compression, measured")  # fmt: skip
+    ax.set(xscale="log", yscale="log", xlabel="each node's link (Mbit/s)", ylabel="all-reduce per step (ms)")
+    ax.set_xticks(np.array(bits) / 1e6, [f"{b / 1e6:.0f}" for b in bits])
+    ax.xaxis.set_minor_formatter(plt.NullFormatter())
+    ax.set_title(f"the gradients' all-reduce on a dialed link ({after.before.grad_bytes / 2**20:.1f} MiB)", fontsize=10)
+    ax.legend(fontsize=7)
+    return _done(fig, save_to)
+
+
+def dialed_speedup(after, save_to=None):
+    """DDP's speedup over 1 process against the link: measured, the model on the runs beside it, the prediction made
+    before the run, 1x, and where the model on this launch's runs puts the break-even."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    rows = sorted(after.rows, key=lambda r: r["bits"])
+    xs = np.array([r["bits"] for r in rows]) / 1e6
+    ax.plot(xs, [r["measured"] for r in rows], "o-", color="tab:orange", label="measured")
+    ax.plot(xs, [r["model"] for r in rows], "s--", color="tab:blue", label="model on the runs beside it")
+    ax.plot(xs, [r["speedup_before"] for r in rows], ":", color="gray", marker=".", label="predicted before the run")
+    ax.axhline(1, color="k", lw=0.8, ls=":", label="1 process")
+    be = after.model_break_even_bits()
+    if be:
+        ax.axvline(be / 1e6, color="tab:red", lw=0.8, ls="--", label=f"model's break-even, {be / 1e6:.0f} Mbit/s")
+    ax.set(xscale="log", xlabel="each node's link (Mbit/s)", ylabel="speedup over 1 process")
+    ax.set_xticks(xs, [f"{x:.0f}" for x in xs])
+    ax.xaxis.set_minor_formatter(plt.NullFormatter())
+    ax.set_title(f"DDP on 2 nodes, {after.before.large} per process, the link dialed", fontsize=10)
+    ax.legend(fontsize=7)
+    return _done(fig, save_to)

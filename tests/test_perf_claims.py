@@ -1,0 +1,168 @@
+"""Chapter 05's claims on a recorded launch (tests/data/perf_launch.json: the loopback sweep, levers and all-reduces,
+and the box's launches of one run of the chapter): each claim holds on what the run measured, and a wrong figure, one
+per claim, makes it fail (or, where the figure says the run could not tell, turns it into a NOTE)."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from distrinews_course.bench import dialed, levers, loopback
+from distrinews_course.bench.allreduce_cost import AllreduceCost
+
+DATA = Path(__file__).resolve().parent / "data" / "perf_launch.json"
+
+
+@pytest.fixture(scope="module")
+def rec():
+    return json.loads(DATA.read_text())
+
+
+def fresh(rec):
+    return copy.deepcopy(rec)
+
+
+def cost_of(R):
+    return AllreduceCost.from_launch(R["collectives"], R["collectives4"])
+
+
+def sweep_of(rec, R=None):
+    R = R or rec["R"]
+    return loopback.Sweep.from_launch(R, cost_of(R).fit, rec["batches"], rec["n"], rec["rounds"], 2)
+
+
+def quiet(run):
+    """The run as if other programs had been idle: each rank's reading holds only our other ranks' CPU."""
+    if "ranks" not in run:
+        run["others_cores"] = 0.0
+        return
+    for i, r in enumerate(run["ranks"]):
+        r["foreign_cores"] = sum(o["cpu_s"] for j, o in enumerate(run["ranks"]) if j != i) / r["seconds"]
+
+
+# ------------------------------------------------------------------ section 1: the all-reduce's cost
+
+
+def test_the_fit_and_the_ring_bytes_hold(rec):
+    R = fresh(rec)["R"]
+    quiet(R["collectives"])
+    claims = cost_of(R).claims()
+    assert [c.checked for c in claims] == [True, True, True] and all(c.holds for c in claims), claims
+
+
+def test_a_largest_message_the_fit_misses_fails(rec):
+    R = fresh(rec)["R"]
+    quiet(R["collectives"])
+    big = [r for r in R["collectives"]["rows"] if r["op"] == "all_reduce"][-1]
+    big["seconds"] *= 2.5  # a time no straight line through the other sizes reaches (its repetitions agree)
+    big["times"] = [big["seconds"]] * len(big["times"])
+    (fit, *_) = cost_of(R).claims()
+    assert fit.checked and not fit.holds, fit
+
+
+def test_a_busy_all_reduce_launch_is_a_note(rec):
+    R = fresh(rec)["R"]
+    R["collectives"]["others_cores"] = 0.85
+    (fit, *_) = cost_of(R).claims()
+    assert not fit.checked and fit.unchecked == "other programs used up to 0.85 cores during 1 of its 1 runs"
+
+
+def test_a_naive_all_reduce_fails_the_ring_bytes(rec):
+    R = fresh(rec)["R"]
+    r4 = [r for r in R["collectives4"]["rows"] if r["op"] == "all_reduce"][-1]
+    r4["sent"] = 3 * r4["bytes"]  # each rank sending the whole message to the 3 others
+    _, two, four = cost_of(R).claims()
+    assert two.holds and not four.holds and "1.50x the message" in four.text
+    halves = fresh(rec)["R"]
+    ag = [r for r in halves["collectives"]["rows"] if r["op"] == "all_gather"][0]
+    ag["sent"] = ag["bytes"]
+    assert not cost_of(halves).halves_claim().holds
+
+
+# ------------------------------------------------------------------ section 3's levers: small buckets, hooks
+
+
+def test_small_buckets_hold_and_a_slower_step_fails(rec):
+    R = fresh(rec)["R"]
+    for name in R:
+        if name.startswith(("single_b256", "pair_b256", "ddp_b256", "buckets_b256", "solo_b256")):
+            quiet(R[name])
+    s = sweep_of(rec, R)
+    claim = levers.small_buckets_claim(s, cost_of(R).fit, 0.95)
+    assert claim.checked and claim.holds, claim
+    for k in range(rec["rounds"]):  # a bucket size that costs 40% of the step in every round
+        R[f"buckets_b256_r{k}"]["seconds"] = 1.4 * R[f"ddp_b256_r{k}"]["seconds"]
+    claim = levers.small_buckets_claim(sweep_of(rec, R), cost_of(R).fit, 0.95)
+    assert claim.checked and not claim.holds and "median 1.40" in claim.text
+
+
+def test_the_hooks_bytes_are_counted_and_a_wrong_count_fails(rec, tmp_path):
+    R = fresh(rec)["R"]
+    for hook, acc in (("allreduce", 0.46), ("fp16", 0.455), ("powersgd", 0.462)):
+        (tmp_path / f"hook_{hook}").mkdir()
+        (tmp_path / f"hook_{hook}" / "metrics.json").write_text(json.dumps({"epochs": [{"val_accuracy": acc}]}))
+    claims = levers.Hooks(R, tmp_path).claims()
+    assert all(c.checked and c.holds for c in claims), claims
+    R["hook_fp16"]["ranks"][0]["wire_bytes_per_step"] = R["hook_allreduce"]["ranks"][0]["wire_bytes_per_step"]
+    half, *_ = levers.Hooks(R, tmp_path).claims()  # fp16 that sent every byte: compression that did not compress
+    assert not half.holds
+    assert all(not c.checked for c in levers.Hooks(R, tmp_path, gpus=True).claims()[:2]), "NCCL's bytes: not counted"
+
+
+# ------------------------------------------------------------------ section 4: the box
+
+
+def after_of(rec, B2=None):
+    R = rec["R"]
+    before = dialed.Before.from_sweep(sweep_of(rec), cost_of(R).fit)
+    return dialed.Dialed(before, B2 or rec["B2"], rec["B4"], "400mbit", cost_of(R).fit)
+
+
+def test_the_box_claims_hold(rec):
+    after = after_of(rec)
+    for claim in [*after.link_claims(), after.ring_claim(), *after.comm_claims(), after.clock_claim()]:
+        assert claim.checked and claim.holds, claim
+    assert all(c.holds for c in after.speedup_claims(0.15)), after.speedup_claims(0.15)
+    crossing = after.crossing_claim(0.15)
+    assert crossing.checked and crossing.holds, crossing
+    assert after.measured_crossing_bits() / after.model_break_even_bits() == pytest.approx(1, abs=0.15)
+
+
+def test_an_all_reduce_off_its_prediction_fails(rec):
+    B2 = fresh(rec)["B2"]
+    for r in B2["ddp_link0"]["ranks"]:  # the bytes crossed at 2/3 of the rate: TCP's headers counted twice, say
+        r["parts"]["transfer"] *= 1.5
+    comm = after_of(rec, B2).comm_claims()
+    assert [c.holds for c in comm] == [False, True, True, True, True]
+
+
+def test_a_link_read_back_wrong_fails(rec):
+    B2 = fresh(rec)["B2"]
+    for r in B2["collectives"]["rows"]:  # a link that ran at 300 Mbit/s when 400 were set
+        r["seconds"] *= 4 / 3
+    ceiling, _ = after_of(rec, B2).link_claims()
+    assert not ceiling.holds and "within 10% of TCP's ceiling" in ceiling.text
+
+
+def test_four_nodes_not_at_1_5x_fail(rec):
+    B4 = fresh(rec)["B4"]
+    for r in B4["collectives"]["rows"]:  # as if each rank sent 2x the message
+        r["seconds"] *= 2 / 1.5
+    after = after_of(rec)
+    after.B4 = B4
+    assert not after.ring_claim().holds
+
+
+def test_a_speedup_off_the_model_fails_and_the_crossing_too(rec):
+    B2 = fresh(rec)["B2"]
+    fast = len(dialed.FACTORS) - 1  # the slowest link, where 2 processes lose: measured as if they won
+    B2[f"ddp_link{fast}"]["seconds"] /= 2.0
+    after = after_of(rec, B2)
+    assert not after.speedup_claims(0.15)[fast].holds
+    assert not after.crossing_claim(0.15).holds
+
+
+def test_box_speedups_are_not_checked_where_the_sweep_moved_too_much(rec):
+    claims = after_of(rec).speedup_claims(None)
+    assert not any(c.checked for c in claims) and all("over 30%" in c.unchecked for c in claims)
