@@ -83,3 +83,57 @@ def test_four_nodes_reference_and_blank():
 def test_four_nodes_mutants_each_named(guess, words):
     verdict = px.grade_four_nodes(guess, **FOUR)
     assert verdict is not None and words in verdict and "\n" not in verdict
+
+
+# Exercise 1's second function: the link below which n processes lose to one. The reference, then one wrong answer
+# per mistake the grader names (each a whole function, as a learner would write it).
+PAYLOAD = 1448 / 1514
+
+
+def reference(single_ms, pair_ms, own_ms, grad_bytes, n, alpha_ms):
+    budget = single_ms - pair_ms - own_ms - alpha_ms
+    if budget <= 0:
+        return None
+    return 8 * 2 * (n - 1) / n * grad_bytes / (budget / 1000) / PAYLOAD / 1e6
+
+
+def mutant(*, ring=True, factor=None, bits=8, share=PAYLOAD, ideal=False, own=True, alpha=True, none=True, unit=1e6):
+    def fn(single_ms, pair_ms, own_ms, grad_bytes, n, alpha_ms):
+        compute = single_ms / n if ideal else pair_ms
+        budget = single_ms - compute - (own_ms if own else 0) - (alpha_ms if alpha else 0)
+        if budget <= 0 and none:
+            return None
+        sent = (factor if factor else 2 * (n - 1) / n if ring else 1) * grad_bytes
+        return bits * sent / (budget / 1000) / share / unit
+
+    return fn
+
+
+def test_break_even_reference_and_blank():
+    assert px.grade_break_even(reference) is None
+    assert px.reference_break_even_mbit(*px.BREAK_EVEN_CASES[-1]) is None  # a case where DDP never pays
+    blank = px.exercise_1(lambda *a: None, lambda *a: None, None, cost=None)
+    assert [c.unchecked for c in blank] == ["not attempted", "not attempted"]
+    assert all("not attempted yet" in c.text for c in blank)
+
+
+@pytest.mark.parametrize(
+    "fn, words",
+    [
+        (mutant(ring=False), "the ring factor is wrong"),  # shows at n = 4 only
+        (mutant(factor=2), "not 2x: 2x is the limit of many ranks"),
+        (mutant(bits=1), "bits and bytes"),
+        (mutant(share=1.0), "the payload share: TCP carries 1448 bytes"),
+        (mutant(share=1 / PAYLOAD), "divides the rate, it does not multiply it"),
+        (mutant(ideal=True), "the pair's step (measured with the machine shared), not the 1 process's / n"),
+        (mutant(own=False), "DDP's own work"),
+        (mutant(alpha=False), "its latency alpha"),
+        (mutant(none=False), "expected None"),
+        (mutant(unit=1), "the units: the answer is in Mbit/s"),
+        (lambda *a: 1 / 0, "raised ZeroDivisionError"),
+        (lambda *a: 123.0, "take it apart"),  # wrong, and like no mistake the grader knows
+    ],
+)
+def test_break_even_mutants_each_named(fn, words):
+    verdict = px.grade_break_even(fn)
+    assert verdict is not None and words in verdict and "\n" not in verdict, verdict

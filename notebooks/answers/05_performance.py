@@ -6,6 +6,16 @@ def allreduce_ms(nbytes, n, alpha_ms, gb_per_s):
     return alpha_ms + 2 * (n - 1) / n * nbytes / (gb_per_s * 1e9) * 1000
 
 
+def break_even_mbit(single_ms, pair_ms, own_ms, grad_bytes, n, alpha_ms):
+    """The link below which n processes lose to 1: where the all-reduce takes all the time DDP saves."""
+    budget_ms = single_ms - pair_ms - own_ms - alpha_ms  # what the all-reduce may take before n lose to 1
+    if budget_ms <= 0:
+        return None  # they lose even on a link that costs nothing
+    sent = 2 * (n - 1) / n * grad_bytes  # the ring: what each rank puts on its link, per step
+    payload_bits_per_s = 8 * sent / (budget_ms / 1000)
+    return payload_bits_per_s / (1448 / 1514) / 1e6  # TCP: 1448 bytes of payload in every 1514 on the wire
+
+
 # Exercise 2: the last rank's sleep delays it once per step, and the fast rank meets it at the first collective of the
 # next step: DDP's forward broadcasts the buffers (broadcast_buffers=True), so the wait shows in 'forward'.
 MY_STRAGGLER = {"added_ms": 100, "part": "forward"}
