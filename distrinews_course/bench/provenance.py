@@ -28,10 +28,14 @@ def load_average() -> list | None:
 def machine_slug() -> str:
     """A short file-name-safe name for this machine: 'cpu2-amd-epyc', '2x-tesla-t4', '1x-nvidia-h100-80gb-hbm3'."""
     if torch.cuda.is_available():
-        name, n = torch.cuda.get_device_name(0), torch.cuda.device_count()
-        base = f"{n}x-{name}"
-    else:
-        base = f"cpu{os.cpu_count()}-{cpu_name()}"
+        return slug_of({"gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]})
+    return slug_of({"cpu_count": os.cpu_count(), "processor": cpu_name()})
+
+
+def slug_of(machine: dict) -> str:
+    """machine_slug() of a machine described as distrinews_lib.machine.machine_info() describes it (a record's)."""
+    gpus = machine.get("gpus")
+    base = f"{len(gpus)}x-{gpus[0]}" if gpus else f"cpu{machine.get('cpu_count')}-{machine.get('processor')}"
     slug = re.sub(r"[^a-z0-9]+", "-", base.lower()).strip("-")
     return re.sub(r"-(processor|cpu|\d+-core)$", "", slug)[:60]
 
