@@ -660,23 +660,22 @@ def test_request_past_its_deadline_gets_503_and_waiting_ones_never_reach_the_mod
 
 
 def test_every_setting_is_documented(capsys):
-    """Each default is written once (settings.SETTINGS and OPTIONS): app.py's docstring and the README's table are
-    generated from them and say the same, and every flag and variable is in --help and the README."""
+    """Each default is written once (settings.SETTINGS and OPTIONS): app.py's docstring and docs/serving.md's table are
+    generated from them and say the same, and every flag and variable is in --help and docs/serving.md."""
     from pathlib import Path
 
     from distrinews_lib.serving import app as app_module
     from distrinews_lib.serving.__main__ import parse_args
     from distrinews_lib.serving.settings import OPTIONS, SETTINGS, settings_markdown, settings_table
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    serving = readme[readme.index("## Serving") : readme.index("## Benchmarks")]
+    serving = (Path(__file__).resolve().parent.parent / "docs" / "serving.md").read_text()  # the operator's page
     with pytest.raises(SystemExit):
         parse_args(["--help"])
     help_text = capsys.readouterr().out
-    assert settings_markdown() in serving, "README's table of limits differs from settings.settings_markdown()"
+    assert settings_markdown() in serving, "docs/serving.md's table of limits differs from settings.settings_markdown()"
     assert settings_table() in app_module.__doc__ and "{" not in app_module.__doc__
     for s in SETTINGS:
-        for where, text in (("app.py's docstring", app_module.__doc__), ("README", serving), ("--help", help_text)):
+        for where, text in (("app.py's docstring", app_module.__doc__), ("the page", serving), ("--help", help_text)):
             assert s.flag in text and s.env in text, f"{s.flag} / {s.env} missing from {where}"
         row = next(line for line in app_module.__doc__.splitlines() if s.env in line)
         assert f" {s.default:g} " in row or f" {s.default} " in row, row
