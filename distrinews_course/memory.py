@@ -40,6 +40,7 @@ import os
 from dataclasses import dataclass, field
 
 MiB = 2**20
+MIXED_FSDP = "mixed (fp16 compute, fp32 master and gradients)"  # FSDP2's MixedPrecisionPolicy split (PRECISIONS)
 MB = MiB  # the old name, kept for callers: it always meant 2^20 bytes
 ADAMW = ("for-loop", "foreach", "fused")  # AdamW's implementations (torch's defaults: for-loop on CPU, foreach on CUDA)
 
@@ -79,6 +80,11 @@ PRECISIONS = {
     "fp32": dict(weight=4, grad=4, optimizer=8, act=4),
     # the ZeRO paper's mixed precision: fp16 weights and gradients, fp32 master weight and two moments
     "mixed (fp16 + fp32 master)": dict(weight=2, grad=2, optimizer=12, act=2),
+    # FSDP2's MixedPrecisionPolicy(param_dtype=float16 or bfloat16, reduce_dtype=float32), as ZeRO-3 by hand's
+    # param_dtype (chapter 03 measures it at stage 3): the fp32 master IS the weight a rank keeps, the gradients land
+    # on it in fp32; only what a block computes with is 2 bytes: its gathered weights, their gradients, the
+    # activations (`compute`: the bytes of that copy)
+    MIXED_FSDP: dict(weight=4, grad=4, optimizer=8, act=2, compute=2),
 }
 
 
@@ -180,17 +186,21 @@ def estimate(
         }[adamw],
         "activations": activation_bytes(shape, batch, seq, b["act"], recompute),
     }
+    # what forward and backward compute with, where it is not the weight kept (MIXED_FSDP): the weights' cast
+    compute = b.get("compute", b["weight"])
     if stage >= 2 and N > 1:
-        # FSDP2 gathers a whole unit's weights to compute with it, and makes its whole gradient before the
-        # reduce-scatter; the root unit (the embeddings and the head) is the largest
+        # FSDP2 gathers a whole unit's weights to compute with it, and makes its whole gradient (both in the compute
+        # dtype) and its flat copy for the reduce-scatter (in the gradients' dtype); the root unit (the embeddings and
+        # the head) is the largest
         unit = shape.tensors()[:4] + shape.tensors()[-4:]
-        parts["gathered unit"] = 3 * b["weight"] * sum(unit) * (1 - 1 / N)
+        parts["gathered unit"] = (2 * compute + b["grad"]) * sum(unit) * (1 - 1 / N)
         if impl == "torch":
             # FSDP2 all-gathers a unit into one flat buffer, then copies each parameter out into storage of its own:
             # for that moment the unit is whole twice (ZeRO-3 by hand gathers straight into the parameters' storage)
-            parts["gathered unit"] += b["weight"] * sum(unit)
+            parts["gathered unit"] += compute * sum(unit)
     else:
-        parts["gathered unit"] = 0
+        # unsharded, a low-precision compute copy of every weight lives through forward and backward (not measured)
+        parts["gathered unit"] = compute * P if compute != b["weight"] else 0
     parts["runtime"] = overhead_mb * MiB
     held = (
         parts["weights"] + parts["optimizer state"] + parts["DDP buckets"] + parts["runtime"] + parts["gathered unit"]

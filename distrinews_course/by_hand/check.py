@@ -20,6 +20,14 @@ that stopped, a second backward) stay there and the next case starts clean. The 
 | ZeRO-3: weights not freed / not gathered  | checked by the rung where it uses and frees a block                |
 | two levels: the wrong group               | the all-reduce's ranks against this rank's cross-node group        |
 | two levels: all-gather before all-reduce  | the order of the collectives the rung called in a step             |
+| HSDP: blocks sharded on the wrong group   | the ranks of every gather and reduce-scatter, against the node's   |
+| HSDP: the replicate on the wrong group,   | the ranks of each all-reduce, against this rank's cross-node       |
+|   or none                                 | group; a step without one                                          |
+| mixed precision: a gather left in fp32    | param_dtype float16: the dtype of the shard each all-gather sent   |
+| mixed precision: gradients reduced in the | param_dtype float16: the dtype of each reduce-scatter, against     |
+|   compute dtype                           | reduce_dtype float32                                               |
+| the optimizer steps the low-precision     | what the optimizer holds, against the rung's master shards         |
+|   copy                                    |                                                                    |
 
 The two-level exercise (chapter 08's cross-node half of hierarchical.py) runs on 4 ranks, 2 nodes x 2.
 """
@@ -88,9 +96,24 @@ MISTAKES = {
     "bucket once it holds at least the cap, as torch's DDP does)",
     "wrong_group": "the wrong group: your all-reduce of the shard ran among ranks {got} ({what}); the ranks that hold "
     "the same shard are those with the same local rank, one per node (ranks {want} for rank {rank}: dp.nodes.cross)",
+    "shard_group": "the wrong shard group: your blocks were gathered and reduce-scattered among ranks {got} ({what}); "
+    "HSDP shards each block inside the node, ranks {want} for rank {rank} (dp.nodes.intra), so that only the "
+    "replicate all-reduce crosses the slow link",
+    "no_replicate": "no replicate: each node's gradient shards were summed over its own ranks only, never across the "
+    "nodes (no all-reduce in a step); all-reduce each block's shard gradient over dp.nodes.cross after the node's "
+    "reduce-scatters",
     "gather_first": "all-gather before all-reduce: your all-gather inside the node ran before the all-reduce across "
     "the nodes, so each node gathered shards summed over its own ranks only; sum the shard across the nodes first, "
     "then gather",
+    "gather_low": "a gather left in {sent}: with param_dtype {want}, your all-gather sent the {sent} master shard "
+    "({detail}); cast it to dp.param_dtype before it leaves: half the bytes on the wire, and the dtype the gathered "
+    "weights compute in",
+    "reduce_low": "gradients reduced in {got}: with param_dtype {got}, your reduce-scatter summed the gradients in "
+    "{got}, where dp.reduce_dtype is {want}; copy them into a buffer of dp.reduce_dtype first ({got}'s sums lose the "
+    "low bits of each rank's gradient, and float16 overflows past 65504)",
+    "steps_compute_copy": "the optimizer steps the compute copy, not the master: it holds {detail}, the weights "
+    "forward computes with (in param_dtype, a cast of the shard remade at every gather and freed after use, so no "
+    "update of theirs reaches the next forward); step every block's master shard",
     "differs": "{detail}",
     "crashed": "your code raised {detail}",
     "stopped": "your code stopped: {detail}",
@@ -126,6 +149,47 @@ def two_level_mistake(calls, rank: int, per_node: int, world: int) -> dict | Non
                     "wrong_group", got=", ".join(map(str, ranks)), what=what, rank=rank, want=", ".join(map(str, cross))
                 )
             summed = True
+    return None
+
+
+def master_mistake(dp, optimizer) -> dict | None:
+    """A sharded rung whose optimizer does not step its master shards (ZeRO-3, HSDP: dp.blocks[i].shard): the mistake,
+    read from what the optimizer holds; None if it holds exactly the shards, or the rung has no blocks."""
+    blocks = getattr(dp, "blocks", None)
+    if not blocks:
+        return None
+    want = {id(b.shard) for b in blocks}
+    got = [p for group in optimizer.param_groups for p in group["params"]]
+    if {id(p) for p in got} == want and len(got) == len(want):
+        return None
+    dtypes = sorted({str(p.dtype).replace("torch.", "") for p in got})
+    return mistake("steps_compute_copy", detail=f"{len(got)} tensors in {', '.join(dtypes) or 'no dtype'}")
+
+
+def hsdp_mistake(calls, rank: int, per_node: int, world: int) -> dict | None:
+    """The mistakes of HSDP's two functions (chapter 08's exercise), read from the collectives a step called (each with
+    its group's ranks): a gather or reduce-scatter on a group other than this rank's node; an all-reduce on a group
+    other than the ranks with this rank's local rank; no all-reduce at all. None if none."""
+    node, local = divmod(rank, per_node)
+    intra, cross = tuple(range(node * per_node, (node + 1) * per_node)), tuple(range(local, world, per_node))
+
+    def said(ranks):
+        if len(ranks) == world:
+            return "every rank: the default group"
+        return {intra: "this rank's node: dp.nodes.intra", cross: "the ranks across the nodes: dp.nodes.cross"}.get(
+            ranks, "another group"
+        )
+
+    for c in calls:
+        ranks = tuple(c.get("group") or range(world))
+        if c["kind"] in ("all_gather", "reduce_scatter") and ranks != intra:
+            got, want = ", ".join(map(str, ranks)), ", ".join(map(str, intra))
+            return mistake("shard_group", got=got, what=said(ranks), want=want, rank=rank)
+        if c["kind"] == "all_reduce" and ranks != cross:
+            got, want = ", ".join(map(str, ranks)), ", ".join(map(str, cross))
+            return mistake("wrong_group", got=got, what=said(ranks), rank=rank, want=want)
+    if any(c["kind"] == "reduce_scatter" for c in calls) and not any(c["kind"] == "all_reduce" for c in calls):
+        return mistake("no_replicate")
     return None
 
 
@@ -191,7 +255,8 @@ class Cases:
                 torch.manual_seed(self.seed + dist.get_rank())  # dropout: the same masks for every contender
                 for b in batches:
                     runner.step(b, micro=micro, log=log)
-                    weights.append(runner.weights())
+                    with log.pause():  # the checker's gathers: not the training's collectives
+                        weights.append(runner.weights())
             except Exception as e:  # noqa: BLE001  (a learner's code may raise anything: it is the verdict)
                 err = e
             outcomes = everyone(outcome(err, self.files), control())

@@ -20,6 +20,8 @@ def probes_for(rung: str) -> list:
         names.insert(0, "overlap")
     if rung in ("bucketed", "zero2"):
         names.insert(0, "bucket_rule")
+    if rung == "zero3":
+        names.append("mixed")
     return names
 
 
@@ -29,6 +31,8 @@ def probe(case: str, name: str, rung: str, cases: Cases) -> dict:
         return probe_bucket_rule(name, cases)
     if case == "overlap":
         return probe_overlap(name, cases)
+    if case == "mixed":
+        return probe_mixed(name, cases)
     if case == "accumulate":
         b = cases.batches("tiny", 2)
         ref = cases.reference("accumulate", "tiny", b, micro=2)
@@ -196,4 +200,46 @@ def probe_overlap(name: str, cases: Cases) -> dict:
         "summary": f"a {1000 * DELAY_S:.0f} ms link: {launched:.0f} collectives launched inside backward, "
         f"none waited for there (backward {slow_ms:.0f} ms, {fast_ms:.0f} ms without the "
         "delay)",
+    }
+
+
+MIXED_STEPS = 2  # steps of the mixed-precision case: the second shows a wrong update of the first
+
+
+def probe_mixed(name: str, cases: Cases) -> dict:
+    """param_dtype float16, reduce_dtype float32 (the rung's default): the contender's all-gathers must send float16
+    shards, its reduce-scatters sum in float32, and its fp32 weights end equal to torch's FSDP2's with the same
+    MixedPrecisionPolicy (the same arithmetic: bit-identical)."""
+    b = cases.batches("tiny", MIXED_STEPS)
+    if "mixed" not in cases.refs:  # torch's FSDP2, once, outside a sandbox (its device mesh is made once, here)
+        torch.manual_seed(cases.seed + dist.get_rank())
+        ref = cases.make("fsdp2", "tiny", param_dtype=torch.float16, dropout=False)
+        weights = []
+        for batch in b:
+            ref.step(batch)
+            weights.append(ref.weights())
+        cases.refs["mixed"] = {"weights": weights, "names": names_of(ref)}
+    ref = cases.refs["mixed"]
+    with Collectives() as log:
+        got = cases.run(name, "tiny", b, log=log, param_dtype=torch.float16, dropout=False)
+    sent = [c for c in log.calls if c["kind"] == "all_gather" and c["dtypes"] != ["torch.float16"]]
+    if sent:
+        other = next(d for d in sent[0]["dtypes"] if d != "torch.float16").replace("torch.", "")
+        return mistake("gather_low", sent=other, want="float16", detail=f"{len(sent)} of its all-gathers")
+    summed = [c for c in log.calls if c["kind"] == "reduce_scatter" and c["dtype"] != "torch.float32"]
+    if summed:
+        return mistake("reduce_low", got=summed[0]["dtype"].replace("torch.", ""), want="float32")
+    if any(got["outcomes"]):
+        return crashed(got["outcomes"])
+    _, worst = compare(got["weights"], ref["weights"], ref["names"])
+    if worst > 0:
+        return mistake(
+            "differs",
+            detail=f"param_dtype float16: after {len(b)} steps the weights are {worst:.3g} off torch's FSDP2 with "
+            "MixedPrecisionPolicy(param_dtype=float16, reduce_dtype=float32), which does the same arithmetic",
+        )
+    return {
+        **PASS,
+        "summary": f"param_dtype float16: gathers in float16, gradients summed in float32, {len(b)} steps equal to "
+        f"FSDP2's MixedPrecisionPolicy (max difference {worst:.3g})",
     }

@@ -21,7 +21,7 @@ from distrinews_lib.errors import UserError
 from ..bench.timing import cpu_busy_seconds, wait_for_quiet
 from ..proc_self import bytes_written
 from . import RUNGS, SCRIPTS, TWO_LEVEL, measure, models, report, rung_class
-from .check import PASS, compare, crashed, mistake, two_level_mistake
+from .check import PASS, compare, crashed, hsdp_mistake, master_mistake, mistake, two_level_mistake
 from .exercises import EXERCISES
 from .rung import agreement_group, param_names
 from .timeline import Timeline
@@ -70,13 +70,15 @@ FSDP2 = ("fsdp2", "fsdp2_hsdp")  # torch's FSDP2 over every rank, and on a 2-D m
 TORCH = ("ddp", *FSDP2)
 
 
-def fsdp2(model, ranks_per_node=None):
+def fsdp2(model, ranks_per_node=None, param_dtype=None):
     """torch's FSDP2 the way chapter 06 runs it (fsdp2_reshard_on): each transformer layer its own unit, the rest the
     root's, every unit's weights freed after forward and gathered again for backward (the root's too: ZeRO-3). With
     ranks_per_node, hybrid sharding (HSDP) on a 2-D mesh of N nodes x g ranks: FSDP2's docstring says the parameters
-    are "sharded across the 1st dim and replicated across the 0th dim", so dim 0 is the nodes, dim 1 a node's ranks."""
+    are "sharded across the 1st dim and replicated across the 0th dim", so dim 0 is the nodes, dim 1 a node's ranks.
+    With param_dtype, mixed precision: MixedPrecisionPolicy(param_dtype, reduce_dtype=float32), as ZeRO-3 by hand's
+    param_dtype (its reduce_dtype defaults to the master's, float32; FSDP2's to param_dtype)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     world, g = dist.get_world_size(), ranks_per_node
     key = (world, g)
@@ -84,15 +86,17 @@ def fsdp2(model, ranks_per_node=None):
         shape, names = ((world // g, g), ("replicate", "shard")) if g else ((world,), None)
         _MESH[key] = init_device_mesh("cpu", shape, mesh_dim_names=names)
     mesh = _MESH[key]
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
     for layer in models.layers(model):
-        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
-    fully_shard(model, mesh=mesh, reshard_after_forward=True)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=True, mp_policy=mp)
+    fully_shard(model, mesh=mesh, reshard_after_forward=True, mp_policy=mp)
     return model
 
 
 class Runner:
     """One model trained by torch's DDP ("ddp"), torch's FSDP2 ("fsdp2") or a rung, with a timeline of its steps.
-    model_kw: build_model's (unused=...); dtype: the model's; find_unused: DDP's find_unused_parameters."""
+    model_kw: build_model's (unused=...); dtype: the model's; find_unused: DDP's find_unused_parameters; param_dtype:
+    mixed precision (FSDP2's MixedPrecisionPolicy, ZeRO-3's param_dtype)."""
 
     def __init__(
         self,
@@ -106,6 +110,7 @@ class Runner:
         dtype=None,
         find_unused=False,
         dropout=True,
+        param_dtype=None,
         **model_kw,
     ):
         self.name, self.timeline = name, Timeline()
@@ -130,12 +135,14 @@ class Runner:
         elif name in FSDP2:
             for t in [*self.model.parameters(), *self.model.buffers()]:  # rank 0's weights, as DDP and the rungs
                 dist.broadcast(t.data, src=0)
-            self.dp = fsdp2(self.model, args.ranks_per_node if name == "fsdp2_hsdp" else None)
+            self.dp = fsdp2(self.model, args.ranks_per_node if name == "fsdp2_hsdp" else None, param_dtype)
             self.opt = torch.optim.AdamW(self.model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
         else:
             cls, kw = rung_class(mods[name], getattr(mods[name], "RUNG", name)), {}
             if "ranks_per_node" in inspect.signature(cls).parameters:  # a two-level rung: the layout the race gives
                 kw["ranks_per_node"] = getattr(args, "ranks_per_node", None)
+            if param_dtype is not None:  # mixed precision: the sharded rungs' keyword, FSDP2's name
+                kw["param_dtype"] = param_dtype
             self.dp = cls(self.model, bucket_mb, True, self.timeline, **kw)
             self.opt = self.dp.optimizer(args.lr, args.weight_decay)
         self.steps, self.first_grad, self.backward_s = 0, None, 0.0  # backward's seconds, summed over every step
@@ -247,7 +254,7 @@ def check(kind, contenders, mods, args, rank, world, facts, cases, with_fsdp2=Fa
         snapshots.append(ref.weights())
     ref_norm = stepped_norm(ref)
     ddp_state_bytes = measure.optimizer_state_bytes(ref.opt)
-    out = {}
+    out, hsdp = {}, {}
     for name in contenders:
         got = cases.run(name, kind, batches)
         if any(got["outcomes"]):
@@ -260,7 +267,12 @@ def check(kind, contenders, mods, args, rank, world, facts, cases, with_fsdp2=Fa
         ratio = stepped_norm(r) / ref_norm
         verdict = PASS
         two = two_level_mistake(got["calls"], rank, args.ranks_per_node, world) if rung == "hierarchical" else None
-        if two:
+        if rung == "hsdp":
+            two = hsdp_mistake(got["calls"], rank, args.ranks_per_node, world)
+        master = master_mistake(r.dp, r.opt)
+        if master:
+            verdict = master
+        elif two:
             verdict = two
         elif first and abs(ratio - world) < 0.05 * world:
             verdict = mistake("missing_divide", ratio=ratio, world=world)
@@ -287,7 +299,11 @@ def check(kind, contenders, mods, args, rank, world, facts, cases, with_fsdp2=Fa
         }
         if hasattr(r.dp, "buckets"):
             out[name]["buckets"] = len(r.dp.buckets)
-    for name in ("fsdp2",) if with_fsdp2 is True else with_fsdp2 or ():
+        if rung == "hsdp" and verdict["ok"]:
+            hsdp[name] = got["weights"]
+    fsdp2s = ("fsdp2",) if with_fsdp2 is True else tuple(with_fsdp2 or ())
+    fsdp2s += ("fsdp2_hsdp",) if hsdp and "fsdp2_hsdp" not in fsdp2s else ()
+    for name in fsdp2s:
         # torch's FSDP2 on the same steps (outside a sandbox: its device mesh is made once, on this group)
         r = Runner(name, kind, args, mods, rank)
         torch.manual_seed(args.seed + 1000 + rank)
@@ -297,6 +313,16 @@ def check(kind, contenders, mods, args, rank, world, facts, cases, with_fsdp2=Fa
             got.append(r.weights())
         first, worst = compare(got, snapshots, names)
         out[name] = {"max_weight_diff": worst, "first_diff": first, "verdict": PASS}
+        if name == "fsdp2_hsdp":  # HSDP by hand against torch's on the 2-D mesh (replicate, shard)
+            for mine, weights in hsdp.items():
+                first, worst = compare(weights, got, names)
+                out[mine]["max_weight_diff_vs_fsdp2"] = worst
+                if worst > TOLERANCE["hsdp"]:
+                    out[mine]["verdict"] = mistake(
+                        "differs",
+                        detail=f"{kind} model: step {first['step']}, parameter {first['param']} is {first['diff']:.3g} "
+                        "off torch's FSDP2 on a 2-D mesh (replicate across the nodes, shard inside them)",
+                    )
     out["ddp"] = {
         "allreduces_per_step": ref.collectives_per_step,
         "optimizer_state_bytes": ddp_state_bytes,

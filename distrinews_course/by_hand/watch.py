@@ -37,7 +37,16 @@ class Collectives:
 
     def __init__(self, delay_s: float = 0.0):
         self.delay_s, self.calls, self.waits_in_backward, self.in_backward = delay_s, [], [], False
-        self._saved, self.active = {}, False
+        self._saved, self.active, self.paused = {}, False, False
+
+    @contextmanager
+    def pause(self):
+        """Neither record nor slow the collectives of the block (the checker reading the weights, not training)."""
+        self.paused = True
+        try:
+            yield
+        finally:
+            self.paused = False
 
     def __enter__(self):
         self.active = True
@@ -61,7 +70,7 @@ class Collectives:
         def watched(*args, **kwargs):
             bound = sig.bind(*args, **kwargs)
             group, buffer = bound.arguments.get("group"), bound.arguments[arg]
-            if group is not None and is_agreement(group):
+            if self.paused or (group is not None and is_agreement(group)):
                 return fn(*args, **kwargs)  # the rungs' agreements and the checker's own: not the training's traffic
             for t in bound.arguments.values():  # a freed tensor here would crash gloo (a segfault), not raise
                 if torch.is_tensor(t) and t.untyped_storage().nbytes() < t.numel() * t.element_size():
@@ -74,6 +83,8 @@ class Collectives:
                 "group": None if group is None else tuple(dist.get_process_group_ranks(group)),
                 "bytes": buffer.numel() * buffer.element_size(),
                 "dtype": str(buffer.dtype),
+                # every tensor's (a gather's shard and its output, a reduce-scatter's input and its share)
+                "dtypes": sorted({str(t.dtype) for t in bound.arguments.values() if torch.is_tensor(t)}),
                 "in_backward": self.in_backward,
                 "async": bool(bound.arguments.get("async_op")),
             }

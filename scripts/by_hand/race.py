@@ -12,6 +12,8 @@
 5. sweep: bucket sizes, the hand-built bucketed rung against torch's DDP, alternating.
 6. facts: DDP's buckets in its first steps, what gradient_as_bucket_view shares, the bytes each collective puts
    on the wire.
+7. mixed (--sections mixed): ZeRO-3 with param_dtype float16 and bfloat16 against FSDP2's MixedPrecisionPolicy, the
+   bytes of each collective, what float16 loses without loss scaling, the peak memory beside chapter 06's calculator.
 
     torchrun --standalone --nproc_per_node=2 scripts/by_hand/race.py --out outputs/by_hand/race.json
 """
@@ -22,7 +24,7 @@ import time
 
 import torch.distributed as dist
 
-from distrinews_course.by_hand import RUNGS, TWO_LEVEL, harness, probes
+from distrinews_course.by_hand import RUNGS, TWO_LEVEL, harness, probes, race_mixed
 from distrinews_course.by_hand.check import Cases
 from distrinews_course.by_hand.race import (
     Runner,
@@ -49,7 +51,7 @@ def main():
         default="check,timing",
         help="check (each contender against DDP), timing (the wide model: the rungs of --timing_rungs "
         "against DDP, the facts, the sweep), zero (ZeRO-2 and ZeRO-3 against FSDP2: memory, 20 steps, "
-        "their timing)",
+        "their timing), mixed (ZeRO-3 in mixed precision against FSDP2's: distrinews_course/by_hand/race_mixed.py)",
     )
     p.add_argument("--models", default="tiny,tied")
     p.add_argument("--check_steps", type=int, default=3)
@@ -96,6 +98,7 @@ def main():
     p.add_argument("--zero_steps", type=int, default=20, help="steps of ZeRO-2 and ZeRO-3 against FSDP2")
     p.add_argument("--zero_batch", type=int, default=8, help="texts per rank and step in the zero section")
     p.add_argument("--zero_rounds", type=int, default=3, help="timing rounds of DDP, ZeRO-2, ZeRO-3 and FSDP2")
+    p.add_argument("--mixed_steps", type=int, default=5, help="steps of mixed-precision ZeRO-3 against FSDP2's")
     p.add_argument(
         "--memory_steps",
         type=int,
@@ -119,18 +122,21 @@ def main():
     sections = {"check"} if args.check_only else {s for s in args.sections.split(",") if s}
     rungs = [r for r in args.rungs.split(",") if r]
     bad = [r for r in rungs if r not in RUNGS + TWO_LEVEL] + [
-        s for s in sections if s not in ("check", "timing", "zero")
+        s for s in sections if s not in ("check", "timing", "zero", "mixed")
     ]
     if bad:
         raise UserError(
             f"--rungs/--sections: unknown {bad}; the rungs are {', '.join(RUNGS + TWO_LEVEL)}, the sections check, "
-            "timing and zero"
+            "timing, zero and mixed"
         )
+    if "mixed" in sections and "zero3" not in rungs:
+        raise UserError("--sections mixed races ZeRO-3 by hand: keep zero3 in --rungs")
     mods, kinds = rung_modules(rungs, args.exercise)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     # Memory first, before this process joins a group (each run in a forked child); the reference rungs only: a
     # learner's code is checked first, in a sandbox, where a crash is a verdict.
     mem = memory(rungs, mods, args, rank, world) if "zero" in sections and args.memory_steps else None
+    mixed_runs = race_mixed.memory_runs(mods, args, rank, world) if "mixed" in sections and args.memory_steps else None
     rank, world = harness.init(args.timeout_s)
     contenders = list(mods)
     # The source files of every contender's code (a learner's file too): a `raise` there is a clear error.
@@ -184,6 +190,10 @@ def main():
         names = ["ddp", *[c for c in contenders if kinds[c] in ("zero2", "zero3")], "fsdp2"]
         res["zero_timing"] = timing(names, mods, args, rank, world, args.zero_rounds)[0]
         res["seconds_zero"], res["seconds_memory"] = time.perf_counter() - t0, mem and mem["seconds"]
+    if "mixed" in sections:
+        t0 = time.perf_counter()
+        res["mixed"] = race_mixed.mixed(mods, args, rank, world, mixed_runs)
+        res["seconds_mixed"] = time.perf_counter() - t0
     if "timing" in sections:
         names = ["ddp", *[c for c in contenders if kinds[c] in args.timing_rungs.split(",")]]
         res["timing"], runners, batches = timing(names, mods, args, rank, world, args.rounds, bool(args.benchmark))
