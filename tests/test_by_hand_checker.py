@@ -116,6 +116,32 @@ MUTANTS = [
         "stopped",
         r"^your code stopped: a collective \(all_gather\) was given a tensor whose memory is freed",
     ),
+    (  # exercise 4, mixed precision: the master shard sent as it is, float32, into float16 weights
+        "gather_low",
+        "zero3",
+        "    low = block.shard.detach().to(dp.param_dtype)  # a copy only if the dtypes differ",
+        "    low = block.shard.detach()  #",
+        "gather_low",
+        r"^a gather left in float32: with param_dtype float16, your all-gather sent the float32 master shard",
+    ),
+    (  # ... the gradients summed in the dtype they arrive in (the compute dtype), not reduce_dtype
+        "reduce_low",
+        "zero3",
+        "    flat = torch.zeros(block.full.numel(), dtype=dp.reduce_dtype)\n",
+        "    flat = torch.zeros(block.full.numel(), dtype=dp.param_dtype)\n",
+        "reduce_low",
+        r"^gradients reduced in float16: with param_dtype float16, your reduce-scatter summed the gradients in "
+        r"float16, where dp\.reduce_dtype is float32",
+    ),
+    (  # ... and the optimizer given the weights forward computes with, not the master shards
+        "steps_compute_copy",
+        "zero3",
+        "    return [b.shard for b in dp.blocks]\n",
+        "    return [p for b in dp.blocks for p in b.params]\n",
+        "steps_compute_copy",
+        r"^the optimizer steps the compute copy, not the master: it holds 40 tensors in float32, the weights forward "
+        r"computes with",
+    ),
     (  # rank 1 skips a collective: rank 0 fails after the collective timeout, with a message, never a hang
         "skipped_collective",
         "zero1",
@@ -198,6 +224,9 @@ def test_every_mistake_of_the_table_has_a_mutant():
         "dtype",
         "unused_parameter",
         "bucket_rule",
+        "gather_low",
+        "reduce_low",
+        "steps_compute_copy",
     }
     assert claimed <= {key for *_, key, _ in MUTANTS}
     assert claimed <= set(check.MISTAKES)
@@ -254,9 +283,10 @@ def test_the_notebook_exercise_cells_are_the_skeletons():
     }
     for rung in ("overlapped", "bucketed", "zero1"):
         assert cells[f"ex_{rung}.py"].split("\n", 1)[1].rstrip() == exercises.skeleton(rung).rstrip()
-    # exercise 4: the skeleton's two functions, after its imports
+    # exercise 4: the skeleton's five functions, after its imports
     zero3 = exercises.skeleton("zero3")
-    for fn in ("def gather(block, dp):", "def free(block):"):
+    assert exercises.stubs_of_skeleton("zero3") == ["gather", "free", "reduce_scatter", "land", "master_weights"]
+    for fn in ("\ndef gather(", "\ndef free(", "\ndef reduce_scatter(", "\ndef land(", "\ndef master_weights("):
         start = zero3.index(fn)
         end = zero3.index("raise NotImplementedError", start)
         assert zero3[start:end] in cells["ex_zero3.py"]
@@ -395,3 +425,84 @@ def test_chapter_08s_exercise_cell_is_the_skeletons_function():
     start = skeleton.index("def across_nodes(dp, shard, flat):")
     assert skeleton[start:].strip() in cell
     assert "across_nodes" not in answers().solution_source("hierarchical", functions_only=True).split("def ")[0]
+
+
+def answers_08():
+    spec = importlib.util.spec_from_file_location("answers_08", ROOT / "notebooks" / "answers" / "08_several_nodes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Chapter 08's HSDP exercise: node_group() and replicate() of scripts/by_hand/hsdp.py, checked on 2 nodes x 2 ranks
+# against torch's DDP and torch's FSDP2 on a 2-D mesh. One wrong answer per mistake its checker names.
+HSDP_MUTANTS = [
+    (
+        "shard_across",
+        "    return dp.nodes.intra\n",
+        "    return dp.nodes.cross\n",
+        "shard_group",
+        r"^the wrong shard group: your blocks were gathered and reduce-scattered among ranks 0, 2 \(the ranks across "
+        r"the nodes: dp\.nodes\.cross\); HSDP shards each block inside the node, ranks 0, 1 for rank 0",
+    ),
+    (
+        "shard_everywhere",
+        "    return dp.nodes.intra\n",
+        "    return None  # the default group\n",
+        "shard_group",
+        r"^the wrong shard group: .* among ranks 0, 1, 2, 3 \(every rank: the default group\)",
+    ),
+    (
+        "replicate_in_the_node",
+        "group=dp.nodes.cross, async_op=True",
+        "group=dp.nodes.intra, async_op=True",
+        "wrong_group",
+        r"^the wrong group: your all-reduce of the shard ran among ranks 0, 1 \(this rank's node: dp\.nodes\.intra\)",
+    ),
+    (
+        "no_replicate",
+        "        if b.shard.grad is not None:  # a block whose parameters are all frozen has none\n",
+        "        if False:  # never across the nodes\n",
+        "no_replicate",
+        r"^no replicate: each node's gradient shards were summed over its own ranks only",
+    ),
+]
+
+
+@pytest.mark.slow
+def test_the_hsdp_mutants_are_caught_and_the_answer_equals_fsdp2s_2d_mesh(tmp_path):
+    reference = answers_08().write_hsdp(tmp_path / "reference.py")
+    text = reference.read_text()
+    items = [("hsdp", reference, "reference")]
+    for label, old, new, *_ in HSDP_MUTANTS:
+        assert text.count(old) == 1, f"mutant {label}: the text to replace is not in the reference answer once"
+        path = tmp_path / f"mutant_{label}.py"
+        path.write_text(text.replace(old, new))
+        items.append(("hsdp", path, label))
+    verdicts = exercises.check_exercises(items, tmp_path, timeout=1200, models="tiny", check_steps=2)
+    for label, _, _, key, message in HSDP_MUTANTS:
+        v = verdicts[label]
+        assert v["ok"] is False and v["mistake"] == key, (label, v)
+        assert "\n" not in v["message"] and re.search(message, v["message"]), (label, v["message"])
+    assert verdicts["reference"]["ok"] is True, verdicts["reference"]
+    got = verdicts["_race"]["check"]["tiny"]["reference"]
+    assert got["max_weight_diff_vs_fsdp2"] <= 1e-6 and got["max_weight_diff"] <= 1e-6, got  # HSDP's tolerance
+
+
+def test_the_hsdp_skeleton_leaves_the_two_functions_blank():
+    assert exercises.stubs_of_skeleton("hsdp") == ["node_group", "replicate"]
+    assert exercises.EXERCISES["hsdp"] == "node_group"
+    assert exercises.stubs(Path(exercises.SKELETONS).parent / "hsdp.py") == []  # the rung, the answer, is complete
+
+
+def test_the_hsdp_mistakes_are_read_from_the_calls():
+    gather = lambda group: {"kind": "all_gather", "group": group}  # noqa: E731
+    rs = lambda group: {"kind": "reduce_scatter", "group": group}  # noqa: E731
+    ar = lambda group: {"kind": "all_reduce", "group": group}  # noqa: E731
+    step = [gather((0, 1)), gather((0, 1)), rs((0, 1)), ar((0, 2))]
+    assert check.hsdp_mistake(step * 2, rank=0, per_node=2, world=4) is None
+    assert check.hsdp_mistake([gather((2, 3)), rs((2, 3)), ar((1, 3))], rank=3, per_node=2, world=4) is None
+    assert check.hsdp_mistake([gather(None), rs(None), ar((0, 2))], 0, 2, 4)["mistake"] == "shard_group"
+    assert check.hsdp_mistake([gather((0, 1)), rs((0, 1)), ar((0, 1))], 0, 2, 4)["mistake"] == "wrong_group"
+    assert check.hsdp_mistake([gather((0, 1)), rs((0, 1))], 0, 2, 4)["mistake"] == "no_replicate"
+    assert "ranks 2, 3 for rank 2" in check.hsdp_mistake([gather((0, 2))], 2, 2, 4)["message"]

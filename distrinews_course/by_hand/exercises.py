@@ -19,6 +19,7 @@ EXERCISES = {
     "zero1": CLASSES["zero1"],
     "zero3": "gather",
     "hierarchical": "across_nodes",  # chapter 08's: checked on 2 nodes x 2 ranks (TWO_LEVEL_WORLD)
+    "hsdp": "node_group",  # chapter 08's too: the shard group and the replicate all-reduce
 }
 TWO_LEVEL_WORLD = (4, 2)  # (ranks, ranks per node) the two-level exercises are checked on, on this machine's loopback
 SKELETONS = SCRIPTS / "skeletons"
@@ -64,13 +65,24 @@ HINTS = {
         "Gathering is worth it only once every node's shard has been summed across the nodes: all_gather_into_tensor "
         "puts the node's g shards into flat in local-rank order, the order in which the reduce-scatter cut them.",
     ],
+    "hsdp": [
+        "Nodes(ranks_per_node) works out this rank's node and makes both groups (every rank together: group "
+        "creation is a collective); keep it on dp, since replicate() needs its cross-node group.",
+        "The group node_group() returns is the one every gather and reduce-scatter of the rung runs on; the ranks "
+        "that hold the same shard of a block are one per node, with the same local rank.",
+        "dist.all_reduce(tensor, group=..., async_op=True) sums in place and returns a work handle: launch one per "
+        "block whose shard has a gradient, then wait for them all.",
+    ],
     "zero3": [
-        "A block's `full` buffer keeps its shape; only its memory comes and goes: full.untyped_storage().resize_(n) "
-        "gives it n bytes (block.nbytes), resize_(0) takes them away.",
-        "gather: give the memory back first, then all-gather every rank's shard into full, asynchronously; return "
-        "the work (the rung waits for it just before the block computes).",
-        "free: the parameters and what autograd saved of them are views into full; resizing its storage to 0 frees "
-        "the memory without breaking those views, and the next gather refills them in place.",
+        "A block's `full` buffer keeps its shape and its dtype (dp.param_dtype); only its memory comes and goes: "
+        "full.untyped_storage().resize_(n) gives it n bytes (block.nbytes), resize_(0) takes them away.",
+        "The shard is the master, in the model's dtype. What an all-gather sends must have the output's dtype: "
+        "tensor.to(dtype) makes the low-precision copy that travels (and is no copy at all when the dtypes agree).",
+        "The gradients arrive in dp.param_dtype; the sum belongs in dp.reduce_dtype. torch.cat(tensors, out=...) "
+        "casts into a buffer of another dtype; reduce_scatter_tensor(out, buffer, group=..., async_op=True) leaves "
+        "each rank its slice of the sum.",
+        "An update reaches the next forward only through the tensor every gather reads from; the parameters the "
+        "model computes with are rebuilt from it at each gather.",
     ],
 }
 
@@ -118,6 +130,22 @@ def stubs_of_skeleton(rung: str) -> list:
     return stubs(SKELETONS / f"{rung}.py")
 
 
+def call_sites(rung: str) -> str:
+    """Where the given code of exercise `rung`'s skeleton calls each function the learner writes: one line per call,
+    'Class.method: the line', in the order of the file."""
+    text = skeleton(rung)
+    lines, blanks, out = text.splitlines(), set(stubs_of_skeleton(rung)), []
+    for cls in ast.parse(text).body:
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        for fn in (f for f in cls.body if isinstance(f, ast.FunctionDef)):
+            calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and getattr(n.func, "id", None) in blanks]
+            out += [
+                f"{cls.name}.{fn.name}: {lines[c.lineno - 1].strip()}" for c in sorted(calls, key=lambda c: c.lineno)
+            ]
+    return "\n".join(out)
+
+
 def verdict(res: dict, label: str) -> dict:
     """The first mistake the race found for contender `label` (its check on the tiny and tied models, then each
     probe in order), or PASS; with what passed."""
@@ -128,8 +156,10 @@ def verdict(res: dict, label: str) -> dict:
             continue
         if r.get("verdict", PASS)["ok"] is False:
             return {**r["verdict"], "passed": passed}
+        fsdp2 = r.get("max_weight_diff_vs_fsdp2")  # HSDP: also against torch's FSDP2 on a 2-D mesh
         passed.append(
             f"{model} model: {res['steps']} steps equal to torch's DDP (max difference {r['max_weight_diff']:.3g})"
+            + ("" if fsdp2 is None else f" and to FSDP2 on a 2-D mesh ({fsdp2:.3g})")
         )
     for name, v in res.get("probes", {}).get(label, {}).items():
         if not v["ok"]:
@@ -240,7 +270,8 @@ def check_exercise(
         if strict:
             raise AssertionError(v["message"])
     else:
-        print(f"checked: your {rung} trains as torch's DDP does, in every case above")
+        also = " and torch's FSDP2 on a 2-D mesh do" if rung == "hsdp" else " does"
+        print(f"checked: your {rung} trains as torch's DDP{also}, in every case above")
     return v
 
 

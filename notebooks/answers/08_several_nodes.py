@@ -16,8 +16,20 @@ def launch_line(node_addr):
 
 
 def write_hierarchical(path):
-    """Exercise 4's answer where the learner's file would go: the cross-node half of scripts/by_hand/hierarchical.py,
-    taken from the rung itself by chapter 03's answers (the same rule: the rung is the reference). Returns the path."""
+    """Exercise 4's answer where the learner's file would go: the cross-node half of scripts/by_hand/hierarchical.py.
+    Returns the path."""
+    return _from_the_rung("hierarchical", path)
+
+
+def write_hsdp(path):
+    """The HSDP exercise's answer where the learner's file would go: node_group() and replicate() of
+    scripts/by_hand/hsdp.py. Returns the path."""
+    return _from_the_rung("hsdp", path)
+
+
+def _from_the_rung(rung, path):
+    """The functions the exercise leaves blank, taken from the rung itself by chapter 03's answers (the same rule: the
+    rung is the reference), written to `path`."""
     import importlib.util
     from pathlib import Path
 
@@ -27,5 +39,5 @@ def write_hierarchical(path):
     spec.loader.exec_module(answers_03)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(answers_03.solution_source("hierarchical", functions_only=True))
+    path.write_text(answers_03.solution_source(rung, functions_only=True))
     return path

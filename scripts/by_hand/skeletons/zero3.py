@@ -1,10 +1,13 @@
-"""Exercise 4 of chapter 03: ZeRO-3 (what FSDP does): gather before use, free after use.
+"""Exercise 4 of chapter 03: mixed precision in ZeRO-3, as FSDP2's MixedPrecisionPolicy does it.
 
-The weights themselves are sharded: the model is cut into blocks (each transformer layer, and one block for
-everything outside the layers), and a rank keeps only its shard of each block's flat buffer. The whole rung is
-given except gather() and free() at the end: the rung calls gather() just before a block's forward and again before
-its backward (the next block's already in flight), and free() after each. The checker runs your two functions in
-a copy of scripts/by_hand/zero3.py, on 2 ranks, against torch's DDP. Stuck? exercises.hint("zero3", 1).
+The weights are sharded: the model is cut into blocks (each transformer layer, and one block for everything outside
+the layers); a rank keeps only its shard of each block, in the model's own dtype (fp32: the master copy), and a
+block's full weights exist only while it computes, in dp.param_dtype (float16 or bfloat16). The whole rung is given
+except the five functions at the end, which decide what travels in which dtype and what the optimizer steps: the rung
+calls gather() just before a block's forward and again before its backward, free() after each, reduce_scatter() once
+the block's gradients are complete, land() before the optimizer step, and master_weights() for the optimizer. The
+checker runs your functions in a copy of scripts/by_hand/zero3.py on 2 ranks: in fp32 against torch's DDP, then with
+param_dtype float16 against torch's FSDP2. Stuck? exercises.hint("zero3", 1).
 """
 import torch
 import torch.distributed as dist
@@ -15,20 +18,22 @@ from distrinews_lib.errors import UserError
 
 
 class Block:
-    """One block's parameters in one flat buffer, `full`, padded to world x shard: the parameters are views into it,
-    and it holds memory only between gather() and free(). `shard` is this rank's slice, which the optimizer updates."""
+    """One block's parameters in one flat buffer, `full`, padded to world x shard, in the dtype they compute in: the
+    parameters are views into it, and it holds memory only between gather() and free(). `shard` is this rank's slice
+    in the parameters' own dtype (the master copy), which the optimizer updates."""
 
-    def __init__(self, name, params, world, rank, dtype):
+    def __init__(self, name, params, world, rank, dtype, param_dtype):
         self.name, self.params = name, params
         numel = sum(p.numel() for p in params)
         size = -(-numel // world)  # rounded up: padding gives every rank the same length
-        self.full = torch.zeros(size * world, dtype=dtype)
+        master = torch.zeros(size * world, dtype=dtype)
+        self.full = torch.zeros(size * world, dtype=param_dtype)
         offset = 0
         for p in params:
-            self.full[offset:offset + p.numel()].copy_(p.detach().reshape(-1))
+            master[offset:offset + p.numel()].copy_(p.detach().reshape(-1))
             p.data = self.full[offset:offset + p.numel()].view_as(p)  # the parameter now lives in the flat buffer
             offset += p.numel()
-        self.shard = torch.nn.Parameter(self.full[rank * size:(rank + 1) * size].clone())
+        self.shard = torch.nn.Parameter(master[rank * size:(rank + 1) * size].clone())
         self.ready = 0  # how many of its gradients this backward has completed
         self.gathering = None  # the work of its all-gather, when one is in flight (a prefetch)
 
@@ -43,15 +48,20 @@ class Block:
 class Zero3DP(Rung):
     """Shard the weights too: each block's full weights exist only while it computes (forward, then backward)."""
 
-    def __init__(self, model, bucket_mb=None, broadcast=True, timeline=None):
+    def __init__(self, model, bucket_mb=None, broadcast=True, timeline=None, param_dtype=None, reduce_dtype=None):
         super().__init__(model, bucket_mb, broadcast, timeline)
         self.group = self.shard_group()  # the ranks each block is sharded over: every rank here
         rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
         dtype, stack = one_dtype(self.params), layers(model)
+        # forward and backward compute in param_dtype; the gradients are summed in reduce_dtype (the master's own
+        # unless said: FSDP2's default is param_dtype, whose 11 bits of fp16 lose what the sum of many ranks adds)
+        self.param_dtype, self.reduce_dtype = floating(param_dtype, dtype), floating(reduce_dtype, dtype)
+        if self.param_dtype != dtype:
+            carried(self.param_dtype, self.group)
         inside = {p for layer in stack for p in layer.parameters()}
         groups = [("the rest", [p for p in self.params if p not in inside])]
         groups += [(f"layer {i}", [p for p in layer.parameters() if p.requires_grad]) for i, layer in enumerate(stack)]
-        self.blocks = [Block(name, ps, world, rank, dtype) for name, ps in groups]  # frozen ones stay whole
+        self.blocks = [Block(name, ps, world, rank, dtype, self.param_dtype) for name, ps in groups]  # frozen: whole
         self.block_of = {p: b for b in self.blocks for p in b.params}
         for b in self.blocks:
             self.free(b)  # from now on a rank holds its shards only
@@ -72,8 +82,12 @@ class Zero3DP(Rung):
         inside a node."""
         return None
 
+    def parameters(self):
+        """What an optimizer steps: this rank's master shards (a peer's torch.optim.SGD(dp.parameters()) too)."""
+        return iter(master_weights(self))
+
     def optimizer(self, lr, weight_decay):
-        return torch.optim.AdamW([b.shard for b in self.blocks], lr=lr, weight_decay=weight_decay)
+        return torch.optim.AdamW(self.parameters(), lr=lr, weight_decay=weight_decay)
 
     def use(self, i, then=None):
         """Block i is about to compute: wait for its full weights (a prefetch may have them on the way already), and
@@ -127,45 +141,66 @@ class Zero3DP(Rung):
         if b.ready < len(b.params):
             return
         b.ready = 0
-        flat = torch.zeros_like(b.full)
-        torch.cat([p.grad.reshape(-1) for p in b.params], out=flat[:sum(p.numel() for p in b.params)])
+        self.free(b)  # its backward is over: its full weights go before the reduce-scatter needs memory of its own
+        mine, work = reduce_scatter(b, self)
         for p in b.params:
-            p.grad = None  # its gradients are in flat now...
-        self.free(b)  # ...and its backward is over: both freed before the reduce-scatter needs memory of its own
-        mine = torch.empty_like(b.shard)
-        # divide first, as DDP, by the world size (every rank's gradient counts, whatever group holds the shards)
-        work = dist.reduce_scatter_tensor(mine, flat.div_(self.world), group=self.group, async_op=True)
+            p.grad = None  # its gradients are in the reduce-scatter's buffer now
         self.collectives += 1
-        self.pending.append((b, mine, self.timeline.comm(work, f"grads {b.name}", flat.nbytes)))
+        sent = mine.numel() * mine.element_size() * dist.get_world_size(self.group)  # the whole buffer, as a gather's
+        self.pending.append((b, mine, self.timeline.comm(work, f"grads {b.name}", sent)))
 
     def sync_gradients(self):
         for b in self.blocks:
             b.shard.grad = None
         for b, mine, work in self.pending:
             work.wait()  # a second backward's shard adds to the first's: accumulation comes free
-            b.shard.grad = mine if b.shard.grad is None else b.shard.grad.add_(mine)
+            land(b, mine)
         self.pending, self.arrived = [], set()
 
     def missing(self):
         return [p for p in self.params if p not in self.arrived]  # theirs are freed once sent: None says nothing
 
     def full_weights(self) -> list:
-        """Every parameter's full value (gathered, copied, freed again), in model.parameters() order: to compare."""
-        out, collectives = {}, self.collectives  # these gathers are not the training's
+        """Every parameter's full master value (every rank's shard gathered in the master's dtype), in
+        model.parameters() order: to compare, or to save. Every rank must call it."""
+        out = {}
         for b in self.blocks:
-            work = self.gather(b)
-            if work is not None:
-                work.wait()
-            out.update({id(p): p.detach().clone() for p in b.params})
-            self.free(b)
-        self.collectives = collectives
+            if not b.params:
+                continue
+            whole = torch.empty(b.full.numel(), dtype=b.shard.dtype)
+            dist.all_gather_into_tensor(whole, b.shard.detach(), group=self.group)
+            offset = 0
+            for p in b.params:
+                out[id(p)] = whole[offset:offset + p.numel()].view(p.shape)
+                offset += p.numel()
         return [out.get(id(p), p.detach()) for p in self.model.parameters()]  # a frozen one was never sharded
 
 
+def floating(dtype, default):
+    """A floating dtype for the rung's param_dtype or reduce_dtype (default where None); a clear error otherwise."""
+    if dtype is None:
+        return default
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise UserError(f"param_dtype and reduce_dtype take a floating torch.dtype (torch.float16, torch.bfloat16, "
+                        f"torch.float32), not {dtype!r}")
+    return dtype
+
+
+def carried(dtype, group):
+    """Every rank of `group` checks, with one element, that its backend all-gathers `dtype` (gloo carries float16 and
+    bfloat16 in torch 2.13), and stops with a clear error if not, instead of failing in the first forward."""
+    one = torch.zeros(dist.get_world_size(group), dtype=dtype)
+    try:
+        dist.all_gather_into_tensor(one, one[:1].clone(), group=group)
+    except RuntimeError as err:
+        raise UserError(f"this process group's backend ({dist.get_backend(group)}) cannot all-gather {dtype}: "
+                        f"choose a param_dtype it carries ({' '.join(str(err).split())[:120]})") from None
+
+
 def gather(block, dp):
-    """Before block's forward or backward: give its flat buffer back its memory and all-gather into it the shard of
-    every rank of dp.group (the group the blocks are sharded over), without waiting; returns the work (its wait()
-    comes just before the block computes)."""
+    """Before block's forward or backward: give its flat buffer, `full`, back its memory, and all-gather into it every
+    rank's shard (over dp.group, the ranks the blocks are sharded over), each cast to dp.param_dtype before it leaves,
+    without waiting. Return the work: the rung waits for it just before the block computes."""
     raise NotImplementedError
 
 
@@ -173,3 +208,25 @@ def free(block):
     """After block's forward or backward: give the memory of its full weights back (the shard stays). The parameters
     (and what autograd saved of them) keep pointing into the buffer; the next gather() refills it in place."""
     raise NotImplementedError
+
+
+def reduce_scatter(block, dp):
+    """After block's backward: its gradients (p.grad of each of block.params, in dp.param_dtype) in one flat buffer of
+    dp.reduce_dtype as long as `full` (the padding zeros), divided by dp.world first (as torch's DDP does: every rank
+    counts, whatever group holds the shards), reduce-scattered over dp.group without waiting. Return (this rank's
+    shard of the sum, the work)."""
+    raise NotImplementedError
+
+
+def land(block, mine):
+    """Before the optimizer step, once the reduce-scatter is done: `mine`, this rank's shard of the block's averaged
+    gradient, becomes the master shard's .grad, in the master's dtype; a second backward of the same step adds to what
+    the first left there."""
+    raise NotImplementedError
+
+
+def master_weights(dp) -> list:
+    """The tensors an optimizer must step for its update to reach the next forward (dp.parameters() returns them, for
+    the rung's AdamW and a peer's own torch.optim.SGD alike)."""
+    raise NotImplementedError
+
