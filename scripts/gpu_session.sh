@@ -53,6 +53,11 @@ course_part() {
     --course_out "$record" --out "$OUT/gpu_check_course$2.json" 2>&1 | tee "$OUT/course$2.log"
   rc=${PIPESTATUS[0]}
   cp "$record" "$OUT/" 2>/dev/null
+  # The chapters' times, for the README's GPU column (merged part by part; copy it into benchmarks/ afterwards).
+  local times="$KEEP/chapters_$slug.json" run
+  [ -f "$times" ] || [ -z "$1" ] || cp "benchmarks/chapters_$slug.json" "$times" 2>/dev/null
+  run=$(ls -d "/tmp/gpu_course$2"/runs/*/ 2>/dev/null | tail -1)
+  [ -n "$run" ] && $PY scripts/make_docs.py --record-run "$run" --record-out "$times" && cp "$times" "$OUT/"
   small_tar "/tmp/gpu_course$2" "$OUT/course$2_runs.tgz"
   echo "course part $PART: exit $rc after $(( $(date +%s) - started )) s"
   exit "$rc"

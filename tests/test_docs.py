@@ -211,3 +211,21 @@ def test_a_broken_marker_or_unknown_block_is_refused():
     page = "intro\n<!-- generated: a -->\nold\n<!-- end: a -->\nkept\n"
     assert blocks.rewrite(page, {"a": lambda: "new"}) == "intro\n<!-- generated: a -->\nnew\n<!-- end: a -->\nkept\n"
     assert blocks.stale(page, {"a": lambda: "new"}) == ["a"] and blocks.stale(page, {"a": lambda: "old"}) == []
+
+
+def test_the_readmes_kaggle_and_colab_cells_name_what_pack_py_builds():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pack_for_docs", ROOT / "scripts" / "pack.py")
+    pack = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pack)
+    text = README.read_text()
+    kaggle = text.split("## On Kaggle (2x T4)\n", 1)[1].split("\n## ", 1)[0]
+    colab = text.split("## On Colab\n", 1)[1].split("\n## ", 1)[0]
+    out = pack.main.__globals__["ROOT"] / "outputs" / "distrinews_course.zip"
+    assert f"`{out.relative_to(ROOT).as_posix()}`" in kaggle and f"{out.name}" in colab
+    assert f'glob.glob("/kaggle/input/**/{pack.INSTALL}"' in kaggle
+    assert f"/content/pack/{pack.TOP}/{pack.INSTALL} /content/distrinews" in colab
+    for section, dest in ((kaggle, "/kaggle/working/distrinews"), (colab, "/content/distrinews")):
+        assert f'sys.path.insert(0, "{dest}")' in section and f"cd {dest} && python scripts/run_course.py" in section
+        assert "PYTHON={sys.executable} bash" in section  # the kernel's own Python, whatever python3 is

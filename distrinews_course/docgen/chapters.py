@@ -155,8 +155,15 @@ def read_chapter(path: Path) -> Chapter:
 
 
 def chapters(folder: Path = NOTEBOOKS) -> list[Chapter]:
-    """The course's chapters in order: notebooks/NN_*.ipynb, as scripts/run_course.py finds them."""
-    return [read_chapter(p) for p in sorted(folder.glob("[0-9][0-9]_*.ipynb"))]
+    """The course's chapters in order: notebooks/NN_*.ipynb, as scripts/run_course.py finds them; in the checkout,
+    those git tracks (what a clone of the commit holds)."""
+    from .layout import tree_files
+
+    paths = sorted(folder.glob("[0-9][0-9]_*.ipynb"))
+    if folder.resolve().is_relative_to(ROOT):
+        tracked = set(tree_files(ROOT))
+        paths = [p for p in paths if p.resolve().relative_to(ROOT).as_posix() in tracked]
+    return [read_chapter(p) for p in paths]
 
 
 # --------------------------------------------------------------------------- the course's per-chapter times

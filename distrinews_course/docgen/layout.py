@@ -1,10 +1,10 @@
 """The tree as the README and docs/layout.md describe it: one line per top folder and package, and in detail every
 module and script with the first sentence of its docstring.
 
-The files are git's (tracked, or untracked and not ignored), so what a run leaves behind (runs/, outputs/, .venv)
-is not the layout. A package says what it is in its __init__'s docstring; one without says which modules it holds.
-A top folder's line is FOLDERS' (a folder has no docstring): a new top folder without one stops the generator, so
-the README never lists a folder it cannot describe.
+The files are those git tracks, so what a run leaves behind (runs/, outputs/, .venv) is not the layout, and a
+commit's pages are what a clone of it generates. A package says what it is in its __init__'s docstring; one without
+says which modules it holds. A top folder's line is FOLDERS' (a folder has no docstring): a new top folder without
+one stops the generator, so the README never lists a folder it cannot describe.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ class LayoutError(Exception):
 
 
 def tree_files(root: Path = ROOT) -> list[str]:
-    """The files git tracks or would track (untracked ones that are not ignored), as paths relative to root."""
-    cmd = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
-    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+    """The files git tracks that the working tree has, as paths relative to root: what a fresh clone holds, so that
+    the generated pages of a commit are those a clone of it generates (a file not yet added is not the layout)."""
+    done = subprocess.run(["git", "ls-files", "-z", "--cached"], cwd=root, capture_output=True, text=True)
     if done.returncode != 0:
         raise LayoutError(f"{root} is not a git checkout: {done.stderr.strip()}")
     return sorted({n for n in done.stdout.split("\0") if n and (root / n).exists()})

@@ -115,8 +115,10 @@ READING_ORDER = ["running-the-course", "chapters", "kaggle-and-colab", "training
 
 def docs_index(prefix: str = "docs/") -> str:
     """One line per page of docs/: its title, linked, in READING_ORDER."""
-    pages = sorted(DOCS.glob("*.md"), key=lambda p: (READING_ORDER.index(p.stem) if p.stem in READING_ORDER
-                                                      else len(READING_ORDER), p.name))  # fmt: skip
+    tracked = set(layout.tree_files(ROOT))
+    found = [p for p in DOCS.glob("*.md") if p.relative_to(ROOT).as_posix() in tracked]
+    pages = sorted(found, key=lambda p: (READING_ORDER.index(p.stem) if p.stem in READING_ORDER
+                                         else len(READING_ORDER), p.name))  # fmt: skip
     lines = []
     for page in pages:
         title = next(
