@@ -85,10 +85,10 @@ def chapter_details(prefix: str = "../") -> str:
                 out.append(f"- {kind.upper()}: not yet measured")
                 continue
             row = next(r for r in json.loads(t.record.read_text())["chapters"] if r["chapter"] == c.stem)
-            when = "" if t.current else " (an earlier version of the chapter)"
-            head = f": {row['headline']}" if row.get("headline") else ""
+            when = "" if t.current else ", an earlier version of the chapter"
+            head = f" Its run: {row['headline']}." if row.get("headline") else ""
             path = _rel(t.record)
-            out.append(f"- {kind.upper()}{when}, [{path}]({prefix}{path}): {t.seconds:,.1f} s{head}")
+            out.append(f"- {kind.upper()}: {t.seconds:,.1f} s ([{path}]({prefix}{path}){when}).{head}")
         out.append("")
     return "\n".join(out)
 
