@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .. import distributed as D
 from ..data.texts import TextSplits
 from ..data.tokenization import tiny_tokenizer, tokenize_splits
 from ..models.build import ModelInfo
+from ..process_group.collectives import agree, gather_by_index, local_main_first
 from ..training.evaluation import concat
 from ..training.task import PreparedRun, Task
 from .data import IGNORE, BlockDataset, VocabSubset, mask_block, pack
@@ -57,7 +57,7 @@ class LanguageModelling(Task):
             ids = tokenize_splits(splits, wordpiece, 512)
             return [x[1:-1] for x in ids[0].input_ids], [x[1:-1] for x in ids[1].input_ids]
 
-        train_ids, val_ids = D.agree(D.local_main_first, tokenize)
+        train_ids, val_ids = agree(local_main_first, tokenize)
         vocab = VocabSubset.from_corpus(wordpiece, train_ids, cfg.lm_vocab)  # the same on every rank: the same data
         train_ds = BlockDataset(
             pack([vocab.encode(x) for x in train_ids], cfg.block_size, vocab.sep_token_id), self, vocab, cfg.seed
@@ -92,7 +92,7 @@ class LanguageModelling(Task):
             idx.append(batch["index"])
             sums.append(s)
             counts.append(c)
-        idx, sums, counts = D.gather_by_index(
+        idx, sums, counts = gather_by_index(
             concat(idx, torch.long),
             concat(sums, torch.float64),
             concat(counts, torch.long),

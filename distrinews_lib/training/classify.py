@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .. import distributed as D
 from ..checkpoint import CLASSIFY_TASK, position_limit
 from ..data.texts import TextSplits
 from ..data.tokenization import set_truncation, tokenize_splits
 from ..errors import UserError
 from ..models.build import build_model
+from ..process_group.collectives import agree, local_main_first
 from . import evaluation
 from .task import PreparedRun, Task, tokenizer_name
 
@@ -36,7 +36,7 @@ class Classification(Task):
             set_truncation(tokenizer, cfg.truncation)  # training, the checkpoint and the server cut texts the same way
             return model, tokenizer, info
 
-        model, tokenizer, info = D.agree(load)
+        model, tokenizer, info = agree(load)
         log(splits.describe() + f" | fingerprint {splits.fingerprint()}")
         log(splits.balance())
         if splits.is_synthetic:
@@ -46,7 +46,7 @@ class Classification(Task):
             f"{', pretrained' if info.pretrained else ', random init'}) | tokenizer {tokenizer_name(tokenizer)} | "
             f"{cfg.max_length} tokens, truncation {cfg.truncation} | labels {', '.join(splits.label_names)}"
         )
-        train_ds, val_ds = D.agree(D.local_main_first, tokenize_splits, splits, tokenizer, cfg.max_length)
+        train_ds, val_ds = agree(local_main_first, tokenize_splits, splits, tokenizer, cfg.max_length)
         return PreparedRun(splits, model, tokenizer, info, train_ds, val_ds, self)
 
     def label_names(self, splits: TextSplits) -> list:

@@ -18,7 +18,7 @@ import yaml
 
 from ..checkpoint import DEFAULT_CHECKPOINT
 from ..data.tokenization import TRUNCATIONS
-from ..distributed import gpu_count
+from ..devices import gpu_count
 from ..errors import UserError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "presets"  # inside the package: a pip install has them too

@@ -15,8 +15,9 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from .. import distributed as D
 from ..errors import UserError
+from ..process_group.collectives import all_reduce_sum, comm_device
+from ..process_group.ranks import get_world_size, is_initialized, is_main
 from .flops import mfu_percent
 from .precision import AmpSettings
 
@@ -77,7 +78,7 @@ def accumulate(
         if group:
             yield group
 
-    yield from _progress(groups(), total - skip // grad_accum, progress and D.is_main(), desc)
+    yield from _progress(groups(), total - skip // grad_accum, progress and is_main(), desc)
 
 
 @dataclass
@@ -195,8 +196,8 @@ class EpochMeter:
         """Raise NonFiniteLoss on every rank if any rank saw a NaN/inf (one small all-reduce, one sync)."""
         first = self._first_bad_step(*self._read())
         never = torch.iinfo(torch.long).max
-        bad = torch.tensor(never if first is None else first, dtype=torch.long, device=D.comm_device(self.device))
-        if D.is_initialized() and D.get_world_size() > 1:
+        bad = torch.tensor(never if first is None else first, dtype=torch.long, device=comm_device(self.device))
+        if is_initialized() and get_world_size() > 1:
             dist.all_reduce(bad, op=dist.ReduceOp.MIN)
         if int(bad) != never:
             raise NonFiniteLoss(
@@ -237,8 +238,8 @@ class EpochMeter:
             torch.cuda.synchronize(self.device)
         self.check_finite()
         seconds = self.seconds
-        comm = D.comm_device(self.device)
-        totals = D.all_reduce_sum(
+        comm = comm_device(self.device)
+        totals = all_reduce_sum(
             torch.tensor(
                 [
                     float(self.loss_sum),
@@ -246,7 +247,7 @@ class EpochMeter:
                     self.tokens,
                     self.padded,
                     self.sum_sq,
-                    seconds / D.get_world_size(),
+                    seconds / get_world_size(),
                 ],
                 dtype=torch.float64,
                 device=comm,

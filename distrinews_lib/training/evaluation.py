@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .. import distributed as D
 from ..checkpoint import unwrap
+from ..process_group.collectives import gather_by_index
 from .precision import AmpSettings
 
 
@@ -76,7 +76,7 @@ def classify(model, loader, device, amp, gather) -> ClassifierEval:
         preds.append(logits.argmax(-1))
         labels.append(batch["labels"])
         idx.append(batch["index"])
-    idx, preds, labels, losses = D.gather_by_index(
+    idx, preds, labels, losses = gather_by_index(
         concat(idx, torch.long),
         concat(preds, torch.long),
         concat(labels, torch.long),

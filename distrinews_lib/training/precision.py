@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import machine
-from ..distributed import resolve_device  # noqa: F401  (the scripts call precision.resolve_device)
+from ..devices import resolve_device  # noqa: F401  (the scripts call precision.resolve_device)
 from ..errors import UserError
 from .config import AMP_MODES
 

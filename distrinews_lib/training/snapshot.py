@@ -16,9 +16,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .. import distributed as D
 from ..errors import UserError, first_line
 from ..files import atomic_torch_save
+from ..process_group.collectives import agree, barrier
+from ..process_group.ranks import get_rank, get_world_size, node_name, print0
 from .epochs import EpochMeter
 
 SNAPSHOT_VERSION = 2
@@ -165,13 +166,13 @@ class ResumePoint:
 class Snapshotter:
     """Saves snapshots during training and restores one at start. Every rank makes one; rank 0 writes."""
 
-    def __init__(self, cfg, *, model, optimizer, scheduler, scaler, tracker, label_names, log=D.print0):
+    def __init__(self, cfg, *, model, optimizer, scheduler, scaler, tracker, label_names, log=print0):
         self.run_dir = Path(cfg.output)
         self.every, self.keep, self.enabled = cfg.snapshot_every, cfg.keep_snapshots, cfg.snapshots
         self.grad_accum = cfg.grad_accum
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
         self.tracker, self.label_names, self.log = tracker, list(label_names), log
-        self.world_size, self.rank = D.get_world_size(), D.get_rank()
+        self.world_size, self.rank = get_world_size(), get_rank()
         self.global_step = 0
 
     def step(self, epoch: int, meter) -> Path | None:
@@ -215,7 +216,7 @@ class Snapshotter:
             atomic_torch_save(payload, path)
             for old in list_snapshots(self.run_dir)[: -self.keep]:
                 old.unlink(missing_ok=True)
-        D.barrier()  # nobody races ahead (or dies) before the snapshot is on disk
+        barrier()  # nobody races ahead (or dies) before the snapshot is on disk
         return path
 
     def resume(self, choice: ResumeChoice | None) -> ResumePoint:
@@ -226,7 +227,7 @@ class Snapshotter:
 
         def load():
             payload = read_snapshot(path) if path.is_file() else None
-            where = f"rank {self.rank} ({D.node_name()})"
+            where = f"rank {self.rank} ({node_name()})"
             if payload is None:
                 raise SnapshotError(
                     f"{where} cannot find the snapshot {path} that rank 0 chose to resume from. With several nodes, "
@@ -245,7 +246,7 @@ class Snapshotter:
             self._check_fits(payload, path)
             return payload
 
-        payload = D.agree(load)
+        payload = agree(load)
         self.model.load_state_dict(payload["model"])
         self.optimizer.load_state_dict(payload["optimizer"])
         if self.scheduler is not None and payload["scheduler"] is not None:
