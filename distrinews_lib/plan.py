@@ -12,18 +12,18 @@ import socket
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from . import distributed as D
 from .data import sources
 from .data.texts import TextOptions
 from .errors import UserError
-from .files import atomic_write_json
 from .hub import env_says_offline, hub_reachable
 from .models.build import FROM_SCRATCH, LOCAL_PRESETS, resolve_model_name, resolve_tokenizer
+from .process_group.collectives import agree, same_on_all_ranks
+from .process_group.ranks import get_rank, get_world_size, print0
 from .tasks import choose_task
 from .training.classify import CLASSIFY
 from .training.config import RunConfig, from_scratch_lr, preset_lr, read_preset
 from .training.snapshot import ResumeChoice, choose
-from .training.task import PreparedRun, Task, tokenizer_name
+from .training.task import PreparedRun, Task
 
 
 @dataclass(frozen=True)
@@ -50,10 +50,10 @@ class RunPlan:
 
 def decide(cfg: RunConfig, log=print) -> RunPlan:
     """Rank 0 only (or a single process): look at this machine and decide for the whole run."""
-    if cfg.processes is not None and cfg.processes != D.get_world_size():
+    if cfg.processes is not None and cfg.processes != get_world_size():
         raise UserError(
             f"experiment {cfg.experiment or ''} asks for {cfg.processes} process(es) (processes: in its YAML) "
-            f"but this launch has {D.get_world_size()}. Run it with: python scripts/run_experiment.py "
+            f"but this launch has {get_world_size()}. Run it with: python scripts/run_experiment.py "
             f"{cfg.experiment or 'NAME'} (it launches the right number), or drop processes: from the YAML."
         )
     dataset = sources.resolve_dataset(cfg.dataset)
@@ -94,12 +94,12 @@ def fit_lr_to_model(cfg: RunConfig, model_name: str, log=print) -> RunConfig:
     return replace(cfg, lr=lr, batch_size=batch)
 
 
-def prepare(plan: RunPlan, log=D.print0) -> PreparedRun:
+def prepare(plan: RunPlan, log=print0) -> PreparedRun:
     """Load the plan's texts on every rank and check that they agree; the task builds its model and datasets from
     them. Collective."""
     cfg = plan.cfg
     log(plan.describe())
-    splits = D.agree(
+    splits = agree(
         sources.load_dataset_splits,
         plan.dataset,
         plan.data_source,
@@ -108,47 +108,14 @@ def prepare(plan: RunPlan, log=D.print0) -> PreparedRun:
         seed=cfg.seed,
         opts=TextOptions.from_config(cfg),
     )
-    D.same_on_all_ranks(
+    same_on_all_ranks(
         splits.fingerprint(),
         "the training data",
         hint="every rank must read the same files: check --data, --dataset and $DISTRINEWS_DATA_DIR on every node",
     )
     run = plan.task.prepare(plan, splits, log)
-    if cfg.experiment and D.get_rank() == 0:
+    if cfg.experiment and get_rank() == 0:
+        from .experiment_record import write_resolved_config  # an experiment's record: only its runs load it
+
         write_resolved_config(plan, run)
     return run
-
-
-def write_resolved_config(plan: RunPlan, run: PreparedRun) -> Path:
-    """<output>/config.json: every option as this run resolved it, what the plan decided, and what the data held."""
-    cfg, s = plan.cfg, run.splits
-    record = {
-        "experiment": cfg.experiment,
-        "options": cfg.to_dict(),
-        "resolved": {
-            "dataset": plan.dataset,
-            "data_source": plan.data_source,
-            "model": plan.model_name,
-            "model_resolved": run.info.resolved,
-            "num_parameters": run.info.num_parameters,
-            "tokenizer": plan.tokenizer,
-            "tokenizer_name": tokenizer_name(run.tokenizer),
-            "hub_reachable": plan.hub,
-            "world_size": D.get_world_size(),
-            "global_batch_size": cfg.batch_size * D.get_world_size() * cfg.grad_accum,
-            "checkpoint": cfg.checkpoint,
-            "metrics_json": str(Path(cfg.output) / "metrics.json"),
-            "metrics_csv": str(Path(cfg.output) / "metrics.csv"),
-        },
-        "data": {
-            "title": s.title,
-            "detail": s.detail,
-            "label_names": s.label_names,
-            "fingerprint": s.fingerprint(),
-            "train_size": len(s.train_texts),
-            "test_size": len(s.test_texts),
-            "class_counts": {"train": s.class_counts("train"), "test": s.class_counts("test")},
-        },
-        "decided_by": plan.decided_by,
-    }
-    return atomic_write_json(Path(cfg.output) / "config.json", record)

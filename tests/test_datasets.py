@@ -15,7 +15,7 @@ from collections import Counter
 
 import pytest
 
-from distrinews_lib.data import readers, sources, texts
+from distrinews_lib.data import header_csv, sources, texts
 from distrinews_lib.errors import UserError
 from distrinews_lib.training import config
 
@@ -162,7 +162,7 @@ def test_csv_single_file_holds_out_a_stratified_tenth_and_reads_a_bom(tmp_path):
 def test_numeric_labels_without_names_are_named_by_their_values(tmp_path):
     write_csv(tmp_path / "train.csv", [["good", "2"], ["bad", "1"], ["fine", "10"]], header=["text", "label"])
     write_csv(tmp_path / "test.csv", [["ok", "2"]], header=["text", "label"])
-    s = readers.load_csv(str(tmp_path))
+    s = header_csv.load_csv(str(tmp_path))
     assert s.label_names == ["1", "2", "10"] and s.train_labels == [1, 0, 2] and s.test_labels == [1]
 
 
@@ -175,9 +175,9 @@ def test_bad_input_gets_a_clear_message(tmp_path):
     write_csv(tmp_path / "test.csv", [["so so", "2"]], header=header)
     opts = texts.TextOptions(label_names=("negative", "positive"))
     with pytest.raises(UserError, match=r"test\.csv, line 2: the label '2' is not one of the 2 label names"):
-        readers.load_csv(str(tmp_path), opts)
+        header_csv.load_csv(str(tmp_path), opts)
     with pytest.raises(UserError, match=r"has no column 'review'.*--text_column"):
-        readers.load_csv(str(tmp_path), texts.TextOptions(text_columns=("review",)))
+        header_csv.load_csv(str(tmp_path), texts.TextOptions(text_columns=("review",)))
     with pytest.raises(UserError, match="not a dataset the course knows"):
         sources.resolve_dataset("imbd")
     with pytest.raises(UserError, match="no such file or folder"):
@@ -185,7 +185,7 @@ def test_bad_input_gets_a_clear_message(tmp_path):
     utf16 = tmp_path / "u16.csv"
     utf16.write_bytes("text,label\nfine,0\n".encode("utf-16"))
     with pytest.raises(UserError, match="UTF-16"):
-        readers.load_csv(str(utf16))
+        header_csv.load_csv(str(utf16))
     with pytest.raises(UserError, match="AG News only"):
         sources.resolve_source("embedded", "imdb")
     with pytest.raises(UserError, match="--label_names gives 3 names"):

@@ -14,7 +14,7 @@ from ..hub import (
     hub_cache_name,
     hub_reachable,
 )
-from .readers import label_indices
+from .header_csv import label_indices
 from .texts import DATASETS, HUB_DATASET, DatasetSpec, TextOptions, TextSplits, clean_review, subset_index
 
 

@@ -18,7 +18,7 @@ from ..hub import (
     hub_cache_name,
     hub_reachable,
 )
-from .readers import load_csv, load_folder
+from .readers import load_folder
 from .texts import (
     DATASETS,
     TextOptions,
@@ -129,8 +129,6 @@ def load_dataset_splits(
     seed: int = 0,
     opts: TextOptions = TextOptions(),
 ) -> TextSplits:
-    from . import hub_data  # deferred: only a run that reads from the hub needs it
-
     spec = DATASETS.get(dataset)
     if spec is not None:
         if opts.label_names and len(opts.label_names) != len(spec.label_names):
@@ -145,14 +143,20 @@ def load_dataset_splits(
 
             splits = synthetic_agnews()
         elif source == "hub":
-            splits = hub_data.load_hub(spec.hub_id, spec, opts, num_samples, eval_samples, seed)
+            from .hub_data import load_hub  # only a run that reads from the hub loads it (and the datasets library)
+
+            splits = load_hub(spec.hub_id, spec, opts, num_samples, eval_samples, seed)
         else:
             splits = load_folder(source, spec, opts)
         if opts.label_names and source in ("embedded", "synthetic"):
             splits.label_names = list(opts.label_names)
     elif dataset.startswith("hub:"):
-        splits = hub_data.load_hub(dataset[4:], None, opts, num_samples, eval_samples, seed)
+        from .hub_data import load_hub
+
+        splits = load_hub(dataset[4:], None, opts, num_samples, eval_samples, seed)
     elif dataset.startswith("csv:"):
+        from .header_csv import load_csv  # a CSV with a header: read only when one is asked for
+
         splits = load_csv(dataset[4:], opts)
     elif dataset.startswith("folder:"):
         splits = load_folder(dataset[7:], None, opts)
