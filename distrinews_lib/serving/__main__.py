@@ -1,9 +1,9 @@
 """Command line: python -m distrinews_lib.serving --checkpoint PATH [--host 127.0.0.1] [--port 8000] [limits]
 
-The checkpoint is loaded, checked and made to classify two texts *before* uvicorn starts, so a missing,
-empty, corrupt or inconsistent checkpoint, or one that loads but cannot classify (or answers NaN), ends
-with one clear paragraph and exit code 2 instead of a half-started server.  So does a bad flag or
-DISTRINEWS_* setting.
+In one pass, before uvicorn starts: the settings resolved (settings.py), the checkpoint read and its model rebuilt
+(rebuild.py), then made ready (loading.py: made to classify, int8 if asked), so a missing, empty, corrupt or
+inconsistent checkpoint, or one that loads but cannot classify (or answers NaN, or drifts in int8), ends with one clear
+paragraph and exit code 2 instead of a half-started server.  So does a bad flag or DISTRINEWS_* setting.
 
 Every limit is a flag whose default comes from its DISTRINEWS_* environment variable, else the value in
 settings.py's table (`--help` lists them; app.py's docstring has the table).
@@ -21,7 +21,8 @@ from uvicorn.config import LOGGING_CONFIG
 from ..checkpoint import DEFAULT_CHECKPOINT
 from ..errors import USER_ERROR_EXIT, UserError, main_guard
 from .app import create_app
-from .loading import check_for_serving
+from .loading import ready_to_serve
+from .rebuild import load_for_serving
 from .settings import ENV_CHECKPOINT, ENV_DEVICE, ENV_QUANTIZE, ENV_TORCH_THREADS, SETTINGS, ServingSettings
 
 try:
@@ -98,22 +99,23 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port {args.port} is not a TCP port (0..65535).")
+    logging_config = log_config(args.log_level)
     settings = settings_from(args)
-    # Missing, empty, corrupt, inconsistent, answering NaN, or moved too far by int8: CheckpointError -> one message,
-    # exit 2.
-    loaded = check_for_serving(settings.checkpoint, settings.device, settings.quantize)
+    # In one pass, before uvicorn starts: the file read and its model rebuilt (missing, empty, corrupt, inconsistent),
+    # then made ready (answering NaN, or moved too far by int8): a CheckpointError is one message and exit code 2.
+    loaded = load_for_serving(settings.checkpoint, settings.device)
+    loaded = ready_to_serve(loaded, settings.quantize)
     app = create_app(settings, loaded=loaded)
-    connection = settings.group("connection")
     config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
         log_level=args.log_level,
-        log_config=log_config(args.log_level),
-        http=HttpProtocol.configured(**connection) if HttpProtocol else "h11",
-        limit_concurrency=connection["limit_concurrency"],
-        timeout_keep_alive=connection["timeout_keep_alive"],
-        h11_max_incomplete_event_size=connection["max_header_bytes"],
+        log_config=logging_config,
+        http=HttpProtocol.configured(settings) if HttpProtocol else "h11",
+        limit_concurrency=settings.limit_concurrency,
+        timeout_keep_alive=settings.timeout_keep_alive,
+        h11_max_incomplete_event_size=settings.max_header_bytes,
     )
     print(
         f"DistriNews: serving {settings.checkpoint} on {settings.device} in {loaded.precision} "

@@ -47,9 +47,9 @@ from fastapi.staticfiles import StaticFiles
 from starlette.middleware import Middleware
 
 from .handlers import EXCEPTION_HANDLERS
-from .inference import LoadedCheckpoint
 from .lifespan import serving_lifespan
 from .middleware import BodySizeLimit, ClientGoneLogging, HeaderLimits, StartupFailureMessage
+from .rebuild import LoadedCheckpoint
 from .routes import openapi_with_unique_ids, router
 from .schemas import MAX_BATCH_TEXTS, MAX_BODY_BYTES, MAX_TEXT_CHARS
 from .settings import ServingSettings, with_defaults

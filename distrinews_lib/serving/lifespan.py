@@ -1,4 +1,5 @@
-"""The server's life: resolve the settings, load and check the model, run the batcher; stop it on shutdown.
+"""The server's life: resolve the settings, load and check the model (start_classifier, in a thread: it blocks), run
+the batcher; stop it on shutdown.
 
 Nothing happens at import or in create_app: the model is loaded when the server starts, so importing the app
 needs no checkpoint, and plain uvicorn reads the DISTRINEWS_* environment then.
@@ -18,11 +19,29 @@ import torch
 from fastapi import FastAPI
 
 from .batching import MicroBatcher
-from .inference import Classifier, LoadedCheckpoint, load_for_serving
+from .inference import Classifier
 from .loading import ready_to_serve
-from .settings import QUANTIZE_CHOICES, ServingSettings
+from .rebuild import LoadedCheckpoint, load_for_serving
+from .settings import ServingSettings
 
 log = logging.getLogger("distrinews.serving")
+
+
+def start_classifier(given: ServingSettings, loaded: Optional[LoadedCheckpoint] = None):
+    """(settings, Classifier) the server starts with, the blocking part of its start: the settings resolved now (fields
+    left None: the environment, else the defaults; a model already loaded keeps its device), the checkpoint loaded
+    unless given (fp32 first), torch's threads set, and the model made ready under them (loading.ready_to_serve): a
+    checkpoint that loads but cannot classify, answers NaN or drifts in int8 is refused now rather than on every
+    request. Also the warm-up: the first client does not pay for lazy initialisation."""
+    if loaded is not None:  # the model already sits on its device
+        given = dataclasses.replace(given, device=str(next(loaded.model.parameters()).device))
+    settings = given.resolved()
+    if loaded is None:
+        log.info("loading checkpoint %s on %s (%s)", settings.checkpoint, settings.device, settings.quantize)
+        loaded = load_for_serving(settings.checkpoint, settings.device)
+    if settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
+    return settings, Classifier(ready_to_serve(loaded, settings.quantize), settings.device)
 
 
 def serving_lifespan(given: ServingSettings, loaded: Optional[LoadedCheckpoint] = None):
@@ -32,30 +51,11 @@ def serving_lifespan(given: ServingSettings, loaded: Optional[LoadedCheckpoint] 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state = app.state
-        if loaded is not None:  # the model already sits on its device
-            given_now = dataclasses.replace(given, device=str(next(loaded.model.parameters()).device))
-        else:
-            given_now = given
-        settings = given_now.resolved()
-        if loaded is not None:  # checked by the command line already, or to be checked below
-            ckpt = loaded
-        else:
-            log.info(
-                "loading checkpoint %s on %s (%s)",
-                settings.checkpoint,
-                settings.device,
-                QUANTIZE_CHOICES[settings.quantize],
-            )
-            ckpt = await asyncio.to_thread(load_for_serving, settings.checkpoint, settings.device)  # fp32 first
         previous_threads = torch.get_num_threads()
-        if settings.torch_threads:
-            torch.set_num_threads(settings.torch_threads)
         try:
-            # In the precision asked for, and its answers checked (int8's against fp32's, taken before quantizing):
-            # a checkpoint that loads but cannot classify, answers NaN or drifts in int8 is refused now rather than
-            # on every request. Also the warm-up: the first client does not pay for lazy initialisation.
-            ckpt = await asyncio.to_thread(ready_to_serve, ckpt, settings.quantize)
-            classifier = Classifier(ckpt, settings.device)
+            settings, classifier = await asyncio.to_thread(start_classifier, given, loaded)
+            if settings.torch_threads:  # this thread too (start_classifier set it in its own)
+                torch.set_num_threads(settings.torch_threads)
             batcher = MicroBatcher(
                 classifier.predict,
                 window_ms=settings.batch_window_ms,
@@ -77,10 +77,10 @@ def serving_lifespan(given: ServingSettings, loaded: Optional[LoadedCheckpoint] 
             log.info(
                 "serving %s (labels %s) on %s in %s (%d torch threads), max batch %d, window %.1f ms, queue %d "
                 "requests / %d texts, deadline %g s",
-                Path(ckpt.path).name,
+                Path(classifier.loaded.path).name,
                 ", ".join(classifier.labels),
                 settings.device,
-                ckpt.precision,
+                classifier.loaded.precision,
                 torch.get_num_threads(),
                 settings.max_batch_size,
                 settings.batch_window_ms,

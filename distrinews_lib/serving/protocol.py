@@ -19,7 +19,7 @@ On top of uvicorn's own behaviour (keep-alive timeout, `--limit-concurrency`):
   writes to the closed socket (uvicorn marks only the newest one, which gave two tracebacks per
   connection for a client that pipelines and then half-closes).
 
-The limits come from the class (see configured()) or, under plain uvicorn, from the DISTRINEWS_*
+The limits come from the command line's settings (see configured()) or, under plain uvicorn, from the DISTRINEWS_*
 environment variables listed in settings.py; uvicorn's own --limit-concurrency wins over
 DISTRINEWS_LIMIT_CONCURRENCY.
 """
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Optional
+from typing import Optional
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
@@ -70,10 +70,9 @@ class HttpProtocol(HttpToolsProtocol):
     _env_limits: Optional[dict] = None
 
     @classmethod
-    def configured(cls, **limits: Any) -> type:
-        """A subclass with these limits (names as in settings.py); missing ones come from the environment."""
-        values = serving_settings.resolve_all("connection", **limits)
-        return type(cls.__name__, (cls,), {"limits": {k: values[k] for k in _LIMIT_NAMES}})
+    def configured(cls, settings) -> type:
+        """A subclass with the limits of resolved settings (settings.ServingSettings: the command line's)."""
+        return type(cls.__name__, (cls,), {"limits": {k: getattr(settings, k) for k in _LIMIT_NAMES}})
 
     @classmethod
     def _resolved_limits(cls) -> dict:

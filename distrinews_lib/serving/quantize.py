@@ -8,16 +8,15 @@ where the CPU has it). Everything else stays fp32: the embeddings, LayerNorm, so
 activations, the tokenizer, HTTP. So int8 pays where Linear layers do most of the work (MiniLM, DistilBERT) and
 little where they do not (the course's tiny model, whose time goes to the rest).
 
-Refused at start-up with one paragraph (a CheckpointError), never served slowly or wrongly. quantize_int8 refuses
+Refused at start-up with one paragraph (a CheckpointError), never served slowly or wrongly. int8_applies refuses
 what shows before any text is classified:
 * a device other than the CPU (settings.py refuses that before anything is loaded);
 * a torch without the CPU int8 path (no quantize_dynamic, no quantized engine);
 * a model whose torch.nn.Linear layers hold less than MIN_LINEAR_SHARE of its weights outside the embeddings (GPT-2's
   layers are transformers' Conv1D, which dynamic quantization leaves alone: int8 would change almost nothing).
-check_drift refuses what its answers show, as part of the answer check the server runs after loading
-(loading.check_for_serving): a model whose int8 answers move any class probability by more than MAX_DRIFT on
-PROBE_TEXTS against the fp32 answers that probe_answers took before quantizing (a layer with a few huge weights
-leaves the others with no int8 resolution).
+and quantize_int8, given PROBE_TEXTS (the server's check before it starts, loading.ready_to_serve), what the answers
+show: a model whose int8 answers move any class probability by more than MAX_DRIFT on them against the fp32 answers it
+took first, in the same pass (a layer with a few huge weights leaves the others with no int8 resolution).
 """
 
 from __future__ import annotations
@@ -27,13 +26,22 @@ import warnings
 
 import torch
 
-from .inference import CheckpointError, LoadedCheckpoint, predict_proba
+from ..checkpoint import CheckpointError
+from .inference import predict_proba
+from .rebuild import LoadedCheckpoint
+
+with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao
+    warnings.simplefilter("ignore", DeprecationWarning)
+    try:
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+    except ImportError:  # a torch without it: int8_applies refuses --quantize int8
+        per_channel_dynamic_qconfig = quantize_dynamic = None
 
 MIN_LINEAR_SHARE = 0.5  # of the weights outside the embeddings
 MAX_DRIFT = 0.1  # largest change of a class probability, int8 vs fp32, on PROBE_TEXTS
 METHOD = "dynamic int8 (torch.ao.quantization.quantize_dynamic, per-channel weights) for torch.nn.Linear layers"
 # Varied news texts: int8 must answer them (nearly) as fp32 does before the server starts.
-PROBE_TEXTS = [
+PROBE_TEXTS = (
     "Stocks rally as tech shares surge after strong quarterly earnings from chip makers.",
     "Federer beats Nadal in a five-set Wimbledon final that lasted almost five hours.",
     "Oil prices climb as OPEC agrees to cut production for the rest of the year.",
@@ -42,7 +50,7 @@ PROBE_TEXTS = [
     "Microsoft releases a security update for Windows after a worm spreads across the internet.",
     "Central bank raises interest rates by a quarter point, citing inflation.",
     "Election results delayed as officials recount ballots in three provinces.",
-]
+)
 
 
 def linear_weights(model: torch.nn.Module) -> tuple[int, float]:
@@ -67,9 +75,9 @@ def int8_engine() -> str | None:
     return torch.backends.quantized.engine
 
 
-def quantize_int8(loaded: LoadedCheckpoint) -> LoadedCheckpoint:
-    """The checkpoint with its Linear layers in dynamic int8 (in place: the fp32 weights are not kept), or a
-    CheckpointError saying why int8 does not apply to it. Its answers are check_drift's to judge."""
+def int8_applies(loaded: LoadedCheckpoint) -> dict:
+    """How int8 would quantize this checkpoint (method, engine, Linear layers and their share), or a CheckpointError
+    saying why it does not apply: the refusals that need no text."""
     path, model = loaded.path, loaded.model
     device = next(model.parameters()).device
     if device.type != "cpu":
@@ -77,12 +85,6 @@ def quantize_int8(loaded: LoadedCheckpoint) -> LoadedCheckpoint:
             f"--quantize int8 runs on the CPU only, but checkpoint {path} is loaded on {device}. "
             "Serve it with --device cpu, or leave out --quantize on a GPU."
         )
-    with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao
-        warnings.simplefilter("ignore", DeprecationWarning)
-        try:
-            from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-        except ImportError:
-            quantize_dynamic = None
     engine = int8_engine()
     if quantize_dynamic is None or engine is None:
         raise CheckpointError(
@@ -98,41 +100,39 @@ def quantize_int8(loaded: LoadedCheckpoint) -> LoadedCheckpoint:
             f"(a {type(model).__name__}'s other layers, such as transformers' Conv1D, stay fp32), so it would serve "
             "about as slowly as fp32. Serve it without --quantize."
         )
-    with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao on every call
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.simplefilter("ignore", UserWarning)
-        qmodel = quantize_dynamic(
-            model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True
-        )
-    quantization = {"method": METHOD, "engine": engine, "linear_layers": layers, "linear_share": round(share, 4)}
-    return dataclasses.replace(loaded, model=qmodel, precision="int8", quantization=quantization)
+    return {"method": METHOD, "engine": engine, "linear_layers": layers, "linear_share": round(share, 4)}
 
 
-def int8_failed(path, err: Exception) -> CheckpointError:
-    """torch's own error on the way to int8 (quantize_dynamic, the probe texts), as one paragraph."""
-    first = (str(err).splitlines() or [""])[0][:200]
-    return CheckpointError(
-        f"--quantize int8 failed on checkpoint {path} ({type(err).__name__}: {first}). Serve it without --quantize."
-    )
-
-
-def probe_answers(loaded: LoadedCheckpoint) -> torch.Tensor:
-    """The fp32 model's class probabilities on PROBE_TEXTS: check_drift's reference, taken before quantize_int8
-    replaces the fp32 weights in place."""
-    return predict_proba(loaded, PROBE_TEXTS)
-
-
-def check_drift(int8: LoadedCheckpoint, fp32_answers: torch.Tensor) -> float:
-    """CheckpointError unless int8's answers on PROBE_TEXTS stay within MAX_DRIFT of fp32's (probe_answers); the
-    drift is recorded in int8.quantization (the server's /health shows it) and returned."""
-    probs = predict_proba(int8, PROBE_TEXTS)
-    drift = float((probs - fp32_answers).abs().max()) if bool(torch.isfinite(probs).all()) else float("inf")
-    if not drift <= MAX_DRIFT:
+def quantize_int8(loaded: LoadedCheckpoint, drift_texts: tuple = ()) -> LoadedCheckpoint:
+    """The checkpoint with its Linear layers in dynamic int8 (in place: the fp32 weights are not kept), or a
+    CheckpointError saying why not (int8_applies). With drift_texts (the server's PROBE_TEXTS), in one pass: the fp32
+    answers on them first, then int8, then int8's answers held against them (MAX_DRIFT; recorded as probe_drift)."""
+    quantization = int8_applies(loaded)
+    try:
+        fp32_answers = predict_proba(loaded, list(drift_texts)) if drift_texts else None  # before int8 replaces them
+        with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao on every call
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", UserWarning)
+            qmodel = quantize_dynamic(
+                loaded.model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True
+            )
+        int8 = dataclasses.replace(loaded, model=qmodel, precision="int8", quantization=quantization)
+        int8_answers = predict_proba(int8, list(drift_texts)) if drift_texts else None
+    except Exception as err:  # torch's own error from quantize_dynamic or the probe texts, as one paragraph
+        first = (str(err).splitlines() or [""])[0][:200]
         raise CheckpointError(
-            f"--quantize int8 would change checkpoint {int8.path}'s answers too much: a class probability moved by "
-            f"{drift:.2f} (more than {MAX_DRIFT}) on {len(PROBE_TEXTS)} test texts, int8 against fp32. Some of its "
-            "layers have weights int8 cannot represent finely enough (a few very large ones). Serve it without "
+            f"--quantize int8 failed on checkpoint {loaded.path} ({type(err).__name__}: {first}). Serve it without "
             "--quantize."
-        )
-    int8.quantization = {**int8.quantization, "probe_drift": round(drift, 5)}
-    return drift
+        ) from None
+    if int8_answers is not None:
+        finite = bool(torch.isfinite(int8_answers).all())
+        drift = float((int8_answers - fp32_answers).abs().max()) if finite else float("inf")
+        if not drift <= MAX_DRIFT:
+            raise CheckpointError(
+                f"--quantize int8 would change checkpoint {loaded.path}'s answers too much: a class probability moved "
+                f"by {drift:.2f} (more than {MAX_DRIFT}) on {len(drift_texts)} test texts, int8 against fp32. Some of "
+                "its layers have weights int8 cannot represent finely enough (a few very large ones). Serve it "
+                "without --quantize."
+            )
+        int8.quantization = {**quantization, "probe_drift": round(drift, 5)}
+    return int8

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..checkpoint import DEFAULT_CHECKPOINT
-from ..distributed import resolve_device
+from ..devices import resolve_device
 from ..errors import UserError
 from .schemas import MAX_BATCH_TEXTS
 
@@ -294,8 +294,9 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _quantize(given: Optional[str], device: str) -> str:
-    """The --quantize value (flag, else $DISTRINEWS_QUANTIZE, else none), checked against the device."""
+def _quantize(given: Optional[str]) -> tuple[str, str]:
+    """(the --quantize value, where it came from): the flag, else $DISTRINEWS_QUANTIZE, else none. Checked here against
+    the choices; against the device, once that is resolved (ServingSettings.resolve)."""
     source = "--quantize"
     if given is None:
         given, source = os.environ.get(ENV_QUANTIZE, "").strip() or "none", f"environment variable {ENV_QUANTIZE}"
@@ -305,33 +306,28 @@ def _quantize(given: Optional[str], device: str) -> str:
             f"{source}={given!r} is not a precision this server offers: none (the checkpoint's fp32 "
             "weights, the default) or int8 (dynamic int8 for the Linear layers, on the CPU)."
         )
-    if value == "int8" and device != "cpu":
-        raise UserError(
-            f"{source}=int8 runs on the CPU only (torch's dynamic int8 kernels are CPU kernels), but this "
-            f"server would run on {device}. Serve with --device cpu, or leave out --quantize on a GPU."
-        )
-    return value
+    return value, source
 
 
-def _torch_threads(given: Optional[int], device: str) -> int:
-    """Threads per forward pass; 0 leaves torch's own setting.
-
-    On CPU the default is one core fewer than available: the event loop needs a core to read requests and
-    write responses while the model runs, and a small model gains little from the last core anyway.
-    OMP_NUM_THREADS, when set, is respected."""
+def _torch_threads(given: Optional[int]) -> Optional[int]:
+    """Threads per forward pass as given (the flag, else $DISTRINEWS_TORCH_THREADS), checked; None: the device's
+    default (cpu_threads on the CPU, torch's own setting elsewhere). 0 leaves torch's own setting."""
     if given is None:
         raw = os.environ.get(ENV_TORCH_THREADS, "").strip()
         try:
             given = int(raw) if raw else None
         except ValueError:
             raise UserError(f"environment variable {ENV_TORCH_THREADS}={raw!r} is not a valid int.") from None
-    if given is not None:
-        if given < 0:
-            raise UserError(f"the number of torch threads must be 0 (leave torch's setting) or more (got {given}).")
-        return given
-    if device != "cpu" or os.environ.get("OMP_NUM_THREADS"):
-        return 0
-    return max(1, usable_cpus() - 1)
+    if given is not None and given < 0:
+        raise UserError(f"the number of torch threads must be 0 (leave torch's setting) or more (got {given}).")
+    return given
+
+
+def cpu_threads() -> int:
+    """The CPU's default threads per forward pass: one core fewer than available, since the event loop needs a core to
+    read requests and write responses while the model runs (and a small model gains little from the last core anyway);
+    0 (torch's own setting) where OMP_NUM_THREADS says how many."""
+    return 0 if os.environ.get("OMP_NUM_THREADS") else max(1, usable_cpus() - 1)
 
 
 @dataclass(frozen=True)
@@ -369,22 +365,25 @@ class ServingSettings:
         values = resolve_all(**given)
         if values["max_batch_size"] == 1:
             values["batch_window_ms"] = 0.0  # nothing to wait for: every request runs alone
-        device = str(resolve_device(given.get("device") or os.environ.get(ENV_DEVICE)))
+        threads = _torch_threads(given.get("torch_threads"))
+        quantize, source = _quantize(given.get("quantize"))
+        device = str(resolve_device(given.get("device") or os.environ.get(ENV_DEVICE)))  # the training's rule too
+        if quantize == "int8" and device != "cpu":
+            raise UserError(
+                f"{source}=int8 runs on the CPU only (torch's dynamic int8 kernels are CPU kernels), but this "
+                f"server would run on {device}. Serve with --device cpu, or leave out --quantize on a GPU."
+            )
         return cls(
             checkpoint=Path(given.get("checkpoint") or os.environ.get(ENV_CHECKPOINT) or DEFAULT_CHECKPOINT),
             device=device,
-            torch_threads=_torch_threads(given.get("torch_threads"), device),
-            quantize=_quantize(given.get("quantize"), device),
+            torch_threads=threads if threads is not None else cpu_threads() if device == "cpu" else 0,
+            quantize=quantize,
             **values,
         )
 
     def resolved(self) -> "ServingSettings":
         """This object's given fields, the others filled in (see resolve)."""
         return self.resolve(**{f.name: getattr(self, f.name) for f in fields(self)})
-
-    def group(self, name: str) -> dict:
-        """{setting: value} for one group of the table ("app" or "connection")."""
-        return {s.name: getattr(self, s.name) for s in SETTINGS if s.group == name}
 
 
 def serve_command(checkpoint, port: int, extra=()) -> list[str]:
