@@ -21,8 +21,8 @@ import torch.distributed as dist
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from .by_hand.timeline import wire_bytes
 from .proc_self import bytes_written, other_threads_cpu_s
+from .ring import wire_bytes
 
 # --------------------------------------------------------------------------- collectives, measured
 

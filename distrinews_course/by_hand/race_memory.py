@@ -13,10 +13,10 @@ import torch.distributed as dist
 
 from .. import memory as calculator
 from ..fresh import in_child
+from ..ring import wire_bytes
 from . import check, harness, measure, models
 from .race import Runner, ddp_buckets
 from .rung import agreement_group
-from .timeline import wire_bytes
 from .watch import Collectives
 
 
@@ -93,6 +93,22 @@ CALCULATOR = {
 }
 
 
+def estimate(args, stage: int, impl: str, bucket_view: bool, world: int, runtime_mb: float):
+    """Chapter 06's calculator on the race's model: the tiny one, args.zero_batch texts per rank of models.SEQ_LEN
+    tokens, fp32, ZeRO `stage` over `world` ranks, plus the runtime measured (memory()'s runtime_mb)."""
+    return calculator.estimate(
+        "tiny",
+        args.zero_batch,
+        models.SEQ_LEN,
+        "fp32",
+        stage,
+        world,
+        bucket_view=bucket_view,
+        impl=impl,
+        overhead_mb=runtime_mb,
+    )
+
+
 def sharding(contenders, kinds, mods, args, rank, world, mem) -> dict:
     """Per contender (and torch's DDP and FSDP2): the peak memory per rank and the collectives and bytes per step
     measured in memory()'s runs (`mem`) beside chapter 06's calculator's estimate; and ZeRO-2 and ZeRO-3 against
@@ -108,17 +124,7 @@ def sharding(contenders, kinds, mods, args, rank, world, mem) -> dict:
     }
     for name in ["ddp", *contenders, "fsdp2"]:
         stage, impl, view = CALCULATOR[kinds.get(name, name)]
-        est = calculator.estimate(
-            "tiny",
-            args.zero_batch,
-            models.SEQ_LEN,
-            "fp32",
-            stage,
-            world,
-            bucket_view=view,
-            impl=impl,
-            overhead_mb=runtime or 0.0,
-        )
+        est = estimate(args, stage, impl, view, world, runtime or 0.0)
         ranks = check.everyone((mem or {}).get("contenders", {}).get(name, {}), agreement_group())
         out["contenders"][name] = {
             "peak_mb_per_rank": [r.get("peak_mb") for r in ranks],

@@ -20,7 +20,6 @@ import torch
 import torch.distributed as dist
 
 from .. import link
-from .. import memory as calculator
 from .. import two_level as tl
 from ..bench.timing import cpu_busy_seconds
 from ..perf_model import fit_alpha_beta
@@ -28,6 +27,7 @@ from . import models
 from .check import compare
 from .nodes import Nodes
 from .race import Runner, names_of
+from .race_memory import estimate
 from .rung import agreement_group
 
 # Each contender of the race, as the cost model sees it: (its variant, its blocks: "flat" one buffer, "blocks" ZeRO-3's)
@@ -273,17 +273,7 @@ def memory_estimates(mem: dict | None, contenders, args, lay: tl.Layout) -> dict
     for name in contenders:
         stage, impl, view, over = CALCULATOR[name]
         world = lay.world if over == "world" else lay.per_node
-        est = calculator.estimate(
-            "tiny",
-            args.zero_batch,
-            models.SEQ_LEN,
-            "fp32",
-            stage,
-            world,
-            bucket_view=view,
-            impl=impl,
-            overhead_mb=runtime,
-        )
+        est = estimate(args, stage, impl, view, world, runtime)
         got = (mem or {}).get("contenders", {}).get(name, {})
         out[name] = {
             "peak_mb": got.get("peak_mb"),
