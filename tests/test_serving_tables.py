@@ -1,9 +1,10 @@
-"""The committed serving benchmarks (issue 34) and chapter 10's tables made from them: each file says where and when
-it was measured, measured what the issue asks, and the tables show its numbers, not typed ones."""
+"""The committed serving benchmarks and docs/serving.md made from them: each file says where and when it was
+measured, measured what was asked of it, and the page's tables show its numbers, not typed ones."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,29 @@ def test_model_names_leave_the_machine_out():
     local = "/home/me/.venv/lib/site-packages/all_minilm_l6_v2/model"
     assert model_name({"metadata_model": local}) == "all_minilm_l6_v2"
     assert model_name({"metadata_model": "sentence-transformers/all-MiniLM-L6-v2"}) == "all-MiniLM-L6-v2"
+
+
+def test_the_serving_page_is_generated_from_the_records():
+    """docs/serving.md is what the generator makes of benchmarks/serving*.json and the server's settings: a figure
+    typed into the page by hand, or a record changed without regenerating it, fails here."""
+    from distrinews_course.bench.serving_tables import GENERATOR, PAGE, serving_page
+
+    page = (ROOT / PAGE).read_text()
+    assert page == serving_page(ROOT), f"{PAGE} is out of date: run `{GENERATOR}`"
+    for figure in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", page):
+        assert (ROOT / "docs" / figure).is_file(), f"{PAGE} shows {figure}, which `{GENERATOR}` did not write"
+    assert "/work/" not in page and "site-packages" not in page, "no machine's path on the page"
+
+
+def test_the_serving_page_tables_carry_each_records_numbers():
+    """A changed figure in a record changes the page: the tables read the records, they do not copy them."""
+    from distrinews_course.bench.serving_tables import batching_table, overload_tables
+
+    report = json.loads((ROOT / "benchmarks" / "serving.json").read_text())
+    before = batching_table(report, "serving.json")
+    report["configs"][0]["levels"][-1]["requests_per_s"] = 12345.0
+    after = batching_table(report, "serving.json")
+    assert "12,345" in after and "12,345" not in before
+    overload = json.loads((ROOT / "benchmarks" / "serving_overload.json").read_text())
+    row = overload["levels"][0]["after"]
+    assert f"| {row['answered_per_s']:,.0f} | {row['shed']:,} of {row['sent']:,}" in overload_tables(overload, "x")
