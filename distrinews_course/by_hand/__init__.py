@@ -1,8 +1,8 @@
 """Chapter 03 (DDP by hand): what the rungs of scripts/by_hand/ build on, and the course's tooling around them.
 
-What a rung imports: rung.py (the base every rung extends: its parameters, the broadcast of rank 0's weights, the
-agreement that every rank has every gradient), timeline.py (when gradients became ready and collectives ran) and
-harness.py (a rung script's main: the data, the loop, the closing check). The data-parallel code itself (hooks,
+What a rung imports: rung.py, the base every rung extends (its parameters, the broadcast of rank 0's weights, the
+agreement that every rank has every gradient). Its script's main block runs it through harness.py (the data, the loop,
+the closing check); the race and the checker time it with timeline.py. The data-parallel code itself (hooks,
 buckets, the sharded optimizer, the sharded weights) stays in the scripts, in sight.
 
 The course's side: models.py (the models and real texts the ladder trains on), measure.py (peak memory, bytes

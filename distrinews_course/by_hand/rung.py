@@ -9,14 +9,33 @@ every rank has every gradient, then the rung's own sync_gradients(), then the op
 from __future__ import annotations
 
 import weakref
+from contextlib import nullcontext
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from distrinews_lib.errors import UserError
 
-from .timeline import Timeline
+def refusal(message: str) -> Exception:
+    """A learner's mistake as the harness's one-paragraph error: distrinews_lib's UserError, loaded once one is due."""
+    from distrinews_lib.errors import UserError
+
+    return UserError(message)
+
+
+class Untimed:
+    """The timeline of a rung nobody times (the race and the checker pass a timeline.Timeline): it records nothing."""
+
+    on = False
+
+    def ready(self, name: str) -> None:
+        pass
+
+    def span(self, kind: str, name: str = ""):
+        return nullcontext()
+
+    def comm(self, work, name: str, nbytes: int):
+        return work
 
 
 class Rung:
@@ -24,14 +43,14 @@ class Rung:
 
     def __init__(self, model, bucket_mb=None, broadcast=True, timeline=None):
         if not dist.is_initialized():
-            raise UserError(
+            raise refusal(
                 "no process group: call torch.distributed.init_process_group (gloo) before wrapping the model, as "
                 "torch's DistributedDataParallel needs (torchrun sets the environment it reads)"
             )
         self.model, self.world = model, dist.get_world_size()
         self.params = [p for p in model.parameters() if p.requires_grad]  # a tied weight once; frozen ones not at all
         self.names = param_names(model)
-        self.timeline = timeline or Timeline()
+        self.timeline = timeline or Untimed()
         self.collectives = 0  # collectives launched so far
         self.agreement = agreement_group()  # made here, by every rank together (new_group is a collective)
         if broadcast:  # every rank starts from rank 0's weights (the ranks seeded differently)
@@ -107,7 +126,7 @@ def stop_unless_every_rank_has(dp, missing) -> None:
         first = int(bits[holes[0]])
         ranks = [r for r in range(dist.get_world_size()) if first >> r & 1]
         more = f" (and {len(holes) - 1} more)" if len(holes) > 1 else ""
-        raise UserError(
+        raise refusal(
             f"an unused parameter: {dp.names[dp.params[holes[0]]]}{more} got no gradient in this step on "
             f"rank {', '.join(map(str, ranks))} of {dist.get_world_size()}: it took no part in the loss "
             "there. Every rank stops here. Use every parameter in forward on every rank (torch's DDP "
@@ -119,7 +138,7 @@ def one_dtype(params) -> torch.dtype:
     """The parameters' one dtype (a flat buffer holds one); a clear error for a model that mixes them."""
     dtypes = {p.dtype for p in params}
     if len(dtypes) != 1:
-        raise UserError(f"the parameters mix dtypes {sorted(map(str, dtypes))}: one flat buffer holds one dtype")
+        raise refusal(f"the parameters mix dtypes {sorted(map(str, dtypes))}: one flat buffer holds one dtype")
     return dtypes.pop()
 
 
@@ -129,7 +148,7 @@ def bucket_cap_bytes(bucket_mb) -> float:
     if bucket_mb is None:
         return 25 * 2**20
     if bucket_mb < 0:
-        raise UserError(f"bucket size {bucket_mb} MiB: give 0 (a bucket per gradient) or more")
+        raise refusal(f"bucket size {bucket_mb} MiB: give 0 (a bucket per gradient) or more")
     return bucket_mb * 2**20
 
 

@@ -6,7 +6,6 @@ once they hold at least that, as torch's DDP's are); a bucket leaves once comple
 import torch
 import torch.distributed as dist
 
-from distrinews_course.by_hand import harness
 from distrinews_course.by_hand.rung import Rung, bucket_cap_bytes
 from distrinews_lib.errors import UserError
 
@@ -72,4 +71,6 @@ def on_grad_ready(param, dp):
 
 
 if __name__ == "__main__":
+    from distrinews_course.by_hand import harness  # the run around the idea: data, loop, closing check
+
     harness.run(BucketedDP, __doc__)

@@ -5,7 +5,6 @@
 import torch
 import torch.distributed as dist
 
-from distrinews_course.by_hand import harness
 from distrinews_course.by_hand.rung import Rung
 
 
@@ -24,4 +23,6 @@ class FlatDP(Rung):
 
 
 if __name__ == "__main__":
+    from distrinews_course.by_hand import harness  # the run around the idea: data, loop, closing check
+
     harness.run(FlatDP, __doc__)

@@ -17,7 +17,6 @@ wherever it happens.
 import torch
 import torch.distributed as dist
 
-from distrinews_course.by_hand import harness
 from distrinews_course.by_hand.nodes import Nodes
 from distrinews_course.by_hand.rung import Rung, one_dtype
 
@@ -58,4 +57,6 @@ def across_nodes(dp, shard, flat):
 
 
 if __name__ == "__main__":
+    from distrinews_course.by_hand import harness  # the run around the idea: data, loop, closing check
+
     harness.run(HierarchicalDP, __doc__)

@@ -10,7 +10,6 @@ What FSDP2 calls hybrid sharding: fully_shard on a 2-D mesh (replicate, shard).
 import torch.distributed as dist
 from zero3 import Zero3DP  # rung 7, unchanged (its folder is on the path of a script)
 
-from distrinews_course.by_hand import harness
 from distrinews_course.by_hand.nodes import Nodes
 
 
@@ -54,4 +53,6 @@ def replicate(dp) -> int:
     return len(pending)
 
 if __name__ == "__main__":
+    from distrinews_course.by_hand import harness  # the run around the idea: data, loop, closing check
+
     harness.run(HSDP, __doc__)

@@ -4,7 +4,6 @@
 """
 import torch.distributed as dist
 
-from distrinews_course.by_hand import harness
 from distrinews_course.by_hand.rung import Rung
 
 
@@ -20,4 +19,6 @@ class NaiveDP(Rung):
 
 
 if __name__ == "__main__":
+    from distrinews_course.by_hand import harness  # the run around the idea: data, loop, closing check
+
     harness.run(NaiveDP, __doc__)

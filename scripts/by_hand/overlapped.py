@@ -5,7 +5,6 @@
 """
 import torch.distributed as dist
 
-from distrinews_course.by_hand import harness
 from distrinews_course.by_hand.rung import Rung
 from distrinews_lib.errors import UserError
 
@@ -50,4 +49,6 @@ def on_grad_ready(param, dp):
 
 
 if __name__ == "__main__":
+    from distrinews_course.by_hand import harness  # the run around the idea: data, loop, closing check
+
     harness.run(OverlappedDP, __doc__)

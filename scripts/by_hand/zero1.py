@@ -6,7 +6,6 @@ AdamW state for its even share of the flat buffer only, updates that share, then
 import torch
 import torch.distributed as dist
 
-from distrinews_course.by_hand import harness
 from distrinews_course.by_hand.rung import Rung, one_dtype, stop_unless_every_rank_has
 
 
@@ -62,4 +61,6 @@ def sharded_step(dp, optimizer):
 
 
 if __name__ == "__main__":
+    from distrinews_course.by_hand import harness  # the run around the idea: data, loop, closing check
+
     harness.run(Zero1DP, __doc__)

@@ -8,7 +8,6 @@ import torch
 import torch.distributed as dist
 from bucketed import make_buckets  # rung 4's bucket rule, unchanged (its folder is on the path of a script)
 
-from distrinews_course.by_hand import harness
 from distrinews_course.by_hand.rung import Rung, bucket_cap_bytes, one_dtype
 from distrinews_lib.errors import UserError
 
@@ -100,4 +99,6 @@ def on_grad_ready(param, dp):
 
 
 if __name__ == "__main__":
+    from distrinews_course.by_hand import harness  # the run around the idea: data, loop, closing check
+
     harness.run(Zero2DP, __doc__)

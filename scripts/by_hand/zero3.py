@@ -14,7 +14,6 @@ and land on the shard in fp32. Half the bytes per gather, half the memory of a g
 import torch
 import torch.distributed as dist
 
-from distrinews_course.by_hand import harness
 from distrinews_course.by_hand.models import layers
 from distrinews_course.by_hand.rung import Rung, first_tensor_needing_grad, one_dtype
 from distrinews_lib.errors import UserError
@@ -242,4 +241,6 @@ def master_weights(dp) -> list:
 
 
 if __name__ == "__main__":
+    from distrinews_course.by_hand import harness  # the run around the idea: data, loop, closing check
+
     harness.run(Zero3DP, __doc__)
