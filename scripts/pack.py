@@ -32,7 +32,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from distrinews_course import wheelhouse  # noqa: E402
+try:
+    from distrinews_course import wheelhouse  # noqa: E402
+except ImportError as err:  # a bare Python: packaging is all pack.py needs beyond pip and git
+    raise SystemExit(f"pack: {err.name or err} is missing: pip install packaging, then run this again") from None
 
 TOP = "distrinews"
 INSTALL = "distrinews_install.sh"
