@@ -1,0 +1,80 @@
+"""Chapter 03's ZeRO section, the notebook's side of the race's `zero` section (race_memory.py): its table and the
+claims its figures support (ZeRO-2 and ZeRO-3 against FSDP2, the peaks against chapter 06's calculator, the bytes
+and collectives per step).
+
+    print(table(zres)); settle(claims(zres, res))
+"""
+
+from __future__ import annotations
+
+from ..claims import Claim
+
+MiB = 2**20
+# The calculator holds the fp32 ZeRO stages' measured peaks within this share (it leaves out small buffers: a few MiB
+# of ~65); FSDP2 by hand ends within this of torch's FSDP2 (bit-identical at 2 ranks, where each sum has two terms).
+PEAK_MARGIN, WEIGHT_TOLERANCE = 0.15, 1e-6
+SHOWN = ("ddp", "zero1", "zero2", "zero3", "fsdp2")
+
+
+def table(zres: dict) -> str:
+    s = zres["sharding"]
+    zero, ddp_bytes = s["contenders"], s["contenders"]["ddp"]["bytes_per_step"]
+    lines = [
+        f"tiny model, {s['batch']} texts x {s['seq']} tokens per rank; calculator runtime {s['runtime_mb']:.1f} MiB\n",
+        f"{'':>6} {'peak MiB/rank':>13} {'calculator':>10} {'error':>6} {'collectives/step':>16} "
+        f"{'ring MiB/step':>13} {'vs DDP':>6} {'max |w - w_FSDP2|':>17}",
+    ]
+    for n in SHOWN:
+        z = zero[n]
+        peak, vs = max(z["peak_mb_per_rank"]), z.get("max_weight_diff_vs_fsdp2")
+        lines.append(
+            f"{n:>6} {peak:>13.1f} {z['calculator_mb']:>10.1f} {100 * (peak / z['calculator_mb'] - 1):>+5.1f}% "
+            f"{z['collectives_per_step']:>16.0f} {z['bytes_per_step'] / MiB:>13.2f} "
+            f"{z['bytes_per_step'] / ddp_bytes:>5.2f}x {'' if vs is None else f'{vs:.3g}':>17}"
+        )
+    return "\n".join(lines)
+
+
+def claims(zres: dict, blocks: int) -> list:
+    """ZeRO-2 and ZeRO-3 end within WEIGHT_TOLERANCE of FSDP2; every sharded peak within PEAK_MARGIN of the calculator;
+    each stage holds less at its peak than the one before; ZeRO-3 sends 1.5x DDP's ring bytes, as FSDP2 does, in
+    3 collectives per block (`blocks`: the tiny model's)."""
+    s = zres["sharding"]
+    zero, steps = s["contenders"], s["steps"]
+    peaks = {n: max(zero[n]["peak_mb_per_rank"]) for n in zero}
+    r3 = zero["zero3"]["bytes_per_step"] / zero["ddp"]["bytes_per_step"]
+    out = [
+        Claim(
+            f"{n} by hand ends {steps} steps within {WEIGHT_TOLERANCE:g} of torch's FSDP2 (max weight difference "
+            f"{zero[n]['max_weight_diff_vs_fsdp2']:.3g})",
+            zero[n]["max_weight_diff_vs_fsdp2"] <= WEIGHT_TOLERANCE,
+        )
+        for n in ("zero2", "zero3")
+    ]
+    out += [
+        Claim(
+            f"{n}: measured peak {peaks[n]:.1f} MiB per rank, within {100 * PEAK_MARGIN:.0f}% of chapter 06's "
+            f"calculator ({zero[n]['calculator_mb']:.1f} MiB)",
+            abs(peaks[n] / zero[n]["calculator_mb"] - 1) <= PEAK_MARGIN,
+        )
+        for n in ("zero2", "zero3", "fsdp2")
+    ]
+    out += [
+        Claim(
+            "each stage holds less at its peak: ZeRO-3 < ZeRO-2 < ZeRO-1 < DDP ("
+            + ", ".join(f"{peaks[n]:.1f}" for n in ("zero3", "zero2", "zero1", "ddp"))
+            + " MiB)",
+            peaks["zero3"] < peaks["zero2"] < peaks["zero1"] < peaks["ddp"],
+        ),
+        Claim(
+            f"ZeRO-3 sends {r3:.3f}x DDP's ring bytes, as FSDP2 does: every weight gathered twice (forward, backward) "
+            "and every gradient reduce-scattered once, 3 halves against DDP's 2",
+            abs(r3 - 1.5) < 0.01 and zero["fsdp2"]["bytes_per_step"] == zero["zero3"]["bytes_per_step"],
+        ),
+        Claim(
+            f"ZeRO-3: {3 * blocks} collectives per step on the tiny model ({blocks} blocks x gather, gather, "
+            "reduce-scatter)",
+            zero["zero3"]["collectives_per_step"] == 3 * blocks,
+        ),
+    ]
+    return out

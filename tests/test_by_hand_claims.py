@@ -1,0 +1,275 @@
+"""The claims chapter 03 settles on its race's figures (distrinews_course/by_hand: loopback_race, dialed, zero_report,
+mixed_report): each holds on figures like a real run's, and fails, or is left unchecked with its reason, when one
+figure is wrong."""
+
+import copy
+
+import pytest
+
+from distrinews_course.by_hand import dialed, loopback_race, mixed_report, zero_report
+
+
+def by_text(claims, words):
+    found = [c for c in claims if words in c.text]
+    assert len(found) == 1, (words, [c.text for c in claims])
+    return found[0]
+
+
+# ------------------------------------------------------------------------------------------------ loopback timing
+
+TIMING = {
+    "median_step_s": {"ddp": 0.13, "naive": 0.19, "flat": 0.125, "overlapped": 0.17, "bucketed": 0.127},
+    "ratio_vs_ddp": {"naive": 1.46, "flat": 0.96, "overlapped": 1.31, "bucketed": 0.98},
+    "step_s": {"ddp": [0.13, 0.131, 0.129, 0.132, 0.13]},
+    "foreign_cores": 0.02,
+    "rounds": 5,
+    "steps_per_round": 3,
+}
+
+
+def test_the_timing_claims_hold_on_a_quiet_run_and_fail_on_a_wrong_figure():
+    claims = loopback_race.timing_claims(TIMING, 1.10, 0.3)
+    assert all(c.checked and c.holds for c in claims)
+    slow = copy.deepcopy(TIMING)
+    slow["ratio_vs_ddp"]["bucketed"] = 1.3
+    assert not by_text(loopback_race.timing_claims(slow, 1.10, 0.3), "hand-built bucketed").holds
+    naive = copy.deepcopy(TIMING)
+    naive["median_step_s"]["naive"] = 0.1
+    assert not by_text(loopback_race.timing_claims(naive, 1.10, 0.3), "faster than naive").holds
+
+
+def test_a_busy_or_noisy_run_leaves_the_timing_unchecked_with_its_reason():
+    busy = dict(TIMING, foreign_cores=0.8)
+    assert all("0.80 cores busy" in c.unchecked for c in loopback_race.timing_claims(busy, 1.10, 0.3))
+    noisy = copy.deepcopy(TIMING)
+    noisy["step_s"]["ddp"] = [0.10, 0.13, 0.18, 0.13, 0.09]
+    c = by_text(loopback_race.timing_claims(noisy, 1.10, 0.3), "hand-built bucketed")
+    assert "DDP's own rounds moved by" in c.unchecked
+
+
+def test_ddps_spread_is_twice_the_median_distance_from_the_median():
+    assert loopback_race.ddp_spread({"step_s": {"ddp": [1.0, 1.1, 0.9, 1.0, 1.5]}}) == pytest.approx(0.2)
+
+
+# ------------------------------------------------------------------------------------------------ the dialed race
+
+
+def plan(**kw):
+    p = dialed.Plan(
+        0.5,
+        48,
+        1_340_000,
+        [100_000] * 6 + [540_000],
+        True,
+        {"forward": 0.1, "backward": 0.166, "optimizer": 0.008},
+        180,
+        0.250,
+        0.100,
+    )
+    p.predicted = {"flat": p.compute_s + p.comm_s, "bucketed": p.compute_s + p.last_s}
+    for k, v in kw.items():
+        setattr(p, k, v)
+    return p
+
+
+def dial(flat=(0.52, 0.52, 0.53, 0.52, 0.52), bucketed=(0.40, 0.39, 0.39, 0.40, 0.40), comm=0.252, foreign=0.02):
+    check = {n: {"max_weight_diff": 0.0} for n in ("naive", "flat", "overlapped", "bucketed", "zero1")}
+    timeline = [
+        {"kind": "backward", "start": 0.1, "end": 0.27},
+        {"kind": "comm_sync", "start": 0.27, "end": 0.27 + comm},
+    ]
+    return {
+        "check": {"tiny": check},
+        "timing": {
+            "median_step_s": {
+                "ddp": 0.40,
+                "flat": sorted(flat)[2],
+                "overlapped": 0.41,
+                "bucketed": sorted(bucketed)[2],
+            },
+            "ratio_vs_ddp": {"flat": 1.3, "overlapped": 1.02, "bucketed": 0.98},
+            "backward_s": {n: [0.17] * 5 for n in ("ddp", "flat", "overlapped", "bucketed")},
+            "step_s": {"flat": list(flat), "bucketed": list(bucketed), "overlapped": [0.41] * 5},
+            "foreign_cores": foreign,
+            "timelines": {"flat": timeline},
+        },
+    }
+
+
+def test_the_dialed_claims_hold_on_a_good_run_and_each_fails_on_its_wrong_figure():
+    p = plan()
+    o = dialed.outcome(dial(), p, 0.3)
+    claims = dialed.claims(o, p, 1.10, 0.4, 0.5)
+    assert all(c.checked and c.holds for c in claims), [c.text for c in claims if not c.holds]
+    close = dialed.outcome(dial(flat=(0.42,) * 5), p, 0.3)  # flat barely slower: below the target, little saved
+    bad = dialed.claims(close, p, 1.10, 0.4, 0.5)
+    assert not by_text(bad, "bucketed beats flat").holds and not by_text(bad, "bucketing saves").holds
+    differs = dial()
+    differs["check"]["tiny"]["overlapped"]["max_weight_diff"] = 1e-7
+    assert not by_text(dialed.claims(dialed.outcome(differs, p, 0.3), p, 1.10, 0.4, 0.5), "bit-identical").holds
+
+
+def test_a_busy_dialed_run_shows_its_speed_claims_unchecked_but_still_checks_the_bits():
+    p = plan()
+    claims = dialed.claims(dialed.outcome(dial(foreign=0.9), p, 0.3), p, 1.10, 0.4, 0.5)
+    assert by_text(claims, "bit-identical").checked
+    assert all("0.90 cores busy" in c.unchecked for c in claims if "bit-identical" not in c.text)
+
+
+def test_the_scaling_point_is_the_measured_all_reduce_within_its_margin():
+    p = plan()
+    good = dialed.point_claim(dialed.outcome(dial(comm=0.26), p, 0.3))
+    assert good.checked and good.holds and "below the 274 ms of computation (the model: below)" in good.text
+    slow = dialed.point_claim(dialed.outcome(dial(comm=0.30), p, 0.3))
+    assert not slow.holds  # 20% over the model's 250 ms
+    missing = dialed.outcome(dial(), p, 0.3)
+    missing["point"]["comm_s"] = None
+    assert not dialed.point_claim(missing).checked
+
+
+# ------------------------------------------------------------------------------------------------ the ZeRO section
+
+
+def zres():
+    contenders = {
+        "ddp": {
+            "peak_mb_per_rank": [85.1, 85.0],
+            "calculator_mb": 81.1,
+            "collectives_per_step": 1,
+            "bytes_per_step": 8.0,
+        },
+        "zero1": {
+            "peak_mb_per_rank": [82.2, 82.0],
+            "calculator_mb": 73.1,
+            "collectives_per_step": 2,
+            "bytes_per_step": 8.0,
+        },
+        "zero2": {
+            "peak_mb_per_rank": [70.8, 70.1],
+            "calculator_mb": 65.1,
+            "collectives_per_step": 2,
+            "bytes_per_step": 8.0,
+            "max_weight_diff_vs_fsdp2": 0.0,
+        },
+        "zero3": {
+            "peak_mb_per_rank": [66.2, 66.0],
+            "calculator_mb": 61.1,
+            "collectives_per_step": 9,
+            "bytes_per_step": 12.0,
+            "max_weight_diff_vs_fsdp2": 0.0,
+        },
+        "fsdp2": {
+            "peak_mb_per_rank": [67.7, 67.0],
+            "calculator_mb": 68.7,
+            "collectives_per_step": 9,
+            "bytes_per_step": 12.0,
+        },
+    }
+    return {"sharding": {"contenders": contenders, "steps": 20, "batch": 8, "seq": 64, "runtime_mb": 26.3}}
+
+
+def test_the_zero_claims_hold_and_each_fails_on_its_wrong_figure():
+    assert all(c.holds for c in zero_report.claims(zres(), blocks=3))
+    for path, value, words in (
+        (("zero3", "max_weight_diff_vs_fsdp2"), 1e-5, "zero3 by hand ends"),
+        (("zero2", "calculator_mb"), 50.0, "zero2: measured peak"),
+        (("zero3", "peak_mb_per_rank"), [75.0, 75.0], "each stage holds less"),
+        (("zero3", "bytes_per_step"), 16.0, "ZeRO-3 sends"),
+        (("zero3", "collectives_per_step"), 6, "collectives per step"),
+    ):
+        z = zres()
+        z["sharding"]["contenders"][path[0]][path[1]] = value
+        assert not by_text(zero_report.claims(z, blocks=3), words).holds, words
+    assert "66.2" in zero_report.table(zres()) and "1.50x" in zero_report.table(zres())
+
+
+# ------------------------------------------------------------------------------------------------ mixed precision
+
+
+def gathers(scale):
+    names = [
+        "gather the rest",
+        "gather layer 0",
+        "gather layer 1",
+        "gather the rest",
+        "gather layer 1",
+        "gather layer 0",
+    ]
+    sizes = [7962896, 199936, 199936, 7962896, 199936, 199936]
+    out = [{"name": n, "bytes": b // scale} for n, b in zip(names, sizes)]
+    return out + [
+        {"name": f"grads {n}", "bytes": b} for n, b in (("layer 1", 199936), ("layer 0", 199936), ("the rest", 7962896))
+    ]
+
+
+def mixed():
+    return {
+        "steps": 5,
+        "vs_fsdp2": {"float16": 0.0, "bfloat16": 0.0},
+        "collectives": {"float32": gathers(1), "float16": gathers(2)},
+        "underflow": {
+            "float32": {"lost_share": 0.0, "nonfinite": 0, "rel_error": 0.0},
+            "float16 x1": {"lost_share": 0.033, "nonfinite": 0, "rel_error": 0.0015},
+            "float16 x1024": {"lost_share": 0.00014, "nonfinite": 0, "rel_error": 0.0014},
+            "float16 x65536": {"lost_share": 0.0, "nonfinite": 133732, "rel_error": None},
+            "bfloat16": {"lost_share": 0.0005, "nonfinite": 0, "rel_error": 0.012},
+        },
+        "memory": {
+            "zero3 float32": {"compute_mb_per_rank": [67.2, 66.3], "calculator_mb": 61.5},
+            "zero3 float16": {"compute_mb_per_rank": [59.7, 60.0], "calculator_mb": 57.7},
+            "fsdp2 float16": {"compute_mb_per_rank": [65.3, 64.8], "calculator_mb": 61.5},
+        },
+    }
+
+
+def test_the_mixed_claims_hold_and_each_fails_on_its_wrong_figure():
+    assert all(c.holds for c in mixed_report.claims(mixed()))
+    m = mixed()
+    m["vs_fsdp2"]["bfloat16"] = 2**-10
+    assert not by_text(mixed_report.claims(m), "bit-identical").holds
+    m = mixed()
+    m["collectives"]["float16"] = gathers(1)  # a gather left in fp32
+    assert not by_text(mixed_report.claims(m), "half its float32 bytes").holds
+    m = mixed()
+    m["collectives"]["float16"][-1]["bytes"] //= 2  # the gradients reduced in float16
+    assert not by_text(mixed_report.claims(m), "half its float32 bytes").holds
+    m = mixed()
+    m["memory"]["zero3 float16"]["calculator_mb"] = 45.0
+    assert not by_text(mixed_report.claims(m), "zero3 float16: the peak").holds
+    m = mixed()
+    m["memory"]["zero3 float16"]["compute_mb_per_rank"] = [68.0, 66.0]
+    assert not by_text(mixed_report.claims(m), "lowers that peak").holds
+
+
+def test_the_loss_scale_claims_hold_and_each_fails_on_its_wrong_figure():
+    assert all(c.holds for c in mixed_report.loss_scale_claims(mixed()))
+    m = mixed()
+    m["underflow"]["float16 x1024"]["lost_share"] = 0.01  # the scale did not help
+    assert not by_text(mixed_report.loss_scale_claims(m), "scaled by 1024").holds
+    m = mixed()
+    m["underflow"]["float16 x65536"]["nonfinite"] = 0
+    assert not by_text(mixed_report.loss_scale_claims(m), "overflows").holds
+    m = mixed()
+    m["underflow"]["bfloat16"]["lost_share"] = 0.02
+    assert not by_text(mixed_report.loss_scale_claims(m), "bfloat16 needs no scale").holds
+
+
+def test_the_mixed_tables_and_figure_come_out():
+    assert "param float16" in mixed_report.table(mixed()) and "3.80 MiB" in mixed_report.table(mixed())
+    assert "float16 x1024" in mixed_report.loss_scale_table(mixed())
+    fig = mixed_report.plot(mixed())
+    assert len(fig.axes) == 2
+
+
+def test_the_dialed_plan_picks_the_rate_that_gives_flat_its_share_of_backward():
+    """One step of the wide model alone, then the rate at which flat's one all-reduce takes 1.5x backward (rounded to
+    10 Mbit/s): the prediction is scaling_limits' point on that link."""
+    from distrinews_course.link import PAYLOAD_SHARE
+
+    p = dialed.plan(0.5, 8, 1.5)
+    per_s = p.mbit * 1e6 / 8 * PAYLOAD_SHARE
+    assert p.comm_s == pytest.approx(4 * p.elements / per_s)
+    assert p.last_s == pytest.approx(4 * p.buckets[-1] / per_s)
+    assert abs(p.comm_s / p.alone["backward"] - 1.5) < 0.5 or p.mbit == 10
+    assert p.embedding_last and sum(p.buckets) == p.elements
+    assert p.predicted["flat"] - p.predicted["bucketed"] == pytest.approx(p.could_save)
