@@ -9,13 +9,16 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.data import Dataset
 
 from ..files import atomic_torch_save
 from .batching import PadCollator
-from .texts import TextSplits
+
+if TYPE_CHECKING:  # an annotation only: the server tokenizes texts and never reads a dataset's splits
+    from .texts import TextSplits
 
 VOCAB_FILE = Path(__file__).resolve().parent.parent / "assets" / "vocab.txt"
 
