@@ -23,6 +23,8 @@ from distrinews_lib.errors import UserError
 MODELS = ("tiny", "wide", "tied", "twoheads")
 SEQ_LEN = 64
 HASH_VOCAB = 4096
+WIDE_CONFIG = dict(dim=128, n_layers=4, n_heads=4, hidden_dim=512, max_position_embeddings=SEQ_LEN, dropout=0.1)
+TIED_CONFIG = dict(n_positions=SEQ_LEN, n_embd=64, n_layer=2, n_head=2, n_inner=256, tie_word_embeddings=True)
 
 
 @functools.cache  # one per process: each kind's tokenizer is built once
@@ -78,31 +80,10 @@ def build_model(kind: str, seed: int, unused: str | None = None):
         cfg = DistilBertConfig(vocab_size=30522, num_labels=4, pad_token_id=0, **TINY_CONFIG)
         return DistilBertForSequenceClassification(cfg)
     if kind == "wide":
-        cfg = DistilBertConfig(
-            vocab_size=HASH_VOCAB,
-            num_labels=4,
-            pad_token_id=0,
-            dim=128,
-            n_layers=4,
-            n_heads=4,
-            hidden_dim=512,
-            max_position_embeddings=SEQ_LEN,
-            dropout=0.1,
-        )
+        cfg = DistilBertConfig(vocab_size=HASH_VOCAB, num_labels=4, pad_token_id=0, **WIDE_CONFIG)
         return DistilBertForSequenceClassification(cfg)
     if kind == "tied":
-        cfg = GPT2Config(
-            vocab_size=HASH_VOCAB,
-            n_positions=SEQ_LEN,
-            n_embd=64,
-            n_layer=2,
-            n_head=2,
-            n_inner=256,
-            tie_word_embeddings=True,
-            pad_token_id=0,
-            bos_token_id=1,
-            eos_token_id=2,
-        )
+        cfg = GPT2Config(vocab_size=HASH_VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2, **TIED_CONFIG)
         return GPT2LMHeadModel(cfg)
     if kind == "twoheads":
         return TwoHeads(unused)
