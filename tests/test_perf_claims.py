@@ -166,3 +166,10 @@ def test_a_speedup_off_the_model_fails_and_the_crossing_too(rec):
 def test_box_speedups_are_not_checked_where_the_sweep_moved_too_much(rec):
     claims = after_of(rec).speedup_claims(None)
     assert not any(c.checked for c in claims) and all("over 30%" in c.unchecked for c in claims)
+
+
+def test_on_gpus_the_bytes_are_not_claimed(rec):
+    R = fresh(rec)["R"]
+    cost = AllreduceCost.from_launch(R["collectives"], R["collectives4"], gpus=True)
+    assert not any(c.checked for c in cost.ring_claims()) and not cost.halves_claim().checked
+    assert cost.gloo_reduce_scatter() == ""

@@ -99,7 +99,7 @@ class AllreduceCost:
                 continue
             ring = ring_bytes_per_rank(1, n)
             text = f"with {n} ranks each rank sent 2(N-1)/N = {ring:.2f}x the message: the ring's bytes"
-            if not row["sent"]:
+            if self.gpus or not row["sent"]:
                 out.append(Claim(text, False, "nothing here counts the bytes a GPU sends (NCCL)"))
                 continue
             got = row["sent"] / row["bytes"]
@@ -121,14 +121,14 @@ class AllreduceCost:
         """The all-gather sends (N-1)/N of the tensor, counted: half the all-reduce's bytes at 2 ranks (BYTES_BOUND)."""
         ag = self.halves["all_gather"]
         text = "the all-gather sends (N-1)/N of the tensor: half the all-reduce's bytes"
-        if not ag["sent"]:
+        if self.gpus or not ag["sent"]:
             return Claim(text, False, "nothing here counts the bytes a GPU sends (NCCL)")
         return Claim(text, abs(ag["sent"] / ag["bytes"] - 0.5) < BYTES_BOUND)
 
     def gloo_reduce_scatter(self) -> str:
         """What gloo's reduce_scatter sent, said in a line (it is not the ring's half on every version)."""
         rs = self.halves["reduce_scatter"]
-        if not rs["sent"]:
+        if self.gpus or not rs["sent"]:
             return ""
         got = rs["sent"] / rs["bytes"]
         if abs(got - 0.5) < BYTES_BOUND:
