@@ -22,6 +22,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import textwrap
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from pathlib import Path
 import nbformat
 from jinja2 import DictLoader
 from nbconvert import HTMLExporter
+from nbconvert.filters.markdown_mistune import markdown2html_mistune
 from nbconvert.preprocessors import Preprocessor
 from traitlets import List
 from traitlets.config import Config
@@ -204,6 +206,35 @@ def local_paths(run_dir: Path, *nbs) -> list[tuple[str, str]]:
     return sorted(pairs.items(), key=lambda pair: -len(pair[0]))
 
 
+_DETAILS = re.compile(
+    r"^<details(?P<attrs>[^>]*)>\s*<summary>(?P<summary>.*?)</summary>(?P<body>.*?)</details>", re.S | re.M
+)
+
+
+def fold_details(markdown: str) -> str:
+    """A markdown cell's `<details>` notes as one HTML block each, their markdown rendered inside, so that they stay
+    folded on the page as in Jupyter. Left as they are, nbconvert closes each `<details>` right after its summary:
+    the blank line after `</summary>` ends the HTML block (CommonMark), and the note's text lands outside, unfolded.
+    Inside the block a blank line would end it again, so each becomes an empty comment (in a `<pre>` it still reads
+    as an empty line)."""
+
+    def one(m: re.Match) -> str:
+        body = markdown2html_mistune(textwrap.dedent(m["body"]).strip("\n"))
+        block = f"<details{m['attrs']}><summary>{m['summary'].strip()}</summary>\n{body.strip()}\n</details>"
+        return "\n" + re.sub(r"\n[ \t]*(?=\n)", "\n<!-- -->", block) + "\n"
+
+    return _DETAILS.sub(one, markdown)
+
+
+class _FoldedDetails(Preprocessor):
+    """Each markdown cell's <details> notes kept folded on the page (fold_details)."""
+
+    def preprocess_cell(self, cell, resources, index):
+        if cell.cell_type == "markdown" and "<details" in cell.source:
+            cell.source = fold_details(cell.source)
+        return cell, resources
+
+
 def _exporter(replacements) -> HTMLExporter:
     c = Config()
     c.TagRemovePreprocessor.enabled = True
@@ -211,6 +242,7 @@ def _exporter(replacements) -> HTMLExporter:
     c.HTMLExporter.preprocessors = [
         "nbconvert.preprocessors.TagRemovePreprocessor",
         _LocalPaths(replacements=replacements),
+        _FoldedDetails(),
     ]
     return HTMLExporter(
         config=c,

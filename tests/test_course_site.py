@@ -442,3 +442,67 @@ def test_a_figure_that_is_a_dict_is_a_table_not_python():
     assert _fmt({"a": 1.0, "b": "x<y", "c": [1, 2]}) == (
         '<dl class="figures"><dt>a</dt><dd>1</dd><dt>b</dt><dd>x&lt;y</dd><dt>c</dt><dd>1, 2</dd></dl>'
     )
+
+
+NOTE = """## A section
+
+Some prose.
+
+<details>
+<summary>How this is measured</summary>
+
+- **Rounds.** NOTE-ITEM-6021, the first of two.
+- A second item.
+
+```
+a line
+
+after a blank line
+```
+</details>
+
+AFTER-NOTE-8840"""
+
+
+def _inside_details(page: str) -> dict[str, bool]:
+    """For each marker of NOTE: whether the page has it inside an open <details> element."""
+    from html.parser import HTMLParser
+
+    class Walk(HTMLParser):
+        depth, found = 0, {}
+
+        def handle_starttag(self, tag, attrs):
+            self.depth += tag == "details"
+
+        def handle_endtag(self, tag):
+            self.depth -= tag == "details"
+
+        def handle_data(self, data):
+            for marker in ("NOTE-ITEM-6021", "after a blank line", "AFTER-NOTE-8840"):
+                if marker in data:
+                    self.found[marker] = self.depth > 0
+
+    walk = Walk()
+    walk.feed(page)
+    return walk.found
+
+
+def test_a_how_this_is_measured_note_stays_folded_on_the_page():
+    """A markdown cell's <details> note is folded in Jupyter; nbconvert alone closed it straight after its summary (the
+    blank line ends the HTML block), so the note's text showed, unfolded, below an empty fold. The page keeps it in."""
+    from nbconvert import HTMLExporter
+
+    from distrinews_course.site import _exporter, fold_details
+
+    nb = new_notebook()
+    nb.cells = [new_markdown_cell(NOTE)]
+    plain, _ = HTMLExporter(template_name="lab", embed_images=True).from_notebook_node(nb)
+    assert _inside_details(plain)["NOTE-ITEM-6021"] is False  # the defect, as nbconvert alone renders it
+    page, _ = _exporter([]).from_notebook_node(
+        nb, resources={"course_nav": "", "course_run": "", "course_css": "", "course_js": ""}
+    )
+    assert _inside_details(page) == {"NOTE-ITEM-6021": True, "after a blank line": True, "AFTER-NOTE-8840": False}
+    assert "a line\n<!-- -->\nafter a blank line" in page  # the code's blank line is still a line of its own
+    same_line = fold_details("<details><summary><b>How</b> (rounds)</summary>\n\n- one\n</details>")
+    assert same_line.strip().startswith("<details><summary><b>How</b> (rounds)</summary>\n<ul>")
+    assert fold_details("no note here") == "no note here"
