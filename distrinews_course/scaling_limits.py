@@ -228,7 +228,7 @@ def point(strategy: str, n: int, level: Level, params: list[int], step_s: float,
 def table_text(rows: list) -> str:
     """table()'s rows as the notebook prints them."""
     texts = list(rows[0]["n_max"])
-    head = f"{'ESTIMATE':<10} {'':<6} {'ms/step at 8':>12} {'texts/device':>12} " + " ".join(
+    head = f"{'ESTIMATE':<10} {'':<6} {'comm ms @8':>12} {'texts/device':>12} " + " ".join(
         f"{f'n_max @{t}':>10}" for t in texts
     )
     lines = [head]
@@ -258,7 +258,9 @@ def plot(key: str = "dgx1", texts: int = 1024, mfu: float = MFU, save_to=None):
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set(
-        xlabel="devices", ylabel="ms per step (ESTIMATE)", title=f"{s.name}, {texts} texts of {TOKENS} tokens a step"
+        xlabel="devices",
+        ylabel="ms per step (ESTIMATE)",
+        title=f"{s.name.split(' (')[0]}: {texts} texts of {TOKENS} tokens a step",
     )
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)

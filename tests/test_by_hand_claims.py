@@ -255,7 +255,7 @@ def test_the_loss_scale_claims_hold_and_each_fails_on_its_wrong_figure():
 
 
 def test_the_mixed_tables_and_figure_come_out():
-    assert "param float16" in mixed_report.table(mixed()) and "3.80 MiB" in mixed_report.table(mixed())
+    assert "float16 (param_dtype)" in mixed_report.table(mixed()) and "3.80 MiB" in mixed_report.table(mixed())
     assert "float16 x1024" in mixed_report.loss_scale_table(mixed())
     fig = mixed_report.plot(mixed())
     assert len(fig.axes) == 2

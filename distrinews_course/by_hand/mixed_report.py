@@ -27,12 +27,12 @@ def table(m: dict) -> str:
     and the peak per rank during a block's compute against chapter 06's calculator ('-': not measured)."""
     c, mem = m["collectives"], m["memory"] or {}
     head = ("ZeRO-3 by hand", "max |w - w_FSDP2|", "largest gather", "largest reduce", "peak MiB/rank", "calculator")
-    widths = (16, 17, 14, 14, 13, 10)
+    widths = (22, 17, 14, 14, 13, 10)
     lines = [" ".join(f"{h:<{w}}" if i == 0 else f"{h:>{w}}" for i, (h, w) in enumerate(zip(head, widths)))]
     for label in ("float32", "float16"):  # (bfloat16 moves float16's bytes: the claims below name its FSDP2 check)
         ev, peak, vs = c.get(label), mem.get(f"zero3 {label}"), m["vs_fsdp2"].get(label)
         cells = [
-            f"param {label}",
+            label if label == "float32" else f"{label} (param_dtype)",
             "-" if vs is None else f"{vs:.3g}",
             "-" if not ev else f"{max(e['bytes'] for e in gathers(ev)) / MiB:.2f} MiB",
             "-" if not ev else f"{max(e['bytes'] for e in ev if e['name'].startswith('grads')) / MiB:.2f} MiB",
