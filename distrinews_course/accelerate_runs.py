@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from .attempt import written_number
 from .plots import _pyplot, load_metrics, read_tensorboard
 
 DEEPSPEED_ON_CPU = "Setting accelerator to CPU"  # DeepSpeed's import-time warning where it finds no GPU
@@ -52,16 +53,13 @@ def weights(path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
 
 
-def judge_gap_prediction(predicted, gap: float) -> bool | None:
+def judge_gap_prediction(predicted, gap: float, name: str = "PREDICTED_GAP") -> bool | None:
     """A learner's guess of the largest weight difference, written before the runs: right when it says 0 and the
     gap is 0, or says more than 0 and the gap is more than 0. One line; None when nothing was written."""
+    predicted = written_number(name, predicted, "0.0 or 1e-7", f"the largest difference was {gap:g}")
     if predicted is None:
-        print(f"no prediction written (PREDICTED_GAP is None); the largest difference was {gap:g}")
         return None
-    if not isinstance(predicted, (int, float)) or isinstance(predicted, bool):
-        print(f"PREDICTED_GAP = {predicted!r}: write a number, e.g. 0.0 or 1e-7")
-        return None
-    right = (gap == 0.0) == (float(predicted) == 0.0)
+    right = (gap == 0.0) == (predicted == 0.0)
     print(
         f"you predicted {predicted:g}; measured {gap:g}: "
         + ("right" if right else "not this time: read the markdown above the launch")

@@ -185,3 +185,15 @@ def try_exercise(test, fn, strict=False) -> bool:
         return False
     print(f"checked: '{name}' passes every case of its test")
     return True
+
+
+def written_number(name: str, value, example: str, actual: str) -> float | None:
+    """A number the learner wrote down before a run (the variable `name`), or None after one line that says what to
+    write: nothing written (None) says what the run gave (`actual`); anything but a number asks for one."""
+    if value is None:
+        print(f"no prediction written ({name} is None); {actual}")
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        print(f"{name} = {value!r}: write a number, e.g. {example}")
+        return None
+    return float(value)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from . import ROOT
 from . import memory as M
+from .attempt import written_number
 
 SCRIPT = ROOT / "scripts" / "memory_footprint.py"
 CALIBRATION = ["ddp@1x8", "ddp@1x8#2", "ddp@1x8#3"]  # one example of 8 tokens, three fresh processes
@@ -247,6 +248,21 @@ def activations_grow_with_the_batch(rows: list[dict], margin: float = 0.05) -> C
     return ok, f"activations grow linearly with the batch ({shown}; within {100 * margin:.0f}%)"
 
 
+def longer_sequences_cost_more(rows: list[dict], margin: float = 0.1) -> Claim:
+    """At the same tokens per step, the longer sequence saves more, by the formula's batch x seq x seq padding masks
+    (one per layer): within 10% of that difference, which is small (half a MiB) but exact in both counts."""
+    by = {(x["batch"], x["seq"]): x for x in rows if x["formula"] is not None}
+    pairs = [(by[b, s], by[b2, s2]) for (b, s) in by for (b2, s2) in by if b * s == b2 * s2 and s2 > s]
+    ok = bool(pairs) and all(
+        long["saved"] > short["saved"]
+        and abs((long["saved"] - short["saved"]) - (long["formula"] - short["formula"]))
+        <= margin * (long["formula"] - short["formula"])
+        for short, long in pairs
+    )
+    shown = ", ".join(f"{s['name']} {s['saved']:.2f} < {g['name']} {g['saved']:.2f} MiB" for s, g in pairs)
+    return ok, f"at the same tokens, the longer sequence saves more, by its attention masks ({shown})"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Section 3: recomputation
 
@@ -333,11 +349,8 @@ def bucket_view_saving(two: Launch) -> tuple[float, float]:
 def judge_saving_prediction(predicted, saved: float, margin: float = 0.25) -> bool | None:
     """A learner's prediction of what the bucket view saves (MiB), against the run: right within 25% (a peak's
     spread is about an eighth of the saving on the course's model). Says which in one line; None: nothing written."""
+    predicted = written_number("MY_PREDICTION_MIB", predicted, "3.5 (MiB)", f"the run saved {saved:.1f} MiB")
     if predicted is None:
-        print(f"no prediction written (MY_PREDICTION_MIB is None); the run saved {saved:.1f} MiB")
-        return None
-    if not isinstance(predicted, (int, float)) or isinstance(predicted, bool):
-        print(f"MY_PREDICTION_MIB = {predicted!r}: write a number of MiB, e.g. 3.5")
         return None
     ok = abs(predicted - saved) <= margin * saved
     hint = "well predicted" if ok else "which part of section 1 did you count? The buckets copy every gradient"
@@ -436,10 +449,11 @@ def sharding_claims(two: Launch) -> list[Claim]:
     ds = {k: two.fullest(k)["total"] / P for k in ("deepspeed_1", "deepspeed_2", "deepspeed_3") if k in two.names()}
     if ds:  # weights + gradient partition + moments + fp32 master partition; stage 3 partitions the weights too
         expect = {"deepspeed_1": 4 + 16 / N, "deepspeed_2": 4 + 16 / N, "deepspeed_3": 20 / N}
+        every_rank = {k: [x["total"] / P for x in two.results[k]["per_rank"]] for k in ds}
         out.append(
             (
-                all(abs(ds[k] - expect[k]) < 0.01 * expect[k] for k in ds),
-                f"DeepSpeed's ranks hold 4 + 16/N bytes per parameter at stages 1 and 2 and 20/N at stage 3 "
+                all(abs(v - expect[k]) < 0.01 * expect[k] for k in ds for v in every_rank[k]),
+                f"every DeepSpeed rank holds 4 + 16/N bytes per parameter at stages 1 and 2 and 20/N at stage 3 "
                 f"({', '.join(f'{v:.2f}' for v in ds.values())})",
             )
         )

@@ -69,6 +69,9 @@ def test_the_activation_claims_fail_on_a_wrong_figure(one):
     wrong = [dict(x, saved=x["saved"] * 0.85) if x["name"] == "ddp@32x64" else x for x in rows]
     ok, claim = R.activations_grow_with_the_batch(wrong)
     assert not ok and "4x the batch: 3.40x" in claim
+    assert R.longer_sequences_cost_more(rows)[0]
+    no_mask = [dict(x, saved=x["saved"] - 0.45) if x["name"] == "ddp@8x128" else x for x in rows]  # masks missing
+    assert not R.longer_sequences_cost_more(no_mask)[0]
 
 
 def test_the_recomputation_claims_fail_on_a_wrong_figure(one):
@@ -163,8 +166,8 @@ def test_the_sharding_claims_fail_on_a_wrong_figure(two):
 )
 def test_the_deepspeed_claims_fail_on_a_wrong_figure(two):
     wrong = copy.deepcopy(two)
-    _set(wrong, "deepspeed_3", "total", lambda b: b * 1.25)  # the master copy unsharded
-    assert any("DeepSpeed's ranks hold" in claim for ok, claim in R.sharding_claims(wrong) if not ok)
+    _set(wrong, "deepspeed_3", "total", lambda b: b * 1.25, rank=1)  # one rank's master copy unsharded
+    assert any("every DeepSpeed rank holds" in claim for ok, claim in R.sharding_claims(wrong) if not ok)
     _set(wrong, "deepspeed_2", "peak_rss_above_start_mb", lambda p: two.peak("ddp") - 5)
     assert any("peaked above plain DDP's" in claim for ok, claim in R.sharding_claims(wrong) if not ok)
 
