@@ -1,9 +1,32 @@
 """What the race measures of a run besides its time: the peak resident memory of a block of code (chapter 06's way)
-and the optimizer's state."""
+and the optimizer's state; and the folder where a launch's memory runs, each a fresh process per rank, meet."""
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
+
 from ..proc_self import reset_peak, status_mb
+
+
+def meeting_folder(prefix: str) -> Path:
+    """A folder every rank of this launch names alike (torchrun's run id, the box's control folder, or the parent's
+    pid), for the FileStores where the ranks' fresh children meet; made if missing."""
+    run = os.environ.get("TORCHELASTIC_RUN_ID") or Path(os.environ.get("DISTRINEWS_LINK_CONTROL", "")).name
+    folder = Path(tempfile.gettempdir()) / f"{prefix}_{run or os.getppid()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def remove_meeting_folder(folder: Path) -> None:
+    """Rank 0, once the runs are over: the FileStores, then the folder if nothing else is left in it."""
+    for store in folder.glob("store_*"):
+        store.unlink(missing_ok=True)
+    try:
+        folder.rmdir()
+    except OSError:
+        pass  # rank 1's last file still there: the folder is left in the temporary folder, empty or nearly
 
 
 class PeakMemory:

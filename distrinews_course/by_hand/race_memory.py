@@ -3,10 +3,7 @@ measures it (a fresh process per run), beside chapter 06's calculator; and ZeRO-
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -25,10 +22,7 @@ def memory(contenders, mods, args, rank, world) -> dict:
     process per rank (forked from this one after the imports and a warm-up step, before any process group
     exists), its peak (VmHWM) above its resident memory before the model existed; the ranks' children meet in a
     FileStore of their own. Plus the calculator's runtime: DDP on one example of 8 tokens, minus its estimate."""
-    # a folder every rank of this launch names alike: torchrun's run id, the box's control folder, or the parent's pid
-    run = os.environ.get("TORCHELASTIC_RUN_ID") or Path(os.environ.get("DISTRINEWS_LINK_CONTROL", "")).name
-    scratch = Path(tempfile.gettempdir()) / f"by_hand_memory_{run or os.getppid()}"
-    scratch.mkdir(parents=True, exist_ok=True)
+    scratch = measure.meeting_folder("by_hand_memory")
     torch.set_num_threads(1)  # no OpenMP pool exists when we fork
     batches = models.batches("tiny", rank, world, args.memory_steps, args.zero_batch)
     one = {k: v[:1, :8] if v.dim() == 2 else v[:1] for k, v in batches[0].items()}
@@ -67,12 +61,7 @@ def memory(contenders, mods, args, rank, world) -> dict:
             lambda index=index, name=name: run(index, name, batches), "race.py: a memory run"
         )
     if rank == 0:
-        for store in scratch.glob("store_*"):
-            store.unlink(missing_ok=True)
-        try:
-            scratch.rmdir()
-        except OSError:
-            pass  # rank 1's last file still there: the folder is left in the temporary folder, empty or nearly
+        measure.remove_meeting_folder(scratch)
     out["runtime_mb"] = out["ddp@1x8"] - calculator.estimate("tiny", 1, 8, world=world).peak_mb
     out["seconds"] = time.perf_counter() - started
     return out

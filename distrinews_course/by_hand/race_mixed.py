@@ -4,10 +4,6 @@ scaling; and the peak memory of a step per rank, measured in fresh processes bes
 
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
-
 import torch
 import torch.distributed as dist
 
@@ -29,9 +25,7 @@ def memory_runs(mods, args, rank, world) -> dict:
     param_dtype float16) and of FSDP2 (param_dtype float16), the tiny model at args.zero_batch texts without dropout,
     each in a fresh process per rank as chapter 06 measures (race_memory.py's way); and the runtime the calculator
     adds, from torch's DDP on one example of 8 tokens."""
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or Path(os.environ.get("DISTRINEWS_LINK_CONTROL", "")).name
-    scratch = Path(tempfile.gettempdir()) / f"by_hand_mixed_{run_id or os.getppid()}"
-    scratch.mkdir(parents=True, exist_ok=True)
+    scratch = measure.meeting_folder("by_hand_mixed")
     torch.set_num_threads(1)
     batches = models.batches("tiny", rank, world, args.memory_steps, args.zero_batch)
     one = {k: v[:1, :8] if v.dim() == 2 else v[:1] for k, v in batches[0].items()}
@@ -66,12 +60,7 @@ def memory_runs(mods, args, rank, world) -> dict:
     for index, (label, name, steps, dtype) in enumerate(runs):
         out[label] = in_child(lambda i=index, n=name, s=steps, d=dtype: peak(i, n, s, d), "race.py: a memory run")
     if rank == 0:
-        for store in scratch.glob("store_*"):
-            store.unlink(missing_ok=True)
-        try:
-            scratch.rmdir()
-        except OSError:
-            pass  # rank 1's last file still there: the folder stays in the temporary folder, empty or nearly
+        measure.remove_meeting_folder(scratch)
     runtime = out.pop("ddp@1x8")["step_mb"] - calculator.estimate("tiny", 1, 8, world=world).peak_mb
     return {"peaks": out, "runtime_mb": runtime}
 
