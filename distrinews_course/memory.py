@@ -325,7 +325,7 @@ def judge_peak_prediction(
         return True, f"right: the {sets} set the peak at this setting"
     held = e.peak - max(p["activations"], p["gradients"] + p["AdamW temporaries"])
     mistakes = [  # (the peak a learner gets with one slip, what the slip is)
-        (e.peak - p["runtime"], f"you left out the runtime ({p['runtime'] / MiB:.1f} MiB, measured in section 5)"),
+        (e.peak - p["runtime"], f"you left out the runtime ({p['runtime'] / MiB:.1f} MiB, measured in section 2)"),
         (
             held + p["gradients"] + p["AdamW temporaries"],
             f"you let the gradients and AdamW's temporaries set the peak; here the activations "
