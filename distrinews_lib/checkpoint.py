@@ -82,6 +82,42 @@ def _plain(value):
     return str(value)
 
 
+def payload_for(
+    model,
+    tokenizer,
+    label_names,
+    metadata: dict | None = None,
+    max_length: int | None = None,
+    truncation: str | None = None,
+    with_state: bool = True,
+) -> dict:
+    """The checkpoint's payload for the unwrapped model (no `module.` prefix): config, labels, metadata, tokenizer and,
+    with_state, the weights. with_state=False: the rest alone (a sharded checkpoint saves the weights itself)."""
+    bare = unwrap(model)
+    payload = {
+        "format_version": FORMAT_VERSION,
+        "model_type": bare.config.model_type,
+        "model_config": _plain(bare.config.to_dict()),
+        "label_names": list(label_names),
+        "max_length": int(max_length or 128),
+        "metadata": _plain(metadata or {}),
+        "tokenizer_files": tokenizer_files(tokenizer),
+        "truncation": truncation or truncation_of(tokenizer),
+        "task": (metadata or {}).get("task", CLASSIFY_TASK),  # the task that trained it (training.task.Task.name)
+    }
+    if with_state:
+        payload["state_dict"] = {k: v.detach().cpu().clone() for k, v in bare.state_dict().items()}
+    return payload
+
+
+def write_payload(payload: dict, path) -> Path:
+    """Write a payload as a checkpoint file, atomically, once it passes the checks read_checkpoint applies."""
+    path = Path(path)
+    _check_format(path, payload)
+    atomic_torch_save(payload, path)
+    return path
+
+
 def save_checkpoint(
     path,
     model,
@@ -92,23 +128,7 @@ def save_checkpoint(
     truncation: str | None = None,
 ) -> Path:
     """Save the unwrapped model (no `module.` prefix) with its config, labels, metadata and tokenizer."""
-    path = Path(path)
-    bare = unwrap(model)
-    state = {k: v.detach().cpu().clone() for k, v in bare.state_dict().items()}
-    payload = {
-        "format_version": FORMAT_VERSION,
-        "model_type": bare.config.model_type,
-        "model_config": _plain(bare.config.to_dict()),
-        "state_dict": state,
-        "label_names": list(label_names),
-        "max_length": int(max_length or 128),
-        "metadata": _plain(metadata or {}),
-        "tokenizer_files": tokenizer_files(tokenizer),
-        "truncation": truncation or truncation_of(tokenizer),
-        "task": (metadata or {}).get("task", CLASSIFY_TASK),  # the task that trained it (training.task.Task.name)
-    }
-    atomic_torch_save(payload, path)
-    return path
+    return write_payload(payload_for(model, tokenizer, label_names, metadata, max_length, truncation), path)
 
 
 def read_checkpoint(path, task: str | None = None) -> dict:
@@ -117,6 +137,11 @@ def read_checkpoint(path, task: str | None = None) -> dict:
     a model another task trained."""
     path = Path(path)
     if path.is_dir():
+        from .shard_integrity import refusal  # deferred: only a folder handed over needs it
+
+        sharded = refusal(path)
+        if sharded:
+            raise CheckpointError(sharded)
         found = sorted(p.name for p in path.glob("*.pt"))
         hint = (
             f"It holds {', '.join(found[:5])}{' ...' if len(found) > 5 else ''}: pass one of those files."
