@@ -153,7 +153,11 @@ def test_resume_restores_every_rng_and_the_position(tmp_path):
 
 def test_fault_specs_are_checked():
     assert faults.parse("kill:rank=1:step=7") == {"kind": "kill", "rank": 1, "step": 7}
-    for bad, words in (("kill:rank=x", "rank=R or step=N"), ("explode", "unknown kind"), ("hang:step=0", "from 1")):
+    for bad, words in (
+        ("kill:rank=x", "rank=R, step=N or save=N"),
+        ("explode", "unknown kind"),
+        ("hang:step=0", "from 1"),
+    ):
         with pytest.raises(UserError, match=words):
             faults.parse(bad)
 
