@@ -1,0 +1,191 @@
+"""Chapter 07's kill-and-resume demo with scripts/train_ddp.py: the plan of its runs (how many steps, when to
+snapshot, when to kill), the lines of torchrun's log that tell what happened, and the cases its snapshot exercise is
+graded on.
+
+    plan = demo_plan(env)                     # the run's sizes on this machine (CPU gloo, or one GPU per rank)
+    print("\\n".join(story(result.output)))     # the script's lines and torchrun's failure and restart lines
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from distrinews_lib.training import snapshot
+
+AGENT = re.compile(r"^[IWE]\d{4} [\d:.]+ +\d+ \S+\] ")  # torchrun's own log lines (glog format)
+STORY = ("restart_count=", "will restart", "exitcode", "closing signal", "Root Cause", "successfully finished")
+PREAMBLE = ("preset ", "plan (", "data: ", "class balance:", "model: ")  # the script's start-up lines
+# The CPU demo: the tiny model on 3,200 real AG News texts, with a learning rate that learns well above chance in 100
+# steps; one thread per rank (2 ranks on 2 cores).
+CPU_RECIPE = ["--config", "cpu_smoke", "--num_samples", 3200, "--eval_samples", 400, "--batch_size", 32, "--lr", 4e-3,
+              "--threads", 1]  # fmt: skip
+
+
+@dataclass
+class DemoPlan:
+    gpu: bool  # one rank per GPU over NCCL with the preset's model; else 2 gloo processes on the CPU
+    nproc: int
+    backend: str
+    n: int  # training texts
+    batch: int  # per process
+    recipe: list
+    timeout: float
+    epochs: int = 2
+    out: Path = field(default_factory=lambda: Path("outputs/fault_tolerance"))
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps per epoch: each rank sees n / nproc texts, batch at a time."""
+        return math.ceil(math.ceil(self.n / self.nproc) / self.batch)
+
+    @property
+    def every(self) -> int:
+        return max(2, self.steps // 3)  # a snapshot every `every` steps
+
+    @property
+    def kill_step(self) -> int:
+        return 2 * self.every + 1  # one step after a snapshot
+
+    @property
+    def snap_step(self) -> int:
+        return self.kill_step // self.every * self.every
+
+    @property
+    def expected_snap(self) -> str:
+        return f"snap_e001_b{self.snap_step:06d}.pt"
+
+    def train_args(self, run_dir, checkpoint=None) -> list:
+        return [*self.recipe, "--epochs", self.epochs, "--backend", self.backend, "--snapshot_every", self.every,
+                "--resume", "auto", "--no-progress", "--output", run_dir,
+                "--checkpoint", checkpoint or Path(run_dir) / "model.pt"]  # fmt: skip
+
+    def describe(self) -> str:
+        return (
+            f"{self.nproc} processes ({self.backend}), {self.n} training texts, batch {self.batch} per process: "
+            f"{self.steps} optimizer steps per epoch, {self.epochs} epochs\na snapshot every {self.every} steps; in "
+            f"run B rank 1 dies after step {self.kill_step}, so it should resume from {self.expected_snap}"
+        )
+
+
+def demo_plan(env, timeout_s: float | None = None) -> DemoPlan:
+    gpu = env.n_gpus >= 2 and not env.smoke
+    nproc = min(max(env.nproc, 2), env.n_gpus) if gpu else max(env.nproc, 2)
+    if gpu:
+        n, batch = 2560, 32
+        recipe = ["--config", env.preset, "--num_samples", n, "--eval_samples", 512, "--batch_size", batch]
+    else:
+        n, batch, recipe = 3200, 32, CPU_RECIPE
+    return DemoPlan(gpu, nproc, "nccl" if gpu else "gloo", n, batch, recipe, timeout_s or (1800 if gpu else 180))
+
+
+def story(output: str) -> list[str]:
+    """The lines that tell a torchrun run's story: the script's own (after its start-up banner, errors in whole
+    sentences), and torchrun's failure and restart lines, marked 'torchrun:'."""
+    from distrinews_course import faults
+
+    out = []
+    for line in faults.tidy(output.splitlines()):
+        if not AGENT.match(line):
+            if not line.startswith(PREAMBLE):
+                out.append(line)
+        elif any(key in line for key in STORY):
+            out.append("torchrun: " + AGENT.sub("", line).strip())
+    return out
+
+
+def who_noticed(output: str) -> str:
+    """Which side saw the dead rank first: rank 0's all-reduce, or torchrun's agent (a race; both are right)."""
+    if "a collective operation could not complete" in output:
+        return "rank 0 noticed first: its all-reduce failed on the dead peer's connection, and it stopped with code 3"
+    return "torchrun's agent noticed first: it stopped rank 0 (SIGTERM) before rank 0 reached its next all-reduce"
+
+
+def group_failed(output: str, killed_rank: int = 1) -> bool:
+    """torchrun names the first failure it saw: the killed rank's SIGKILL (-9), or, on a busy machine, rank 0 ending
+    first because its all-reduce lost the peer (both are gone by torchrun's next look)."""
+    first = re.search(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)", output)
+    return first is not None and (
+        first.groups() == ("-9", str(killed_rank)) or (first.group(2) == "0" and first.group(1) != "0")
+    )
+
+
+def resumed_step(output: str) -> int:
+    return int(re.search(r"resumed from \S*snap_e\d+_b(\d+)\.pt", output).group(1))
+
+
+def initial_weights(checkpoint) -> dict:
+    """The weights a run started from: its model built again with the seed its checkpoint records, untrained."""
+    import torch
+
+    from distrinews_lib.data.texts import AG_NEWS_LABELS
+    from distrinews_lib.models.build import build_model
+    from distrinews_lib.training.config import RunConfig
+
+    meta = torch.load(checkpoint, map_location="cpu", weights_only=True)["metadata"]
+    model = build_model(RunConfig(model=meta["model"], seed=meta["seed"]), AG_NEWS_LABELS)[0]
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
+def snapshot_contents(path) -> list[str]:
+    """A snapshot's fields, one line each, for the chapter's look inside one."""
+    snap = snapshot.read_snapshot(path)
+    opt_state = snap["optimizer"]["state"]
+    return [
+        f"position       : epoch {snap['epoch']}, batch {snap['batches_done']}, global step {snap['global_step']}, "
+        f"world size {snap['world_size']}",
+        f"model tensors  : {len(snap['model'])}",
+        f"optimizer state: {len(opt_state)} parameters x {sorted(next(iter(opt_state.values())))}",
+        f"scheduler      : last_epoch {snap['scheduler']['last_epoch']}",
+        f"RNG states     : {len(snap['rng'])} ranks x {sorted(snap['rng'][0])}",
+        f"epoch counters : {'none (an epoch-end snapshot)' if snap['meters'] is None else sorted(snap['meters'][0])}",
+    ]
+
+
+def pick_snapshot_cases(run_a, root):
+    """The cases exercise 1 grades pick_snapshot(run_dir) on: folders built from run A's two snapshots (hard links
+    where intact, cut copies where damaged), each with its judge."""
+    older, newer = snapshot.list_snapshots(run_a)[-2:]
+    root = Path(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+    def folder(name, intact=(), cut=()):
+        d = root / name / "snapshots"
+        d.mkdir(parents=True)
+        for p in intact:
+            os.link(p, d / p.name)
+        for p in cut:
+            (d / p.name).write_bytes(p.read_bytes()[: p.stat().st_size // 3])
+        return d.parent
+
+    trap = folder("older_touched_last", intact=(older, newer))
+    os.utime(trap / "snapshots" / older.name, (time.time() + 60,) * 2)  # the older file was modified last (a copy)
+    (root / "no_snapshots").mkdir()
+
+    def expect(name, why):
+        def judge(got):
+            if name is None:
+                return None if got is None else f"returned {got!r}, expected None: {why}"
+            if got is None:
+                return f"returned None, expected {name}: {why}"
+            return None if Path(got).name == name else f"returned {Path(got).name}, expected {name}: {why}"
+
+        return judge
+
+    return [
+        ("both snapshots intact", (folder("intact", intact=(older, newer)),),
+         expect(newer.name, "the newest snapshot is the one furthest into training")),
+        ("the newest cut short", (folder("newest_cut", intact=(older,), cut=(newer,)),),
+         expect(older.name, "the newest file is truncated; read it (read_snapshot raises SnapshotError), fall back")),
+        ("every snapshot cut short", (folder("all_cut", cut=(older, newer)),),
+         expect(None, "no snapshot can be read, so the run must start from the beginning")),
+        ("no snapshots folder at all", (root / "no_snapshots",),
+         expect(None, "a fresh run folder has nothing to resume")),
+        ("the older file modified last", (trap,),
+         expect(newer.name, "order by the name (epoch, then batch), as list_snapshots does, not by modification time")),
+    ]  # fmt: skip

@@ -1,0 +1,99 @@
+"""How long a checkpoint blocks training, from what scripts/train_sharded.py records on every rank (result.json: each
+optimizer step's start and end, each save's call, return and commit), and the timeline of it.
+
+    saves = blocked(result)                 # per save: mode, how long the group was blocked, how long it wrote after
+    async_blocks_less(saves)                # the claim chapter 07 checks
+    plot_saves(result)                      # a sync and an async save, side by side, on one time scale
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Save:
+    step: int
+    mode: str  # "sync" or "async"
+    blocked_ms: float  # from the last rank's call to the last rank's return: the group waits for its slowest rank
+    background_ms: float  # from that return to the last rank's commit (0 for a sync save: it had committed)
+
+
+def _save(rank: dict, step: int) -> dict:
+    return next(s for s in rank["saves"] if s["step"] == step)
+
+
+def blocked(result: dict) -> list[Save]:
+    """Each save, measured for the group. A rank that calls save() early waits in its barrier for the others; that
+    wait is the ranks' imbalance, not the save's cost, so the clock starts when the LAST rank calls."""
+    out = []
+    ranks = result["ranks"]
+    for s in ranks[0]["saves"]:
+        call, back, done = (max(_save(r, s["step"])[k] for r in ranks) for k in ("started", "returned", "committed"))
+        out.append(Save(s["step"], s["mode"], 1000 * (back - call), 1000 * max(0.0, done - back)))
+    return out
+
+
+def async_blocks_less(saves: list[Save]) -> bool:
+    """Every async save blocked the group for less time than the fastest sync save of the same run. No margin is
+    needed: both write the same bytes; the async one returns after its copy in memory, the sync one after the whole
+    write (serialise, write, fsync). The first save of a run also pays DCP's one-time costs; comparing with the
+    fastest sync save keeps that out of the sync side."""
+    syncs = [s.blocked_ms for s in saves if s.mode == "sync"]
+    asyncs = [s.blocked_ms for s in saves if s.mode == "async"]
+    return bool(syncs and asyncs) and max(asyncs) < min(syncs)
+
+
+def table(saves: list[Save]) -> str:
+    rows = [f"{'save at step':>12} {'mode':>6} {'training blocked':>17} {'written after':>14}"]
+    for s in saves:
+        after = f"{s.background_ms:>11.0f} ms" if s.mode == "async" else f"{'-':>14}"
+        rows.append(f"{s.step:>12} {s.mode:>6} {s.blocked_ms:>14.0f} ms {after}")
+    return "\n".join(rows)
+
+
+def plot_saves(result: dict, window_s: float | None = None):
+    """One panel per save mode (the first sync and the first async save): each rank's optimizer steps (grey), the
+    time its training was blocked (red), and the async save's background write (hatched), on one time scale."""
+    from distrinews_course.plots import _pyplot
+
+    plt = _pyplot()
+    saves = blocked(result)
+    picked = [next(s for s in saves if s.mode == m) for m in ("sync", "async") if any(s.mode == m for s in saves)]
+    ranks = result["ranks"]
+    step_s = sorted(t1 - t0 for _, t0, t1 in ranks[0]["steps"])[len(ranks[0]["steps"]) // 2]
+    window = window_s or max(s.blocked_ms + s.background_ms for s in picked) / 1000 + 4 * step_s
+    fig, axes = plt.subplots(1, len(picked), figsize=(11, 1.2 + 0.45 * len(ranks)), sharey=True, squeeze=False)
+    for ax, save in zip(axes[0], picked):
+        t0 = min(_save(r, save.step)["started"] for r in ranks) - 1.5 * step_s
+        for y, r in enumerate(ranks):
+            for _, a, b in r["steps"]:
+                if b > t0 and a < t0 + window:
+                    ax.barh(y, b - a, left=a - t0, color="lightgrey", edgecolor="grey", height=0.6)
+            mine = _save(r, save.step)
+            a, b = mine["started"], mine["returned"]
+            ax.barh(y, b - a, left=a - t0, color="tab:red", height=0.6, label="training blocked" if y == 0 else None)
+            if save.mode == "async":
+                a, b = mine["returned"], mine["committed"]
+                ax.barh(
+                    y + 0.35,
+                    b - a,
+                    left=a - t0,
+                    color="none",
+                    edgecolor="tab:red",
+                    hatch="///",
+                    height=0.25,
+                    label="written in the background" if y == 0 else None,
+                )
+        ax.set(
+            xlim=(0, window),
+            xlabel="seconds",
+            title=f"{save.mode} save at step {save.step}: blocked {save.blocked_ms:.0f} ms",
+            yticks=range(len(ranks)),
+            yticklabels=[f"rank {r['rank']}" for r in ranks],
+        )
+        ax.legend(fontsize=7, loc="upper right")
+    axes[0][0].invert_yaxis()
+    fig.suptitle("grey: optimizer steps", fontsize=9)
+    fig.tight_layout()
+    return fig

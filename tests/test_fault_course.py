@@ -1,0 +1,120 @@
+"""Chapter 07's named checks, each fed figures that must pass and a wrong figure that must fail: the blocked time of a
+save, the served score of a converted checkpoint, the kill-and-resume timeline, the run-B log readers, and the
+unstaged-writer hazard in one process."""
+
+import pytest
+import torch
+
+from distrinews_course import async_hazard, fault_timeline, resume_demo, save_timeline, served_score, shard_layout
+
+
+def _result(sync_ms, async_ms, late_rank_ms=0.0):
+    """Two ranks, saves at steps 10 (sync), 20 (async), 30 (sync); rank 1 calls each save late_rank_ms late."""
+    ranks = []
+    for r in range(2):
+        lag = late_rank_ms / 1000 * r
+        saves, t = [], 100.0
+        for step, mode, ms in ((10, "sync", sync_ms), (20, "async", async_ms), (30, "sync", sync_ms)):
+            t += 1.0
+            start = t + lag
+            back = t + late_rank_ms / 1000 + ms / 1000  # both return together: the last caller's start + its cost
+            saves.append({"step": step, "mode": mode, "started": start, "returned": back,
+                          "committed": back + (0.2 if mode == "async" else 0.0)})  # fmt: skip
+        ranks.append({"rank": r, "steps": [(i, 100 + i * 0.1, 100 + i * 0.1 + 0.08) for i in range(1, 31)],
+                      "saves": saves})  # fmt: skip
+    return {"ranks": ranks}
+
+
+def test_blocked_time_is_the_groups_and_async_must_block_less():
+    saves = save_timeline.blocked(_result(120, 50, late_rank_ms=30))
+    # rank 0 called 30 ms early and waited in the barrier: that wait is not the save's cost
+    assert [round(s.blocked_ms) for s in saves] == [120, 50, 120]
+    assert [round(s.background_ms) for s in saves] == [0, 200, 0]
+    assert save_timeline.async_blocks_less(saves)
+    assert not save_timeline.async_blocks_less(save_timeline.blocked(_result(120, 130)))
+    assert not save_timeline.async_blocks_less(save_timeline.blocked(_result(120, 120)))
+    assert "training blocked" in save_timeline.table(saves)
+
+
+def test_the_save_timeline_draws_both_kinds():
+    fig = save_timeline.plot_saves(_result(120, 50))
+    assert [ax.get_title().split(":")[0] for ax in fig.axes] == ["sync save at step 10", "async save at step 20"]
+
+
+def test_a_served_score_matches_only_with_the_same_answers():
+    same = served_score.Score(0.5, 1.2, 0.5, 1.2 * (1 + 2e-7), 400)
+    assert same.matches
+    assert not served_score.Score(0.5, 1.2, 0.5025, 1.2, 400).matches  # one text answered otherwise
+    assert not served_score.Score(0.5, 1.2, 0.5, 1.2001, 400).matches  # a loss 1e-4 off: another model
+    assert "served from the converted file" in same.table()
+
+
+def _kill_events():
+    """Attempt 0: 2 ranks start at 0 s, one step per 0.1 s from 1 s; rank 1 killed after step 5. Attempt 1 starts at
+    3 s, resumes at step 4, steps from 5 s on."""
+    ev = []
+    for r in range(2):
+        ev.append({"event": "start", "rank": r, "attempt": 0, "t": 0.0})
+        ev += [{"event": "step", "rank": r, "attempt": 0, "t": 1 + 0.1 * i} for i in range(1, 6 if r == 1 else 5)]
+        ev.append({"event": "start", "rank": r, "attempt": 1, "t": 3.0})
+        ev += [{"event": "step", "rank": r, "attempt": 1, "t": 5 + 0.1 * i} for i in range(1, 7)]
+    ev.append({"event": "fault", "rank": 1, "attempt": 0, "t": 1.55, "kind": "kill"})
+    return sorted(ev, key=lambda e: e["t"])
+
+
+def test_the_kill_story_reads_the_timeline():
+    story = fault_timeline.kill_story(_kill_events(), resumed_step=4, every=2)
+    assert story.kill == (pytest.approx(1.55), 5) and story.killed_rank == 1 and story.redone == 1
+    assert story.restart_s == pytest.approx(5.1 - 1.55)
+    assert story.lost_s == pytest.approx(5.2 - 1.55)  # step 6 is the first one past the killed step 5
+    assert max(s for _, s in story.lines[(1, 0)]) == 10
+    wrong = fault_timeline.kill_story(_kill_events(), resumed_step=2, every=2)  # another snapshot: other figures
+    assert wrong.redone == 3 and wrong.lost_s != story.lost_s
+    assert fault_timeline.plot_kill_and_resume(story).axes[0].get_ylabel() == "optimizer steps done"
+
+
+def test_run_b_log_readers():
+    killed = "...\n[default0]:x\nI1207 01:00:00.000000 123 agent.py:1] failed (exitcode: -9) local_rank: 1 (pid: 9)"
+    early = "I1207 01:00:00.000000 123 agent.py:1] failed (exitcode: 3) local_rank: 0 (pid: 9)"
+    crashed = "I1207 01:00:00.000000 123 agent.py:1] failed (exitcode: 1) local_rank: 1 (pid: 9)"  # not a kill
+    assert resume_demo.group_failed(killed) and resume_demo.group_failed(early)
+    assert not resume_demo.group_failed(crashed) and not resume_demo.group_failed("no failure at all")
+    assert resume_demo.resumed_step("resumed from out/snapshots/snap_e001_b000032.pt (epoch 1") == 32
+    story = resume_demo.story("preset cpu_smoke | world size 2\nepoch 1/2 | ok\n" + killed)
+    assert story == ["epoch 1/2 | ok", "...", "[default0]:x", "torchrun: failed (exitcode: -9) local_rank: 1 (pid: 9)"]
+    assert "rank 0 noticed first" in resume_demo.who_noticed("a collective operation could not complete")
+
+
+def test_fsdp2_cuts_rows_as_torch_chunk_does():
+    assert shard_layout.fsdp2_rows(30522, 2) == [(0, 15261), (15261, 30522)]
+    assert shard_layout.fsdp2_rows(10, 4) == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert shard_layout.fsdp2_rows(2, 4) == [(0, 1), (1, 2), (2, 2), (2, 2)]  # the last ranks hold nothing
+    for n, world in ((30522, 3), (64, 4), (5, 2)):
+        chunks = torch.arange(n).chunk(world)
+        assert [(int(c[0]), int(c[-1]) + 1) for c in chunks] == [
+            r for r in shard_layout.fsdp2_rows(n, world) if r[1] > r[0]
+        ]
+
+
+def test_the_unstaged_writer_writes_the_step_after_and_the_course_save_the_step_before(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4))
+
+    class Out:
+        def __init__(self, loss):
+            self.loss = loss
+
+    class Wrapped(torch.nn.Module):  # the demo calls model(**batch).loss, as with a transformers model
+        def __init__(self):
+            super().__init__()
+            self.net = model
+
+        def forward(self, x, y):
+            return Out(torch.nn.functional.cross_entropy(self.net(x), y))
+
+    wrapped = Wrapped()
+    hazard = async_hazard.written_values(
+        wrapped, torch.optim.SGD(wrapped.parameters(), lr=0.5), {"x": torch.randn(4, 8), "y": torch.arange(4)}, tmp_path
+    )
+    assert hazard.before != hazard.after
+    assert hazard.unstaged_wrote == "after the step" and hazard.staged_wrote == "before the step", hazard.table()
