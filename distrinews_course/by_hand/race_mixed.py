@@ -1,6 +1,7 @@
 """Chapter 03's race, its mixed-precision section: ZeRO-3 by hand with param_dtype float16 and bfloat16 against torch's
 FSDP2 with the same MixedPrecisionPolicy; the bytes each collective of a step moves; what float16 loses without loss
-scaling; and the peak memory of a step per rank, measured in fresh processes beside chapter 06's calculator."""
+scaling; and the peak memory per rank during a block's compute (forward and backward), measured in fresh processes
+beside chapter 06's calculator."""
 
 from __future__ import annotations
 
