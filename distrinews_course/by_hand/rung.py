@@ -74,7 +74,8 @@ class Rung:
         raise NotImplementedError("a rung averages the gradients in sync_gradients()")
 
 
-_AGREEMENT = weakref.WeakKeyDictionary()  # default group -> the agreement group made under it
+# default group -> the agreement group made under it (the checker's watch.py reads it too)
+AGREEMENT_GROUPS = weakref.WeakKeyDictionary()
 
 
 def agreement_group():
@@ -85,23 +86,11 @@ def agreement_group():
     from torch.distributed.distributed_c10d import _get_default_group
 
     default = _get_default_group()
-    group = _AGREEMENT.get(default)
+    group = AGREEMENT_GROUPS.get(default)
     if group is None:
         timeout = 2 * group_timeout(default) + timedelta(seconds=5)
-        group = _AGREEMENT[default] = dist.new_group(backend="gloo", timeout=timeout)
+        group = AGREEMENT_GROUPS[default] = dist.new_group(backend="gloo", timeout=timeout)
     return group
-
-
-def is_agreement(group) -> bool:
-    """Whether `group` is an agreement group (the checker does not count or slow its collectives)."""
-    return any(group is g for g in list(_AGREEMENT.values()))
-
-
-def forget_agreement(default) -> None:
-    """Destroy the agreement group made under `default`, if any (a sandbox of the checker, on its way out)."""
-    group = _AGREEMENT.pop(default, None)
-    if group is not None:
-        dist.destroy_process_group(group)
 
 
 def group_timeout(group) -> timedelta:

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from distrinews_lib.errors import UserError
 
-from .rung import forget_agreement, is_agreement
+from .rung import AGREEMENT_GROUPS
 from .timeline import wire_bytes
 
 # torch.distributed's collectives a rung (or FSDP2) calls from Python: name -> (kind, argument holding the full buffer)
@@ -26,6 +26,18 @@ WATCHED = {
     "all_gather_into_tensor": ("all_gather", "output_tensor"),
     "all_gather_single": ("all_gather", "output_tensor"),
 }
+
+
+def is_agreement(group) -> bool:
+    """Whether `group` is an agreement group (rung.agreement_group): its collectives are not counted or slowed."""
+    return any(group is g for g in list(AGREEMENT_GROUPS.values()))
+
+
+def forget_agreement(default) -> None:
+    """Destroy the agreement group made under `default`, if any (a sandbox, on its way out)."""
+    group = AGREEMENT_GROUPS.pop(default, None)
+    if group is not None:
+        dist.destroy_process_group(group)
 
 
 class Collectives:
