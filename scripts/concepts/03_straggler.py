@@ -8,7 +8,6 @@ rank arrives: each step takes as long as the slowest rank's step. Here the last 
 
 import argparse
 import statistics
-import sys
 import time
 
 import torch
@@ -52,9 +51,7 @@ for step in range(args.steps + 1):  # step 0: warm-up, not timed
     if step > 0:
         rows.append({"compute_s": t1 - t0, "backward_s": t2 - t1, "step_s": time.perf_counter() - t0})
 
-summary = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-sys.stdout.write(f"[rank {ctx.rank}] {'SLOW' if slow else 'fast'}: forward+own work {summary['compute_s']:.3f} s, "
-                 f"backward (incl. waiting) {summary['backward_s']:.3f} s, step {summary['step_s']:.3f} s\n")
+summary = {k: statistics.median(r[k] for r in rows) for k in rows[0]}  # the median step of the timed ones
 everyone = gather({"rank": ctx.rank, "slow": slow, **summary})
 write_json(args.out, {"delay": args.delay, "world_size": ctx.world, "ranks": everyone}, ctx.rank)
 del ddp  # free DDP (it holds the group and in-flight work) before the group goes

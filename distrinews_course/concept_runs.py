@@ -1,0 +1,433 @@
+"""Chapter 00's runs, read back: the tables its cells print and the claims it checks, from the JSON the concept
+scripts (scripts/concepts/) wrote. Each *_claims function returns distrinews_course.claims.Claim objects for
+settle(); each margin is explained where it is set.
+
+    res, hello = run_alone("scripts/concepts/01_hello_allreduce.py", OUT / "01_hello_allreduce.json", NP, TIMEOUT_S)
+    print(hello_table(hello)); settle(hello_claims(hello))
+    print(bucket_table(bwd)); settle(bucket_claims(bwd))
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from .claims import Claim
+
+GRAD_EXACT = 1e-5  # float32 gradients of a 3-weight model, summed in another order: they agree to ~1e-7
+
+
+# Section 1: processes, ranks and the all-reduce
+def hello_table(hello: dict) -> str:
+    lines = [f"{'rank':>4} {'local_rank':>10} {'pid':>8} {'device':>7} {'holds':>5} {'all-reduce SUM':>14}"]
+    for r in hello["ranks"]:
+        lines.append(
+            f"{r['rank']:>4} {r['local_rank']:>10} {r['pid']:>8} {r['device']:>7} {r['value']:>5.0f} {r['sum']:>14.0f}"
+        )
+    return "\n".join(lines)
+
+
+def _max_diff(a, b) -> float:
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
+def hello_claims(hello: dict) -> list[Claim]:
+    ranks = hello["ranks"]
+    n = len(ranks)
+    total = n * (n + 1) / 2  # rank r held r + 1
+    worst = max(_max_diff(r["averaged_grad"], r["full_batch_grad"]) for r in ranks)
+    return [
+        Claim(
+            f"{n} ranks numbered 0..{n - 1}, each told WORLD_SIZE={n}",
+            sorted(r["rank"] for r in ranks) == list(range(n)) and all(r["world_size"] == n for r in ranks),
+        ),
+        Claim(
+            f"each rank is its own operating-system process ({n} distinct PIDs)", len({r["pid"] for r in ranks}) == n
+        ),
+        Claim(f"all-reduce SUM gave every rank the same total, {total:.0f}", all(r["sum"] == total for r in ranks)),
+        Claim(
+            "each rank's local gradient differs (its own shard of the batch)",
+            len({tuple(r["local_grad"]) for r in ranks}) == n,
+        ),
+        Claim(
+            f"the mean of the ranks' local gradients is the gradient of the whole batch (max diff {worst:.1e})",
+            worst < GRAD_EXACT,
+        ),
+    ]
+
+
+# Section 3: DataParallel runs its replicas in this one process
+@dataclass
+class ReplicaCall:
+    pid: int
+    thread: int
+    device: str
+    rows: int
+
+
+@contextmanager
+def watch_replicas(module):
+    """Record every forward of `module` (and of its replicas, which DataParallel copies with the hooks) while the
+    block runs: in which process and thread it ran, on which device, on how many rows.
+
+        with watch_replicas(net) as calls:
+            y = torch.nn.DataParallel(net)(x)
+    """
+    calls = []
+    hook = module.register_forward_hook(
+        lambda mod, inp, out: calls.append(
+            ReplicaCall(os.getpid(), threading.get_ident(), str(out.device), len(inp[0]))
+        )
+    )
+    try:
+        yield calls
+    finally:
+        hook.remove()
+
+
+def replica_table(calls: list, rows: int) -> str:
+    me = threading.get_ident()
+    return "\n".join(
+        f"replica forward: pid {c.pid}, {'this cell' if c.thread == me else 'a worker'} thread, {c.device}, "
+        f"{c.rows} of the batch's {rows} rows"
+        for c in calls
+    )
+
+
+def dataparallel_claims(calls: list, output, rows: int, n_gpus: int, state_keys) -> list[Claim]:
+    """With 2+ GPUs DataParallel splits the batch over one thread per GPU; with one or none it calls the model once.
+    Either way every replica runs inside this one process."""
+    me = threading.get_ident()
+    claims = [
+        Claim(
+            "DataParallel ran every replica inside ONE process (this kernel)", all(c.pid == os.getpid() for c in calls)
+        )
+    ]
+    if n_gpus >= 2:
+        claims += [
+            Claim(
+                f"one forward per GPU ({n_gpus}), each on its own slice of the {rows} rows",
+                sorted(c.device for c in calls) == [f"cuda:{i}" for i in range(n_gpus)]
+                and sum(c.rows for c in calls) == rows
+                and all(c.rows < rows for c in calls),
+            ),
+            Claim("... each in a worker thread of this process (hence the GIL)", all(c.thread != me for c in calls)),
+            Claim(
+                "... and the outputs gathered back on GPU 0", str(output.device) == "cuda:0" and output.shape[0] == rows
+            ),
+        ]
+    else:
+        claims.append(
+            Claim(
+                f"with {n_gpus} GPU(s) DP has nothing to split over: it called the model once, on all {rows} rows, in "
+                "this cell's own thread",
+                len(calls) == 1 and calls[0].rows == rows and calls[0].thread == me,
+            )
+        )
+    claims.append(
+        Claim(
+            "a wrapper's state_dict prefixes 'module.' (DDP's too: save the inner model)",
+            bool(state_keys) and all(k.startswith("module.") for k in state_keys),
+        )
+    )
+    return claims
+
+
+# Section 4: buckets during backward
+def predicted_buckets(report: dict, cap_mb: float) -> int:
+    """DDP's bucketing rule applied to the gradients in the order rank 0 computed them: fill a bucket until it
+    holds at least cap_mb MiB, then close it; what is left at the end is one more bucket."""
+    r = report["ranks"][0]
+    count, size = 0, 0
+    for _, i in r["steps"][-1]["grad_ready"]:
+        size += r["param_numel"][i] * r["bytes_per_number"]
+        if size >= cap_mb * 2**20:
+            count, size = count + 1, 0
+    return count + (size > 0)
+
+
+def bucket_table(report: dict) -> str:
+    r0 = report["ranks"][0]
+    first, step = r0["steps"]
+    lines = [
+        f"rank 0, step 1: backward took {1000 * step['backward_s']:.1f} ms; {len(r0['param_numel'])} parameter "
+        f"tensors, {sum(r0['param_numel']):,} numbers",
+        f"{'bucket':>6} {'numbers':>9} {'launched at':>12} {'completed at':>13} {'gradients still to compute':>28}",
+    ]
+    for b in step["buckets"]:
+        lines.append(
+            f"{b['index']:>6} {b['numel']:>9,} {1000 * b['launched']:>9.2f} ms {1000 * b['done']:>10.2f} ms "
+            f"{b['not_ready']:>28}"
+        )
+    lines.append(
+        f"(step 0 used {len(first['buckets'])} bucket(s); after the first step DDP rebuilds its buckets in the order "
+        "the gradients arrived)"
+    )
+    return "\n".join(lines)
+
+
+def bucket_claims(report: dict) -> list[Claim]:
+    """What DDP did with the gradients of one backward: how many buckets, in which order, and the averages."""
+    r0 = report["ranks"][0]
+    buckets = r0["steps"][-1]["buckets"]
+    layer = r0["param_numel"][0] + r0["param_numel"][1]  # one Linear's weights and bias
+    cap = r0["bucket_cap_mb"]
+    return [
+        Claim(
+            f"one backward = {len(buckets)} bucket all-reduces, not one per tensor nor one at the end",
+            2 <= len(buckets) < len(r0["param_numel"]),
+        ),
+        Claim(
+            f"the rule above predicts DDP's {len(buckets)} buckets at bucket_cap_mb={cap}: one layer's weights and "
+            "bias each",
+            predicted_buckets(report, cap) == len(buckets) and all(b["numel"] == layer for b in buckets),
+        ),
+        Claim(
+            f"the first all-reduce started while {buckets[0]['not_ready']} of {len(r0['param_numel'])} gradients were "
+            "not computed yet",
+            buckets[0]["not_ready"] > 0,
+        ),
+        Claim(
+            "DDP's .grad is the mean over the ranks of each rank's local gradient",
+            all(r["ddp_vs_mean_of_local"] < 1e-6 for r in report["ranks"]),
+        ),
+        Claim(
+            "... and differs from the local gradient (the sync did something)",
+            all(r["ddp_vs_local"] > 0 for r in report["ranks"]),
+        ),
+        Claim(
+            "after backward every rank holds bit-identical gradients", all(r["same_as_rank0"] for r in report["ranks"])
+        ),
+    ]
+
+
+def bigger_bucket_claims(small: dict, big: dict) -> list[Claim]:
+    """Exercise 3: the same backward with a larger bucket_cap_mb. The rule predicts the new count, and the first
+    all-reduce can start only later in backward (fewer gradients left to compute behind which to hide it)."""
+    cap = big["ranks"][0]["bucket_cap_mb"]
+    want = predicted_buckets(big, cap)
+    got = [len(r["steps"][-1]["buckets"]) for r in big["ranks"]]
+    before = small["ranks"][0]["steps"][-1]["buckets"][0]["not_ready"]
+    late = [r["steps"][-1]["buckets"][0]["not_ready"] for r in big["ranks"]]
+    return [
+        Claim(
+            f"the rule reproduces section 4's buckets at bucket_cap_mb={small['ranks'][0]['bucket_cap_mb']}",
+            predicted_buckets(small, small["ranks"][0]["bucket_cap_mb"])
+            == len(small["ranks"][0]["steps"][-1]["buckets"]),
+        ),
+        Claim(
+            f"bucket_cap_mb={cap}: {want} bucket all-reduces per backward on every rank, as the rule predicts",
+            all(n == want for n in got),
+        ),
+        Claim(
+            f"... and the first one started later in backward ({late[0]} gradients still to compute instead of "
+            f"{before}): less computation left to hide the communication behind",
+            all(n < before for n in late),
+        ),
+    ]
+
+
+@dataclass
+class Overlap:
+    """One rank's backward, from its own clock: when its last gradient was computed, when backward() returned, and
+    which all-reduces were still in flight at the last gradient."""
+
+    rank: int
+    last_grad_s: float
+    backward_s: float
+    first_launch_s: float
+    in_flight: int  # all-reduces not completed when the last gradient was computed
+    buckets: int
+    out_of_order: bool  # a bucket completed before one launched earlier
+
+    @property
+    def exposed_ms(self) -> float:
+        """Communication (and DDP's copy of the averages into .grad) that no computation hid."""
+        return 1000 * (self.backward_s - self.last_grad_s)
+
+
+def overlaps(report: dict) -> list[Overlap]:
+    out = []
+    for r in report["ranks"]:
+        s = r["steps"][-1]
+        last = s["grad_ready"][-1][0]
+        done = [b["done"] for b in s["buckets"]]
+        out.append(
+            Overlap(
+                rank=r["rank"],
+                last_grad_s=last,
+                backward_s=s["backward_s"],
+                first_launch_s=s["buckets"][0]["launched"],
+                in_flight=sum(d > last for d in done),
+                buckets=len(done),
+                out_of_order=any(later < earlier for earlier, later in zip(done, done[1:])),
+            )
+        )
+    return out
+
+
+def overlap_claims(report: dict) -> list[Claim]:
+    claims = []
+    for r, o in zip(report["ranks"], overlaps(report)):
+        s = r["steps"][-1]
+        claims += [
+            Claim(
+                f"rank {o.rank}: every all-reduce was launched and completed inside backward()",
+                all(b["launched"] <= b["done"] <= s["backward_s"] for b in s["buckets"]),
+            ),
+            Claim(
+                f"rank {o.rank}: the first all-reduce started {1000 * (o.last_grad_s - o.first_launch_s):.1f} ms "
+                "before the last gradient was computed",
+                o.first_launch_s < o.last_grad_s,
+            ),
+            Claim(
+                f"rank {o.rank}: the last bucket (the first layer's gradients) could start only once every gradient "
+                "existed",
+                s["buckets"][-1]["not_ready"] == 0,
+            ),
+        ]
+    return claims
+
+
+def exposed_tail_text(report: dict, backend: str) -> str:
+    """What rank 0's timeline shows about the overlap, in the run's own numbers (a Markdown paragraph)."""
+    o = overlaps(report)[0]
+    text = (
+        f"On rank 0 the first all-reduce was launched {1000 * (o.last_grad_s - o.first_launch_s):.1f} ms before the "
+        "last gradient was computed: for that long, communication and computation overlapped. When that last "
+        f"gradient existed, {o.in_flight} of the {o.buckets} all-reduces were still in flight, and `backward()` "
+        f"returned {o.exposed_ms:.1f} ms later: that is the communication the overlap did not hide. "
+    )
+    if o.in_flight > 1:
+        text += (
+            "More than the last bucket's all-reduce was left: the earlier buckets' were still in flight too (an "
+            "all-reduce completes only once every rank has handed in its bucket and the data has travelled)."
+        )
+    else:
+        text += "Here it was only the last bucket's: the others had completed while backward was still computing."
+    if backend == "gloo" and o.out_of_order:
+        text += (
+            " The completion times are not in launch order: gloo works on more than one collective at a time (two "
+            "threads by default), so a bucket can finish before one launched earlier."
+        )
+    return text
+
+
+# Section 5: a straggler
+def straggler_table(report: dict) -> str:
+    return "\n".join(
+        f"rank {r['rank']} ({'slow' if r['slow'] else 'fast'}): own work {r['compute_s']:.3f} s, backward incl. "
+        f"waiting {r['backward_s']:.3f} s, whole step {r['step_s']:.3f} s"
+        for r in report["ranks"]
+    )
+
+
+def straggler_claims(report: dict) -> list[Claim]:
+    """Margins are fractions of the delay, so they hold on a slow machine and on a GPU alike: the fast ranks' own
+    work is a 64x64 layer on 16 rows (well under half the delay anywhere), their wait is the delay less that work
+    (more than 0.7 of it), and every step holds the whole delay (more than 0.9 of it, sleep's own jitter aside)."""
+    delay = report["delay"]
+    fast = [r for r in report["ranks"] if not r["slow"]]
+    slow = [r for r in report["ranks"] if r["slow"]]
+    return [
+        Claim(
+            f"the fast ranks' own work took under {0.5 * delay:.2f} s", all(r["compute_s"] < 0.5 * delay for r in fast)
+        ),
+        Claim(
+            f"... but their backward() lasted about the straggler's {delay} s: they waited at the all-reduce",
+            all(r["backward_s"] > 0.7 * delay for r in fast),
+        ),
+        Claim(
+            "the straggler itself did not wait: everyone was already there",
+            all(r["backward_s"] < 0.5 * delay for r in slow),
+        ),
+        Claim(
+            "every rank's step took as long as the slowest rank's",
+            all(r["step_s"] > 0.9 * delay for r in report["ranks"]),
+        ),
+    ]
+
+
+def slower_straggler_claims(before: dict, after: dict) -> tuple[float, list[Claim]]:
+    """Exercise 4: the same straggler with a longer delay. The fast ranks' step grows by the extra delay, give or
+    take a quarter of it and twice the ranks' own work (which grows when the machine is busy). Returns (the fast
+    ranks' measured step, the claims)."""
+    fast_before = [r for r in before["ranks"] if not r["slow"]]
+    fast_after = [r["step_s"] for r in after["ranks"] if not r["slow"]]
+    extra = after["delay"] - before["delay"]
+    expected = min(r["step_s"] for r in fast_before) + extra
+    work = 2 * max(r["compute_s"] for r in [*fast_before, *after["ranks"]] if not r["slow"])
+    return min(fast_after), [
+        Claim(
+            f"the fast ranks' step grew by the straggler's extra {extra:.1f} s ({expected:.2f} s expected, within a "
+            f"quarter of the extra and {work:.3f} s of own work): the job runs at the slowest rank's pace",
+            all(abs(a - expected) < 0.25 * extra + work for a in fast_after),
+        )
+    ]
+
+
+# Section 6: the checkpoint
+def checkpoint_claims(output: str, ck: dict, nproc: int) -> list[Claim]:
+    saves = [line for line in output.splitlines() if "] saved " in line]
+    ranks = ck["ranks"]
+    return [
+        Claim("exactly one rank (rank 0) wrote the checkpoint", len(saves) == 1 and saves[0].startswith("[rank 0]")),
+        Claim(
+            "the checkpoint holds the unwrapped model: no 'module.' keys",
+            not any(k.startswith("module.") for k in ck["keys"]),
+        ),
+        Claim(
+            f"all {nproc} ranks loaded it (after the barrier) and got exactly the trained weights",
+            all(r["identical"] for r in ranks),
+        ),
+        Claim(
+            "map_location put the tensors on each rank's own device", all(r["loaded_on"] == r["device"] for r in ranks)
+        ),
+        Claim(
+            "each rank built its model with its own seed, yet right after DDP(model) all were equal: the wrap "
+            "broadcast rank 0's weights",
+            all(r["at_wrap"] == 0.0 for r in ranks),
+        ),
+        Claim(
+            "the resumed DDP models are identical on every rank",
+            all(r["across_ranks_after_resume"] == 0.0 for r in ranks),
+        ),
+    ]
+
+
+def interview_evidence(hello, calls, bwd, strag, ck, output_ck, epochs) -> str:
+    """One line of this run's evidence per interview question."""
+    buckets = bwd["ranks"][0]["steps"][-1]["buckets"]
+    sync = max(r["ddp_vs_mean_of_local"] for r in bwd["ranks"])
+    fast_wait = min(r["backward_s"] for r in strag["ranks"] if not r["slow"])
+    saves = sum("] saved " in line for line in output_ck.splitlines())
+    rows = [
+        (
+            "1. DP vs DDP",
+            f"DDP: {len({r['pid'] for r in hello['ranks']})} processes with distinct PIDs; DP: "
+            f"{len(calls)} forward(s), all inside this kernel's process",
+        ),
+        (
+            "2. gradient sync",
+            f"{len(buckets)} bucket all-reduces launched during backward; DDP's grad = mean of the "
+            f"local grads (max diff {sync:.1e})",
+        ),
+        (
+            "3. DistributedSampler",
+            f"10 samples -> {len(epochs[0][0])} + {len(epochs[0][1])} disjoint; epoch 1 in "
+            f"another order: {epochs[0] != epochs[1]}",
+        ),
+        (
+            "4. a slower GPU",
+            f"the slow rank sleeps {strag['delay']} s per step -> the fast ranks wait "
+            f"{fast_wait:.2f} s inside backward()",
+        ),
+        (
+            "5. checkpoints",
+            f"{saves} writer (rank 0), {sum(k.startswith('module.') for k in ck['keys'])} 'module.' "
+            f"keys, {sum(r['identical'] for r in ck['ranks'])}/{len(ck['ranks'])} ranks reloaded exactly",
+        ),
+    ]
+    return "\n".join(f"{q:<22} {e}" for q, e in rows)

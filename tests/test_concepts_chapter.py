@@ -1,0 +1,277 @@
+"""Chapter 00's machinery: the claims about its runs hold on the JSON the concept scripts wrote in a real launch
+(tests/data/concepts/, recorded by the chapter on 2 gloo ranks), and a wrong figure makes each fail; the sampler and
+DataParallel claims run on the real torch classes in this process; the figures draw. Fast: no launch."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import matplotlib
+import pytest
+import torch
+from torch.utils.data import DistributedSampler, RandomSampler
+
+from distrinews_course import concept_figures as F
+from distrinews_course import concept_runs as R
+from distrinews_course import sampler_shards as S
+
+matplotlib.use("Agg")
+DATA = Path(__file__).resolve().parent / "data" / "concepts"
+
+
+def _load(name):
+    return json.loads((DATA / f"{name}.json").read_text())
+
+
+@pytest.fixture
+def hello():
+    return _load("01_hello_allreduce")
+
+
+@pytest.fixture
+def bwd():
+    return _load("02_ddp_backward")
+
+
+@pytest.fixture
+def strag():
+    return _load("03_straggler")
+
+
+@pytest.fixture
+def ck():
+    return _load("04_checkpoint")
+
+
+CK_OUTPUT = "[rank 0] saved outputs/concepts/04_checkpoint.pt\n"
+
+
+def _failing(claims):
+    return [c.text for c in claims if not c.holds]
+
+
+# Section 1
+def test_the_hello_launch_supports_every_claim(hello):
+    assert _failing(R.hello_claims(hello)) == []
+    assert "all-reduce SUM" in R.hello_table(hello) and len(R.hello_table(hello).splitlines()) == 3
+
+
+@pytest.mark.parametrize(
+    "wrong, fails",
+    [
+        (lambda h: h["ranks"][1].update(rank=0), "numbered 0..1"),
+        (lambda h: h["ranks"][1].update(pid=h["ranks"][0]["pid"]), "distinct PIDs"),
+        (lambda h: h["ranks"][1].update(sum=2.0), "the same total, 3"),
+        (lambda h: h["ranks"][1].update(local_grad=h["ranks"][0]["local_grad"]), "local gradient differs"),
+        (lambda h: h["ranks"][0]["averaged_grad"].__setitem__(0, 9.0), "gradient of the whole batch"),
+    ],
+)
+def test_a_wrong_hello_figure_fails(hello, wrong, fails):
+    wrong(hello)
+    failing = _failing(R.hello_claims(hello))
+    assert failing and fails in failing[0], failing
+
+
+# Section 2
+def _samplers(n, shuffle=True):
+    return [DistributedSampler(range(n), num_replicas=2, rank=r, shuffle=shuffle, seed=0) for r in range(2)]
+
+
+def _runs():
+    return {
+        "no shuffle": S.epochs_of(_samplers(10, shuffle=False), epochs=1),
+        "shuffled": S.epochs_of(_samplers(10), epochs=2),
+        "padded": S.epochs_of(_samplers(11, shuffle=False), epochs=1),
+    }
+
+
+def test_distributed_sampler_supports_section_2():
+    runs = _runs()
+    assert _failing(S.sampler_claims(runs)) == []
+    assert runs["padded"][0] == [[0, 2, 4, 6, 8, 10], [1, 3, 5, 7, 9, 0]]
+    assert "shuffled, epoch 1" in S.shards_table(runs)
+
+
+def test_a_sampler_that_does_not_shard_fails():
+    runs = _runs()
+    runs["shuffled"][1][1] = list(runs["shuffled"][1][0])  # both ranks on the same samples
+    assert "disjoint, together all 10" in _failing(S.sampler_claims(runs))[0]
+    runs = _runs()
+    runs["shuffled"][1] = runs["shuffled"][0]  # epoch 1 replays epoch 0
+    assert "another split and order" in _failing(S.sampler_claims(runs))[0]
+    runs = _runs()
+    runs["padded"][0][1][-1] = 10  # padded with the last sample, not the first
+    assert "repeats 1 from the start" in _failing(S.sampler_claims(runs))[0]
+    runs = _runs()
+    runs["no shuffle"][0] = [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]  # blocks, not every 2nd index
+    assert "takes indices r, r + 2" in _failing(S.sampler_claims(runs))[0]
+
+
+def test_forgetting_set_epoch_replays_epoch_0():
+    """Exercise 2's claims on torch's real sampler; a sampler that reshuffles by itself (RandomSampler) fails the
+    'replays' claim, so the check is not a comparison of one value with itself."""
+    forgot = S.epochs_of(_samplers(10), epochs=2, set_epoch=False)
+    assert _failing(S.forgotten_set_epoch_claims(_runs()["shuffled"], forgot)) == []
+    g = torch.Generator().manual_seed(0)
+    reshuffles = S.epochs_of([RandomSampler(range(10), generator=g)], epochs=2, set_epoch=False)
+    reshuffles = [[order[0::2], order[1::2]] for (order,) in reshuffles]
+    failing = _failing(S.forgotten_set_epoch_claims(_runs()["shuffled"], reshuffles))
+    assert failing and "replays epoch 0's split and order" in failing[0]
+
+
+# Section 3
+def test_dataparallel_on_this_machine_supports_section_3():
+    net = torch.nn.Linear(8, 2)
+    dp = torch.nn.DataParallel(net)
+    x = torch.randn(16, 8)
+    with R.watch_replicas(net) as calls:
+        y = dp(x)
+    assert len(calls) == 1 and calls[0].rows == 16
+    assert _failing(R.dataparallel_claims(calls, y, 16, 0, list(dp.state_dict()))) == []
+    assert "this cell" in R.replica_table(calls, 16)
+    moved = [R.ReplicaCall(calls[0].pid + 1, calls[0].thread, "cpu", 16)]
+    assert "ONE process" in _failing(R.dataparallel_claims(moved, y, 16, 0, list(dp.state_dict())))[0]
+    assert "'module.'" in _failing(R.dataparallel_claims(calls, y, 16, 0, list(net.state_dict())))[0]
+    two = R.dataparallel_claims(calls, y, 16, 2, list(dp.state_dict()))  # a 2-GPU claim on a 1-call record
+    assert "one forward per GPU (2)" in _failing(two)[0]
+
+
+# Section 4
+def test_the_backward_launch_supports_every_bucket_claim(bwd):
+    assert _failing(R.bucket_claims(bwd)) == []
+    assert _failing(R.overlap_claims(bwd)) == []
+    assert R.predicted_buckets(bwd, 0.25) == 6 and R.predicted_buckets(bwd, 1) == 2
+    assert "launched at" in R.bucket_table(bwd)
+
+
+@pytest.mark.parametrize(
+    "wrong, fails",
+    [
+        (
+            lambda b: b["ranks"][0]["steps"][1].update(buckets=b["ranks"][0]["steps"][1]["buckets"][:1]),
+            "not one per tensor",
+        ),
+        (lambda b: b["ranks"][0].update(bucket_cap_mb=1.0), "the rule above predicts"),
+        (lambda b: b["ranks"][0]["steps"][1]["buckets"][0].update(not_ready=0), "not computed yet"),
+        (lambda b: b["ranks"][1].update(ddp_vs_mean_of_local=1e-3), "mean over the ranks"),
+        (lambda b: b["ranks"][1].update(ddp_vs_local=0.0), "the sync did something"),
+        (lambda b: b["ranks"][1].update(same_as_rank0=False), "bit-identical"),
+    ],
+)
+def test_a_wrong_bucket_figure_fails(bwd, wrong, fails):
+    wrong(bwd)
+    failing = _failing(R.bucket_claims(bwd))
+    assert failing and fails in failing[0], failing
+
+
+def test_a_wrong_timeline_fails(bwd):
+    late = copy.deepcopy(bwd)
+    step = late["ranks"][0]["steps"][1]
+    step["buckets"][2]["done"] = step["backward_s"] + 0.001
+    assert "inside backward()" in _failing(R.overlap_claims(late))[0]
+    late = copy.deepcopy(bwd)
+    step = late["ranks"][1]["steps"][1]
+    step["buckets"][0]["launched"] = step["grad_ready"][-1][0] + 0.001
+    assert "before the last gradient" in _failing(R.overlap_claims(late))[0]
+    late = copy.deepcopy(bwd)
+    late["ranks"][0]["steps"][1]["buckets"][-1]["not_ready"] = 2
+    assert "once every gradient existed" in _failing(R.overlap_claims(late))[0]
+
+
+def test_the_exposed_tail_is_said_in_the_runs_numbers(bwd):
+    o = R.overlaps(bwd)[0]
+    text = R.exposed_tail_text(bwd, "gloo")
+    assert f"{o.in_flight} of the {o.buckets} all-reduces" in text and f"{o.exposed_ms:.1f} ms later" in text
+    assert ("not in launch order" in text) == o.out_of_order
+    ordered = copy.deepcopy(bwd)
+    buckets = ordered["ranks"][0]["steps"][1]["buckets"]
+    for i, b in enumerate(buckets):
+        b["done"] = ordered["ranks"][0]["steps"][1]["grad_ready"][-1][0] - 1e-4 * (len(buckets) - i)
+    buckets[-1]["done"] = ordered["ranks"][0]["steps"][1]["backward_s"]
+    text = R.exposed_tail_text(ordered, "gloo")
+    assert "1 of the 6" in text and "only the last bucket's" in text and "launch order" not in text
+
+
+def test_bigger_buckets(bwd):
+    big = copy.deepcopy(bwd)
+    for r in big["ranks"]:
+        r["bucket_cap_mb"] = 1.0
+        buckets = r["steps"][1]["buckets"]
+        r["steps"][1]["buckets"] = [dict(buckets[0], not_ready=buckets[3]["not_ready"]), buckets[4]]
+    assert _failing(R.bigger_bucket_claims(bwd, big)) == []
+    big["ranks"][1]["steps"][1]["buckets"].append(dict(big["ranks"][1]["steps"][1]["buckets"][-1]))
+    assert "2 bucket all-reduces per backward on every rank" in _failing(R.bigger_bucket_claims(bwd, big))[0]
+
+
+# Section 5
+def test_the_straggler_launch_supports_every_claim(strag):
+    assert _failing(R.straggler_claims(strag)) == []
+    assert "(slow)" in R.straggler_table(strag)
+
+
+@pytest.mark.parametrize(
+    "rank, key, value, fails",
+    [
+        (0, "compute_s", 0.3, "own work took under"),
+        (0, "backward_s", 0.1, "waited at the all-reduce"),
+        (1, "backward_s", 0.3, "did not wait"),
+        (0, "step_s", 0.2, "as long as the slowest"),
+    ],
+)
+def test_a_wrong_straggler_figure_fails(strag, rank, key, value, fails):
+    strag["ranks"][rank][key] = value
+    failing = _failing(R.straggler_claims(strag))
+    assert failing and fails in failing[0], failing
+
+
+def test_a_slower_straggler(strag):
+    slower = copy.deepcopy(strag)
+    slower["delay"] = 0.8
+    for r in slower["ranks"]:
+        r["step_s"] += 0.4
+    step, claims = R.slower_straggler_claims(strag, slower)
+    assert step == pytest.approx(min(r["step_s"] for r in slower["ranks"] if not r["slow"]))
+    assert _failing(claims) == []
+    same = copy.deepcopy(slower)
+    for r in same["ranks"]:
+        r["step_s"] -= 0.4  # the step did not grow
+    assert "grew by the straggler's extra 0.4 s" in _failing(R.slower_straggler_claims(strag, same)[1])[0]
+
+
+# Section 6
+def test_the_checkpoint_launch_supports_every_claim(ck):
+    assert _failing(R.checkpoint_claims(CK_OUTPUT, ck, 2)) == []
+
+
+@pytest.mark.parametrize(
+    "wrong, output, fails",
+    [
+        (lambda c: None, CK_OUTPUT + "[rank 1] saved x\n", "exactly one rank"),
+        (lambda c: c["keys"].append("module.0.weight"), CK_OUTPUT, "no 'module.' keys"),
+        (lambda c: c["ranks"][1].update(identical=False), CK_OUTPUT, "exactly the trained weights"),
+        (lambda c: c["ranks"][1].update(loaded_on="cuda:0"), CK_OUTPUT, "own device"),
+        (lambda c: c["ranks"][1].update(at_wrap=0.5), CK_OUTPUT, "broadcast rank 0's weights"),
+        (lambda c: c["ranks"][0].update(across_ranks_after_resume=1e-6), CK_OUTPUT, "identical on every rank"),
+    ],
+)
+def test_a_wrong_checkpoint_figure_fails(ck, wrong, output, fails):
+    wrong(ck)
+    failing = _failing(R.checkpoint_claims(output, ck, 2))
+    assert failing and fails in failing[0], failing
+
+
+def test_the_interview_evidence_has_a_line_per_question(hello, bwd, strag, ck):
+    text = R.interview_evidence(hello, [object()], bwd, strag, ck, CK_OUTPUT, _runs()["shuffled"])
+    assert len(text.splitlines()) == 5 and "6 bucket all-reduces" in text and "1 writer (rank 0)" in text
+
+
+def test_the_figures_draw(bwd, strag):
+    assert "2 ranks" in F.ddp_step_figure(2).axes[0].get_title()
+    fig = F.shards_figure(_runs()["shuffled"], n=10)
+    assert len(fig.axes[0].patches) == 20
+    fig = F.bucket_timeline(bwd, "t")
+    assert fig.axes[0].get_xlabel().startswith("ms since")
+    fig = F.straggler_figure(strag)
+    assert len(fig.axes[0].patches) == 2 * len(strag["ranks"])
