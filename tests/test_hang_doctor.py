@@ -70,7 +70,7 @@ def test_the_rank_further_along_skipped_the_collective():
     s0 = state(0, history(3) + [call(4, done=False, t=4_000_000, where=tuple(r0))], r0)
     s1 = state(1, history(3) + [call(4, op="barrier", sizes=(), done=False, t=4_100_000, where=tuple(r1))], r1)
     v = hang_verdict({0: s0, 1: s1}, world=2)
-    assert (v.kind, v.culprits, v.seq) == ("skipped", [1], 4)
+    assert (v.kind, v.culprits, v.seq, v.op, v.site) == ("skipped", [1], 4, "all_reduce", "train.py:52 (train)")
     assert "skipped all_reduce at train.py:52 (train)" in v.text
     # ...whichever rank it is
     v = hang_verdict({0: state(0, s1.calls, r1), 1: state(1, s0.calls, r0)}, world=2)

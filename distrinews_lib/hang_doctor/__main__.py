@@ -6,31 +6,24 @@ the doctor reports.
 """
 
 import argparse
-import os
-import runpy
 import sys
 
 from . import arm
+from .wrapping import run_target, split_target, target_problem
 
 
 def main(argv: list) -> None:
     p = argparse.ArgumentParser(prog="python -m distrinews_lib.hang_doctor", description=__doc__.split("\n\n")[1])
     p.add_argument("--after", type=float, default=60.0, help="seconds a collective may wait before the doctor reports")
     p.add_argument("--out", default=None, help="folder for the verdict and every rank's state (hang.json)")
-    p.add_argument("target", nargs=argparse.REMAINDER, help="SCRIPT ARGS... or -m MODULE ARGS...")
-    args = p.parse_args(argv)
-    if not args.target or args.target[:1] == ["-m"] and len(args.target) < 2:
-        p.error("name the script to run (SCRIPT ARGS... or -m MODULE ARGS...)")
+    own, target = split_target(argv, ("--after", "--out"))
+    args = p.parse_args(own)
+    if target_problem(target):
+        p.error(target_problem(target))
     if args.after <= 0:
         p.error(f"--after must be a positive number of seconds, not {args.after}")
     arm(args.after, args.out)
-    if args.target[0] == "-m":
-        sys.argv = args.target[1:]
-        runpy.run_module(args.target[1], run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = list(args.target)
-        sys.path.insert(0, os.path.dirname(os.path.abspath(args.target[0])))
-        runpy.run_path(args.target[0], run_name="__main__")
+    run_target(target)
 
 
 if __name__ == "__main__":

@@ -160,16 +160,18 @@ def further_along(a: list, b: list) -> int:
     return 0
 
 
+def _usual(state: RankState, call: Call) -> tuple | None:
+    """The signature most of this rank's earlier calls of `call`'s operation and dtype had (None: no such call)."""
+    same = (call.op, call.dtypes)
+    before = [c for c in state.calls if c.seq < call.seq and c.pg == call.pg and (c.op, c.dtypes) == same]
+    return Counter(_signature(c) for c in before).most_common(1)[0][0] if before else None
+
+
 def _deviates(state: RankState, call: Call) -> bool | None:
     """Did this rank pass `call` shapes that its earlier calls of the same operation and dtype never had? None when
     it made no such call before."""
-    before = [
-        c for c in state.calls if c.seq < call.seq and c.pg == call.pg and (c.op, c.dtypes) == (call.op, call.dtypes)
-    ]
-    if not before:
-        return None
-    usual = Counter(_signature(c) for c in before).most_common(1)[0][0]
-    return _signature(call) != usual
+    usual = _usual(state, call)
+    return None if usual is None else _signature(call) != usual
 
 
 def _mismatch(live: dict, seq: int, pg: str, world: int) -> Verdict | None:
@@ -196,7 +198,8 @@ def _mismatch(live: dict, seq: int, pg: str, world: int) -> Verdict | None:
             odd = [r for r in (a, b) if _deviates(live[r], calls[r])]
             culprits = odd if len(odd) == 1 else sorted((a, b))
             why = (
-                f"rank {odd[0]}'s earlier {calls[a].op} calls had other shapes"
+                f"rank {odd[0]}'s earlier {calls[odd[0]].op} calls of such tensors had "
+                f"{shapes(_usual(live[odd[0]], calls[odd[0]])[1])}"
                 if len(odd) == 1
                 else "neither rank's earlier calls tell which shape is wrong"
             )
@@ -213,7 +216,8 @@ def _mismatch(live: dict, seq: int, pg: str, world: int) -> Verdict | None:
                 else "the stacks do not tell which one went wrong"
             )
             kind = "skipped" if skipper is not None else "mismatch"
-    c = calls[culprits[0]]
+    # the collective to name: the one the culprit skipped (the other rank's), or the culprit's own mismatched call
+    c = calls[next(r for r in calls if r not in culprits)] if kind == "skipped" else calls[culprits[0]]
     stacks = " ".join(f"Rank {r} is at {shown_stack(live[r].stack)}." for r in culprits)
     text = (
         f"{_ranks(culprits)} {'skipped a collective' if kind == 'skipped' else 'called a mismatched collective'}: "
