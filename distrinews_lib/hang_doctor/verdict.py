@@ -17,7 +17,6 @@ A straggler (slow, but never stuck) is another question: straggler_verdict() ans
 from __future__ import annotations
 
 import os
-import re
 import statistics
 import sysconfig
 from collections import Counter
@@ -357,20 +356,3 @@ def straggler_verdict(arrivals: dict, offsets_ns: dict | None = None) -> Verdict
         "share_of_steps": round(led, 2),
     }
     return Verdict("straggler", [worst], text, details=details)
-
-
-# ------------------------------------------------------------------------------------------------ DETAIL's report
-
-_FINGERPRINT = re.compile(
-    r"Rank (\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=(\d+),? ?OpType=(\w+)"
-    r"(?:, TensorShape=\[([\d, ]*)\])?"
-)
-
-
-def detail_mismatch(message: str) -> dict:
-    """TORCH_DISTRIBUTED_DEBUG=DETAIL's 'Detected mismatch between collectives' error -> {rank: (op, seq, shape)}."""
-    out = {}
-    for m in _FINGERPRINT.finditer(message):
-        shape = tuple(int(x) for x in m[4].split(",") if x.strip()) if m[4] is not None else None
-        out[int(m[1])] = (m[3].lower(), int(m[2]), shape)
-    return out
