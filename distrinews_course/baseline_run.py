@@ -1,0 +1,165 @@
+"""Chapter 01's run, read back: the table of what train_single.py recorded in metrics.json, the claims the chapter
+makes about it, the sentence on its throughput, and the checks on the checkpoint it saved.
+
+    m = load_metrics("outputs/single")
+    print(run_table(m)); settle(run_claims(m, epochs_asked=EPOCHS))
+    Markdown(throughput_note(m))
+"""
+
+from __future__ import annotations
+
+from .claims import Claim
+from .notebook import accuracy_floor
+
+FIRST_EPOCH_SLOWER = 0.95  # the first epoch counts as slower when under 95% of the later epochs' slowest
+RELOAD_POINTS = 0.005  # the reloaded checkpoint's accuracy may differ from the run's by half a point (see below)
+
+
+def run_table(m: dict) -> str:
+    """The data, the model and one line per epoch."""
+    held_out, test_split = m["data"]["test_size"], m["data"]["full_sizes"]["test"]
+    which = (
+        "the whole test split"
+        if held_out == test_split
+        else f"a class-balanced sample of the test split's {test_split:,}"
+    )
+    lines = [
+        f"data : {m['data']['title']}: {m['data']['train_size']:,} training texts; evaluated on {held_out:,} held-out "
+        f"texts, {which}",
+        f"model: {m['model']['resolved']} ({m['model']['num_parameters'] / 1e6:.1f}M parameters)",
+        "",
+        f"{'epoch':>5} {'train loss':>11} {'val loss':>9} {'val acc':>8} {'seconds':>8} {'samples/s':>10}",
+    ]
+    for e in m["epochs"]:
+        lines.append(
+            f"{e['epoch']:>5} {e['train_loss']:>11.4f} {e['val_loss']:>9.4f} {100 * e['val_accuracy']:>7.2f}% "
+            f"{e['epoch_time_s']:>8.1f} {e['samples_per_s']:>10.0f}"
+        )
+    return "\n".join(lines)
+
+
+def run_claims(m: dict, epochs_asked: int | None = None) -> list[Claim]:
+    """What the chapter says about its run: every epoch recorded, real AG News, the held-out texts the preset asked
+    for, an accuracy floor (accuracy_floor: 80% from random weights, 90% pretrained; chance is 25%), and a training
+    loss that went down."""
+    epochs = m["epochs"]
+    want = epochs_asked or m["config"]["epochs"]
+    held_out, test_split = m["data"]["test_size"], m["data"]["full_sizes"]["test"]
+    asked = min(m["config"]["eval_samples"] or test_split, test_split)
+    acc, floor = m["aggregates"]["final_val_accuracy"], accuracy_floor(m)
+    return [
+        Claim(f"metrics.json holds all {want} epochs", [e["epoch"] for e in epochs] == list(range(1, want + 1))),
+        Claim(
+            f"it trained on real AG News ({m['data']['title']})",
+            not m["data"]["is_synthetic"] and m["data"]["source"] in ("embedded", "folder", "hub"),
+        ),
+        Claim(
+            f"every epoch was evaluated on the {held_out:,} held-out texts the preset asked for (of the test split's "
+            f"{test_split:,})",
+            held_out == asked and all(e["val_examples"] == held_out for e in epochs),
+        ),
+        Claim(f"accuracy {100 * acc:.1f}% on those texts, at least {100 * floor:.0f}% (chance is 25%)", acc >= floor),
+        Claim(
+            "the training loss went down from the first epoch to the last",
+            epochs[-1]["train_loss"] < epochs[0]["train_loss"],
+        ),
+    ]
+
+
+def throughput_note(m: dict) -> str:
+    """A Markdown paragraph on the run's samples/s and accuracy, in the run's own numbers."""
+    sps = [e["samples_per_s"] for e in m["epochs"]]
+    acc = m["aggregates"]["final_val_accuracy"]
+    warm_up = (
+        "A first epoch can pay for warming up (memory allocation, caches, on a GPU kernel selection), so the course "
+        "compares the later, steady epochs."
+    )
+    if len(sps) < 2:
+        speed = "one epoch only, so there is no later epoch to compare it with."
+    elif sps[0] < FIRST_EPOCH_SLOWER * min(sps[1:]):
+        speed = f"the first epoch was the slowest. {warm_up}"
+    else:
+        speed = f"the first epoch was within {100 * (1 - FIRST_EPOCH_SLOWER):.0f}% of the later ones here. {warm_up}"
+    text = (
+        f"**Throughput** (samples/s) is the number DDP is meant to raise. Here it went "
+        f"{' -> '.join(f'{x:.0f}' for x in sps)} samples/s over the epochs: {speed}\n\n"
+        f"**Accuracy**: {100 * acc:.1f}% after {len(sps)} epoch(s) of a "
+        f"{m['model']['num_parameters'] / 1e6:.1f}M-parameter model"
+    )
+    if m["model"]["pretrained"]:
+        return text + " fine-tuned from pretrained weights (the check above holds it to at least 90%)."
+    return text + (
+        " trained from random weights: even a tiny model learns real news categories (chance is 25%). The "
+        "pretrained DistilBERT on the full AG News reaches about 94% (a published figure, not measured here)."
+    )
+
+
+def headline_table(headlines: dict, probs, label_names) -> tuple[str, int]:
+    """One line per headline: the predicted class, its probability and the class it belongs to; and how many right."""
+    lines, right = [], 0
+    for (text, truth), p in zip(headlines.items(), probs):
+        label = label_names[int(p.argmax())]
+        right += label == truth
+        lines.append(f"{label:>9} {100 * float(p.max()):5.1f}%  (expected {truth:<8})  {text}")
+    return "\n".join(lines), right
+
+
+def checkpoint_claims(loaded, probs, right: int, m: dict) -> list[Claim]:
+    """The saved file is this run's model: its metadata matches metrics.json, it answers with a probability per
+    class, and it gets at least 3 of the 4 new headlines right (one miss allowed: four texts are few)."""
+    n = len(probs)
+    return [
+        Claim(
+            f"one probability per class ({len(loaded.label_names)}) for every headline", tuple(probs.shape) == (n, 4)
+        ),
+        Claim(
+            "the checkpoint's metadata is this run's (1 process, the same final accuracy as metrics.json)",
+            loaded.metadata["world_size"] == 1
+            and abs(loaded.metadata["final_accuracy"] - m["aggregates"]["final_val_accuracy"]) < 1e-6,
+        ),
+        Claim(
+            f"the trained model gets at least {n - 1} of these {n} new headlines right ({right}/{n})", right >= n - 1
+        ),
+    ]
+
+
+def reload_claims(fingerprint: str, reloaded_acc: float, m: dict) -> list[Claim]:
+    """The reloaded checkpoint, on the very texts the run evaluated on, gives the accuracy the run reported, within
+    half a point: the run evaluated in batches of its own size, and padding a text with others of other lengths can
+    move a logit in its last bits, flipping a near-tie (one text in 2,000 is 0.05 points)."""
+    acc = m["aggregates"]["final_val_accuracy"]
+    return [
+        Claim("these are exactly the texts the run used (same fingerprint)", fingerprint == m["data"]["fingerprint"]),
+        Claim(
+            f"the reloaded checkpoint reproduces the run's accuracy ({100 * reloaded_acc:.2f}% against "
+            f"{100 * acc:.2f}%, within {100 * RELOAD_POINTS:.1f} points)",
+            abs(reloaded_acc - acc) <= RELOAD_POINTS,
+        ),
+    ]
+
+
+def confusion(pred, labels, n_classes: int) -> list[list[int]]:
+    """counts[true][predicted] over the held-out texts."""
+    counts = [[0] * n_classes for _ in range(n_classes)]
+    for t, p in zip(labels, pred):
+        counts[int(t)][int(p)] += 1
+    return counts
+
+
+def confusion_claims(counts, accuracy: float) -> list[Claim]:
+    """The matrix is the accuracy, taken apart: its diagonal over its total is the accuracy computed from the same
+    predictions, and every class is recognised in more than half of its texts (chance is a quarter: a class the
+    model had not learned would sit near it)."""
+    total = sum(map(sum, counts))
+    per_class = [row[i] / max(1, sum(row)) for i, row in enumerate(counts)]
+    return [
+        Claim(
+            "the matrix's diagonal is the accuracy",
+            abs(sum(counts[i][i] for i in range(len(counts))) / total - accuracy) < 1e-9,
+        ),
+        Claim(
+            f"every class is recognised in more than half of its texts, twice chance (the weakest: "
+            f"{100 * min(per_class):.0f}%)",
+            min(per_class) > 0.5,
+        ),
+    ]

@@ -1,0 +1,200 @@
+"""Chapter 01's machinery: the claims about train_single.py's run (read from a real metrics.json the chapter
+recorded, tests/data/baseline_metrics.json) hold on it, and a wrong figure makes each fail; the save-and-resume
+exercise passes the reference answer and names each mistake (one mutant per mistake); the figures draw. Fast: no
+launch."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+from pathlib import Path
+
+import matplotlib
+import pytest
+import torch
+
+from distrinews_course import baseline_figures as F
+from distrinews_course import baseline_run as R
+from distrinews_course.attempt import try_exercise
+from distrinews_course.save_resume_exercise import resume_test
+
+matplotlib.use("Agg")
+ROOT = Path(__file__).resolve().parent.parent
+METRICS = json.loads((ROOT / "tests/data/baseline_metrics.json").read_text())
+
+
+@pytest.fixture
+def m():
+    return copy.deepcopy(METRICS)
+
+
+def _failing(claims) -> list[str]:
+    return [c.text for c in claims if not c.holds]
+
+
+def test_the_recorded_run_supports_every_claim(m):
+    assert _failing(R.run_claims(m)) == []
+    assert _failing(R.run_claims(m, epochs_asked=2)) == []
+    assert "85.80%" in R.run_table(m) and "class-balanced sample of the test split's 7,600" in R.run_table(m)
+
+
+@pytest.mark.parametrize(
+    "wrong, fails",
+    [
+        (lambda m: m["epochs"].pop(), "holds all 2 epochs"),
+        (lambda m: m["data"].update(is_synthetic=True), "real AG News"),
+        (lambda m: m["epochs"][0].update(val_examples=1999), "held-out texts the preset asked for"),
+        (lambda m: m["config"].update(eval_samples=1000), "held-out texts the preset asked for"),
+        (lambda m: m["aggregates"].update(final_val_accuracy=0.79), "at least 80%"),
+        (lambda m: m["epochs"][1].update(train_loss=0.95), "loss went down"),
+    ],
+)
+def test_a_wrong_figure_fails_its_claim(m, wrong, fails):
+    wrong(m)
+    failing = _failing(R.run_claims(m))
+    assert failing and fails in failing[0], failing
+
+
+def test_a_pretrained_model_is_held_to_ninety_percent(m):
+    m["model"]["pretrained"] = True
+    assert _failing(R.run_claims(m)) == ["accuracy 85.8% on those texts, at least 90% (chance is 25%)"]
+
+
+def test_the_throughput_note_says_what_the_epochs_did(m):
+    note = R.throughput_note(m)
+    assert "901 -> 963 samples/s" in note and "the first epoch was the slowest" in note
+    m["epochs"][0]["samples_per_s"] = 960.0  # within 5% of the later epochs: not "slower"
+    assert "within 5% of the later ones" in R.throughput_note(m)
+    m["model"]["pretrained"] = True
+    assert "random weights" not in R.throughput_note(m)
+
+
+class _Loaded:
+    label_names = ["World", "Sports", "Business", "Sci/Tech"]
+
+    def __init__(self, world_size=1, accuracy=0.858):
+        self.metadata = {"world_size": world_size, "final_accuracy": accuracy}
+
+
+HEADLINES = {"a": "World", "b": "Sports", "c": "Business", "d": "Sci/Tech"}
+
+
+def test_the_checkpoint_claims_hold_and_fail(m):
+    probs = torch.eye(4) * 0.9 + 0.025
+    table, right = R.headline_table(HEADLINES, probs, _Loaded.label_names)
+    assert right == 4 and table.count("expected") == 4
+    assert _failing(R.checkpoint_claims(_Loaded(), probs, right, m)) == []
+    assert "metadata is this run's" in _failing(R.checkpoint_claims(_Loaded(world_size=2), probs, right, m))[0]
+    assert "metadata is this run's" in _failing(R.checkpoint_claims(_Loaded(accuracy=0.85), probs, right, m))[0]
+    wrong = probs[[1, 0, 3, 2]]  # every headline in another class
+    _, right = R.headline_table(HEADLINES, wrong, _Loaded.label_names)
+    assert right == 0 and "at least 3 of these 4" in _failing(R.checkpoint_claims(_Loaded(), wrong, right, m))[0]
+
+
+def test_the_reload_and_confusion_claims(m):
+    acc = m["aggregates"]["final_val_accuracy"]
+    assert _failing(R.reload_claims(m["data"]["fingerprint"], acc, m)) == []
+    assert "same fingerprint" in _failing(R.reload_claims("0" * 16, acc, m))[0]
+    assert "reproduces the run's accuracy" in _failing(R.reload_claims(m["data"]["fingerprint"], acc - 0.006, m))[0]
+    labels = [0] * 10 + [1] * 10 + [2] * 10 + [3] * 10
+    pred = labels[:]
+    pred[0] = 1  # one World text called Sports
+    counts = R.confusion(pred, labels, 4)
+    assert counts[0][:2] == [9, 1] and sum(map(sum, counts)) == 40
+    assert _failing(R.confusion_claims(counts, 39 / 40)) == []
+    assert "diagonal is the accuracy" in _failing(R.confusion_claims(counts, 0.9))[0]
+    pred = labels[:10] + [0] * 10 + labels[20:]  # Sports never recognised
+    assert "more than half of its texts" in _failing(R.confusion_claims(R.confusion(pred, labels, 4), 0.75))[0]
+
+
+def test_the_figures_draw():
+    fig = F.script_map()
+    assert "train_single.py" in fig.axes[0].get_title()
+    assert not any("DDP(model)" in t.get_text() for t in fig.axes[0].texts)
+    fig = F.script_map(ddp=True)
+    assert any("DDP(model)" in t.get_text() for t in fig.axes[0].texts) and fig.axes[0].get_legend() is not None
+    fig = F.confusion_figure([[9, 1], [0, 10]], ["a", "b"])
+    assert fig.axes[0].get_xlabel() == "predicted class"
+
+
+# Exercise 1: save and resume by hand
+def _answers():
+    spec = importlib.util.spec_from_file_location("answers01", ROOT / "notebooks/answers/01_single_gpu_baseline.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_reference_answer_resumes_bit_for_bit(tmp_path):
+    ref = _answers()
+    resume_test(ref.save_state, tmp_path)(ref.load_state)  # raises on a mistake
+
+
+def _save_all(path, model, optimizer, epoch):
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}, path)
+
+
+def _save_model_only(path, model, optimizer, epoch):
+    torch.save({"model": model.state_dict(), "epoch": epoch}, path)
+
+
+def _save_half_precision(path, model, optimizer, epoch):
+    state = optimizer.state_dict()
+    for moments in state["state"].values():
+        for k in ("exp_avg", "exp_avg_sq"):
+            moments[k] = moments[k].half()  # "to save space"
+    torch.save({"model": model.state_dict(), "optimizer": state, "epoch": epoch}, path)
+
+
+def _save_nothing(path, model, optimizer, epoch):
+    return {"model": model.state_dict()}
+
+
+def _load(path, model, optimizer, *, weights=True, opt=True, into_new=False, ahead=1):
+    state = torch.load(path, weights_only=True)
+    if weights:
+        model.load_state_dict(state["model"])
+    if opt:
+        target = torch.optim.AdamW(model.parameters(), lr=0.05) if into_new else optimizer
+        target.load_state_dict(state["optimizer"])
+    return state["epoch"] + ahead
+
+
+MUTANTS = {
+    "optimizer_not_saved": (_save_model_only, dict(opt=False), "the optimizer came back empty"),
+    "optimizer_loaded_into_a_new_one": (_save_all, dict(into_new=True), "the optimizer came back empty"),
+    "weights_not_loaded": (_save_all, dict(weights=False), "the model's weights are not the saved ones"),
+    "returns_the_finished_epoch": (_save_all, dict(ahead=0), "load_state returned 1: epoch 1 was finished"),
+    "returns_two_ahead": (_save_all, dict(ahead=2), "load_state returned 3"),
+    "moments_saved_in_half_precision": (_save_half_precision, {}, "away from the uninterrupted one"),
+    "nothing_written": (_save_nothing, {}, "save_state wrote nothing"),
+}
+
+
+@pytest.mark.parametrize("name", list(MUTANTS))
+def test_each_resume_mistake_is_named(tmp_path, capsys, name):
+    save, changes, reason = MUTANTS[name]
+
+    def load_state(path, model, optimizer):
+        return _load(path, model, optimizer, **changes)
+
+    with pytest.raises(AssertionError, match=reason):
+        resume_test(save, tmp_path)(load_state)
+    assert not try_exercise(resume_test(save, tmp_path), load_state)
+    out = capsys.readouterr().out
+    assert out.startswith("not yet: ") and reason in out and out.count("\n") == 1, out
+
+
+def test_the_stubs_are_not_written_yet(tmp_path, capsys):
+    cell = tmp_path / "cell.py"
+    cell.write_text(
+        'def save_state(path, model, optimizer, epoch):\n    """doc"""\n    ...  # your code here\n\n\n'
+        'def load_state(path, model, optimizer):\n    """doc"""\n    ...  # your code here\n'
+    )
+    spec = importlib.util.spec_from_file_location("cell01", cell)
+    stub = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stub)
+    assert not try_exercise(resume_test(stub.save_state, tmp_path), stub.load_state)
+    assert "not written yet" in capsys.readouterr().out
+    assert not try_exercise(resume_test(_save_all, tmp_path), stub.load_state)  # half written: still not yet
