@@ -1,0 +1,282 @@
+"""Chapter 02's comparison of the DDP run with chapter 01's one-process baseline: which baseline to use, whether the
+machine was quiet during the launch, what DDP promised and kept, and how the two runs compare in accuracy and in
+speed (one metric: steady samples/s).
+
+    base = baseline_fits(SINGLE_DIR, env, EPOCHS)           # 01's metrics.json if it ran like this chapter, else None
+    with OtherPrograms() as load:
+        result = run([... scripts/run_ddp.sh ...])
+    settle(promise_claims(d, base, result.output, env.nproc, env.backend))
+    rows = comparison_rows(base, d); print(comparison_table(rows)); settle(comparison_claims(rows, d, env, tol, load))
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+
+from .bench.quiet import QUIET_CORES
+from .bench.timing import cpu_busy_seconds, foreign_cores
+from .claims import Claim
+from .notebook import accuracy_floor
+from .plots import _pyplot, load_metrics
+
+NOT_FAR_FROM_ONE = 1.5  # a 2-process speedup on one core each, at a small batch per process, stays under this
+
+
+def baseline_fits(single_dir, env, epochs=None) -> dict | None:
+    """Chapter 01's metrics.json when it ran with this chapter's preset, epochs and threads (one core per process on a
+    CPU) and finished; None when it is missing, unreadable or ran otherwise (this chapter then trains it)."""
+    from distrinews_lib.training.config import read_preset
+
+    try:
+        m = load_metrics(single_dir)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    want_epochs = epochs or read_preset(env.preset)[1].get("epochs", 3)
+    try:
+        fits = (
+            m["config"]["preset"] == env.preset
+            and len(m["epochs"]) == want_epochs
+            and m["aggregates"].get("final_val_accuracy") is not None
+            and m["config"]["threads"] == (None if env.n_gpus else 1)
+        )
+    except (KeyError, TypeError):
+        return None
+    return m if fits else None
+
+
+def baseline_table(m: dict) -> str:
+    e = m["epochs"][-1]
+    return (
+        f"{'baseline':<10} {'procs':>5} {'batch':>6} {'steps/epoch':>11} {'epochs':>6} {'accuracy':>9}\n"
+        f"{'1 process':<10} {m['ddp']['world_size']:>5} {m['config']['batch_size']:>6} {e['optimizer_steps']:>11} "
+        f"{len(m['epochs']):>6} {100 * m['aggregates']['final_val_accuracy']:>8.2f}%"
+    )
+
+
+def diff_sections(text: str) -> list[str]:
+    """A script_diff of train_single.py against train_ddp.py in three parts, cut where the lesson reads it: the
+    imports and the process group (the first two hunks); the data, the model and the DDP wrap (up to the hunk with
+    `DDP(model`); the loop and the end."""
+    head, *hunks = text.split("\n@@")
+    wrap = next((i for i, h in enumerate(hunks) if "DDP(model" in h), len(hunks) - 1) + 1
+    parts = [hunks[:2], hunks[2:wrap], hunks[wrap:]]
+    return ["\n@@".join([head, *parts[0]]), *("@@" + "\n@@".join(p) for p in parts[1:])]
+
+
+def _own_cpu() -> float:
+    """This kernel's CPU time and that of every process it started and waited for."""
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + kids.ru_utime + kids.ru_stime
+
+
+class OtherPrograms:
+    """How many cores other programs kept busy while the block ran: the machine's busy time (/proc/stat) less this
+    kernel's and its launches' own. `cores` is None where /proc/stat is missing.
+
+        with OtherPrograms() as load:
+            result = run([...])
+        load.cores, load.quiet
+    """
+
+    cores: float | None = None
+
+    def __enter__(self):
+        self._busy, self._own, self._t0 = cpu_busy_seconds(), _own_cpu(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        seconds = time.perf_counter() - self._t0
+        self.cores = foreign_cores(self._busy, cpu_busy_seconds(), _own_cpu() - self._own, seconds)
+
+    @property
+    def quiet(self) -> bool:
+        """Other programs under QUIET_CORES (0.3 of a core; bench/quiet.py says why) for the whole block."""
+        return self.cores is not None and self.cores < QUIET_CORES
+
+
+def launch_claims(output: str, nproc: int) -> list[Claim]:
+    first = output.splitlines()[0] if output else ""
+    return [
+        Claim(
+            "run_ddp.sh printed the plain torchrun command line before running it",
+            first.startswith("+ ")
+            and "torch.distributed.run --standalone" in first
+            and f"--nproc_per_node={nproc} scripts/train_ddp.py" in first,
+        )
+    ]
+
+
+def promise_claims(d: dict, base: dict, output: str, nproc: int, backend: str) -> list[Claim]:
+    """What DDP promises, on the run it just made: bit-identical weights on every rank (the script's own all-reduce of
+    the largest difference, printed and recorded), the training set shared out once per epoch (the sampler pads it to
+    a multiple of N), the processes and backend asked for, and the baseline's texts."""
+    seen = [e["train_samples"] for e in d["epochs"]]
+    padded = -(-d["data"]["train_size"] // nproc) * nproc
+    return [
+        Claim(
+            f"the script's own comparison found the weights identical on all {nproc} ranks (printed, and 0 in "
+            "metrics.json)",
+            f"parameters identical on all {nproc} ranks: True" in output
+            and d["aggregates"]["params_max_difference"] == 0.0,
+        ),
+        Claim(
+            f"the {nproc} ranks trained on {seen[0]:,} examples per epoch together: the {d['data']['train_size']:,} "
+            "training texts once (each rank its own share), not once per rank",
+            all(s == padded for s in seen),
+        ),
+        Claim(
+            f"the run used {nproc} processes with {backend}",
+            d["ddp"]["world_size"] == nproc and d["ddp"]["backend"] == backend,
+        ),
+        Claim(
+            f"DDP and the baseline trained on the same texts ({d['data']['title']}), with the same preset and epochs",
+            d["data"]["fingerprint"] == base["data"]["fingerprint"]
+            and d["config"]["preset"] == base["config"]["preset"]
+            and len(d["epochs"]) == len(base["epochs"]),
+        ),
+    ]
+
+
+def saved_model_claims(payload: dict, loaded_metadata: dict, d: dict, nproc: int) -> list[Claim]:
+    keys = list(payload["state_dict"])
+    return [
+        Claim(
+            "no checkpoint key has the DDP wrapper's 'module.' prefix",
+            bool(keys) and not any(k.startswith("module.") for k in keys),
+        ),
+        Claim(
+            f"the checkpoint's metadata says {nproc} processes trained it", payload["metadata"]["world_size"] == nproc
+        ),
+        Claim(
+            "it loads into a plain model, with this run's final accuracy in its metadata",
+            abs(loaded_metadata["final_accuracy"] - d["aggregates"]["final_val_accuracy"]) < 1e-9,
+        ),
+    ]
+
+
+def comparison_rows(base: dict, d: dict) -> list[dict]:
+    rows = []
+    for name, m in (("1 process", base), (f"DDP x{d['ddp']['world_size']}", d)):
+        rows.append(
+            dict(
+                name=name,
+                procs=m["ddp"]["world_size"],
+                global_batch=m["ddp"]["global_batch_size"],
+                steps=m["epochs"][-1]["optimizer_steps"],
+                acc=m["aggregates"]["final_val_accuracy"],
+                sps=m["aggregates"]["steady_samples_per_s"],
+                per_epoch=[e["samples_per_s"] for e in m["epochs"]],
+            )
+        )
+    return rows
+
+
+def speedup(rows) -> float:
+    """DDP's steady samples/s over one process's: the one speed metric of the comparison."""
+    return rows[1]["sps"] / rows[0]["sps"]
+
+
+def comparison_table(rows) -> str:
+    lines = [f"{'run':<10} {'procs':>5} {'global batch':>12} {'steps/epoch':>11} {'accuracy':>9} {'samples/s':>10}"]
+    for r in rows:
+        lines.append(
+            f"{r['name']:<10} {r['procs']:>5} {r['global_batch']:>12} {r['steps']:>11} {100 * r['acc']:>8.2f}% "
+            f"{r['sps']:>10.0f}"
+        )
+    lines.append(f"speedup (DDP samples/s / 1-process samples/s): {speedup(rows):.2f}x")
+    return "\n".join(lines)
+
+
+def comparison_claims(rows, d: dict, env, tol: float, load: OtherPrograms) -> list[Claim]:
+    """Accuracy: the DDP model learned (accuracy_floor) and lands within `tol` of the baseline (3 points on the CPU
+    preset: the two runs differ by which examples share a step and by dropout, the last section measures that; 2 on
+    GPUs). Speed, on 2+ CPU processes of one core each at the CPU preset's small batch: under 1.5x, checked only when
+    other programs left the cores alone during the launch."""
+    single, ddp = rows
+    s = speedup(rows)
+    claims = []
+    if single["global_batch"] == ddp["global_batch"]:
+        claims.append(
+            Claim(
+                f"same global batch ({ddp['global_batch']}), same {ddp['steps']} optimizer steps per epoch: the same "
+                "kind of training",
+                single["steps"] == ddp["steps"],
+            )
+        )
+    claims += [
+        Claim(
+            f"the DDP model learned: {100 * ddp['acc']:.1f}%, at least {100 * accuracy_floor(d):.0f}%",
+            ddp["acc"] >= accuracy_floor(d),
+        ),
+        Claim(
+            f"DDP's accuracy is within {100 * tol:.0f} points of the baseline's ({100 * ddp['acc']:.1f}% vs "
+            f"{100 * single['acc']:.1f}%)",
+            abs(ddp["acc"] - single["acc"]) <= tol,
+        ),
+    ]
+    if not env.n_gpus and env.smoke and env.nproc > 1:
+        unchecked = (
+            None
+            if load.quiet
+            else (
+                "this machine cannot say whether other programs were busy"
+                if load.cores is None
+                else f"other programs kept {load.cores:.1f} cores busy during the launch"
+            )
+        )
+        claims.append(
+            Claim(
+                f"at {d['config']['batch_size']} examples per process DDP stays far from {env.nproc}x: {s:.2f}x",
+                s < NOT_FAR_FROM_ONE,
+                unchecked,
+            )
+        )
+    return claims
+
+
+def speed_note(rows, d: dict, env, load: OtherPrograms) -> str:
+    """What the run measured about speed, and what it means, in the run's own numbers (a Markdown paragraph)."""
+    s = speedup(rows)
+    grad_mib = 4 * d["model"]["num_parameters"] / 2**20  # fp32 gradients; 1 MiB = 2^20 bytes
+    per = d["config"]["batch_size"]
+    published = (
+        " (Two T4s on Kaggle are reported to train an epoch of DistilBERT about 1.78x as fast as one: a published "
+        "figure for that setup, not measured here.)"
+    )
+    if env.nproc == 1:
+        return (
+            f"DDP ran **one process** here: notebook 01's steps through DDP's machinery, at {s:.2f}x its samples/s. "
+            "That is not a speedup: the two runs differ by warm-up and by what else the machine did meanwhile. A "
+            "speedup needs 2+ processes (Kaggle's T4 x2); chapter 05 measures how it grows with the batch." + published
+        )
+    verdict = "slower than" if s < 0.95 else "about as fast as" if s < 1.05 else f"{s:.2f}x as fast as"
+    text = f"Here the {env.nproc}-process run was **{verdict}** one process ({s:.2f}x the samples/s)"
+    if not load.quiet:
+        text += ", on a machine where other programs were busy meanwhile, so take the figure with salt"
+    text += (
+        f". Per optimizer step each process computed {per} examples and all-reduced {grad_mib:.1f} MiB of gradients "
+        + ("over TCP. " if not env.n_gpus else "between GPUs. ")
+        + "Every step pays for that all-reduce, however few examples it computed, so the smaller the batch per "
+        "process, the larger its share of the step. This run does not time the all-reduce on its own; chapter 05 "
+        "does, and sweeps the per-process batch on the same cores to show the speedup growing with it."
+    )
+    return text + published
+
+
+def speed_figure(rows, title: str = ""):
+    """Samples/s in every epoch of each run, side by side: the one speed metric of the comparison."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 3.2))
+    n = max(len(r["per_epoch"]) for r in rows)
+    width = 0.8 / len(rows)
+    for k, r in enumerate(rows):
+        xs = [e + 1 + (k - (len(rows) - 1) / 2) * width for e in range(len(r["per_epoch"]))]
+        bars = ax.bar(xs, r["per_epoch"], width, label=f"{r['name']} (steady {r['sps']:.0f})")
+        ax.bar_label(bars, fmt="%.0f", fontsize=7)
+    ax.set_xticks(range(1, n + 1), [f"epoch {e}" for e in range(1, n + 1)])
+    ax.set(ylabel="training samples/s", title=title or f"speed: {speedup(rows):.2f}x the samples/s of one process")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return fig

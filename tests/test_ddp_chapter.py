@@ -1,0 +1,221 @@
+"""Chapter 02's machinery, on the metrics of real runs the chapter made (tests/data/baseline_metrics.json: 01's one
+process; ddp_metrics.json: train_ddp.py on 2 gloo ranks; ddp_control_*.json: the same-order control): every claim
+holds on them, and a wrong figure makes it fail. Fast: no launch."""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+import pytest
+
+from distrinews_course import ddp_comparison as C
+from distrinews_course import same_order_control as S
+from distrinews_course.notebook import script_diff
+
+matplotlib.use("Agg")
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
+LOAD = lambda name: json.loads((DATA / name).read_text())
+OUTPUT = (
+    "+ python -m torch.distributed.run --standalone --max-restarts=0 --nproc_per_node=2 scripts/train_ddp.py ...\n"
+    "parameters identical on all 2 ranks: True (max difference 0)\n"
+)
+
+
+@dataclass
+class Env:
+    nproc: int = 2
+    n_gpus: int = 0
+    preset: str = "cpu_smoke"
+    backend: str = "gloo"
+
+    @property
+    def smoke(self):
+        return self.preset == "cpu_smoke"
+
+
+class Load:
+    def __init__(self, cores):
+        self.cores = cores
+
+    quiet = property(lambda self: self.cores is not None and self.cores < 0.3)
+
+
+@pytest.fixture
+def base():
+    return LOAD("baseline_metrics.json")
+
+
+@pytest.fixture
+def d():
+    return LOAD("ddp_metrics.json")
+
+
+def _failing(claims):
+    return [c.text for c in claims if c.checked and not c.holds]
+
+
+def test_the_recorded_runs_keep_every_promise(base, d):
+    assert _failing(C.promise_claims(d, base, OUTPUT, 2, "gloo")) == []
+    assert _failing(C.launch_claims(OUTPUT, 2)) == []
+
+
+@pytest.mark.parametrize(
+    "wrong, fails",
+    [
+        (lambda d, b: d["aggregates"].update(params_max_difference=1e-7), "weights identical"),
+        (lambda d, b: d["epochs"][1].update(train_samples=16000), "examples per epoch together"),
+        (lambda d, b: d["ddp"].update(backend="nccl"), "2 processes with gloo"),
+        (lambda d, b: b["data"].update(fingerprint="0" * 16), "the same texts"),
+        (lambda d, b: b["epochs"].pop(), "same preset and epochs"),
+    ],
+)
+def test_a_broken_promise_fails(base, d, wrong, fails):
+    wrong(d, base)
+    failing = _failing(C.promise_claims(d, base, OUTPUT, 2, "gloo"))
+    assert len(failing) == 1 and fails in failing[0], failing
+
+
+def test_the_printed_report_must_say_identical(base, d):
+    failing = _failing(C.promise_claims(d, base, OUTPUT.replace("True", "False"), 2, "gloo"))
+    assert failing and "weights identical" in failing[0]
+    assert _failing(C.launch_claims("preset cpu_smoke\n", 2))
+
+
+def test_the_saved_model_claims(d):
+    payload = {"state_dict": {"distilbert.x": 0}, "metadata": {"world_size": 2}}
+    meta = {"final_accuracy": d["aggregates"]["final_val_accuracy"]}
+    assert _failing(C.saved_model_claims(payload, meta, d, 2)) == []
+    assert "'module.'" in _failing(C.saved_model_claims({**payload, "state_dict": {"module.x": 0}}, meta, d, 2))[0]
+    assert "4 processes trained it" in _failing(C.saved_model_claims(payload, meta, d, 4))[0]
+    assert "this run's final accuracy" in _failing(C.saved_model_claims(payload, {"final_accuracy": 0.5}, d, 2))[0]
+
+
+def test_one_speed_metric_steady_samples_per_s(base, d):
+    rows = C.comparison_rows(base, d)
+    assert C.speedup(rows) == pytest.approx(897.998 / 962.663)
+    table = C.comparison_table(rows)
+    assert "samples/s" in table and "train s" not in table and "s/step" not in table and "0.93x" in table
+
+
+def test_the_comparison_claims_hold_and_fail(base, d):
+    rows = C.comparison_rows(base, d)
+    claims = C.comparison_claims(rows, d, Env(), 0.03, Load(0.1))
+    assert _failing(claims) == [] and all(c.checked for c in claims)
+    assert "within 1 points" in _failing(C.comparison_claims(rows, d, Env(), 0.01, Load(0.1)))[0]
+    fast = copy.deepcopy(rows)
+    fast[1]["sps"] = 1.6 * fast[0]["sps"]
+    assert "stays far from 2x" in _failing(C.comparison_claims(fast, d, Env(), 0.03, Load(0.1)))[0]
+    other = copy.deepcopy(rows)
+    other[1]["steps"] = 125
+    assert "same 125 optimizer steps" in _failing(C.comparison_claims(other, d, Env(), 0.03, Load(0.1)))[0]
+
+
+def test_a_busy_machine_shows_the_speed_claim_without_checking_it(base, d):
+    rows = C.comparison_rows(base, d)
+    speed = [c for c in C.comparison_claims(rows, d, Env(), 0.03, Load(0.8)) if "far from" in c.text]
+    assert len(speed) == 1 and speed[0].unchecked == "other programs kept 0.8 cores busy during the launch"
+    speed = [c for c in C.comparison_claims(rows, d, Env(), 0.03, Load(None)) if "far from" in c.text]
+    assert "cannot say" in speed[0].unchecked
+    assert not [c for c in C.comparison_claims(rows, d, Env(n_gpus=2), 0.03, Load(0.1)) if "far from" in c.text]
+
+
+def test_the_speed_note_uses_the_runs_numbers(base, d):
+    rows = C.comparison_rows(base, d)
+    note = C.speed_note(rows, d, Env(), Load(0.1))
+    assert "**slower than** one process (0.93x the samples/s)" in note and "16 examples" in note and "8.0 MiB" in note
+    assert "salt" in C.speed_note(rows, d, Env(), Load(0.9))
+    assert "one process" in C.speed_note(rows, d, Env(nproc=1), Load(0.1))
+
+
+def test_the_baseline_is_reused_only_when_it_ran_like_this_chapter(tmp_path, base):
+    (tmp_path / "metrics.json").write_text(json.dumps(base))
+    assert C.baseline_fits(tmp_path, Env()) is not None
+    assert C.baseline_fits(tmp_path, Env(), epochs=3) is None
+    assert C.baseline_fits(tmp_path, Env(n_gpus=2, preset="cpu_smoke")) is None  # threads differ
+    assert C.baseline_fits(tmp_path / "nowhere", Env()) is None
+    (tmp_path / "metrics.json").write_text("{not json")
+    assert C.baseline_fits(tmp_path, Env()) is None
+    assert "1 process" in C.baseline_table(base) and "250" in C.baseline_table(base)
+
+
+def test_other_programs_measures_a_block():
+    with C.OtherPrograms() as load:
+        sum(range(100_000))
+    assert load.cores is None or load.cores >= 0.0
+
+
+def test_the_diff_is_cut_in_three_at_the_wrap():
+    diff = script_diff(ROOT / "scripts/train_single.py", ROOT / "scripts/train_ddp.py")
+    first, wrap, end = C.diff_sections(diff.text)
+    assert "init_process_group" in first and "DDP(model" in wrap and "max_param_difference" in end
+    assert "DDP(model" not in first + end
+    assert all(len(part.splitlines()) <= 45 for part in (first, wrap, end)), "each part about a screen (40 lines)"
+    assert diff.added <= 40, "the DDP diff stays small"
+
+
+def test_the_speed_figure_draws(base, d):
+    fig = C.speed_figure(C.comparison_rows(base, d))
+    assert fig.axes[0].get_ylabel() == "training samples/s" and len(fig.axes[0].patches) == 4
+
+
+# the same-order control
+def test_steps_without_grouping_have_exactly_one_process_examples():
+    lengths = [(7 * i) % 50 for i in range(64)]
+    steps = S.StepComposition.count(lengths, global_batch=8, world=2, seed=0)
+    assert steps.rows[False][1] == steps.rows[False][0] == 8
+    assert steps.other_steps > 0 and steps.rows[True][2] < 1.0
+    assert [c.holds for c in steps.claims(grouped_run=True)] == [True, True]
+    assert "this run's setting" in steps.claims(grouped_run=True)[0].text
+    assert "length-grouped" in steps.table()
+
+
+def test_the_step_claims_fail_on_a_wrong_count():
+    steps = S.StepComposition(2, 8, {True: (8, 8, 1.0), False: (8, 7, 0.9)})
+    assert [c.holds for c in steps.claims(grouped_run=True)] == [False, False]
+
+
+def test_a_ddp_step_is_one_process_step_dealt_out():
+    """The count itself: without grouping, rank 0's batch t and rank 1's are one process's batch t, split."""
+    one = S.steps_of([0] * 20, 1, 4, False, seed=3)
+    two = S.steps_of([0] * 20, 2, 2, False, seed=3)
+    assert one == two and len(one) == 5 and set().union(*one) == set(range(20))
+
+
+def _control(gap=6.5e-5, moved=0.093, loss=None):
+    single, ddp = LOAD("ddp_control_single.json"), LOAD("ddp_control_ddp.json")
+    if loss is not None:
+        ddp["epochs"][-1]["train_loss"] = loss
+    return S.Control(single, ddp, gap, moved)
+
+
+def test_the_control_claims_hold_and_fail():
+    steps = S.steps_of([0] * 1600, 1, 32, False, seed=0)
+    dealt = S.steps_of([0] * 1600, 2, 16, False, seed=0)
+    assert _failing(_control().claims(steps, dealt)) == []
+    assert "under 1% of how far" in _failing(_control(gap=2e-3).claims(steps, dealt))[0]
+    assert "same training loss" in _failing(_control(loss=1.38).claims(steps, dealt))[0]
+    assert "moved the weights" in _failing(_control(moved=0.001, gap=0.0).claims(steps, dealt))[0]
+    grouped = S.steps_of([i % 40 for i in range(1600)], 2, 16, True, seed=0)
+    assert "same examples in both runs" in _failing(_control().claims(steps, grouped))[0]
+    assert "6.5e-05" in _control().table()
+
+
+def test_the_difference_note_says_what_separates_the_runs():
+    steps = S.StepComposition(2, 32, {True: (250, 4, 0.675), False: (250, 250, 1.0)})
+    note = S.difference_note(0.877, 0.858, _control(), steps, 2)
+    assert "246 of 250 steps" in note and "1.9 points apart" in note and "6e-05 apart" in note
+    assert "would train" in S.difference_note(0.858, 0.858, _control(), steps, 1)
+
+
+def test_the_no_dropout_copy_loads_without_dropout(tmp_path):
+    from transformers import AutoConfig
+
+    folder = S.no_dropout_copy(tmp_path / "tiny", seed=0)
+    config = AutoConfig.from_pretrained(folder)
+    assert config.dropout == config.attention_dropout == config.seq_classif_dropout == 0.0
+    assert (folder / "model.safetensors").is_file() and any(folder.glob("*token*"))
