@@ -290,28 +290,6 @@ def on_paper_table(tensors, rows) -> str:
     return "\n".join(lines)
 
 
-def t4_forecast_line(benchmarks, tensors, efficiency: float) -> str:
-    """The 2x T4 row again, as a FORECAST that counts the host: a step takes at least the CPU time that issues its
-    kernels (bench/launch_floor.py), measured on a GPU where a run left one in benchmarks/, else a CPU PROXY."""
-    from .bench import launch_floor as lf
-
-    floor = lf.known_floor(benchmarks)
-    if floor is None:
-        return "no launch floor in benchmarks/: python -m distrinews_course.bench.launch_floor measures one"
-    gpu_s = gpu_step_s(sum(b for b, _ in tensors) / 4, "T4")
-    parts = []
-    for name in ("eager", "cuda_graphs"):
-        if name in floor:
-            f = lf.t4_step_forecast(gpu_s, floor[name]["seconds_per_step"], ddp_efficiency=efficiency)
-            parts.append(
-                f"{name} {1000 * f['floor_seconds']:.1f} ms ({f['bound']}-bound, 2x T4 {f['2x_speedup']:.2f}x)"
-            )
-    return (
-        f"FORECAST with the CPU's launch floor ({floor['kind']}, {floor['file']}): each 2x T4 step is max(the GPU's "
-        f"{1000 * gpu_s:.1f} ms, the floor): " + "; ".join(parts)
-    )
-
-
 def public_table_lines() -> list[str]:
     """PUBLIC_DDP_TABLE against the model: predicted / measured overhead per model and GPU count, and a summary line
     (mean error; resnet50, where INTERFERENCE was fitted, apart from the three held-out models)."""

@@ -246,5 +246,27 @@ def main(argv=None) -> int:
     return 0
 
 
+def t4_forecast_line(benchmarks, tensors, efficiency: float) -> str:
+    """The 2x T4 row again, as a FORECAST that counts the host: a step takes at least the CPU time that issues its
+    kernels (this module), measured on a GPU where a run left one in benchmarks/, else a CPU PROXY."""
+    from ..cluster_model import gpu_step_s
+
+    floor = known_floor(benchmarks)
+    if floor is None:
+        return "no launch floor in benchmarks/: python -m distrinews_course.bench.launch_floor measures one"
+    gpu_s = gpu_step_s(sum(b for b, _ in tensors) / 4, "T4")
+    parts = []
+    for name in ("eager", "cuda_graphs"):
+        if name in floor:
+            f = t4_step_forecast(gpu_s, floor[name]["seconds_per_step"], ddp_efficiency=efficiency)
+            parts.append(
+                f"{name} {1000 * f['floor_seconds']:.1f} ms ({f['bound']}-bound, 2x T4 {f['2x_speedup']:.2f}x)"
+            )
+    return (
+        f"FORECAST with the CPU's launch floor ({floor['kind']}, {floor['file']}): each 2x T4 step is max(the GPU's "
+        f"{1000 * gpu_s:.1f} ms, the floor): " + "; ".join(parts)
+    )
+
+
 if __name__ == "__main__":
     sys.exit(main())
