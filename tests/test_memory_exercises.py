@@ -91,6 +91,10 @@ def gives_one_twice(named, world):
     return owned
 
 
+def ddp_prefixed_names(named, world):
+    return [[f"module.{n}" for n in ns] for ns in _greedy(named, world, _largest_first, _first_min)]  # DDP's names
+
+
 def crashes(named, world):
     return sorted(named)[world]  # a string, where a list of lists belongs
 
@@ -105,6 +109,7 @@ MUTANTS = [
     (forgets_a_tensor, "went to no rank: every tensor goes, whole, to exactly one rank"),
     (gives_one_twice, "went to 2 ranks: every tensor goes, whole, to exactly one rank"),
     (crashes, "return a list of 2 lists"),
+    (ddp_prefixed_names, "is not a tensor of the model; use the names of named_sizes"),
 ]
 
 

@@ -35,7 +35,9 @@ def _shard(n, rank, world, epoch, seed=0, *, seeded=None, shuffle="torch", pad="
     else:
         order = list(range(n))
     missing = (-n) % world
-    order += {"start": order[:missing], "end": order[len(order) - missing :], "none": []}[pad]
+    if pad == "world":  # a whole world's worth more, not just what is missing
+        missing += world
+    order += {"start": order[:missing], "end": order[len(order) - missing :], "none": []}.get(pad, order[:missing])
     k = len(order) // world
     shard = order[rank::world] if take == "strided" else order[rank * k : (rank + 1) * k]
     return sorted(shard) if sort else shard
@@ -50,6 +52,7 @@ MUTANTS = {
     "padding_from_the_end": (dict(pad="end"), "the padding: repeat indices from the START"),
     "one_seed_per_rank": (dict(seeded="rank"), "your ranks' shards overlap"),
     "python_shuffle": (dict(shuffle="python"), "other indices"),
+    "padded_too_far": (dict(pad="world"), "indices where every rank gets"),
 }
 
 
