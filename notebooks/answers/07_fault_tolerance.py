@@ -17,3 +17,18 @@ def pick_snapshot(run_dir):
             continue
         return path
     return None
+
+
+def load_resharded(folder, model, optimizer):
+    """Fill this world's sharded model and optimizer from a checkpoint saved on any number of ranks; return its
+    training state."""
+    import json
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)  # this world's shards: where each rank's slices go
+    state = {"model": model_sd, "optim": optim_sd, "train": ""}
+    dcp.load(state, checkpoint_id=folder)  # every rank reads the byte ranges that hold its slices
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return json.loads(state["train"])
