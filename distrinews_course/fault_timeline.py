@@ -84,12 +84,11 @@ def plot_kill_and_resume(story: KillStory):
     )
     ax.axhspan(story.resumed_step, ks, color="tab:orange", alpha=0.15, label=f"{story.redone} step(s) trained twice")
     ax.set(
-        xlabel="seconds since the launch",
+        xlabel="seconds since the launch (dots: a process starts)",
         ylabel="optimizer steps done",
-        title=f"kill and resume: the run lost {story.lost_s:.1f} s (dotted: a snapshot every {story.every} steps;"
-        " dots: a process starts)",
+        title=f"kill and resume: the run lost {story.lost_s:.1f} s (dotted: a snapshot every {story.every} steps)",
     )
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left")
     ax.grid(alpha=0.2)
     fig.tight_layout()
     return fig

@@ -14,13 +14,14 @@ from pathlib import Path
 
 import torch
 
-# Why 1e-3: on another world size the same global batch is summed in another order (4 ranks of 8 texts are not the
-# bits of 2 ranks of 16), and fp32 rounds each order differently. Adam divides by sqrt(v): where a gradient is nearly
-# zero, a rounding difference in it becomes a visible step, so the differences grow a little with every step. On the
-# course's tiny model they stay near 2e-4 of the distance that the resumed steps moved the weights (1, 2 and 4 ranks,
-# 20 steps). A real mistake costs far more: one step trained twice or skipped is about 1/20 of that distance (5e-2),
-# AdamW's moments lost are several times it. Moments are measured against their own size.
-TOLERANCE = 1e-3
+# Why 3e-3: on another world size the same global batch is summed in another order (4 ranks of 8 texts are not the
+# bits of 2 ranks of 16), and fp32 rounds each order differently. AdamW divides by sqrt(v): where a gradient is nearly
+# zero, a rounding difference in it becomes a visible step, so the differences grow a little with every step. Measured
+# with scripts/train_sharded.py (2 -> 4 and 2 -> 1 ranks, 10 steps after the resume, seeds 0-3, the embedded sample
+# and the 12k AG News folder): the weights at most 3.3e-4 of the distance the resumed steps moved them, the moments at
+# most 8e-6 of their size. A real mistake is far larger: the uninterrupted run's own checkpoints one step apart differ
+# by 0.14 (weights) and 0.68 (exp_avg). 3e-3 sits 9x above the noise and 47x below one step.
+TOLERANCE = 3e-3
 
 
 def distance(sa: dict, sb: dict) -> tuple[float, float]:

@@ -44,6 +44,18 @@ def async_blocks_less(saves: list[Save]) -> bool:
     return bool(syncs and asyncs) and max(asyncs) < min(syncs)
 
 
+def steps_during_writes(result: dict) -> tuple[float, float, int]:
+    """(median step ms of the steps that overlapped an async save's background write, median of the others, how many
+    overlapped), over every rank: what the write costs the training that goes on beside it."""
+    during, other = [], []
+    for r in result["ranks"]:
+        writes = [(s["returned"], s["committed"]) for s in r["saves"] if s["mode"] == "async" and s["committed"]]
+        for _, a, b in r["steps"]:
+            (during if any(a < w1 and b > w0 for w0, w1 in writes) else other).append(1000 * (b - a))
+    median = lambda xs: sorted(xs)[len(xs) // 2] if xs else float("nan")  # noqa: E731
+    return median(during), median(other), len(during)
+
+
 def table(saves: list[Save]) -> str:
     rows = [f"{'save at step':>12} {'mode':>6} {'training blocked':>17} {'written after':>14}"]
     for s in saves:
@@ -72,7 +84,7 @@ def plot_saves(result: dict, window_s: float | None = None):
                     ax.barh(y, b - a, left=a - t0, color="lightgrey", edgecolor="grey", height=0.6)
             mine = _save(r, save.step)
             a, b = mine["started"], mine["returned"]
-            ax.barh(y, b - a, left=a - t0, color="tab:red", height=0.6, label="training blocked" if y == 0 else None)
+            ax.barh(y, b - a, left=a - t0, color="tab:red", height=0.6, label="training blocked")
             if save.mode == "async":
                 a, b = mine["returned"], mine["committed"]
                 ax.barh(
@@ -92,8 +104,17 @@ def plot_saves(result: dict, window_s: float | None = None):
             yticks=range(len(ranks)),
             yticklabels=[f"rank {r['rank']}" for r in ranks],
         )
-        ax.legend(fontsize=7, loc="upper right")
     axes[0][0].invert_yaxis()
-    fig.suptitle("grey: optimizer steps", fontsize=9)
-    fig.tight_layout()
+    handles = {h.get_label(): h for ax in axes[0] for h in ax.containers}
+    fig.legend(
+        [handles[k] for k in ("training blocked", "written in the background") if k in handles],
+        [k for k in ("training blocked", "written in the background") if k in handles],
+        loc="upper center",
+        ncol=2,
+        fontsize=8,
+        title="grey: optimizer steps",
+        title_fontsize=8,
+        frameon=False,
+    )
+    fig.tight_layout(rect=(0, 0, 1, 0.78))
     return fig

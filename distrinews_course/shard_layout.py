@@ -99,45 +99,50 @@ def plot_layout(lay: Layout, load_world: int, fqn: str = "model.distilbert.embed
     from distrinews_course.plots import _pyplot
 
     plt = _pyplot()
-    fig, (ax_files, ax_rows) = plt.subplots(1, 2, figsize=(11, 3.4), gridspec_kw={"width_ratios": [1.1, 1]})
+    fig, (ax_files, ax_rows) = plt.subplots(1, 2, figsize=(11, 3.4), gridspec_kw={"width_ratios": [1, 1.2]})
+    widest = 0.0
     for y, file in enumerate(lay.files):
         left = 0.0
         for kind, n in lay.bytes_by_kind(file).items():
             ax_files.barh(y, n / 2**20, left=left, color=COLOURS[kind], label=kind if y == 0 else None)
             left += n / 2**20
+        widest = max(widest, left)
     ax_files.set(
         yticks=range(len(lay.files)),
         yticklabels=lay.files,
         xlabel="MiB in the file",
+        xlim=(0, 1.5 * widest),
         title=f"{lay.folder.name}: one file per saving rank",
     )
     ax_files.invert_yaxis()
-    ax_files.legend(fontsize=8, loc="lower right")
+    ax_files.legend(fontsize=8, loc="center right")
 
     n_rows = lay.sizes[fqn][0]
     saved = lay.chunks(fqn)
     for i, p in enumerate(saved):
-        ax_rows.barh(1, p.rows[1] - p.rows[0], left=p.rows[0], color=f"C{i}", edgecolor="k")
+        ax_rows.barh(1, p.rows[1] - p.rows[0], left=p.rows[0], color=f"C{i}", edgecolor="k", height=0.5)
         ax_rows.text(
             sum(p.rows) / 2, 1, f"{p.file}\nrows {p.rows[0]:,}-{p.rows[1] - 1:,}", ha="center", va="center", fontsize=7
         )
     for r, (a, b) in enumerate(fsdp2_rows(n_rows, load_world)):
-        ax_rows.barh(0, b - a, left=a, color="white", edgecolor="k")
-        sources = [i for i, p in enumerate(saved) if p.rows[0] < b and a < p.rows[1]]
-        ax_rows.text(
-            (a + b) / 2,
-            0,
-            f"rank {r}\nreads {' + '.join(saved[i].file for i in sources)}",
-            ha="center",
-            va="center",
-            fontsize=7,
-        )
+        ax_rows.barh(0, b - a, left=a, color="white", edgecolor="k", height=0.5)
+        ax_rows.text((a + b) / 2, 0, f"rank {r}\nrows {a:,}-{b - 1:,}", ha="center", va="center", fontsize=7)
+        for i, p in enumerate(saved):  # an arrow from each saved piece this rank reads rows of
+            lo, hi = max(a, p.rows[0]), min(b, p.rows[1])
+            if lo < hi:
+                ax_rows.annotate(
+                    "",
+                    xy=((lo + hi) / 2, 0.27),
+                    xytext=((lo + hi) / 2, 0.73),
+                    arrowprops={"arrowstyle": "->", "color": f"C{i}", "lw": 1.5},
+                )
     ax_rows.set(
         yticks=[0, 1],
         yticklabels=[f"loaded by\n{load_world} ranks", f"saved by\n{len(saved)} ranks"],
         xlabel=f"row of {fqn.split('.')[-2]} ({n_rows:,} x {lay.sizes[fqn][1]})",
         xlim=(0, n_rows),
-        title="one tensor, resharded on load",
+        ylim=(-0.4, 1.4),
+        title="one tensor, resharded on load: each arrow is a byte range read",
     )
     fig.tight_layout()
     return fig

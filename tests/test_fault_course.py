@@ -41,6 +41,19 @@ def test_the_save_timeline_draws_both_kinds():
     assert [ax.get_title().split(":")[0] for ax in fig.axes] == ["sync save at step 10", "async save at step 20"]
 
 
+def test_steps_beside_an_async_write_are_told_from_the_others():
+    # the async save at step 20 returns at 102.05 s and commits at 102.25 s: steps 20-22 overlap its write
+    result = _result(120, 50)
+    for r in result["ranks"]:
+        r["steps"] = [(i, a, b + (0.04 if i in (21, 22) else 0.0)) for i, a, b in r["steps"]]  # 120 ms, not 80
+    during, other, n = save_timeline.steps_during_writes(result)
+    assert (n, round(during), round(other)) == (6, 120, 80)
+    for r in result["ranks"]:  # a sync save's steps are never "beside a write": it had committed when it returned
+        r["saves"] = [s for s in r["saves"] if s["mode"] == "sync"]
+    during, other, n = save_timeline.steps_during_writes(result)
+    assert n == 0 and round(other) == 80 and during != during  # nan: no step overlapped a write
+
+
 def test_a_served_score_matches_only_with_the_same_answers():
     same = served_score.Score(0.5, 1.2, 0.5, 1.2 * (1 + 2e-7), 400)
     assert same.matches
