@@ -152,6 +152,16 @@ def two_level_mistake(calls, rank: int, per_node: int, world: int) -> dict | Non
     return None
 
 
+def mesh_mistake(weights, reference, names, kind: str, tolerance: float) -> tuple:
+    """(the largest difference, the mistake or None) of HSDP by hand's per-step weights against torch's FSDP2 on a 2-D
+    mesh (replicate across the nodes, shard inside them), off by more than `tolerance`."""
+    first, worst = compare(weights, reference, names)
+    if worst <= tolerance:
+        return worst, None
+    detail = f"{kind} model: step {first['step']}, parameter {first['param']} is {first['diff']:.3g} off torch's FSDP2 "
+    return worst, mistake("differs", detail=detail + "on a 2-D mesh (replicate across the nodes, shard inside them)")
+
+
 def master_mistake(dp, optimizer) -> dict | None:
     """A sharded rung whose optimizer does not step its master shards (ZeRO-3, HSDP: dp.blocks[i].shard): the mistake,
     read from what the optimizer holds; None if it holds exactly the shards, or the rung has no blocks."""

@@ -21,7 +21,7 @@ from distrinews_lib.errors import UserError
 from ..bench.timing import cpu_busy_seconds, wait_for_quiet
 from ..proc_self import bytes_written
 from . import RUNGS, SCRIPTS, TWO_LEVEL, measure, models, report, rung_class
-from .check import PASS, compare, crashed, hsdp_mistake, master_mistake, mistake, two_level_mistake
+from .check import PASS, compare, crashed, hsdp_mistake, master_mistake, mesh_mistake, mistake, two_level_mistake
 from .exercises import EXERCISES
 from .rung import agreement_group, param_names
 from .timeline import Timeline
@@ -75,8 +75,8 @@ def fsdp2(model, ranks_per_node=None, param_dtype=None):
     root's, every unit's weights freed after forward and gathered again for backward (the root's too: ZeRO-3). With
     ranks_per_node, hybrid sharding (HSDP) on a 2-D mesh of N nodes x g ranks: FSDP2's docstring says the parameters
     are "sharded across the 1st dim and replicated across the 0th dim", so dim 0 is the nodes, dim 1 a node's ranks.
-    With param_dtype, mixed precision: MixedPrecisionPolicy(param_dtype, reduce_dtype=float32), as ZeRO-3 by hand's
-    param_dtype (its reduce_dtype defaults to the master's, float32; FSDP2's to param_dtype)."""
+    param_dtype: MixedPrecisionPolicy(param_dtype, reduce_dtype=float32), ZeRO-3 by hand's split (FSDP2's default
+    reduce_dtype is param_dtype)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -95,8 +95,7 @@ def fsdp2(model, ranks_per_node=None, param_dtype=None):
 
 class Runner:
     """One model trained by torch's DDP ("ddp"), torch's FSDP2 ("fsdp2") or a rung, with a timeline of its steps.
-    model_kw: build_model's (unused=...); dtype: the model's; find_unused: DDP's find_unused_parameters; param_dtype:
-    mixed precision (FSDP2's MixedPrecisionPolicy, ZeRO-3's param_dtype)."""
+    model_kw: build_model's (unused=...); dtype: the model's; find_unused: DDP's; param_dtype: mixed precision."""
 
     def __init__(
         self,
@@ -266,14 +265,10 @@ def check(kind, contenders, mods, args, rank, world, facts, cases, with_fsdp2=Fa
             first = None  # within rounding of DDP's, as the rung's docstring says
         ratio = stepped_norm(r) / ref_norm
         verdict = PASS
-        two = two_level_mistake(got["calls"], rank, args.ranks_per_node, world) if rung == "hierarchical" else None
-        if rung == "hsdp":
-            two = hsdp_mistake(got["calls"], rank, args.ranks_per_node, world)
-        master = master_mistake(r.dp, r.opt)
-        if master:
-            verdict = master
-        elif two:
-            verdict = two
+        level = {"hierarchical": two_level_mistake, "hsdp": hsdp_mistake}.get(rung)  # two levels: read from the calls
+        found = master_mistake(r.dp, r.opt) or (level and level(got["calls"], rank, args.ranks_per_node, world))
+        if found:
+            verdict = found
         elif first and abs(ratio - world) < 0.05 * world:
             verdict = mistake("missing_divide", ratio=ratio, world=world)
         elif first and abs(ratio * world - 1) < 0.05:
@@ -313,16 +308,9 @@ def check(kind, contenders, mods, args, rank, world, facts, cases, with_fsdp2=Fa
             got.append(r.weights())
         first, worst = compare(got, snapshots, names)
         out[name] = {"max_weight_diff": worst, "first_diff": first, "verdict": PASS}
-        if name == "fsdp2_hsdp":  # HSDP by hand against torch's on the 2-D mesh (replicate, shard)
-            for mine, weights in hsdp.items():
-                first, worst = compare(weights, got, names)
-                out[mine]["max_weight_diff_vs_fsdp2"] = worst
-                if worst > TOLERANCE["hsdp"]:
-                    out[mine]["verdict"] = mistake(
-                        "differs",
-                        detail=f"{kind} model: step {first['step']}, parameter {first['param']} is {first['diff']:.3g} "
-                        "off torch's FSDP2 on a 2-D mesh (replicate across the nodes, shard inside them)",
-                    )
+        for mine, weights in hsdp.items() if name == "fsdp2_hsdp" else ():  # HSDP by hand against FSDP2's 2-D mesh
+            out[mine]["max_weight_diff_vs_fsdp2"], found = mesh_mistake(weights, got, names, kind, TOLERANCE["hsdp"])
+            out[mine]["verdict"] = found or out[mine]["verdict"]
     out["ddp"] = {
         "allreduces_per_step": ref.collectives_per_step,
         "optimizer_state_bytes": ddp_state_bytes,
