@@ -151,7 +151,7 @@ def read_checkpoint(path, task: str | None = None) -> dict:
         raise CheckpointError(f"checkpoint {path} is a folder, not a checkpoint file. {hint}")
     if not path.is_file():
         raise CheckpointError(
-            f"checkpoint {path} not found. Train one first (python scripts/train_single.py, or notebook 01/02), "
+            f"checkpoint not found: {path}. Train one first (python scripts/train_single.py, or notebook 01/02), "
             "or point to it with --checkpoint / DISTRINEWS_CHECKPOINT."
         )
     if path.stat().st_size == 0:

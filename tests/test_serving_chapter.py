@@ -212,7 +212,9 @@ def test_a_missing_checkpoint_is_refused_with_exit_code_2(tmp_path):
     started = time.monotonic()
     with pytest.raises(ServerDidNotStart) as refused:
         start_server(tmp_path / "none.pt", log_path=tmp_path / "server.log", quiet=True)
-    assert refused.value.exit_code == 2 and "not found" in refused.value.log, refused.value
+    said = " ".join(refused.value.log.split())  # the paragraph as one line: a long tmp path moves its line breaks
+    assert refused.value.exit_code == 2 and "checkpoint not found: " in said, refused.value
+    assert "none.pt" in said and "Train one first" in said and "--checkpoint" in said, said  # and what to do
     assert time.monotonic() - started < 60
 
 
