@@ -36,12 +36,9 @@ try:
         ddp = evaluation.evaluate(model, loader, device=torch.device("cpu"), task=task)
         if rank == 0:  # the same weights, one process, the whole set
             whole = DataLoader(blocks, batch_size=13, collate_fn=lm.LMCollator(task, voc, seed=5, fixed_epoch=0))
-            import distrinews_lib.distributed as D
-
-            real = D.is_initialized
-            D.is_initialized = lambda: False  # evaluate alone, without collectives
-            single = evaluation.evaluate(model, whole, device=torch.device("cpu"), task=task)
-            D.is_initialized = real
+            # gather=False: rank 0 alone, no collective. (Patching is_initialized no longer reached the gather, so
+            # rank 0's extra all_gathers met rank 1's next ones: a collective mismatch, or wrong data silently.)
+            single = evaluation.evaluate(model, whole, device=torch.device("cpu"), task=task, gather=False)
             result[name] = {"ddp": ddp.__dict__, "single": single.__dict__}
     # masks at the same step on both ranks, over two epochs, in training order
     train_sampler = DistributedSampler(blocks, num_replicas=world, rank=rank, shuffle=True, seed=3)
