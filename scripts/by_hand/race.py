@@ -99,13 +99,8 @@ def main():
     p.add_argument("--zero_batch", type=int, default=8, help="texts per rank and step in the zero section")
     p.add_argument("--zero_rounds", type=int, default=3, help="timing rounds of DDP, ZeRO-2, ZeRO-3 and FSDP2")
     p.add_argument("--mixed_steps", type=int, default=5, help="steps of mixed-precision ZeRO-3 against FSDP2's")
-    p.add_argument(
-        "--memory_steps",
-        type=int,
-        default=2,
-        help="steps of each peak-memory run (0: none); the 2nd "
-        "step holds the optimizer's state, gradients and activations together",
-    )
+    memory_help = "steps of each peak-memory run (0: none); the 2nd holds the optimizer's state, gradients, activations"
+    p.add_argument("--memory_steps", type=int, default=2, help=memory_help)
     p.add_argument(
         "--ranks_per_node",
         type=int,
