@@ -15,6 +15,7 @@ code and outputs wrapped inside their cell (nothing runs past the page at any wi
 chapter with said in one line, not in a second parameters cell; and no folder of the machine it ran on: the project,
 the run and the home folder read `<project>`, `<run>` and `~`, both where the run was made (papermill's metadata
 says) and where the site is rendered (a run copied elsewhere, or rendered by another checkout, shows neither).
+The frame every page shares (stylesheet, sidebar, bars between chapters) is in site_frame.py.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from traitlets import List
 from traitlets.config import Config
 
 from . import ROOT
+from .site_frame import CSS, JS, SIDEBAR_SLOT, add_section_ids, nav_bar, run_line, sidebar
 
 PROJECT_ROOT = ROOT
 
@@ -44,53 +46,6 @@ SOLUTION_TAG = "solution"
 FOLD_TAG = "fold"  # a cell whose output is long (a diff, a whole script): on the page it is folded behind a summary
 # papermill's copy of the parameters it injected: the page names them once, in its header, instead of a second cell
 INJECTED_TAG = "injected-parameters"
-
-# Shared by the index and the chapters: a sidebar beside the page on a wide screen, above it on a phone; code and
-# outputs wrap inside their cell; wide tables and figures scroll or shrink inside the page, never past it.
-_CSS = """
-html { overflow-wrap: anywhere; }
-body.course-page { margin: 0; }
-nav.course-sidebar { font-family: sans-serif; font-size: 14px; line-height: 1.35; background: #f6f7f9;
-  border-bottom: 1px solid #ddd; padding: 10px 14px; box-sizing: border-box; }
-nav.course-sidebar a { color: #1a5fb4; text-decoration: none; }
-nav.course-sidebar a:hover { text-decoration: underline; }
-nav.course-sidebar .home { font-weight: bold; display: block; margin-bottom: 6px; }
-nav.course-sidebar summary { cursor: pointer; color: #555; font-weight: bold; margin: 6px 0 2px; }
-nav.course-sidebar ol { margin: 2px 0 8px; padding-left: 1.6em; }
-nav.course-sidebar li { margin: 3px 0; }
-nav.course-sidebar li.current > a { color: #222; font-weight: bold; }
-nav.course-sidebar li.not-run { color: #888; }
-nav.course-sidebar .label { color: #555; font-weight: bold; margin: 10px 0 2px; }
-main.course-main { box-sizing: border-box; padding: 0 12px 24px; max-width: 1100px; }
-nav.course-nav { font-family: sans-serif; padding: 10px 0; display: flex; flex-wrap: wrap; gap: 4px 1.5em; }
-nav.course-nav a { color: #1a5fb4; text-decoration: underline; }
-p.course-run { font-family: sans-serif; color: #555; font-size: 13px; margin: 0 0 8px; }
-details.solution { border-left: 3px solid #e0a800; margin: 8px 0; padding-left: 6px; }
-details.solution > summary { cursor: pointer; font-family: sans-serif; color: #8a6100; padding: 4px 0; }
-details.fold > summary { cursor: pointer; font-family: sans-serif; color: #555; padding: 4px 0; }
-.jp-InputArea-editor pre, .jp-OutputArea-output pre, pre { white-space: pre-wrap; overflow-wrap: anywhere; }
-.jp-Cell, .jp-Cell-inputWrapper, .jp-Cell-outputWrapper, .jp-InputArea, .jp-OutputArea-child,
-.jp-OutputArea-output, .jp-InputArea-editor { min-width: 0; max-width: 100%; }
-.jp-OutputArea-output img, .jp-RenderedHTMLCommon img { max-width: 100%; height: auto; }
-.jp-RenderedHTMLCommon table, table.summary { display: block; overflow-x: auto; max-width: 100%; }
-@media (min-width: 900px) {
-  nav.course-sidebar { position: fixed; top: 0; bottom: 0; left: 0; width: 250px; overflow-y: auto;
-    border-bottom: none; border-right: 1px solid #ddd; }
-  main.course-main { margin-left: 250px; padding: 0 28px 32px; }
-}
-@media (max-width: 700px) {
-  .jp-InputPrompt, .jp-OutputPrompt { display: none; }
-  .jp-Cell { padding: 2px 0; }
-}
-"""
-
-# Open the sidebar's lists where there is room for them (on a phone they start folded above the page).
-_JS = """<script>
-if (window.matchMedia("(min-width: 900px)").matches)
-  document.querySelectorAll("nav.course-sidebar details").forEach(function (d) { d.open = true; });
-</script>"""
-
-_SIDEBAR_SLOT = "<!--course-sidebar-->"
 
 # nbconvert's lab template with its CDN scripts taken out (the course's markdown has no maths or mermaid
 # diagrams; a page that waited on a CDN would show nothing offline), the sidebar and the bars to move between
@@ -107,7 +62,7 @@ _TEMPLATE = (
 {%- block body_header -%}
 <body class="jp-Notebook course-page" data-jp-theme-light="true" data-jp-theme-name="JupyterLab Light">
 """
-    + _SIDEBAR_SLOT
+    + SIDEBAR_SLOT
     + """
 <main class="course-main">
 {{ resources.course_nav }}
@@ -264,67 +219,6 @@ def chapter_title(nb) -> str:
     return ""
 
 
-def _nav(prev: tuple[str, str] | None, nxt: tuple[str, str] | None) -> str:
-    links = ['<a href="index.html">Course index</a>']
-    if prev:
-        links.append(f'<a href="{prev[0]}">&larr; {html.escape(prev[1])}</a>')
-    if nxt:
-        links.append(f'<a href="{nxt[0]}">{html.escape(nxt[1])} &rarr;</a>')
-    return '<nav class="course-nav">' + "".join(links) + "</nav>"
-
-
-def _run_line(nb) -> str:
-    """What the chapter ran with (papermill's injected parameters), in one line instead of a second cell."""
-    params = (nb.metadata.get("papermill") or {}).get("parameters") or {}
-    if not params:
-        return ""
-    shown = ", ".join(f"{k} = {v!r}" for k, v in params.items())
-    return f'<p class="course-run">Executed with {html.escape(shown)}</p>'
-
-
-_HEADING = re.compile(r"<h2>(.*?)</h2>", re.S)
-
-
-def _add_section_ids(body: str) -> tuple[str, list[tuple[str, str]]]:
-    """Give every h2 of the page an id; return the page and its sections (id, heading text)."""
-    sections, used = [], set()
-
-    def named(match):
-        text = re.sub(r"<[^>]+>", "", match.group(1)).strip()
-        slug = re.sub(r"[^a-z0-9]+", "-", html.unescape(text).lower()).strip("-") or "section"
-        base, n = slug, 2
-        while slug in used:
-            slug, n = f"{base}-{n}", n + 1
-        used.add(slug)
-        sections.append((slug, text))
-        return f'<h2 id="{slug}">{match.group(1)}</h2>'
-
-    return _HEADING.sub(named, body), sections
-
-
-def _sidebar(chapters: list[dict], current: str | None, sections: list[tuple[str, str]]) -> str:
-    """The course's chapters (the current one marked) and the current chapter's sections."""
-    items = []
-    for ch in chapters:
-        title = html.escape(ch["title"] or ch["name"])
-        if ch["page"]:
-            cls = ' class="current"' if ch["name"] == current else ""
-            aria = ' aria-current="page"' if ch["name"] == current else ""
-            items.append(f'<li{cls}><a href="{html.escape(ch["page"])}"{aria}>{title}</a></li>')
-        else:
-            items.append(f'<li class="not-run">{title} (not run)</li>')
-    parts = [
-        '<nav class="course-sidebar" aria-label="course">',
-        '<a class="home" href="index.html">DistriNews course</a>',
-        f'<details class="chapters"><summary>Chapters</summary><ol>{"".join(items)}</ol></details>',
-    ]
-    if sections:
-        links = "".join(f'<li><a href="#{slug}">{text}</a></li>' for slug, text in sections)
-        parts.append(f'<details class="sections"><summary>On this page</summary><ol>{links}</ol></details>')
-    parts.append("</nav>")
-    return "\n".join(parts)
-
-
 class _RemoteRefs(HTMLParser):
     def __init__(self):
         super().__init__()
@@ -417,7 +311,7 @@ def _index_page(summary: dict, chapters: list[dict]) -> str:
 <meta name="viewport" content="width=device-width, initial-scale=1.0">
 <title>DistriNews course: executed run</title>
 <style>
-{_CSS}
+{CSS}
 body {{ font-family: sans-serif; color: #222; }}
 main.course-main {{ padding-top: 1em; }}
 table {{ border-collapse: collapse; width: 100%; }}
@@ -446,7 +340,7 @@ table.figures th, table.figures td {{ padding: 2px 6px; font-variant-numeric: ta
 </style>
 </head>
 <body class="course-page">
-{_sidebar(chapters, None, [])}
+{sidebar(chapters, None, [])}
 <main class="course-main">
 <h1>DistriNews: the executed course</h1>
 <p class="run">{run}</p>
@@ -459,7 +353,7 @@ table.figures th, table.figures td {{ padding: 2px 6px; font-variant-numeric: ta
 <h2>The machine it ran on</h2>
 {machine_html}
 </main>
-{_JS}
+{JS}
 </body>
 </html>
 """
@@ -505,14 +399,14 @@ def render_site(run_dir: Path, site_dir: Path | None = None) -> Path:
         body, _ = _exporter(scrub).from_notebook_node(
             nb,
             resources={
-                "course_nav": _nav(prev, nxt),
-                "course_run": _LocalPaths(replacements=scrub).scrub(_run_line(nb)),
-                "course_css": _CSS,
-                "course_js": _JS,
+                "course_nav": nav_bar(prev, nxt),
+                "course_run": _LocalPaths(replacements=scrub).scrub(run_line(nb)),
+                "course_css": CSS,
+                "course_js": JS,
             },
         )
-        body, sections = _add_section_ids(body)
-        _write_offline(site / ch["page"], body.replace(_SIDEBAR_SLOT, _sidebar(chapters, ch["name"], sections), 1))
+        body, sections = add_section_ids(body)
+        _write_offline(site / ch["page"], body.replace(SIDEBAR_SLOT, sidebar(chapters, ch["name"], sections), 1))
     index = site / "index.html"
     scrub = local_paths(run_dir, *(ch["nb"] for ch in pages))
     _write_offline(index, _LocalPaths(replacements=scrub).scrub(_index_page(summary, chapters)))
