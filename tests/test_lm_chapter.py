@@ -1,0 +1,366 @@
+"""Chapter 11's machinery: the claims it checks (distrinews_course.lm_claims) hold on the real thing and fail on a wrong
+figure; its exercise checkers (lm_exercises) pass the reference answers and name every wrong one in one line."""
+
+import hashlib
+import importlib.util
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from distrinews_course import lm_claims as claims
+from distrinews_course import lm_exercises as lx
+from distrinews_course.attempt import grade
+from distrinews_lib.data import sources, tokenization
+from distrinews_lib.data.tokenization import tiny_tokenizer
+from distrinews_lib.lm import data as lm
+from distrinews_lib.lm.task import CLM, MLM
+
+from .helpers import ROOT
+
+spec = importlib.util.spec_from_file_location(
+    "answers_11_test", ROOT / "notebooks" / "answers" / "11_language_modelling.py"
+)
+answers = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(answers)
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    wp = tiny_tokenizer()
+    ids = [
+        x[1:-1] for x in tokenization.tokenize_texts(sources.load_embedded().train_texts[:300], wp, 64, use_cache=False)
+    ]
+    voc = lm.VocabSubset.from_corpus(wp, ids, 512)
+    return voc, lm.pack([voc.encode(x) for x in ids], 16, voc.sep_token_id)
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt(vocab):
+    voc, _ = vocab
+    model, _ = CLM.build_model(voc, 16, seed=0)
+    return model.eval()
+
+
+# the script ---------------------------------------------------------------------------------------------------
+
+
+def test_the_objective_enters_train_ddp_in_two_places_and_a_branch_would_show(tmp_path):
+    objective, ddp = claims.script_lines()
+    assert claims.objective_enters_twice(objective).holds
+    assert any("DDP(model" in x for x in ddp) and any("set_epoch" in x for x in ddp)
+    branched = tmp_path / "train.py"
+    branched.write_text((ROOT / "scripts" / "train_ddp.py").read_text() + '\nif run.task == "clm":\n    pass\n')
+    assert not claims.objective_enters_twice(claims.script_lines(branched)[0]).holds
+    listing = claims.script_listing(objective, ddp, width=40)
+    assert all(len(line) <= 42 for line in listing.splitlines() if line.startswith("  "))
+
+
+# knowing nothing ---------------------------------------------------------------------------------------------
+
+
+def _loader(blocks, n=24):
+    ds = lm.BlockDataset(blocks[:n], CLM, None, evaluation=True)
+    return torch.utils.data.DataLoader(ds, batch_size=8, collate_fn=ds.collator_for(None))
+
+
+class Guessing(torch.nn.Module):
+    """A model that knows nothing by construction: logits drawn at random, whatever the input."""
+
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.vocab_size = vocab_size
+
+    def forward(self, input_ids, attention_mask=None):
+        g = torch.Generator().manual_seed(int(input_ids.sum()))
+        return SimpleNamespace(logits=0.3 * torch.randn(*input_ids.shape, self.vocab_size, generator=g))
+
+
+class Peeking(Guessing):
+    """A model that knows the next token: its real loss is far below a random token's."""
+
+    def forward(self, input_ids, attention_mask=None):
+        logits = torch.zeros(*input_ids.shape, self.vocab_size)
+        logits.scatter_(2, torch.roll(input_ids, -1, 1).unsqueeze(-1), 5.0)
+        return SimpleNamespace(logits=logits)
+
+
+def test_a_model_that_knows_nothing_passes_and_one_that_peeks_is_caught(vocab):
+    voc, blocks = vocab
+    from distrinews_lib.training import evaluation
+
+    loader = _loader(blocks, n=64)
+    initial = evaluation.evaluate(Guessing(len(voc)), loader, device=torch.device("cpu"), task=CLM)
+    guess = claims.blind_guess(Guessing(len(voc)), loader, len(voc))
+    assert all(c.holds for c in guess.claims(initial.loss)), guess
+    assert "perplexity 512" in guess.table()
+    assert not guess.claims(initial.loss + 0.01)[0].holds  # a loss that is not the evaluation's
+    peek = claims.blind_guess(Peeking(len(voc)), loader, len(voc))
+    assert peek.real < peek.blind - 1
+    assert not peek.claims(peek.real)[1].holds
+
+
+# training ----------------------------------------------------------------------------------------------------
+
+
+def test_perplexity_must_fall_every_epoch_by_five_times_with_the_ranks_agreeing():
+    ok = "parameters identical on all 2 ranks: True (max difference 0)"
+    assert all(c.holds for c in claims.perplexity_fell(ok, [4207, 335, 266], 2))
+    assert not all(c.holds for c in claims.perplexity_fell(ok, [4207, 266, 335], 2))  # a rise
+    assert not all(c.holds for c in claims.perplexity_fell(ok, [4207, 1500, 900], 2))  # under 5x
+    assert not all(c.holds for c in claims.perplexity_fell(ok.replace("True", "False"), [4207, 335, 266], 2))
+    initial = SimpleNamespace(loss=8.344, perplexity=4206.7)
+    table = claims.epoch_table(
+        initial, [{"epoch": 1, "train_loss": 6.3, "val_loss": 5.8, "val_perplexity": 335.4, "epoch_time_s": 14.6}]
+    )
+    assert table.splitlines()[1].split() == ["0", "8.344", "4206.7"] and "335.4" in table
+
+
+def test_real_text_must_be_likelier_for_every_text_and_the_median_over_five_times(vocab, tiny_gpt):
+    voc, _ = vocab
+    assert claims.real_text_likelier([(4000, 300), (4100, 200), (3900, 800)]).holds
+    assert not claims.real_text_likelier([(4000, 300), (4100, 200), (3900, 4000)]).holds  # one text not likelier
+    assert not claims.real_text_likelier([(4000, 1000), (4100, 1000), (3900, 900)]).holds  # the median 4x
+    untrained = claims.text_perplexity(tiny_gpt, voc, "Oil prices rise as stocks fall on Wall Street", 16)
+    assert 100 < untrained < 5 * len(voc)  # a random model: about the vocabulary's size
+
+
+# masking -----------------------------------------------------------------------------------------------------
+
+
+def test_masking_claims_hold_for_the_collator_and_fail_for_a_wrong_one(vocab):
+    voc, blocks = vocab
+    first, again = claims.first_masks(blocks[:64], voc, seed=42)
+    share = claims.mask_share(blocks[:64], voc, seed=42)
+    assert all(c.holds for c in claims.masking_claims(first, again, share)), share
+    same = {key: first[1, 0] for key in first}  # every rank and epoch masking alike
+    assert not claims.masking_claims(same, again, share)[1].holds
+    _, again_other_epoch = claims.first_masks(blocks[:64], voc, seed=42, epochs=(2, 3))
+    assert not claims.masking_claims(first, again_other_epoch, share)[0].holds
+    assert not claims.masking_claims(first, again, (0.25, share[1]))[2].holds
+    shown = claims.shown_block(first[1, 0], voc)
+    assert shown.count("<") == int((first[1, 0]["labels"][0] != lm.IGNORE).sum())
+
+
+def test_the_figures_draw(vocab, tmp_path):
+    from distrinews_course import lm_figures
+
+    voc, blocks = vocab
+    first, again = claims.first_masks(blocks[:64], voc, seed=42)
+    lm_figures.perplexity_per_epoch([4207, 335, 266], 2, "AG News", 4096, save_to=tmp_path / "a.png")
+    lm_figures.text_surprise([(4000, 300), (4100, 200)], save_to=tmp_path / "b.png")
+    fig = lm_figures.masks(first, again, save_to=tmp_path / "c.png")
+    assert len(fig.axes[0].get_yticklabels()) == len(first) + 1
+    assert all((tmp_path / f"{n}.png").stat().st_size > 5000 for n in "abc")
+
+
+# exercise 1: the next-token loss ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def loss_cases(vocab, tiny_gpt):
+    _, blocks = vocab
+    ids = torch.tensor(blocks[:4])
+    return lambda: lx.next_token_cases({"untrained": tiny_gpt}, ids)
+
+
+def _flat(logits, ids):
+    return logits.reshape(-1, logits.shape[-1]), ids.reshape(-1)
+
+
+def no_shift(logits, ids):
+    return F.cross_entropy(*_flat(logits, ids))
+
+
+def reversed_shift(logits, ids):
+    return F.cross_entropy(*_flat(logits[:, 1:], ids[:, :-1]))
+
+
+def summed(logits, ids):
+    return F.cross_entropy(*_flat(logits[:, :-1], ids[:, 1:]), reduction="sum")
+
+
+def rolled(logits, ids):
+    return F.cross_entropy(*_flat(logits, torch.roll(ids, -1, 1)))
+
+
+def a_float(logits, ids):
+    return float(F.cross_entropy(*_flat(logits[:, :-1], ids[:, 1:])))
+
+
+def per_token(logits, ids):
+    return F.cross_entropy(*_flat(logits[:, :-1], ids[:, 1:]), reduction="none")
+
+
+@pytest.mark.parametrize(
+    "fn, words",
+    [
+        (no_shift, "(no shift)"),
+        (reversed_shift, "shifted the wrong way"),
+        (summed, "the sum over"),
+        (rolled, "torch.roll wraps around"),
+        (a_float, "return one number as a 0-dim"),
+        (per_token, "0-dim tensor"),
+    ],
+    ids=lambda x: getattr(x, "__name__", ""),
+)
+def test_next_token_loss_mutants_each_named(loss_cases, fn, words):
+    failed = grade(fn, loss_cases, quiet=True).failed
+    assert failed and words in failed and "\n" not in failed, failed
+
+
+def test_next_token_loss_reference_passes(loss_cases):
+    assert grade(answers.next_token_loss, loss_cases, quiet=True).ok
+
+
+# exercise 2: masking ---------------------------------------------------------------------------------------------
+
+
+def _gen(*key):
+    return torch.Generator().manual_seed(hash(key) & (2**62 - 1))
+
+
+def _choose(ids, g, special, rate=0.15, one_at_least=True):
+    text = ~torch.isin(ids, torch.tensor(special))
+    chosen = (torch.rand(ids.shape, generator=g) < rate) & text
+    if one_at_least and text.any() and not chosen.any():
+        chosen[text.nonzero()[0]] = True
+    return chosen
+
+
+def global_rng(ids, seed, epoch, index, special, rate=0.15):
+    return (torch.rand(ids.shape) < rate) & ~torch.isin(ids, torch.tensor(special))
+
+
+def reseeds_global(ids, seed, epoch, index, special, rate=0.15):
+    torch.manual_seed(hash((seed, epoch, index)) & (2**62 - 1))
+    return _choose(ids, None, special)
+
+
+def no_epoch(ids, seed, epoch, index, special, rate=0.15):
+    return _choose(ids, _gen(seed, index), special)
+
+
+def no_index(ids, seed, epoch, index, special, rate=0.15):
+    return _choose(ids, _gen(seed, epoch), special)
+
+
+def no_seed(ids, seed, epoch, index, special, rate=0.15):
+    return _choose(ids, _gen(epoch, index), special)
+
+
+def added(ids, seed, epoch, index, special, rate=0.15):
+    return _choose(ids, torch.Generator().manual_seed(seed + epoch + index), special)
+
+
+def specials_too(ids, seed, epoch, index, special, rate=0.15):
+    return torch.rand(ids.shape, generator=_gen(seed, epoch, index)) < rate
+
+
+def most_tokens(ids, seed, epoch, index, special, rate=0.15):
+    return _choose(ids, _gen(seed, epoch, index), special, rate=1 - rate)
+
+
+def may_predict_nothing(ids, seed, epoch, index, special, rate=0.15):
+    return _choose(ids, _gen(seed, epoch, index), special, one_at_least=False)
+
+
+def a_list(ids, seed, epoch, index, special, rate=0.15):
+    return _choose(ids, _gen(seed, epoch, index), special).tolist()
+
+
+@pytest.mark.parametrize(
+    "fn, words",
+    [
+        (global_rng, "moved torch's global generator"),
+        (reseeds_global, "moved torch's global generator"),
+        (no_epoch, "the same in epochs 1 and 2"),
+        (no_index, "without the block's index"),
+        (no_seed, "the run's seed must enter it"),
+        (added, "seed + epoch + index collide"),
+        (specials_too, "chose a special token"),
+        (most_tokens, "rate=0.15 asks for about 15%"),
+        (may_predict_nothing, "had nothing to predict"),
+        (a_list, "return a tensor of (32,) booleans"),
+    ],
+    ids=lambda x: getattr(x, "__name__", ""),
+)
+def test_mask_positions_mutants_each_named(fn, words):
+    failed = grade(fn, lx.mask_cases(fn), quiet=True).failed
+    assert failed and words in failed and "\n" not in failed, failed
+
+
+def test_mask_positions_reference_passes_and_matches_the_library_rule():
+    assert grade(answers.mask_positions, lx.mask_cases(answers.mask_positions), quiet=True).ok
+
+    def stub(ids, seed, epoch, index, special_ids, rate=0.15):
+        raise NotImplementedError
+
+    assert not grade(stub, lx.mask_cases(stub), quiet=True).attempted
+    # the library's collator seeds its generator from the same (seed, epoch, block) digest
+    key = hashlib.blake2b(b"0:1:0", digest_size=8).digest()
+    assert int.from_bytes(key, "little") > 0
+
+
+# predictions ---------------------------------------------------------------------------------------------------
+
+
+def test_the_untrained_perplexity_prediction_names_the_quantity_confused():
+    assert lx.untrained_perplexity_prediction(4096, 4207, 4096) is None
+    assert lx.untrained_perplexity_prediction(3000, 4207, 4096) is None  # within a factor of 2
+    assert "is the loss" in lx.untrained_perplexity_prediction(math.log(4096), 4207, 4096)
+    assert "its inverse" in lx.untrained_perplexity_prediction(1 / 4096, 4207, 4096)
+    assert "but the run gave 4207" in lx.untrained_perplexity_prediction(100, 4207, 4096)
+    assert "no prediction" in lx.untrained_perplexity_prediction(None, 4207, 4096)
+    assert "write a number" in lx.untrained_perplexity_prediction("4096", 4207, 4096)
+    assert lx.untrained_perplexity_prediction(answers.PREDICTED_UNTRAINED_PERPLEXITY, 4207, 4096) is None
+
+
+def test_the_lm_blocks_and_vocab_predictions_name_each_mistake():
+    assert lx.lm_prediction("lower", clm=300, mlm=100) is None
+    assert "both sides" in lx.lm_prediction("higher", clm=300, mlm=100)
+    assert "15% of the tokens" in lx.lm_prediction("lower", clm=100, mlm=300)
+    assert "write 'lower' or 'higher'" in lx.lm_prediction("less", 300, 100)
+    assert "fill in" in lx.lm_prediction(None, 300, 100)
+    assert lx.blocks_prediction({"blocks": 3212, "steps": 101}, 6424, 3212, 201, 101) is None
+    assert "half as many" in lx.blocks_prediction({"blocks": 12848, "steps": 402}, 6424, 3212, 201, 101)
+    assert "twice the tokens" in lx.blocks_prediction({"blocks": 3212, "steps": 201}, 6424, 3212, 201, 101)
+    assert "fill in" in lx.blocks_prediction({"blocks": None, "steps": 101}, 6424, 3212, 201, 101)
+    assert answers.predict_blocks(6424, 201) == {"blocks": 3212, "steps": 101}
+    small, big = {"coverage": 0.889, "output_weights": 524288}, {"coverage": 0.964, "output_weights": 1048576}
+    assert lx.vocab_prediction({"coverage_percent": 96, "output_layer_times": 2}, small, big) is None
+    assert "rare ones" in lx.vocab_prediction({"coverage_percent": 100, "output_layer_times": 2}, small, big)
+    assert "vocabulary x width" in lx.vocab_prediction({"coverage_percent": 96, "output_layer_times": 4}, small, big)
+    assert lx.vocab_prediction(answers.predict_vocab(88.9), small, big) is None
+
+
+def test_the_prediction_runs_claims_hold_and_fail_on_a_wrong_figure():
+    cfg = SimpleNamespace(batch_size=16)
+    run = SimpleNamespace(train_ds=[0] * 6424, tokenizer=[0] * 4096)
+    ex = lx.PredictionRuns(cfg, run, [], 60, 2, steps_per_epoch=201)
+    ex.done = {
+        3: {"clm": 350.0, "mlm": 120.0},
+        4: {"short": 6424, "long": 3212, "steps_short": ex._steps(6424), "steps_long": ex._steps(3212)},
+        5: {
+            4096: {"coverage": 0.889, "output_weights": lx.output_weights(4096)},
+            8192: {"coverage": 0.964, "output_weights": lx.output_weights(8192)},
+        },
+    }
+    assert ex._steps(6424) == 201 and ex._steps(3212) == 101
+    assert all(c.holds for c in ex.claims())
+    assert ex.grade(4, {"blocks": 3212, "steps": 101}) is None and "3212" in ex.line(4)
+    ex.done[4] = {**ex.done[4], "long": 4000}
+    assert not ex.claims()[1].holds
+    ex.done[3] = {"clm": 350.0, "mlm": 2000.0}
+    assert not ex.claims()[0].holds
+    ex.done[5][8192]["coverage"] = 0.999
+    assert not ex.claims()[3].holds
+
+
+def test_mlm_masks_through_the_task_as_the_collator_does(vocab):
+    voc, blocks = vocab
+    ds = lm.BlockDataset(blocks[:8], MLM, voc, seed=3)
+    batch = ds.collator_for(None)([ds[i] for i in range(4)])
+    assert bool((batch["labels"] != lm.IGNORE).any())
