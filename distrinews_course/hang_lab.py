@@ -17,6 +17,7 @@ The debug server's port, the doctor's folder and torchrun's --log-dir are the ru
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import os
@@ -111,12 +112,8 @@ class HangLab:
 
     def get(self, name: str) -> Run:
         if not self.futures:
-            missing = [m for m in ("jinja2", "aiohttp", "tabulate") if importlib.util.find_spec(m) is None]
-            if missing and any(s.debug_server for s in self.scenarios.values()):
-                raise RuntimeError(
-                    f"torch's debug server needs {', '.join(missing)}, which this Python lacks: "
-                    "pip install -r requirements.txt (or pip install Jinja2 aiohttp tabulate), then run again."
-                )
+            if any(s.debug_server for s in self.scenarios.values()):
+                debug_server_problem(raise_it=True)
             for n in self.scenarios:
                 self.futures[n] = self.pool.submit(self._run, self.scenarios[n])
         if name not in self.futures:
@@ -216,6 +213,31 @@ class HangLab:
             return any(not e["retired"] and now - e["time_created_ns"] > 1e9 for es in fr.values() for e in es)
         kind, n = probe
         return all(sum(e["retired"] for e in es) >= n for es in fr.values())
+
+
+def debug_server_problem(raise_it: bool = False) -> str | None:
+    """Why torch's debug server cannot start here (a torch without torch.distributed.debug.start_debug_server, or a
+    missing package), or None. raise_it: raise it as a RuntimeError, one paragraph, before any run starts."""
+    import torch
+
+    problem = None
+    if importlib.util.find_spec("torch.distributed.debug") is None or not hasattr(
+        importlib.import_module("torch.distributed.debug"), "start_debug_server"
+    ):
+        problem = (
+            f"this torch ({torch.__version__}) has no torch.distributed.debug.start_debug_server: chapter 12 needs "
+            "the torch the course pins (pip install -r requirements.txt)."
+        )
+    else:
+        missing = [m for m in ("jinja2", "aiohttp", "tabulate") if importlib.util.find_spec(m) is None]
+        if missing:
+            problem = (
+                f"torch's debug server needs {', '.join(missing)}, which this Python lacks: "
+                "pip install -r requirements.txt (or pip install Jinja2 aiohttp tabulate), then run again."
+            )
+    if problem and raise_it:
+        raise RuntimeError(problem)
+    return problem
 
 
 def left_behind() -> list:

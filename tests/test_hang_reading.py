@@ -199,3 +199,18 @@ def test_root_cause_ranks_reads_torchruns_heading():
     ]
     assert R.root_cause_ranks(lines) == [1]
     assert R.root_cause_ranks(["no heading here"]) == []
+
+
+def test_a_missing_debug_server_package_is_one_paragraph_before_any_run(monkeypatch):
+    import importlib.util
+
+    from distrinews_course import hang_lab
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "aiohttp" else real(name, *a))
+    assert "needs aiohttp" in hang_lab.debug_server_problem()
+    lab = hang_lab.HangLab(nproc=2, hang_s=3)
+    lab.add(hang_lab.Scenario("x", "scripts/hangs/slow_save.py", ["--mode", "fixed"], debug_server=True))
+    with pytest.raises(RuntimeError, match="pip install -r requirements.txt"):
+        lab.get("x")
+    assert not lab.futures  # nothing was started
