@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .data import sources
 from .data.texts import TextOptions
@@ -22,8 +23,10 @@ from .process_group.ranks import get_rank, get_world_size, print0
 from .tasks import choose_task
 from .training.classify import CLASSIFY
 from .training.config import RunConfig, from_scratch_lr, preset_lr, read_preset
-from .training.snapshot import ResumeChoice, choose
 from .training.task import PreparedRun, Task
+
+if TYPE_CHECKING:  # the plan names it; a run that does not resume never loads resume.py
+    from .training.resume import ResumeChoice
 
 
 @dataclass(frozen=True)
@@ -68,12 +71,21 @@ def decide(cfg: RunConfig, log=print) -> RunPlan:
         data_source=source,
         model_name=model_name,
         hub=hub,
-        resume=choose(cfg.output, cfg.resume, log),
+        resume=resume_choice(cfg, log),
         decided_by=socket.gethostname(),
         dataset=dataset,
         tokenizer=resolve_tokenizer(cfg.tokenizer, model_name),
         task=choose_task(cfg.task),
     )
+
+
+def resume_choice(cfg: RunConfig, log=print) -> ResumeChoice | None:
+    """The snapshot to resume from (--resume auto or PATH), or None; only a run given --resume reads snapshots."""
+    if not cfg.resume or cfg.resume == "off":
+        return None
+    from .training.resume import choose
+
+    return choose(cfg.output, cfg.resume, log)
 
 
 def fit_lr_to_model(cfg: RunConfig, model_name: str, log=print) -> RunConfig:

@@ -10,7 +10,7 @@ from distrinews_course.launch import torchrun
 from distrinews_lib.data.texts import AG_NEWS_LABELS
 from distrinews_lib.errors import UserError
 from distrinews_lib.models.build import build_model
-from distrinews_lib.training import config, optim, precision, snapshot
+from distrinews_lib.training import config, optim, precision, resume, snapshot
 from distrinews_lib.training.config import RunConfig
 from distrinews_lib.training.tracking import RunTracker
 
@@ -93,7 +93,7 @@ def _snapshotter(tmp_path, labels=AG_NEWS_LABELS, model_name="tiny", grad_accum=
 
 
 def _resume(snap, tmp_path):
-    return snap.resume(snapshot.choose(tmp_path, "auto", log=lambda m: None))
+    return snap.resume(resume.choose(tmp_path, "auto", log=lambda m: None))
 
 
 def test_interrupted_save_leaves_the_previous_snapshot_loadable(tmp_path, monkeypatch):

@@ -47,6 +47,7 @@ ONLY_WHEN_CHOSEN = {
     "distrinews_lib.models.custom": "--model custom",
     "distrinews_lib.training.reporters": "--report_to tensorboard, wandb or trackio",
     "distrinews_lib.experiment_record": "an experiment (configs/experiments/)",
+    "distrinews_lib.training.resume": "--resume auto or PATH",
     "distrinews_lib.serving": "the server",
 }
 

@@ -2,7 +2,7 @@
 schedule, scaler, position in the data, metrics, every rank's RNG states and partial epoch counters), written
 atomically by rank 0 to <run folder>/snapshots/, the last `keep` kept. Rank 0 chooses the snapshot and every
 rank loads that one, so with several nodes --output must be shared storage. Same world size: the resumed run
-ends bit-identical.
+ends bit-identical. Reading one back into a run is resume.py's (only a run given --resume loads it).
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ import torch.distributed as dist
 
 from ..errors import UserError, first_line
 from ..files import atomic_torch_save
-from ..process_group.collectives import agree, barrier
-from ..process_group.ranks import get_rank, get_world_size, node_name, print0
-from .epochs import EpochMeter
+from ..process_group.collectives import barrier
+from ..process_group.ranks import get_rank, get_world_size, print0
 
 SNAPSHOT_VERSION = 2
 _NAME = re.compile(r"snap_e(\d+)_b(\d+)\.pt$")
@@ -96,58 +95,6 @@ def read_snapshot(path, mmap: bool = False) -> dict:
     return payload
 
 
-@dataclass(frozen=True)
-class ResumeChoice:
-    """Rank 0's choice of snapshot, shared with every rank in the run plan."""
-
-    path: str  # as every rank should open it: relative to the run folder when found there
-    epoch: int
-    batches_done: int
-    global_step: int
-
-    def file(self, run_dir) -> Path:
-        p = Path(self.path)
-        return p if p.is_absolute() else Path(run_dir) / p
-
-
-def choose(run_dir, how: str | None, log=print) -> ResumeChoice | None:
-    """--resume auto: the newest readable snapshot (a damaged one is skipped); PATH: that file (or the newest
-    in that folder); off/None: none. Rank 0 calls this."""
-    if not how or how == "off":
-        return None
-    run_dir = Path(run_dir)
-    if how == "auto":
-        candidates = list(reversed(list_snapshots(run_dir)))
-        if not candidates:
-            log(f"resume auto: no snapshot in {run_dir / 'snapshots'}; starting from the beginning")
-            return None
-    else:
-        path = Path(how).expanduser()
-        if path.is_dir():
-            path = next(reversed(list_snapshots(path)), None) or path / "snapshots"
-        if not path.is_file():
-            raise SnapshotError(
-                f"--resume {how}: no snapshot there. Use --resume auto (the newest in "
-                f"{run_dir / 'snapshots'}) or the path of a snap_e*_b*.pt file."
-            )
-        candidates = [path]
-    for path in candidates:
-        try:
-            head = read_snapshot(path, mmap=True)
-        except SnapshotError as err:
-            if how != "auto":
-                raise
-            log(f"warning: {err} Falling back to the previous snapshot.")
-            continue
-        try:
-            shown = str(path.relative_to(run_dir))
-        except ValueError:
-            shown = str(path.resolve())
-        return ResumeChoice(shown, head["epoch"], head["batches_done"], head["global_step"])
-    log(f"resume auto: no readable snapshot in {run_dir / 'snapshots'}; starting from the beginning")
-    return None
-
-
 @dataclass
 class ResumePoint:
     """Where training continues: the first epoch to run and, in it, the batches already done."""
@@ -219,91 +166,7 @@ class Snapshotter:
         barrier()  # nobody races ahead (or dies) before the snapshot is on disk
         return path
 
-    def resume(self, choice: ResumeChoice | None) -> ResumePoint:
-        """Load rank 0's choice on every rank (call it BEFORE wrapping the model in DDP). Collective."""
-        if choice is None:
-            return ResumePoint()
-        path = choice.file(self.run_dir)
-
-        def load():
-            payload = read_snapshot(path) if path.is_file() else None
-            where = f"rank {self.rank} ({node_name()})"
-            if payload is None:
-                raise SnapshotError(
-                    f"{where} cannot find the snapshot {path} that rank 0 chose to resume from. With several nodes, "
-                    "--output must be on storage that every node can read (a shared filesystem), not a node-local disk."
-                )
-            if (payload["epoch"], payload["batches_done"], payload["global_step"]) != (
-                choice.epoch,
-                choice.batches_done,
-                choice.global_step,
-            ):
-                raise SnapshotError(
-                    f"{where} reads a different file at {path} than rank 0 did (epoch {payload['epoch']}, batch "
-                    f"{payload['batches_done']} instead of epoch {choice.epoch}, batch {choice.batches_done}): the run "
-                    "folder is not the same storage on every node. Put --output on a shared filesystem."
-                )
-            self._check_fits(payload, path)
-            return payload
-
-        payload = agree(load)
-        self.model.load_state_dict(payload["model"])
-        self.optimizer.load_state_dict(payload["optimizer"])
-        if self.scheduler is not None and payload["scheduler"] is not None:
-            self.scheduler.load_state_dict(payload["scheduler"])
-        if self.scaler is not None and payload["scaler"] is not None:
-            self.scaler.load_state_dict(payload["scaler"])
-        self.tracker.load_state_dict(payload["tracker"])
-        self.global_step = payload["global_step"]
-        epoch, done = payload["epoch"], payload["batches_done"]
-        meters = payload.get("meters")
-        old_world = payload["world_size"]
-        rngs = payload["rng"]
-        if old_world == self.world_size:
-            set_rng_state(rngs[self.rank])
-            meter = meters[self.rank] if meters else None
-        else:
-            # The same global position in samples, cut into different shards: the order changes.
-            done = done * old_world // self.world_size
-            self._rescale_schedule(old_world / self.world_size)
-            set_rng_state(rngs[self.rank % old_world])
-            meter = EpochMeter.merged(meters, self.rank == 0, done, old_world / self.world_size) if meters else None
-            self.log(
-                f"resume: the snapshot was taken with {old_world} process(es), this run has {self.world_size}; "
-                f"the data order changes accordingly (each rank now sees a different shard), so the result "
-                f"will not be bit-identical to an uninterrupted run"
-            )
-        self.log(f"resumed from {path} (epoch {epoch}, {done} batches into it, step {self.global_step})")
-        return ResumePoint(epoch, done, {epoch: meter} if meter else {})
-
-    def _rescale_schedule(self, ratio: float) -> None:
-        """Steps count per-rank batches: on another world size the same samples are `ratio` times as many
-        steps. Move the LR schedule (and the step counter) there."""
-        self.global_step = int(round(self.global_step * ratio))
-        sched = self.scheduler
-        if sched is None or not hasattr(sched, "lr_lambdas"):
-            return
-        sched.last_epoch = int(round(sched.last_epoch * ratio))
-        for group, base, fn in zip(self.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas):
-            group["lr"] = base * fn(sched.last_epoch)
-
-    def _check_fits(self, payload, path) -> None:
-        want = fingerprint(self.model, self.label_names)
-        have = payload["fingerprint"]
-        diffs = [
-            f"{k}: snapshot {have['config'].get(k)!r}, model {v!r}"
-            for k, v in want["config"].items()
-            if have["config"].get(k) != v
-        ]
-        if have["label_names"] != want["label_names"]:
-            diffs.append(f"labels: snapshot {have['label_names']}, run {want['label_names']}")
-        if payload["grad_accum"] != self.grad_accum:
-            diffs.append(
-                f"--grad_accum: snapshot {payload['grad_accum']}, run {self.grad_accum} (a step would be "
-                "resumed inside an accumulation group, and the schedule counts steps)"
-            )
-        if diffs:
-            raise SnapshotError(
-                f"snapshot {path} does not fit this run ({'; '.join(diffs)}). Resume with the same "
-                "--model, labels and --grad_accum, or start a new run folder with --output."
-            )
+    def resume(self, choice) -> ResumePoint:
+        """Load rank 0's choice of snapshot (a resume.ResumeChoice, from the run plan) on every rank; call it BEFORE
+        wrapping the model in DDP. Collective. None: a fresh start, and nothing of resume.py is loaded."""
+        return ResumePoint() if choice is None else choice.load_into(self)
