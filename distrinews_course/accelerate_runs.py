@@ -11,6 +11,7 @@ for bit: both scripts shard with DistributedSampler, so every rank sums the same
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,6 +118,7 @@ class TrainingPair:
             ),
         ]
 
+    @functools.cached_property
     def events(self) -> tuple[dict, dict]:
         """({tag: [(step, value)]} from train_ddp.py's tracker, {tag: [values]} from Accelerate's own tracker, which
         writes under <project_dir>/<project name>/, one value per epoch)."""
@@ -129,7 +131,7 @@ class TrainingPair:
     def tracking_claims(self) -> list[tuple]:
         """What each tracker wrote, against metrics.json and each other: exact (the same floats, rounded to 6
         places where TensorBoard stored a float32 of metrics.json's float64)."""
-        ddp, acc = self.events()
+        ddp, acc = self.events
         m = self.metrics["ddp"]["epochs"]
         steps = sum(e["optimizer_steps"] for e in m)
         return [
@@ -148,7 +150,7 @@ class TrainingPair:
     def tracking_figure(self):
         """What the trackers recorded: train_ddp.py's loss at every optimizer step and Accelerate's at every epoch's
         end; the validation accuracy of each."""
-        ddp, acc = self.events()
+        ddp, acc = self.events
         m = self.metrics["ddp"]
         ends = [s for s, _ in ddp["val/accuracy"]]  # the optimizer step each epoch ended at
         plt = _pyplot()
