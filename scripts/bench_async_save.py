@@ -75,6 +75,14 @@ def worker(models: list, rounds: int, folder: Path) -> None:
                 torch.cuda.synchronize()
             return time.time() - t0
 
+        def everyone_done(handle):
+            """Whether every rank's save has committed. Asked of the whole group, so that every rank trains the
+            same number of steps: a rank whose write ended first and stepped on alone would pair its next
+            all-gather with another rank's barrier, and both would hang."""
+            flag = torch.tensor([0.0 if handle.done() else 1.0], device=device)
+            dist.all_reduce(flag)
+            return flag.item() == 0.0
+
         idle = [step() for _ in range(4)]
         rows, n = [], 0
         for r in range(rounds):
@@ -85,7 +93,7 @@ def worker(models: list, rounds: int, folder: Path) -> None:
                 handle = ckpt.save({"model": msd, "optim": osd}, folder / name, n, group=group,
                                    async_=mode == "async")  # fmt: skip
                 during = []
-                while not handle.done():  # train on while the background thread writes
+                while not everyone_done(handle):  # train on while the background thread writes
                     during.append(step())
                 handle.wait()
                 idle.append(step())
