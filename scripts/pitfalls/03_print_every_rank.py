@@ -10,7 +10,7 @@ import argparse
 import torch
 import torch.distributed as dist
 
-from distrinews_course.demo import finish, start
+from distrinews_course.demo import finish, result, start
 
 p = argparse.ArgumentParser()
 p.add_argument("--mode", choices=["broken", "fixed", "both"], default="both")
@@ -28,9 +28,11 @@ for mode in (["broken", "fixed"] if args.mode == "both" else [args.mode]):
         if mode == "broken":
             print(f"[broken] epoch {epoch} loss {loss.item():.4f}", flush=True)  # BUG: every rank prints its own loss
         else:
+            local = loss.item()               # (kept, so the notebook can check the printed mean)
             dist.all_reduce(loss)             # THE FIX, part 1: the global mean...
             loss /= ctx.world
             if ctx.rank == 0:                 # THE FIX, part 2: printed once (distrinews_lib.distributed.print0)
                 print(f"[fixed] epoch {epoch} loss {loss.item():.4f}", flush=True)
+            result(ctx, mode="fixed", epoch=epoch, local_loss=f"{local:.6f}")
     dist.barrier()  # keep the two demos apart in the output
 finish()

@@ -1,0 +1,215 @@
+"""Chapter 04's pitfalls that must fail (7, 9, 10, 11): whether each broken run failed by itself, of the error its
+pitfall makes (a collective's timeout, NCCL without a GPU, DDP's unfinished reduction), and whether its fix finished.
+
+Each function reads the broken run's launch (a LaunchResult: its output, return code and time) beside the JSON the
+fixed run wrote, and returns a pitfall_symptoms.Symptom, as the pitfalls that finish do:
+
+    s = found.add(uneven_inputs(res, r, HANG_TIMEOUT_S, failing.timeout))
+    settle(s.claims)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from .claims import Claim
+from .demo import results
+from .pitfall_symptoms import Symptom
+
+# A collective that waited out its process group's timeout, as gloo and NCCL word it.
+TIMEOUT_WORDS = re.compile(r"(?i)timed out|timeout|timing out")
+# The error DDP raises in the forward after a step that left a parameter without a gradient.
+REDUCTION_NOT_FINISHED = "Expected to have finished reduction in the prior iteration"
+# PyTorch's own warning when find_unused_parameters=True found nothing unused: it names the walk's cost.
+EXTRA_TRAVERSAL = "extra traversal of the autograd graph every iteration"
+
+
+def _failed_by_itself(res, limit_s: float, what: str) -> Claim:
+    return Claim(
+        f"broken: the run failed by itself{what}, {res.seconds:.0f} s in (the launcher's limit: {limit_s:.0f} s)",
+        not res.ok and not res.timed_out,
+    )
+
+
+def waited(res) -> list[float]:
+    """How long each rank that reported waited before its collective failed (the scripts' waited_s)."""
+    return [float(x["waited_s"]) for x in results(res.output) if "waited_s" in x]
+
+
+def _hang_ended(res, hang_timeout_s: float, limit_s: float, where: str) -> list:
+    """The claims of a run that hangs on purpose: it failed by itself, of a collective's timeout, after at least the
+    timeout. 0.8 x the timeout: gloo's clock and the script's start apart by scheduling, and a shorter wait would mean
+    another error; the launcher's limit bounds the rest (the default timeout is 30 minutes)."""
+    w = waited(res)
+    return [
+        _failed_by_itself(res, limit_s, ""),
+        Claim(f"broken: the ranks died of a collective's timeout ({where})", bool(TIMEOUT_WORDS.search(res.output))),
+        Claim(
+            f"broken: the ranks that reported gave up after {max(w or [0]):.1f} s: at least the {hang_timeout_s:g} s "
+            "timeout, and nowhere near the default 30 minutes",
+            bool(w) and min(w) >= 0.8 * hang_timeout_s and max(w) < limit_s,
+        ),
+    ]
+
+
+def uneven_inputs(res, r: dict, hang_timeout_s: float, limit_s: float) -> Symptom:
+    """Pitfall 7: hand-made shards give rank 0 one batch more; its extra backward waits for partners that left."""
+    batches = sorted({int(x["my_batches"]) for x in results(res.output) if "my_batches" in x})
+    even, join = r["even"], r["join"]
+    w = waited(res)
+    claims = [
+        Claim(f"broken: the ranks had {batches} batches: uneven", len(batches) == 2 and batches[1] == batches[0] + 1),
+        *_hang_ended(res, hang_timeout_s, limit_s, "the extra backward's all-reduce"),
+        Claim(
+            f"fix (a) even shards: {even['batches_per_rank']} batches per rank; it finished, parameters identical",
+            len(set(even["batches_per_rank"])) == 1 and even["max_param_diff"] == 0.0,
+        ),
+        Claim(
+            f"fix (b) Join: steps {join['steps_per_rank']}, still uneven; it finished, parameters identical",
+            len(set(join["steps_per_rank"])) == 2 and join["max_param_diff"] == 0.0,
+        ),
+    ]
+    return Symptom(
+        "7. uneven inputs",
+        f"batches {batches}: hang, timeout error after {max(w or [0]):.1f} s",
+        f"finishes: even {even['batches_per_rank']}, Join {join['steps_per_rank']}; params identical",
+        claims,
+    )
+
+
+def one_rank_collective(res, r: dict, hang_timeout_s: float, limit_s: float) -> Symptom:
+    """Pitfall 9: an all-reduce inside `if rank == 0`. The fixed run's collectives must finish well inside the
+    timeout (under 0.8 x): a run that waited for it would not show the fix."""
+    world, w = r["world_size"], waited(res)
+    claims = [
+        *_hang_ended(res, hang_timeout_s, limit_s, "rank 0's all-reduce, the others' barrier"),
+        Claim(
+            f"fixed: every rank joined the all-reduce: global val loss {r['global_val_loss']:.3f}, the mean of "
+            f"1..{world}",
+            abs(r["global_val_loss"] - (world + 1) / 2) < 1e-6,
+        ),
+        Claim(
+            f"fixed: the collectives completed in {1000 * r['seconds']:.0f} ms, without waiting for any timeout",
+            r["seconds"] < 0.8 * hang_timeout_s,
+        ),
+    ]
+    return Symptom(
+        "9. collective on one rank only",
+        f"hang, timeout error after {max(w or [0]):.1f} s",
+        f"completes in {1000 * r['seconds']:.0f} ms",
+        claims,
+    )
+
+
+def nccl_refusals(n_gpus: int, timeout: float) -> dict:
+    """What the library answers when nccl is asked for with one rank more than this machine has GPUs: through
+    choose_backend, and through a launch of train_ddp.py --backend nccl. {what was asked: its message, or None where
+    it did not refuse}."""
+    from distrinews_lib.distributed import choose_backend
+    from distrinews_lib.errors import UserError
+
+    from .launch import torchrun
+
+    asked = {}
+    try:
+        choose_backend("nccl", local_world_size=n_gpus + 1)
+        asked["choose_backend('nccl')"] = None
+    except UserError as err:
+        asked["choose_backend('nccl')"] = str(err)
+    try:
+        torchrun("scripts/train_ddp.py", n_gpus + 1, ["--backend", "nccl"], timeout=timeout, echo=False)
+        asked[f"train_ddp.py --backend nccl, {n_gpus + 1} process(es)"] = None
+    except UserError as err:
+        asked[f"train_ddp.py --backend nccl, {n_gpus + 1} process(es)"] = str(err)
+    return asked
+
+
+def _rank_errors(res) -> list[str]:
+    return [line.rsplit("\r", 1)[-1] for line in res.lines if re.search(r"^\[rank \d+\] \w+(Error|Exception)", line)]
+
+
+def nccl_backend(res, r: dict, refusals: dict, n_gpus: int, limit_s: float) -> Symptom:
+    """Pitfall 10: a hard-coded nccl fails where a rank has no GPU of its own; the library refuses before a launch."""
+    world = r["world_size"]
+    errors = _rank_errors(res)
+    expected = "nccl" if n_gpus >= world else "gloo"
+    first = errors[0].split(": ", 1)[-1][:60] if errors else "see the story above"
+    claims = [
+        _failed_by_itself(res, limit_s, " at start-up"),
+        Claim(f"broken: hard-coded nccl fails: {first}", bool(re.search(r"NCCL|CUDA|GPU", res.output))),
+        *[
+            Claim(
+                f"the library refuses {what} before any process starts, and names the fix (gloo)",
+                message is not None and "gloo" in message,
+            )
+            for what, message in refusals.items()
+        ],
+        Claim(
+            f"fixed: auto chose {r['backend']} ({r['reason']}); devices {r['devices']}",
+            r["backend"] == expected and (len(set(r["devices"])) == world or expected == "gloo"),
+        ),
+        Claim(
+            f"fixed: the all-reduce works ({r['allreduce_sum']:.0f} = 1 + ... + {world})",
+            r["allreduce_sum"] == world * (world + 1) / 2,
+        ),
+    ]
+    return Symptom(
+        "10. nccl without a GPU per rank",
+        f"error at start-up: {first[:50]}",
+        f"auto -> {r['backend']}, all-reduce OK",
+        claims,
+    )
+
+
+def unused_parameters(res, r: dict, output: str, limit_s: float) -> Symptom:
+    """Pitfall 11: a head skipped on some steps leaves its gradients missing, and DDP's reduction unfinished."""
+    rows = [x for x in results(res.output) if "failed_at_step" in x]
+    fu, sg, n = r["find_unused"], r["static_graph"], r["n_params"]
+    skipped = [step for step, used in enumerate(r["aux_used"]) if not used]
+    claims = [
+        _failed_by_itself(res, limit_s, ""),
+        Claim(
+            "broken: the ranks stopped in step 1, the step after the one that skipped the head, with DDP's error: "
+            "the previous step's reduction never finished",
+            bool(rows) and all(x["failed_at_step"] == "1" for x in rows) and REDUCTION_NOT_FINISHED in res.output,
+        ),
+        Claim(
+            "... because step 0 left aux.weight and aux.bias without a gradient",
+            bool(rows) and all(json.loads(x["no_grad_on_previous_step"]) == ["aux.weight", "aux.bias"] for x in rows),
+        ),
+        Claim(
+            f"fix 1, find_unused_parameters=True: all {r['steps']} steps ran (the head skipped on {len(skipped)}); "
+            f"parameters identical on every rank",
+            len(fu["numbers_per_step"]) == r["steps"] and fu["max_param_diff"] == 0.0 and len(skipped) > 0,
+        ),
+        Claim(
+            f"... yet each step all-reduced all {n:,} numbers, the head's {r['n_aux_params']} zeros too, and PyTorch "
+            "warns of the other cost: a walk over the autograd graph on every step",
+            all(fu["no_grad"][s] == ["aux.weight", "aux.bias"] and fu["numbers_per_step"][s] == n for s in skipped)
+            and EXTRA_TRAVERSAL in output,
+        ),
+        Claim(
+            f"fix 2, static_graph=True with the head unused on every step: all {r['steps']} steps ran; parameters "
+            "identical",
+            len(sg["numbers_per_step"]) == r["steps"] and sg["max_param_diff"] == 0.0,
+        ),
+    ]
+    step = rows[0]["failed_at_step"] if rows else "?"
+    return Symptom(
+        "11. parameter unused on some steps",
+        f"error in step {step}: reduction not finished",
+        f"find_unused / static_graph: {r['steps']} steps, params identical",
+        claims,
+    )
+
+
+def pytorch_warning(output: str, width: int = 160) -> str:
+    """PyTorch's warning about find_unused_parameters, once (every rank prints it), up to the end of the sentence that
+    names its cost (the rest is advice); cut to `width` if that sentence is not there."""
+    line = next((x for x in output.splitlines() if EXTRA_TRAVERSAL in x), "")
+    text = line.split("Warning: ", 1)[-1]
+    end = text.find(".", text.find(EXTRA_TRAVERSAL)) if EXTRA_TRAVERSAL in text else -1
+    if end >= 0:
+        return text[: end + 1]
+    return text if len(text) <= width else text[: width - 3] + "..."

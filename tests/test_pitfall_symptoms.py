@@ -1,0 +1,216 @@
+"""Chapter 04's checks (distrinews_course.pitfall_symptoms) on what a real run of the pitfall scripts measured
+(tests/data/pitfall_runs.json: every JSON and output of a 2-rank gloo run, as the chapter launches them): each
+pitfall's claims hold on the real figures, and each fails when one figure is made wrong."""
+
+import copy
+import json
+
+import pytest
+
+from distrinews_course import pitfall_failures as failures
+from distrinews_course import pitfall_figures as figures
+from distrinews_course import pitfall_symptoms as symptoms
+from distrinews_course.launch import LaunchResult
+
+from .helpers import ROOT
+
+RUN = json.loads((ROOT / "tests" / "data" / "pitfall_runs.json").read_text())
+HANG, LIMIT = RUN["hang_timeout_s"], RUN["limit_s"]
+
+
+def data(name):
+    return copy.deepcopy(RUN["finishing"][name]["json"])
+
+
+def output(name):
+    return RUN["finishing"][name]["output"]
+
+
+def failed(name, **change):
+    f = {**RUN["failing"][name], **change}
+    return LaunchResult([], f["returncode"], f["output"], f["seconds"], f["timed_out"], f["output"].splitlines())
+
+
+def holds(symptom):
+    return [c.holds for c in symptom.claims]
+
+
+def test_every_pitfall_shows_its_symptom_on_the_recorded_run():
+    found = symptoms.Found()
+    found.add(symptoms.set_epoch(data("01_set_epoch.py")))
+    found.add(symptoms.no_sampler(data("02_no_sampler.py")))
+    found.add(symptoms.print_every_rank(output("03_print_every_rank.py"), RUN["nproc"]))
+    found.add(symptoms.save_wrapper(data("04_save_wrapper.py")))
+    found.add(symptoms.shared_file(data("05_shared_file.py")))
+    found.add(symptoms.eval_padding(data("06_eval_padding.py")))
+    found.add(failures.uneven_inputs(failed("07_uneven_inputs.py"), data("07_uneven_inputs.py"), HANG, LIMIT))
+    found.add(symptoms.no_sync(data("08_no_sync.py")))
+    found.add(
+        failures.one_rank_collective(
+            failed("09_one_rank_collective.py"), data("09_one_rank_collective.py"), HANG, LIMIT
+        )
+    )
+    refusals = {"choose_backend('nccl')": "--backend nccl needs NVIDIA GPUs ... Use --backend gloo (or auto)"}
+    found.add(failures.nccl_backend(failed("10_nccl_backend.py"), data("10_nccl_backend.py"), refusals, 0, LIMIT))
+    found.add(
+        failures.unused_parameters(
+            failed("11_unused_parameters.py"), data("11_unused_parameters.py"), output("11_unused_parameters.py"), LIMIT
+        )
+    )
+    found.add(symptoms.batchnorm(data("12_batchnorm.py")))
+    found.add(symptoms.lr_scaling(data("13_lr_scaling.py")))
+    assert len(found) == 13
+    for s in found:
+        assert s.holds, (s.pitfall, [c.text for c in s.claims if not c.holds])
+    table = found.markdown().splitlines()
+    assert len(table) == 15 and table[2].startswith("| 1. no set_epoch | 1 distinct order in 3 epochs |")
+
+
+def test_set_epoch_fails_when_an_epoch_repeats_or_a_sample_is_lost():
+    r = data("01_set_epoch.py")
+    r["fixed"]["distinct_orders_per_rank"][1] = 2
+    assert holds(symptoms.set_epoch(r)) == [True, False, True]
+    r = data("01_set_epoch.py")
+    r["broken"]["distinct_orders_per_rank"][0] = 3
+    r["fixed"]["each_epoch_covers_all"] = False
+    assert holds(symptoms.set_epoch(r)) == [False, True, False]
+
+
+def test_no_sampler_fails_when_the_work_is_not_duplicated():
+    r = data("02_no_sampler.py")
+    r["broken"]["duplication"] = 1.0
+    assert holds(symptoms.no_sampler(r)) == [False, True, True]
+    r = data("02_no_sampler.py")
+    r["fixed"]["duplication"] = 2.0
+    assert holds(symptoms.no_sampler(r))[2] is False
+
+
+def test_printing_fails_when_the_printed_loss_is_not_the_ranks_mean():
+    out = output("03_print_every_rank.py")
+    line = next(x for x in out.splitlines() if x.startswith("[fixed] epoch 0 loss"))
+    wrong = out.replace(line, "[fixed] epoch 0 loss 1.0000")
+    assert holds(symptoms.print_every_rank(wrong, RUN["nproc"])) == [True, False]
+    one_rank = "\n".join(x for x in out.splitlines() if not x.startswith("[broken]") or "epoch 1" not in x)
+    assert holds(symptoms.print_every_rank(one_rank, RUN["nproc"]))[0] is False
+
+
+def test_save_wrapper_fails_on_unprefixed_keys_or_a_loadable_file():
+    r = data("04_save_wrapper.py")
+    r["broken"]["module_prefixed"] = 0
+    r["broken"]["loads_into_bare_model"] = True
+    assert holds(symptoms.save_wrapper(r)) == [False, False, True, True]
+    r = data("04_save_wrapper.py")
+    r["fixed"]["weights_match"] = False
+    assert holds(symptoms.save_wrapper(r))[3] is False
+
+
+def test_shared_file_fails_on_a_readable_summary_or_extra_rows():
+    r = data("05_shared_file.py")
+    r["broken"]["summary_readable"] = True
+    r["fixed"]["csv_rows"] += 1
+    assert holds(symptoms.shared_file(r)) == [True, False, False]
+
+
+def test_eval_padding_fails_when_the_counts_or_accuracies_do_not_differ():
+    r = data("06_eval_padding.py")
+    r["broken"]["accuracy"] = r["truth_accuracy"]
+    assert holds(symptoms.eval_padding(r)) == [False, True, True]
+    r = data("06_eval_padding.py")
+    r["library_evaluate_accuracy"] += 0.01
+    assert holds(symptoms.eval_padding(r)) == [True, True, False]
+
+
+def test_a_hang_must_end_by_its_own_timeout():
+    r = data("07_uneven_inputs.py")
+    assert all(holds(failures.uneven_inputs(failed("07_uneven_inputs.py"), r, HANG, LIMIT)))
+    stopped = failed("07_uneven_inputs.py", timed_out=True)  # the launcher had to stop it: no check may pass
+    assert not holds(failures.uneven_inputs(stopped, r, HANG, LIMIT))[1]
+    quick = failures.uneven_inputs(failed("07_uneven_inputs.py"), r, 100, LIMIT)  # gave up before the timeout
+    assert [c.holds for c in quick.claims if "gave up after" in c.text] == [False]
+    no_timeout = failed(
+        "07_uneven_inputs.py",
+        output=RUN["failing"]["07_uneven_inputs.py"]["output"]
+        .replace("Timed out", "Broken pipe")
+        .replace("timed out", "broken"),
+    )
+    assert [c.holds for c in failures.uneven_inputs(no_timeout, r, HANG, LIMIT).claims if "timeout (" in c.text] == [
+        False
+    ]
+    r["join"]["max_param_diff"] = 1e-3
+    assert holds(failures.uneven_inputs(failed("07_uneven_inputs.py"), r, HANG, LIMIT))[-1] is False
+
+
+def test_no_sync_fails_on_equal_counts_a_sync_before_the_last_or_a_faster_broken_run():
+    r = data("08_no_sync.py")
+    assert r["fixed"]["allreduce_per_micro_batch"][:-1] == [0] * (r["accum"] - 1)
+    r["broken"]["allreduce_per_step"] = r["fixed"]["allreduce_per_step"]
+    assert holds(symptoms.no_sync(r))[0] is False
+    r = data("08_no_sync.py")
+    r["fixed"]["allreduce_per_micro_batch"] = list(reversed(r["fixed"]["allreduce_per_micro_batch"]))
+    assert holds(symptoms.no_sync(r))[1] is False
+    r = data("08_no_sync.py")
+    r["broken"]["ms_per_step"] = r["fixed"]["ms_per_step"] / 2
+    r["max_param_diff_broken_vs_fixed"] = 1e-3
+    assert holds(symptoms.no_sync(r))[2:] == [False, False]
+
+
+def test_one_rank_collective_fails_when_the_fix_waits_or_averages_wrong():
+    r = data("09_one_rank_collective.py")
+    r["seconds"] = HANG
+    r["global_val_loss"] = 1.0
+    assert holds(failures.one_rank_collective(failed("09_one_rank_collective.py"), r, HANG, LIMIT))[-2:] == [
+        False,
+        False,
+    ]
+
+
+def test_nccl_fails_without_a_refusal_or_with_the_wrong_backend():
+    r, res = data("10_nccl_backend.py"), failed("10_nccl_backend.py")
+    assert not all(holds(failures.nccl_backend(res, r, {"choose_backend('nccl')": None}, 0, LIMIT)))
+    assert not all(holds(failures.nccl_backend(res, r, {"choose_backend('nccl')": "refused"}, 0, LIMIT)))
+    assert not all(holds(failures.nccl_backend(res, r, {"x": "use gloo"}, 2, LIMIT)))  # 2 GPUs: nccl was expected
+    passed = failed("10_nccl_backend.py", returncode=0)
+    assert holds(failures.nccl_backend(passed, r, {"x": "use gloo"}, 0, LIMIT))[0] is False
+
+
+def test_unused_parameters_fail_without_the_error_or_the_warning():
+    r, res, out = data("11_unused_parameters.py"), failed("11_unused_parameters.py"), output("11_unused_parameters.py")
+    other = failed("11_unused_parameters.py", output=res.output.replace("Expected to have finished", "Something"))
+    assert holds(failures.unused_parameters(other, r, out, LIMIT))[1] is False
+    quiet = out.replace(failures.EXTRA_TRAVERSAL, "")
+    assert holds(failures.unused_parameters(res, r, quiet, LIMIT))[4] is False
+    assert "extra traversal of the autograd graph" in failures.pytorch_warning(out)
+    r["static_graph"]["max_param_diff"] = 1e-6
+    assert holds(failures.unused_parameters(res, r, out, LIMIT))[5] is False
+
+
+def test_batchnorm_fails_when_broken_agrees_or_fixed_drifts():
+    r = data("12_batchnorm.py")
+    r["broken"]["mean_diff_to_global"] = 1e-5
+    assert holds(symptoms.batchnorm(r)) == [False, True]
+    r = data("12_batchnorm.py")
+    r["fixed"]["var_diff_to_global"] = 1e-3
+    assert holds(symptoms.batchnorm(r)) == [True, False]
+
+
+def test_lr_scaling_fails_when_the_gap_is_small_or_not_closed():
+    r = data("13_lr_scaling.py")
+    r["broken"]["curve"][-1][1] = r["one_process"][-1][1] + 0.01
+    assert holds(symptoms.lr_scaling(r))[1] is False
+    r = data("13_lr_scaling.py")
+    r["fixed"]["curve"][-1][1] = r["broken"]["curve"][-1][1]
+    assert holds(symptoms.lr_scaling(r))[2] is False
+
+
+@pytest.mark.parametrize(
+    "draw, name",
+    [
+        (figures.epoch_orders, "01_set_epoch.py"),
+        (figures.allreduces_per_micro, "08_no_sync.py"),
+        (figures.running_means, "12_batchnorm.py"),
+        (figures.lr_curves, "13_lr_scaling.py"),
+    ],
+)
+def test_the_figures_draw_from_the_recorded_run(draw, name, tmp_path):
+    fig = draw(data(name), save_to=tmp_path / "f.png")
+    assert fig.axes and (tmp_path / "f.png").stat().st_size > 10_000
