@@ -131,8 +131,8 @@ def test_dataparallel_on_this_machine_supports_section_3():
     assert len(calls) == 1 and calls[0].rows == 16
     assert _failing(R.dataparallel_claims(calls, y, 16, 0, list(dp.state_dict()))) == []
     assert "this cell" in R.replica_table(calls, 16)
-    moved = [R.ReplicaCall(calls[0].pid + 1, calls[0].thread, "cpu", 16)]
-    assert "ONE process" in _failing(R.dataparallel_claims(moved, y, 16, 0, list(dp.state_dict())))[0]
+    split = [R.ReplicaCall(calls[0].pid, calls[0].thread, "cpu", 8)] * 2  # DP split the batch on a CPU: wrong
+    assert "called the model once" in _failing(R.dataparallel_claims(split, y, 16, 0, list(dp.state_dict())))[0]
     assert "'module.'" in _failing(R.dataparallel_claims(calls, y, 16, 0, list(net.state_dict())))[0]
     two = R.dataparallel_claims(calls, y, 16, 2, list(dp.state_dict()))  # a 2-GPU claim on a 1-call record
     assert "one forward per GPU (2)" in _failing(two)[0]
@@ -175,21 +175,29 @@ def test_a_wrong_timeline_fails(bwd):
     step = late["ranks"][1]["steps"][1]
     step["buckets"][0]["launched"] = step["grad_ready"][-1][0] + 0.001
     assert "before the last gradient" in _failing(R.overlap_claims(late))[0]
-    late = copy.deepcopy(bwd)
-    late["ranks"][0]["steps"][1]["buckets"][-1]["not_ready"] = 2
-    assert "once every gradient existed" in _failing(R.overlap_claims(late))[0]
 
 
 def test_the_exposed_tail_is_said_in_the_runs_numbers(bwd):
     o = R.overlaps(bwd)[0]
     text = R.exposed_tail_text(bwd, "gloo")
     assert f"{o.in_flight} of the {o.buckets} all-reduces" in text and f"{o.exposed_ms:.1f} ms later" in text
+    step = bwd["ranks"][0]["steps"][1]
+    last = step["grad_ready"][-1][0]
+    assert o.in_flight == sum(b["launched"] <= last < b["done"] for b in step["buckets"])
+    assert o.not_launched == sum(b["launched"] > last for b in step["buckets"])
+    assert (f"{o.not_launched} not launched yet" in text) == (o.not_launched > 0)
+    unlaunched = copy.deepcopy(bwd)  # every bucket launched after the last gradient: none was in flight at it
+    for b in unlaunched["ranks"][0]["steps"][1]["buckets"]:
+        b["launched"], b["done"] = last + 1e-4, max(b["done"], last + 2e-4)
+    text = R.exposed_tail_text(unlaunched, "gloo")
+    assert "0 of the 6 all-reduces were still in flight and 6 not launched yet" in text, text
     assert ("not in launch order" in text) == o.out_of_order
     ordered = copy.deepcopy(bwd)
     buckets = ordered["ranks"][0]["steps"][1]["buckets"]
     for i, b in enumerate(buckets):
         b["done"] = ordered["ranks"][0]["steps"][1]["grad_ready"][-1][0] - 1e-4 * (len(buckets) - i)
     buckets[-1]["done"] = ordered["ranks"][0]["steps"][1]["backward_s"]
+    buckets[-1]["launched"] = ordered["ranks"][0]["steps"][1]["grad_ready"][-1][0] - 1e-5  # in flight at the last
     text = R.exposed_tail_text(ordered, "gloo")
     assert "1 of the 6" in text and "only the last bucket's" in text and "launch order" not in text
 
