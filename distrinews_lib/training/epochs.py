@@ -220,18 +220,6 @@ class EpochMeter:
             sums[step] = (np.float32(acc + np.float32(value) * np.float32(n)), count + n)
         return [float(np.float32(acc / np.float32(max(count, 1)))) for acc, count in sums.values()]
 
-    @classmethod
-    def merged(cls, states: list, first: bool, batches_done: int, ratio: float) -> dict:
-        """Counters to resume with on another world size: the first new rank carries the sums, steps scale by
-        `ratio` (old world / new world), the time is the old ranks' mean."""
-        merged = {k: (sum(s[k] for s in states) if first else 0) for k in cls.SUMMED}
-        merged.update(
-            steps=int(round(states[0]["steps"] * ratio)),
-            batches=batches_done,
-            seconds=sum(s["seconds"] for s in states) / len(states),
-        )
-        return merged
-
     def finish(self, lr: float) -> EpochStats:
         """The epoch's totals over every rank (one small all-reduce)."""
         if self.device.type == "cuda":

@@ -113,7 +113,7 @@ class ResumeChoice:
             done = done * old_world // snap.world_size
             rescale_schedule(snap, old_world / snap.world_size)
             set_rng_state(rngs[snap.rank % old_world])
-            meter = EpochMeter.merged(meters, snap.rank == 0, done, old_world / snap.world_size) if meters else None
+            meter = merged_meter(meters, snap.rank == 0, done, old_world / snap.world_size) if meters else None
             snap.log(
                 f"resume: the snapshot was taken with {old_world} process(es), this run has {snap.world_size}; "
                 f"the data order changes accordingly (each rank now sees a different shard), so the result "
@@ -121,6 +121,18 @@ class ResumeChoice:
             )
         snap.log(f"resumed from {path} (epoch {epoch}, {done} batches into it, step {snap.global_step})")
         return ResumePoint(epoch, done, {epoch: meter} if meter else {})
+
+
+def merged_meter(states: list, first: bool, batches_done: int, ratio: float) -> dict:
+    """An EpochMeter's counters to resume with on another world size: the first new rank carries the sums, steps
+    scale by `ratio` (old world / new world), the time is the old ranks' mean."""
+    merged = {k: (sum(s[k] for s in states) if first else 0) for k in EpochMeter.SUMMED}
+    merged.update(
+        steps=int(round(states[0]["steps"] * ratio)),
+        batches=batches_done,
+        seconds=sum(s["seconds"] for s in states) / len(states),
+    )
+    return merged
 
 
 def rescale_schedule(snap, ratio: float) -> None:
