@@ -242,8 +242,8 @@ def speed_note(rows, d: dict, env, load: OtherPrograms) -> str:
     grad_mib = 4 * d["model"]["num_parameters"] / 2**20  # fp32 gradients; 1 MiB = 2^20 bytes
     per = d["config"]["batch_size"]
     published = (
-        " (Two T4s on Kaggle are reported to train an epoch of DistilBERT about 1.78x as fast as one: a published "
-        "figure for that setup, not measured here.)"
+        " (What two T4s on Kaggle would give is estimated in chapter 05, from the rate measured between them: not "
+        "measured here.)"
     )
     if env.nproc == 1:
         return (

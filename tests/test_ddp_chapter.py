@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -191,6 +192,17 @@ def _control(gap=6.5e-5, moved=0.093, loss=None):
     if loss is not None:
         ddp["epochs"][-1]["train_loss"] = loss
     return S.Control(single, ddp, gap, moved)
+
+
+def test_the_control_table_says_when_the_model_is_still_near_an_even_guess():
+    c = _control()
+    near = c.single["epochs"][-1]["train_loss"] > S.NEAR_EVEN_GUESS * math.log(4)
+    assert ("still near ln 4" in c.table()) == near
+    for m in (c.single, c.ddp):
+        m["epochs"][-1]["train_loss"] = 0.4  # a control that learned: no such line
+    assert "still near ln 4" not in c.table()
+    c.ddp["epochs"][-1]["train_loss"] = 1.38  # one run near an even guess: said
+    assert "training loss 1.3800 is still near ln 4" in c.table()
 
 
 def test_the_control_claims_hold_and_fail():
