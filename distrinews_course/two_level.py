@@ -145,6 +145,7 @@ class Prediction:
     inter_s: float  # the collectives that leave it
     link_bytes: float  # what each node's link sends per step
     ops: list = field(default_factory=list)
+    inter_ops: int = 0  # how many of them leave the node (each pays the link's alpha)
 
     @property
     def step_s(self) -> float:
@@ -159,6 +160,7 @@ class Prediction:
             "step_s": self.step_s,
             "link_bytes": self.link_bytes,
             "collectives": len(self.ops),
+            "inter_ops": self.inter_ops,
         }
 
 
@@ -182,7 +184,23 @@ def predict(
         c = float(compute)
     intra_s = sum(o.seconds(lay, intra, inter, backend) for o in ops if o.link_bytes(lay, backend) == 0)
     inter_s = sum(o.seconds(lay, intra, inter, backend) for o in ops if o.link_bytes(lay, backend) > 0)
-    return Prediction(variant, c, intra_s, inter_s, sum(o.link_bytes(lay, backend) for o in ops), ops)
+    across = [o for o in ops if o.link_bytes(lay, backend) > 0]
+    return Prediction(variant, c, intra_s, inter_s, sum(o.link_bytes(lay, backend) for o in ops), ops, len(across))
+
+
+def step_at(pred: dict, inter: Fit) -> float:
+    """A prediction (Prediction.as_dict()) on a link of another rate: its computation and its collectives inside the
+    node unchanged, each collective across at `inter`'s alpha-beta:
+
+        step = computation + inside + n_across x alpha_link + link_bytes / B_link
+    """
+    return pred["compute_s"] + pred["intra_s"] + inter.seconds(pred["link_bytes"], pred["inter_ops"])
+
+
+def link_fit(alpha_s: float, bytes_per_s: float, mbit: float, dialed_mbit: float) -> Fit:
+    """The link's fit at `mbit`, from its fit at the dialed rate: the same latency, the payload rate in proportion
+    (a token-bucket filter passes bytes at the rate it is set to)."""
+    return Fit(alpha_s, 1 / (bytes_per_s * mbit / dialed_mbit))
 
 
 def computation(
@@ -261,3 +279,23 @@ def paper_table(params: float, compute_s: float, overlap: bool = True, gbits=PAP
                 }
             )
     return rows
+
+
+def paper_table_text(params: float, compute_s: float, nodes=(2, 8, 64), gbits=(100, 400)) -> str:
+    """paper_table as the chapter prints it: per number of nodes, FSDP's and HSDP's seconds a step and what HSDP
+    saves, at each network rate; an ESTIMATE from published figures."""
+    rows = {(r["nodes"], r["gbit"]): r for r in paper_table(params, compute_s, gbits=gbits)}
+    head = f"{'nodes':>5} {'GPUs':>5}" + "".join(
+        f" | {g:>3} Gbit/s: {'FSDP':>5} {'HSDP':>5} {'saved':>5}" for g in gbits
+    )
+    lines = [head]
+    for n in nodes:
+        lines.append(
+            f"{n:>5} {PAPER_GPUS_PER_NODE * n:>5}"
+            + "".join(
+                f" | {'':>11} {rows[n, g]['fsdp_s']:>5.2f} {rows[n, g]['hsdp_s']:>5.2f} "
+                f"{100 * rows[n, g]['saved_share']:>4.0f}%"
+                for g in gbits
+            )
+        )
+    return "\n".join(lines)

@@ -222,20 +222,21 @@ class Others:
         return None if self.busy0 is None else max(0.0, (busy1 - self.busy0 - float(own)) / self.seconds())
 
 
-def race(runners: dict, batches, args, rank: int, world: int, per_node: int) -> dict:
+def race(runners: dict, batches, args, rank: int, world: int, per_node: int, rounds: int | None = None) -> dict:
     """Alternating rounds (the order rotating): every contender's step time (rank 0's clock; the collectives hold the
     ranks together) and what each node's link sent and received per step."""
     contenders = list(runners)
     steps = {n: [] for n in contenders}
     sent = {n: [] for n in contenders}
     others = Others()
-    for k in range(args.rounds):
+    rounds = args.rounds if rounds is None else rounds
+    for k in range(rounds):
         order = contenders[k % len(contenders) :] + contenders[: k % len(contenders)]
         for n in order:
             dist.barrier()
             b0, s0 = link.link_bytes(), time.perf_counter()
             for i, b in enumerate(batches):
-                if k == args.rounds - 1 and i == args.round_steps - 1:
+                if k == rounds - 1 and i == args.round_steps - 1:
                     runners[n].timeline.start()  # the last step of the last round, drawn (rank 0's)
                 runners[n].step(b)
                 runners[n].timeline.on = False
@@ -252,7 +253,7 @@ def race(runners: dict, batches, args, rank: int, world: int, per_node: int) -> 
         for n in contenders
     }
     return {
-        "rounds": args.rounds,
+        "rounds": rounds,
         "steps_per_round": args.round_steps,
         "step_s": steps,
         "median_step_s": {n: statistics.median(v) for n, v in steps.items()},
@@ -263,6 +264,49 @@ def race(runners: dict, batches, args, rank: int, world: int, per_node: int) -> 
         "collectives_per_step": {n: r.collectives_per_step for n, r in runners.items()},
         "timelines": {n: r.timeline.events for n, r in runners.items()} if rank == 0 else None,
     }
+
+
+# The link-rate sweep: the contenders whose step the chapter draws against the link's rate, and the rates, as
+# multiples of the race's own. At most SWEEP_MAX_MBIT: up to 640 Mbit/s the shaped link carried 98% of its nominal
+# payload rate in this box (75.2 MB/s); dialed to 1280 it carried 169 MB/s, more than the 153 its rate allows (the
+# filter's burst, on a CPU busy with four ranks), so that point would not measure a link of that rate.
+SWEEP = ("ddp", "hierarchical", "fsdp2", "hsdp")
+SWEEP_MAX_MBIT = 640
+
+
+def sweep_rates(mbit: int, multiples) -> list[int]:
+    """The sweep's rates (Mbit/s) beyond the race's own: mbit x each multiple, at most SWEEP_MAX_MBIT, no repeats."""
+    return sorted({min(round(mbit * m), SWEEP_MAX_MBIT) for m in multiples if m > 1} - {mbit})
+
+
+def at_rate(fit: dict, mbit: float, dialed_mbit: float) -> dict:
+    """The link's fit (fit_level's dict) at another rate (two_level.link_fit)."""
+    f = tl.link_fit(fit["alpha_s"], fit["bytes_per_s"], mbit, dialed_mbit)
+    return {"alpha_s": f.alpha_s, "bytes_per_s": f.bandwidth}
+
+
+def sweep_predictions(lay: tl.Layout, fits: dict, fast: dict, rates, dialed: int) -> dict:
+    """{mbit: the SWEEP contenders' predictions at mbit}: the fit at the `dialed` rate, scaled to each rate; made
+    before any timed step, as the race's own."""
+    chosen = [n for n in SWEEP if n in fast]
+    return {
+        mbit: predictions(chosen, lay, {**fits, "inter": at_rate(fits["inter"], mbit, dialed)}, fast) for mbit in rates
+    }
+
+
+def sweep(runners: dict, batches, args, rank: int, world: int, per_node: int, rates) -> dict:
+    """At each rate of `rates` (rank 0 dials every link), the SWEEP contenders raced in args.sweep_rounds alternating
+    rounds: {mbit: race()'s result, without the timelines}."""
+    chosen = {n: runners[n] for n in SWEEP if n in runners}
+    out = {}
+    for mbit in rates:
+        dist.barrier()
+        if rank == 0:
+            link.dial(f"{mbit}mbit")
+        dist.barrier()
+        r = race(chosen, batches, args, rank, world, per_node, rounds=args.sweep_rounds)
+        out[mbit] = {k: v for k, v in r.items() if k != "timelines"}
+    return out
 
 
 def memory_estimates(mem: dict | None, contenders, args, lay: tl.Layout) -> dict:
@@ -324,4 +368,28 @@ def summary(res: dict) -> dict:
         "contenders": out,
         "peak_mb_per_rank": memory,
         "correct": {k: v["max_weight_diff"] for k, v in res["correct"].items()},
+        "terms": {n: {k: res["predicted"][n][k] for k in MODEL_TERMS} for n in res["contenders"]},
+        "sweep": sweep_summary(res),
     }
+
+
+# What the chapter's curves need of each contender's prediction at the dialed rate (two_level.step_at)
+MODEL_TERMS = ("compute_s", "intra_s", "inter_s", "inter_ops", "link_bytes", "step_s")
+
+
+def sweep_summary(res: dict) -> dict:
+    """{mbit: {contender: {predicted, measured (the median round), rounds}}}, the race's own rate included; {} for a
+    launch without a sweep."""
+    sw = res.get("sweep")
+    if not sw:
+        return {}
+    race = res["race"]
+    out = {res["link_mbit"]: {n: point(res["predicted"][n]["step_s"], race["step_s"][n]) for n in SWEEP}}
+    for mbit, raced in sw["race"].items():
+        predicted = sw["predicted"][mbit]
+        out[int(mbit)] = {n: point(predicted[n]["step_s"], raced["step_s"][n]) for n in predicted}
+    return dict(sorted(out.items()))
+
+
+def point(predicted: float, rounds: list) -> dict:
+    return {"predicted": predicted, "measured": statistics.median(rounds), "rounds": rounds}

@@ -1,11 +1,11 @@
 """Chapter 08's notebook side of the two-level race: launch scripts/by_hand/race_two_level.py in the cluster in a box
 (2 nodes x 2 ranks), or read the recorded run where no box can be built (Kaggle, a laptop without namespaces), and
-read either into the figures the chapter prints and checks."""
+read either into the tables the chapter prints (two_level_claims decides what they support, two_level_figures draws
+them)."""
 
 from __future__ import annotations
 
 import json
-import statistics
 from pathlib import Path
 
 from .. import ROOT
@@ -47,59 +47,125 @@ def recorded(machine: str | None = None) -> dict | None:
     return json.loads(files[0].read_text()) if files else None
 
 
-def per_round_saving(rec: dict, slow: str, fast: str) -> tuple[float, list]:
-    """How much faster `fast` ran than `slow` in each round (both in the same round, back to back), and the median."""
-    rounds = [
-        a - b for a, b in zip(rec["contenders"][slow]["step_s"]["rounds"], rec["contenders"][fast]["step_s"]["rounds"])
-    ]
-    return statistics.median(rounds), rounds
-
-
-def table(rec: dict) -> str:
-    """Per contender, in ms a step: its step on the unshaped box, the computation the model takes from it, the step
-    predicted at the dialed rate and the one measured; and the bytes over each node's link, predicted and counted."""
-    mib = 2**20
-    lines = [
-        f"{'ms a step':<28} {'unshaped':>8} {'compute':>7} {'predicted':>9} {'measured':>8} {'':>5} | "
-        f"{'MiB/link predicted':>18} {'node0':>6} {'node1':>6}"
-    ]
+def table(rec: dict, only: str | None = None) -> str:
+    """Per contender: its step in ms (on the unshaped box, the computation the model takes from it, predicted at the
+    dialed rate, measured) and the MiB over each node's link per step (predicted, counted on each node). only:
+    "steps" or "bytes" for one half."""
+    mib, m = 2**20, rec["grad_bytes"]
+    steps = f"{'unshaped':>8} {'compute':>7} {'predicted':>9} {'measured':>8} {'':>5}"
+    nbytes = f"{'x M predicted':>13} {'node0':>6} {'node1':>6}"
+    head = {"steps": steps, "bytes": nbytes}.get(only, f"{steps} | {nbytes}")
+    lines = [f"{'ms a step' if only != 'bytes' else 'over each link, per step':<28} {head}"]
     for name, c in rec["contenders"].items():
         s, b = c["step_s"], c["link_bytes_per_step"]
-        counted = "".join(f" {x / mib:>6.2f}" for x in b["measured_per_node"])
         err = 100 * (s["measured"] / s["predicted"] - 1)
+        st = (
+            f"{1000 * s['unshaped']:>8.0f} {1000 * s['computation']:>7.0f} {1000 * s['predicted']:>9.0f} "
+            f"{1000 * s['measured']:>8.0f} {err:>+4.0f}%"
+        )
+        by = f"{b['predicted'] / m:>13.3f}" + "".join(f" {x / m:>6.3f}" for x in b["measured_per_node"])
+        lines.append(f"{NAMES.get(name, name):<28} " + {"steps": st, "bytes": by}.get(only, f"{st} | {by}"))
+    if only != "steps":
+        lines.append(f"(M = {m / mib:.2f} MiB: one rank's gradients, {m // 4:,} fp32 parameters)")
+    return "\n".join(lines)
+
+
+def memory_table(rec: dict) -> str:
+    """Each contender's peak MiB per rank, measured, beside chapter 06's calculator."""
+    lines = [f"{'':<28} {'peak MiB/rank':>13} {'06 calculator':>13} {'':>6}"]
+    for name, m in rec["peak_mb_per_rank"].items():
         lines.append(
-            f"{NAMES.get(name, name):<28} {1000 * s['unshaped']:>8.0f} {1000 * s['computation']:>7.0f} "
-            f"{1000 * s['predicted']:>9.0f} {1000 * s['measured']:>8.0f} {err:>+4.0f}% "
-            f"| {b['predicted'] / mib:>18.2f}{counted}"
+            f"{NAMES.get(name, name):<28} {m['measured']:>13.1f} {m['calculator']:>13.1f} "
+            f"{100 * (m['measured'] / m['calculator'] - 1):>+5.0f}%"
         )
     return "\n".join(lines)
 
 
-def plot(rec: dict, save_to=None):
-    """Two panels: each contender's step time and bytes over a node's link, predicted beside measured."""
-    from ..plots import _pyplot
+def record_fields(rec: dict, live: dict | None, why_not: str, quiet: bool) -> dict:
+    """What chapter 08's record keeps of the two-level race."""
+    return {
+        "live": live is not None,
+        "not_live_because": None if live is not None else why_not,
+        "link_mbit": rec["link_mbit"],
+        "quiet": quiet,
+        "foreign_cores": rec["foreign_cores"],
+        "contenders": rec["contenders"],
+        "sweep": rec.get("sweep"),
+        "correct": rec["correct"],
+    }
 
-    plt = _pyplot()
-    names = list(rec["contenders"])
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
-    x = range(len(names))
-    for ax, key, scale, label in (
-        (axes[0], "step_s", 1000, "ms per step"),
-        (axes[1], "link_bytes_per_step", 1 / 2**20, "MiB per step over a node's link"),
-    ):
-        pred = [rec["contenders"][n][key]["predicted"] * scale for n in names]
-        meas = [
-            (rec["contenders"][n][key].get("measured") or max(rec["contenders"][n][key]["measured_per_node"])) * scale
-            for n in names
-        ]
-        ax.bar([i - 0.2 for i in x], pred, 0.4, label="predicted", color="tab:gray")
-        ax.bar([i + 0.2 for i in x], meas, 0.4, label="measured", color="tab:blue")
-        ax.set_xticks(list(x), names, rotation=20)
-        ax.set_ylabel(label)
-    axes[0].legend()
-    fig.suptitle(f"2 nodes x 2 ranks, links at {rec['link_mbit']} Mbit/s: the cost model against the box")
-    fig.tight_layout()
-    if save_to:
-        Path(save_to).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(save_to, dpi=110)
-    return fig
+
+def headline(rec: dict, live: dict | None) -> str:
+    step = {n: c["step_s"]["measured"] for n, c in rec["contenders"].items()}
+    return (
+        f"; 2x2 nodes at {rec['link_mbit']} Mbit/s: hierarchical {step['hierarchical'] / step['ddp']:.2f}x DDP's step, "
+        f"HSDP {step['hsdp'] / step['fsdp2']:.2f}x full sharding's" + ("" if live is not None else " (recorded)")
+    )
+
+
+def terms_table(rec: dict) -> str:
+    """The model's step at the race's rate, term by term (ms): computation, the collectives inside the node, those
+    across (n x the link's alpha, and the link's bytes at its rate), their sum."""
+    fit = rec["fits"]["inter"]
+    lines = [
+        f"{'ms a step':<28} {'compute':>7} {'inside':>6} {'n x alpha':>9} {'bytes/B_link':>12} {'= step':>7}",
+    ]
+    for name, t in rec["terms"].items():
+        alpha = t["inter_ops"] * fit["alpha_s"]
+        wire = t["link_bytes"] / fit["bytes_per_s"]
+        lines.append(
+            f"{NAMES.get(name, name):<28} {1000 * t['compute_s']:>7.0f} {1000 * t['intra_s']:>6.0f} "
+            f"{1000 * alpha:>9.1f} {1000 * wire:>12.0f} {1000 * t['step_s']:>7.0f}"
+        )
+    return "\n".join(lines)
+
+
+def race_or_recorded(enabled: bool, why_not: str, *, args=(), timeout: float = 300) -> tuple[dict, dict | None]:
+    """(the record the chapter reads, the live launch or None): the race in a box where one can be built and
+    `enabled`, else the recorded run, said in one line. The live launch's log (its predictions) is printed."""
+    if enabled:
+        live = run("outputs/two_level/race.json", args=args, timeout=timeout)
+        print("\n".join(live["log"]))
+        from .race_two_level import summary
+
+        return summary(live), live
+    rec = recorded()
+    if rec is None:
+        raise FileNotFoundError("no benchmarks/two_level_*.json to show: record one (race_two_level.py --benchmark)")
+    p = rec["provenance"]
+    print(
+        f"no box here ({why_not}): the recorded run instead ({p['cpu']}, commit {p['git_commit'][:7]}, "
+        "benchmarks/), shown and not checked"
+    )
+    return rec, None
+
+
+def predicted_first(live: dict | None) -> list:
+    """The launch wrote every prediction (the race's rate and the sweep's) before its first timed step."""
+    from ..claims import Claim
+
+    if live is None:
+        return []
+    return [
+        Claim(
+            "every prediction, at every rate, was written before the first timed step",
+            live["predicted_at"] < live["race_started_at"],
+        )
+    ]
+
+
+def excerpt(path, qualname: str) -> str:
+    """The source of one function or method of a file ('Class.method' or 'function'), as written there."""
+    import ast
+
+    text = Path(path).read_text()
+    scope = ast.parse(text).body
+    node = None
+    for part in qualname.split("."):
+        node = next((n for n in scope if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part), None)
+        if node is None:
+            raise ValueError(f"{path} has no {qualname}")
+        scope = node.body
+    lines = text.splitlines()
+    start = min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1
+    return "\n".join(lines[start : node.end_lineno])

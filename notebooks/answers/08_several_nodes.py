@@ -41,3 +41,14 @@ def _from_the_rung(rung, path):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(answers_03.solution_source(rung, functions_only=True))
     return path
+
+
+def never_arrives(join_timeout, startup_s):
+    """Exercise 2's prediction, made before the run: the rendezvous gives up after its join timeout (it does not
+    start a world of 1, and --join-timeout replaces torchrun's 600 s), plus this machine's start-up to a rank, as the
+    two-node run measured it."""
+    return {"choice": "c", "seconds": join_timeout + startup_s}
+
+
+# Exercise 3's prediction: node.py checks the interface before it starts torchrun, and refuses at once
+WRONG_INTERFACE = "c"

@@ -9,7 +9,9 @@
    hierarchical's bytes take --comm_over_compute x that step, at most MAX_MBIT (race_two_level.py in the library);
 4. fit: each level's alpha-beta at that rate (inside the nodes; across them);
 5. predict, then race: every contender's step and bytes over each node's link, predicted and written to the log
-   BEFORE the timed rounds; then alternating rounds, each node's link counted (/sys/class/net/eth0/statistics).
+   BEFORE the timed rounds; then alternating rounds, each node's link counted (/sys/class/net/eth0/statistics);
+6. the sweep: every link dialed to --sweep multiples of the race's rate (at most SWEEP_MAX_MBIT), and torch's DDP,
+   hierarchical, FSDP2 and HSDP by hand raced again at each, their steps predicted with the race's (step 5).
 
     python scripts/cluster/box.py --nodes 2 --ranks-per-node 2 --link none -- \\
         scripts/by_hand/race_two_level.py --out outputs/two_level/race.json
@@ -59,6 +61,12 @@ def parse_args():
     )
     p.add_argument("--link", default=None, help="dial this rate instead (e.g. 300mbit); default: from the computation")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument(
+        "--sweep",
+        default="2,4",
+        help="after the race, DDP, hierarchical, FSDP2 and HSDP again at these multiples of its rate ('' for none)",
+    )
+    p.add_argument("--sweep_rounds", type=int, default=2, help="alternating rounds at each rate of the sweep")
     p.add_argument("--round_steps", type=int, default=2)
     p.add_argument("--memory_steps", type=int, default=2, help="steps of each peak-memory run (0: none)")
     p.add_argument("--zero_batch", type=int, default=8, help="texts per rank and step in the memory runs")
@@ -131,17 +139,26 @@ def main():
     # 5. predict (written to the log before any timed step), then race
     res["calibration_foreign_cores"] = others.cores()
     res["predicted"] = two.predictions(CONTENDERS, lay, fits, fast)
+    rates = two.sweep_rates(mbit, [float(m) for m in args.sweep.split(",") if m])
+    res["sweep"] = {"predicted": two.sweep_predictions(lay, fits, fast, rates, mbit)} if rates else None
     res["predicted_at"] = time.time()
     for n, p in res["predicted"].items():
         say(
             rank,
             f"predicted {n:>12}: {1000 * p['step_s']:6.0f} ms/step, {p['link_bytes'] / 2**20:6.2f} MiB/step per link",
         )
+    for r in rates:
+        steps = ", ".join(f"{n} {1000 * p['step_s']:.0f}" for n, p in res["sweep"]["predicted"][r].items())
+        say(rank, f"predicted at {r} Mbit/s: {steps} ms/step")
     res["seconds"]["calibrate"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     res["race_started_at"] = time.time()
     res["race"] = two.race(runners, batches, args, rank, world, lay.per_node)
     res["seconds"]["race"] = time.perf_counter() - t0
+    if rates:  # 6. the sweep: the link dialed faster, DDP, hierarchical, FSDP2 and HSDP raced at each rate
+        t0 = time.perf_counter()
+        res["sweep"]["race"] = two.sweep(runners, batches, args, rank, world, lay.per_node, rates)
+        res["seconds"]["sweep"] = time.perf_counter() - t0
     res["memory"] = two.memory_estimates(mem, ["ddp", *MEMORY, "fsdp2"], args, lay)
     res["runtime_mb"] = mem and mem["runtime_mb"]
     res["seconds"]["all"] = time.perf_counter() - started
