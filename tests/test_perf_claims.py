@@ -3,6 +3,7 @@ and the box's launches of one run of the chapter): each claim holds on what the 
 per claim, makes it fail (or, where the figure says the run could not tell, turns it into a NOTE)."""
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -127,6 +128,16 @@ def test_the_box_claims_hold(rec):
     crossing = after.crossing_claim(0.15)
     assert crossing.checked and crossing.holds, crossing
     assert after.measured_crossing_bits() / after.model_break_even_bits() == pytest.approx(1, abs=0.15)
+
+
+def test_the_break_even_predicted_before_is_set_against_this_launchs(rec):
+    after = after_of(rec)
+    be, now = after.before.break_even_bits(), after.model_break_even_bits()
+    line = after.before_line()
+    assert f"predicted before the run {be / 1e6:.0f} Mbit/s" in line and f"own runs {now / 1e6:.0f} Mbit/s" in line
+    assert ("did not hold" in line) == (abs(be / now - 1) >= dialed.COMM_BOUND), line
+    after.before = dataclasses.replace(after.before, single_s=2 * after.before.single_s)  # a prediction made from
+    assert "did not hold" in after.before_line()  # a 1-process step twice as long: its break-even is far off
 
 
 def test_an_all_reduce_off_its_prediction_fails(rec):

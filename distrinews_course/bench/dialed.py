@@ -237,11 +237,25 @@ class Dialed:
         return "\n".join(lines)
 
     def before_line(self) -> str:
-        """Why the speedups predicted before the run differ from the model on the runs beside them, in one line."""
+        """The break-even predicted before the run against the one this launch's runs imply (and where the measured
+        speedups cross 1x), whether the prediction held (within COMM_BOUND), and why the two differ: the compute it
+        took from section 3, which a shared host moves between launches."""
+        mbit = lambda b: f"{b / 1e6:.0f} Mbit/s" if b else "none (DDP loses on any link)"  # noqa: E731
+        before, now, cross = self.before.break_even_bits(), self.model_break_even_bits(), self.measured_crossing_bits()
+        held = bool(before and now) and abs(before / now - 1) < COMM_BOUND
         return (
-            f"the 1-process step took {1000 * self.single_s:.0f} ms in this launch, against "
-            f"{1000 * self.before.single_s:.0f} ms in section 3's, where the prediction before the run took it from; "
-            "the 'model' column puts this launch's own 1-process step and pairs in its place"
+            f"break-even: predicted before the run {mbit(before)}; the model on this launch's own runs {mbit(now)}"
+            + (f", and the measured speedups cross 1x at about {cross / 1e6:.0f} Mbit/s" if cross else "")
+            + (
+                f". The prediction held (within {100 * COMM_BOUND:.0f}%), though the 1-process step it took from "
+                f"section 3 ({1000 * self.before.single_s:.0f} ms) took {1000 * self.single_s:.0f} ms in this launch"
+                if held
+                else f". The prediction did not hold: it took the compute from section 3 (a 1-process step of "
+                f"{1000 * self.before.single_s:.0f} ms), and in this launch that step took {1000 * self.single_s:.0f} "
+                "ms: a shared host moves the compute between launches"
+            )
+            + ". The all-reduce's time, predicted from the link alone, is checked below; the 'model' column puts this "
+            "launch's own steps in place"
         )
 
     def comm_claims(self) -> list[Claim]:
