@@ -199,6 +199,8 @@ class HangLab:
             for rank in s.pyspy_ranks:
                 pid = run.pids().get(rank)
                 run.pyspy[rank] = hang_reading.pyspy(pid) if pid else ([], "", "no pid for this rank")
+                _, text, why = run.pyspy[rank]
+                (run.folder / f"pyspy_rank{rank}.txt").write_text(text if why is None else f"{why}\n{text}")
             for rank, entries in run.fr.items():  # the dumps, kept: the exercises read them
                 (run.folder / f"fr_rank{rank}.json").write_text(json.dumps(entries))
             (run.folder / "stacks.json").write_text(json.dumps({r: f for r, f in run.stacks.items()}))

@@ -131,6 +131,7 @@ def collective_table(fr: dict, stacks_by_rank: dict) -> str:
 
 # ------------------------------------------------------------------------------------------------------------ py-spy
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _PYSPY_FRAME = re.compile(r"^\s{4}(\S+) \(([^:()]+):(\d+)\)", re.M)
 
 
@@ -149,10 +150,17 @@ def pyspy(pid: int, timeout: float = 10.0) -> tuple:
         return [], "", f"py-spy did not answer within {timeout:.0f} s"
     if run.returncode != 0:
         return [], run.stdout + run.stderr, (run.stderr.strip().splitlines() or ["failed"])[0][:200]
-    blocks = re.split(r"(?m)^Thread ", run.stdout)
+    text = _ANSI.sub("", run.stdout)
+    return pyspy_frames(text), text, None
+
+
+def pyspy_frames(text: str) -> list:
+    """The main thread's frames in a `py-spy dump`, innermost first: the thread whose stack reaches a module's top
+    level. Its colours are taken out first: py-spy colours its dump when it thinks a terminal reads it (a notebook's
+    kernel can look like one)."""
+    blocks = re.split(r"(?m)^Thread ", _ANSI.sub("", text))
     main = next((b for b in blocks[1:] if "<module>" in b), blocks[-1] if len(blocks) > 1 else "")
-    frames = [(file, int(line), fn) for fn, file, line in _PYSPY_FRAME.findall(main)]
-    return frames, run.stdout, None
+    return [(file, int(line), fn) for fn, file, line in _PYSPY_FRAME.findall(main)]
 
 
 # ------------------------------------------------------------------------------------- messages the tools print

@@ -214,3 +214,18 @@ def test_a_missing_debug_server_package_is_one_paragraph_before_any_run(monkeypa
     with pytest.raises(RuntimeError, match="pip install -r requirements.txt"):
         lab.get("x")
     assert not lab.futures  # nothing was started
+
+
+def test_a_coloured_pyspy_dump_is_read_like_a_plain_one():
+    """py-spy colours its dump when it takes its reader for a terminal (it did under a notebook's kernel)."""
+    coloured = (
+        "Process \x1b[33m\x1b[1m32217\x1b[0m: python slow_save.py\n\n"
+        'Thread \x1b[33m\x1b[1m32217\x1b[0m (idle): "MainThread"\n'
+        "    \x1b[32msave_checkpoint\x1b[0m (\x1b[36mscripts/hangs/slow_save.py\x1b[0m:\x1b[2m32\x1b[0m)\n"
+        "    \x1b[32m<module>\x1b[0m (\x1b[36mscripts/hangs/slow_save.py\x1b[0m:\x1b[2m46\x1b[0m)\n"
+        'Thread \x1b[33m\x1b[1m32229\x1b[0m (idle): "hang-doctor"\n'
+        "    \x1b[32mDoctor._run\x1b[0m (\x1b[36m/x/distrinews_lib/hang_doctor/watch.py\x1b[0m:\x1b[2m210\x1b[0m)\n"
+    )
+    want = [("scripts/hangs/slow_save.py", 32, "save_checkpoint"), ("scripts/hangs/slow_save.py", 46, "<module>")]
+    assert R.pyspy_frames(coloured) == want
+    assert R.pyspy_frames(R._ANSI.sub("", coloured)) == want

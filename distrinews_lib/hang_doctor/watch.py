@@ -224,7 +224,7 @@ class Doctor:
                     break
             if self.rank == 0 and not self.straggler_reported and not late and now >= next_check:
                 self._check_straggler()
-                every = min(60.0, 2 * every)
+                every = min(30.0, 1.5 * every)  # often at first: a short run has few chances
                 next_check = now + every
 
     def _limit(self, key) -> float:
@@ -253,11 +253,15 @@ class Doctor:
             return dict(zip(range(self.world), pool.map(self._fetch, range(self.world))))
 
     def _claim(self, states: dict) -> bool:
-        try:
-            return self.store.add(f"{PREFIX}claimed", 1) == 1
-        except Exception:  # noqa: BLE001 (the store lived in rank 0's process, which is gone)
-            live = [r for r, s in states.items() if s is not None]
-            return bool(live) and self.rank == min(live)
+        """Is this rank the one to report? The first to ask the store; the lowest rank that answered when rank 0 is
+        dead (the store may have lived in rank 0's process) or the store does not answer."""
+        live = [r for r, s in states.items() if s is not None]
+        if states.get(0) is not None:
+            try:
+                return self.store.add(f"{PREFIX}claimed", 1) == 1
+            except Exception:  # noqa: BLE001 (torch raises its own store errors)
+                pass
+        return bool(live) and self.rank == min(live)
 
     def report(self, waited_s: float | None = None, error: BaseException | None = None, dying: bool = False) -> None:
         """Collect every rank's state, decide, and print the verdict if this rank is the first to report. dying: this
