@@ -13,14 +13,8 @@ from typing import Any, Optional
 import torch
 
 from .. import quick_imports
-from ..checkpoint import (  # the format's one module
-    CLASSIFY_TASK,
-    DEFAULT_CHECKPOINT,
-    CheckpointError,
-    check_servable,
-    read_checkpoint,
-    tokenizer_from_files,
-)
+from ..checkpoint import CLASSIFY_TASK, DEFAULT_CHECKPOINT, CheckpointError  # the format's module
+from ..checkpoint_reading import check_servable, read_checkpoint, tokenizer_from_files
 from ..data.tokenization import TRUNCATIONS, set_truncation
 from ..errors import UserError
 

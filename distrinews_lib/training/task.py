@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..checkpoint import read_checkpoint
 from ..data.texts import TextSplits
 from ..models.build import ModelInfo
 
@@ -42,6 +41,8 @@ class Task:
 
     def read_checkpoint(self, path) -> dict:
         """checkpoint.read_checkpoint, refusing a checkpoint that another task wrote."""
+        from ..checkpoint_reading import read_checkpoint  # deferred: a run that only saves never reads a checkpoint
+
         return read_checkpoint(path, task=self.name)
 
     def __repr__(self) -> str:
