@@ -5,12 +5,10 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import time
 from dataclasses import dataclass
 
 import torch
 
-from .. import machine
 from ..devices import resolve_device  # noqa: F401  (the scripts call precision.resolve_device)
 from ..errors import UserError
 from .config import AMP_MODES
@@ -38,35 +36,6 @@ def native_bf16(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
-def bf16_linear_slowdown(n: int = 256, reps: int = 8) -> float:
-    """A short probe (~0.05 s): how many times longer a Linear layer's forward takes under bf16 autocast than in fp32
-    on this CPU (what a training step does most)."""
-    layer, x = torch.nn.Linear(n, n), torch.randn(2 * n, n)
-
-    def seconds(dtype):
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype is torch.bfloat16):
-            layer(x)  # the first call pays for set-ups
-            t = time.perf_counter()
-            for _ in range(reps):
-                layer(x)
-            return time.perf_counter() - t
-
-    return seconds(torch.bfloat16) / seconds(torch.float32)
-
-
-def emulated_bf16_warning(flags: set[str] | None = None) -> str | None:
-    """None where this CPU has bf16 in hardware (or cannot tell); else one line: emulated, and how much slower."""
-    if machine.cpu_native_bf16(flags) is not False:
-        return None
-    return (
-        f"warning: --amp bf16 on {machine.cpu_name()}, which has no bf16 in hardware (none of "
-        f"{', '.join(machine.BF16_CPU_FLAGS)} in its flags): torch emulates it; a Linear layer under bf16 "
-        f"autocast just ran {bf16_linear_slowdown():.1f}x slower than in fp32 here, "
-        "and a whole epoch of the tiny model "
-        "4.7x slower on such an AMD EPYC. The run goes on; --amp off is faster on this machine."
-    )
-
-
 def resolve_amp(mode: str, device: torch.device) -> AmpSettings:
     """auto: bf16 on GPUs with native bf16 (A100, H100), fp16 + GradScaler below (T4, V100), off on CPU.
     bf16 asked for on a CPU without it in hardware runs, after one warning line with a measured slowdown."""
@@ -90,7 +59,11 @@ def resolve_amp(mode: str, device: torch.device) -> AmpSettings:
                 "would emulate it, slower than fp32. Use --amp fp16 (or auto, which picks fp16 with a "
                 "GradScaler here)."
             )
-        warning = None if on_cuda else emulated_bf16_warning()
+        warning = None
+        if not on_cuda:  # bf16 asked for on a CPU: emulated_bf16.py measures what it costs here, if it is emulated
+            from .emulated_bf16 import emulated_bf16_warning
+
+            warning = emulated_bf16_warning()
         if warning and os.environ.get("RANK", "0") == "0":  # one line per run, not per rank
             print(warning, file=sys.stderr, flush=True)
         return AmpSettings(
