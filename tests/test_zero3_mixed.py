@@ -102,9 +102,8 @@ def test_the_race_section_against_fsdp2_the_bytes_the_loss_scale_and_the_memory(
     for label in ("zero3 float32", "zero3 float16", "fsdp2 float16"):
         m = res["memory"][label]
         assert all(abs(p / m["calculator_mb"] - 1) <= 0.15 for p in m["compute_mb_per_rank"]), (label, m)
-    assert max(res["memory"]["zero3 float16"]["compute_mb_per_rank"]) < min(
-        res["memory"]["zero3 float32"]["compute_mb_per_rank"]
-    )
+    low, full = res["memory"]["zero3 float16"], res["memory"]["zero3 float32"]
+    assert all(a < b for a, b in zip(low["compute_mb_per_rank"], full["compute_mb_per_rank"])), (low, full)  # each rank
 
 
 @pytest.fixture

@@ -76,12 +76,15 @@ def claims(m: dict) -> list:
                     all(abs(p / est - 1) <= MEMORY_MARGIN for p in mem[label]["compute_mb_per_rank"]),
                 )
             )
+        # each rank against itself: the same texts, the same shards, float32 then float16 (the ranks' peaks differ by
+        # up to 2 MiB, as the moment a prefetched gather's pages are written does)
         hi, lo = mem["zero3 float32"]["compute_mb_per_rank"], mem["zero3 float16"]["compute_mb_per_rank"]
+        gaps = [h - low for h, low in zip(hi, lo)]
         out.append(
             Claim(
-                f"param_dtype float16 lowers that peak by {min(hi) - max(lo):.1f} MiB per rank at least: a gathered "
+                f"param_dtype float16 lowers that peak on every rank, by {min(gaps):.1f} MiB at least: a gathered "
                 "block, its gradient and the activations take 2 bytes a number instead of 4",
-                max(lo) < min(hi),
+                min(gaps) > 0,
             )
         )
     return out

@@ -5,6 +5,8 @@ beside chapter 06's calculator."""
 
 from __future__ import annotations
 
+import gc
+
 import torch
 import torch.distributed as dist
 
@@ -30,12 +32,20 @@ def memory_runs(mods, args, rank, world) -> dict:
     torch.set_num_threads(1)
     batches = models.batches("tiny", rank, world, args.memory_steps, args.zero_batch)
     one = {k: v[:1, :8] if v.dim() == 2 else v[:1] for k, v in batches[0].items()}
-    for dtype in (torch.float32, torch.float16):  # code pages and one-time set-ups touched here, not in a child's peak
-        warm = models.build_model("tiny", 0).to(dtype)
-        warm(**{k: v[:2] for k, v in one.items()}).loss.backward()
-        torch.optim.AdamW(warm.parameters()).step()
-    del warm
+    # Code pages and one-time set-ups are touched here, not in a child's peak: oneDNN's kernels keep state for each
+    # shape they first meet, float16's several MiB more than float32's (in a fresh process the tiny model's first
+    # float16 step at 8 x 64 peaks about 10 MiB above the next ones, float32's about 2 MiB), so each dtype is warmed
+    # at the runs' own shapes, the calibration's and the measured batch's. What the warm-up freed goes back to Linux
+    # (malloc_trim), so that a child's allocations are not served from pages it already had.
     measure.settle_allocator()
+    for dtype in (torch.float32, torch.float16):
+        warm = models.without_dropout(models.build_model("tiny", 0)).to(dtype)
+        for b in (one, batches[0]):
+            warm(**b).loss.backward()
+        torch.optim.AdamW(warm.parameters()).step()
+    del warm, b
+    gc.collect()
+    trim_heap()
 
     def peak(index, name, steps, param_dtype):
         store = dist.FileStore(str(scratch / f"store_{index}"), world)
@@ -64,6 +74,16 @@ def memory_runs(mods, args, rank, world) -> dict:
         measure.remove_meeting_folder(scratch)
     runtime = out.pop("ddp@1x8")["step_mb"] - calculator.estimate("tiny", 1, 8, world=world).peak_mb
     return {"peaks": out, "runtime_mb": runtime}
+
+
+def trim_heap() -> None:
+    """glibc: give every free page of the heap back to Linux (malloc_trim(0)); nothing elsewhere."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def memory(runs: dict, args, world) -> dict:
