@@ -1,10 +1,10 @@
-"""The checkpoint's format, in one place, below both the training and the serving side: save_checkpoint writes it
-(the *unwrapped* model, its tokenizer's files, labels and run metadata in one file, written atomically by rank 0);
-read_checkpoint reads and validates it (torch.load(weights_only=True)), with a version field and a message that says
-what an older, newer, foreign or other-task file is; check_servable refuses a classifier's file that would load but
-answer wrongly. The server (serving/inference.py rebuilds a classifier from it) and the language models (lm/) only
-call it; it imports nothing of either, nor of training/. What the file must hold is checkpoint_format.py's; the
-reading is checkpoint_reading.py's, loaded on first use of its names here: a run that only saves never reads it.
+"""The checkpoint file's entry point, below both the training and the serving side: save_checkpoint writes it
+(the *unwrapped* model, its tokenizer's files, labels and run metadata in one file, written atomically by
+rank 0); read_checkpoint reads and validates it (torch.load(weights_only=True)), with a version field and a message
+that says what an older, newer, foreign or other-task file is; check_servable refuses a classifier's file that would
+load but answer wrongly. The server (serving/rebuild.py rebuilds a classifier from it) and the language models (lm/)
+only call it; it imports nothing of either, nor of training/. What the file must hold is checkpoint_format.py's; the
+reading is checkpoint_reading.py's, imported on first use of its names here: a run that only saves never loads it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""What a checkpoint file must be, below its writing (checkpoint.py) and its reading (checkpoint_reading.py): the
-format's version, the keys it holds, the error every refusal raises (CheckpointError), the check both sides apply to
-a payload (check_format: a snapshot, bare weights, a DDP wrapper's keys, another version) and how many token
-positions a model can embed (position_limit: a file's max_length must fit it).
+"""What a checkpoint file must hold, checked when it is written (checkpoint.py) and when it is read
+(checkpoint_reading.py): the format's version, the keys it holds, the error every refusal raises (CheckpointError),
+the check both sides apply to a payload (check_format: a snapshot, bare weights, a DDP wrapper's keys, another
+version) and how many token positions a model can embed (position_limit: a file's max_length must fit it).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A checkpoint file read back and checked, for the server (serving/rebuild.py), the language models (lm/) and a
-notebook: read_checkpoint loads it (torch.load(weights_only=True)) and says what a missing, empty, foreign, older,
+notebook. read_checkpoint loads it (torch.load(weights_only=True)) and says what a missing, empty, foreign, older,
 newer or other-task file is; tokenizer_from_files rebuilds its tokenizer; check_servable refuses a classifier's file
 that would load but answer wrongly. A training run that only writes its checkpoint never imports this module:
 checkpoint.py hands these names out on first use.

@@ -1,5 +1,6 @@
-"""bf16 asked for on a CPU (--amp bf16): torch emulates it where the CPU has no bf16 in hardware, and a run there says
-so in one warning line with the slowdown measured on this machine. Only a run that asks for bf16 on a CPU imports it.
+"""What --amp bf16 costs on a CPU that emulates it: torch converts to fp32 and back where the CPU has no bf16 in
+hardware, and such a run says so in one warning line, with the slowdown measured on this machine. Only a run that asks
+for bf16 on a CPU imports it.
 """
 
 from __future__ import annotations
