@@ -1,9 +1,11 @@
 """The kill and the resume of a run, as a timeline: the optimizer step each rank reached against the wall clock, from
 the events the fault wrapper notes (faults.timeline: each process's start, each step's end, the fault).
 
-    story = kill_story(faults.timeline(run_dir), resumed_step=32, every=16)
-    story.lost_s, story.restart_s, story.redone
+    story = kill_story(faults.timeline(run_dir), total_steps=100, every=16)
+    story.resumed_step, story.lost_s, story.restart_s, story.back_s, story.step_s, story.redone
     plot_kill_and_resume(story)
+
+The step attempt 1 resumed at is measured, not given: the run's total steps less the steps attempt 1 trained.
 """
 
 from __future__ import annotations
@@ -16,16 +18,35 @@ class KillStory:
     lines: dict  # (attempt, rank) -> [(seconds since the first start, global step)], the process start at its step
     kill: tuple  # (seconds, global step) of the fault
     killed_rank: int
-    resumed_step: int  # the snapshot's step, where attempt 1 starts
+    resumed_step: int  # where attempt 1 started: the total steps less the steps it trained
     every: int  # a snapshot every `every` steps
-    restart_s: float  # from the kill to the first step of the restarted group
-    lost_s: float  # from the kill until the restarted group was past the killed step again
+    restart_s: float  # from the kill to the first process of the restarted group
+    back_s: float  # from there until every restarted rank was back at the killed step (imports, load, redone steps)
+    step_s: float  # median time of one step, a process's first step left out (it also pays the start-up)
     redone: int  # steps trained twice
 
+    @property
+    def lost_s(self) -> float:
+        """From the kill until the restarted group was back at the step it had reached."""
+        return self.restart_s + self.back_s
 
-def kill_story(events: list, resumed_step: int, every: int) -> KillStory:
-    """Attempt 0 counts steps from 1; attempt 1 from the snapshot it resumed from (`resumed_step`)."""
+
+def _steps_of(points: list) -> list[float]:
+    return [b - a for (a, _), (b, _) in zip(points[1:], points[2:])]  # points[0] is the start, points[1] pays start-up
+
+
+def kill_story(events: list, total_steps: int, every: int) -> KillStory:
+    """Attempt 0 counts steps from 1; attempt 1 ends at `total_steps`, so it started at total_steps less its steps.
+    Raises ValueError if attempt 1's ranks trained different numbers of steps (no single resume step)."""
     t_first = min(e["t"] for e in events)
+    counts: dict = {}
+    for e in events:
+        if e["event"] == "step":
+            counts[(e["attempt"], e["rank"])] = counts.get((e["attempt"], e["rank"]), 0) + 1
+    resumed = {total_steps - n for (a, _), n in counts.items() if a == 1}
+    if len(resumed) != 1:
+        raise ValueError(f"attempt 1's ranks trained different numbers of steps: {sorted(counts.items())}")
+    resumed_step = resumed.pop()
     lines: dict = {}
     for e in events:
         key = (e["attempt"], e["rank"])
@@ -38,17 +59,19 @@ def kill_story(events: list, resumed_step: int, every: int) -> KillStory:
     fault = next(e for e in events if e["event"] == "fault")
     killed_step = max(s for t, s in lines[(0, fault["rank"])])
     kill_t = fault["t"] - t_first
-    restarted = [p for (a, _), pts in lines.items() if a == 1 for p in pts[1:]]
-    first_back = min(t for t, _ in restarted)
-    past = min(t for t, s in restarted if s > killed_step)
+    attempt1 = [pts for (a, _), pts in lines.items() if a == 1]
+    first_start = min(pts[0][0] for pts in attempt1)
+    back = max(next(t for t, s in pts if s >= killed_step) for pts in attempt1)
+    steps = sorted(d for pts in lines.values() for d in _steps_of(pts))
     return KillStory(
         lines,
         (kill_t, killed_step),
         fault["rank"],
         resumed_step,
         every,
-        first_back - kill_t,
-        past - kill_t,
+        first_start - kill_t,
+        back - first_start,
+        steps[len(steps) // 2] if steps else float("nan"),
         killed_step - resumed_step,
     )
 
@@ -80,7 +103,14 @@ def plot_kill_and_resume(story: KillStory):
         kt + story.restart_s,
         color="tab:red",
         alpha=0.08,
-        label=f"restart: {story.restart_s:.1f} s (new processes, imports, snapshot)",
+        label=f"until new processes start: {story.restart_s:.1f} s",
+    )
+    ax.axvspan(
+        kt + story.restart_s,
+        kt + story.lost_s,
+        color="tab:orange",
+        alpha=0.08,
+        label=f"imports, snapshot load, redone step(s): {story.back_s:.1f} s",
     )
     ax.axhspan(story.resumed_step, ks, color="tab:orange", alpha=0.15, label=f"{story.redone} step(s) trained twice")
     ax.set(

@@ -56,6 +56,18 @@ def steps_during_writes(result: dict) -> tuple[float, float, int]:
     return median(during), median(other), len(during)
 
 
+def write_slowdown_ms(result: dict) -> float:
+    """What the async saves' background writes cost the steps beside them, per rank: the sum over those steps of
+    their time less the median of the other steps, over the number of ranks. Add the async save's blocked time to
+    compare its whole cost with a sync save's blocked time."""
+    _, other, _ = steps_during_writes(result)
+    extra = 0.0
+    for r in result["ranks"]:
+        writes = [(s["returned"], s["committed"]) for s in r["saves"] if s["mode"] == "async" and s["committed"]]
+        extra += sum(1000 * (b - a) - other for _, a, b in r["steps"] if any(a < w1 and b > w0 for w0, w1 in writes))
+    return extra / len(result["ranks"])
+
+
 def table(saves: list[Save]) -> str:
     rows = [f"{'save at step':>12} {'mode':>6} {'training blocked':>17} {'written after':>14}"]
     for s in saves:

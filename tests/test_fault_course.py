@@ -48,10 +48,12 @@ def test_steps_beside_an_async_write_are_told_from_the_others():
         r["steps"] = [(i, a, b + (0.04 if i in (21, 22) else 0.0)) for i, a, b in r["steps"]]  # 120 ms, not 80
     during, other, n = save_timeline.steps_during_writes(result)
     assert (n, round(during), round(other)) == (6, 120, 80)
+    assert round(save_timeline.write_slowdown_ms(result)) == 80  # steps 21 and 22 took 40 ms more, on each rank
     for r in result["ranks"]:  # a sync save's steps are never "beside a write": it had committed when it returned
         r["saves"] = [s for s in r["saves"] if s["mode"] == "sync"]
     during, other, n = save_timeline.steps_during_writes(result)
     assert n == 0 and round(other) == 80 and during != during  # nan: no step overlapped a write
+    assert save_timeline.write_slowdown_ms(result) == 0
 
 
 def test_a_served_score_matches_only_with_the_same_answers():
@@ -76,13 +78,18 @@ def _kill_events():
 
 
 def test_the_kill_story_reads_the_timeline():
-    story = fault_timeline.kill_story(_kill_events(), resumed_step=4, every=2)
-    assert story.kill == (pytest.approx(1.55), 5) and story.killed_rank == 1 and story.redone == 1
-    assert story.restart_s == pytest.approx(5.1 - 1.55)
-    assert story.lost_s == pytest.approx(5.2 - 1.55)  # step 6 is the first one past the killed step 5
+    story = fault_timeline.kill_story(_kill_events(), total_steps=10, every=2)
+    assert story.kill == (pytest.approx(1.55), 5) and story.killed_rank == 1
+    assert story.resumed_step == 4 and story.redone == 1  # 6 steps in attempt 1 of 10: it resumed at step 4
+    assert story.restart_s == pytest.approx(3.0 - 1.55)  # to the restarted processes' start
+    assert story.back_s == pytest.approx(5.1 - 3.0)  # to the end of step 5, the redone one
+    assert story.lost_s == pytest.approx(5.1 - 1.55) and story.step_s == pytest.approx(0.1)
     assert max(s for _, s in story.lines[(1, 0)]) == 10
-    wrong = fault_timeline.kill_story(_kill_events(), resumed_step=2, every=2)  # another snapshot: other figures
-    assert wrong.redone == 3 and wrong.lost_s != story.lost_s
+    wrong = fault_timeline.kill_story(_kill_events(), total_steps=12, every=2)  # a longer run: it resumed elsewhere
+    assert wrong.resumed_step == 6 and wrong.redone == -1
+    uneven = [e for e in _kill_events() if not (e["attempt"] == 1 and e["rank"] == 1 and e["t"] > 5.55)]
+    with pytest.raises(ValueError, match="different numbers of steps"):
+        fault_timeline.kill_story(uneven, total_steps=10, every=2)
     assert fault_timeline.plot_kill_and_resume(story).axes[0].get_ylabel() == "optimizer steps done"
 
 
