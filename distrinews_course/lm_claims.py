@@ -21,7 +21,6 @@ import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -84,12 +83,16 @@ class BlindGuess:
     def claims(self, evaluated_loss: float) -> list:
         """The untrained model knows nothing: its loss on the real next tokens equals its loss on random tokens within
         4 standard errors (a model that knew anything would be hundreds of them apart: trained, the gap is over 2
-        nats; 4 leaves a false alarm about 1 time in 16,000). And the real loss is the evaluation's, recomputed token
-        by token (within 1e-6: fp64 sums of the same fp32 numbers)."""
+        nats; 4 leaves a false alarm about 1 time in 16,000). And the real loss, recomputed here with F.cross_entropy
+        on the logits shifted by hand (blind_guess does not call the evaluation's token_losses), equals the
+        evaluation's within 1e-6 (fp64 sums of the same fp32 numbers): a shift or a count the evaluation got wrong
+        would move it by far more."""
         raised = 100 * (math.exp(self.real) / self.vocab - 1)
         return [
             Claim(
-                "the same loss as the evaluation's, recomputed token by token", abs(self.real - evaluated_loss) < 1e-6
+                f"the evaluation's loss ({evaluated_loss:.4f}) is the next-token cross-entropy: recomputed here with "
+                f"F.cross_entropy on logits[:, :-1] against ids[:, 1:], it is {self.real:.4f}",
+                abs(self.real - evaluated_loss) < 1e-6,
             ),
             Claim(
                 f"the untrained model finds the real next tokens no likelier than random ones ({self.real:.4f} vs "
@@ -111,20 +114,24 @@ class BlindGuess:
 
 @torch.no_grad()
 def blind_guess(model, loader, vocab_size: int) -> BlindGuess:
-    """Per block: the loss on the real next tokens (the evaluation's own sum, lm.task.token_losses), and the loss the
-    same logits give a token drawn at random from the vocabulary (logsumexp minus the mean logit), which knows nothing
-    about the text. Token-weighted means; the standard error of their difference from its spread over blocks."""
-    from distrinews_lib.lm.task import CLM, token_losses
+    """Per block: the loss on the real next tokens, computed here from the logits and the input ids alone
+    (F.cross_entropy of position t's logits against token t+1, where token t+1 is not padding; not the evaluation's
+    lm.task.token_losses), and the loss the same logits give a token drawn at random from the vocabulary (logsumexp
+    minus the mean logit), which knows nothing about the text. Token-weighted means; the standard error of their
+    difference from its spread over blocks."""
+    import torch.nn.functional as F
 
     real, blind, counts = [], [], []
     model.eval()  # no dropout: the same numbers as the evaluation's
     for batch in loader:
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
-        loss_sum, n = token_losses(lambda **inputs: SimpleNamespace(logits=logits), batch, CLM)
-        predicting = batch["attention_mask"].bool()[:, :-1]  # positions that predict a next token
-        per_position = (torch.logsumexp(logits, -1) - logits.mean(-1))[:, :-1]
-        real.append(loss_sum / n)
-        blind.append((per_position * predicting).sum(1).double() / predicting.sum(1))
+        ids, attended = batch["input_ids"], batch["attention_mask"].bool()
+        logits = model(input_ids=ids, attention_mask=batch["attention_mask"]).logits.float()[:, :-1]
+        predicting = attended[:, 1:]  # position t predicts token t+1, where that token is text
+        per_token = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+        n = predicting.sum(1)
+        per_position = torch.logsumexp(logits, -1) - logits.mean(-1)
+        real.append((per_token * predicting).sum(1).double() / n)
+        blind.append((per_position * predicting).sum(1).double() / n)
         counts.append(n.double())
     real, blind, w = torch.cat(real), torch.cat(blind), torch.cat(counts)
     gap = real - blind
@@ -134,13 +141,13 @@ def blind_guess(model, loader, vocab_size: int) -> BlindGuess:
 
 
 def epoch_table(initial, epochs: list) -> str:
-    """Loss and perplexity per epoch (epoch 0: before training), from the run's metrics.json epochs."""
-    rows = [f"{'epoch':>5} {'train loss':>10} {'val loss':>9} {'perplexity':>10} {'seconds':>8}"]
-    rows.append(f"{0:>5} {'':>10} {initial.loss:>9.3f} {initial.perplexity:>10.1f} {'':>8}")
+    """Optimizer steps, loss and perplexity per epoch (epoch 0: before training), from the run's metrics.json epochs."""
+    rows = [f"{'epoch':>5} {'steps':>6} {'train loss':>10} {'val loss':>9} {'perplexity':>10} {'seconds':>8}"]
+    rows.append(f"{0:>5} {'':>6} {'':>10} {initial.loss:>9.3f} {initial.perplexity:>10.1f} {'':>8}")
     for e in epochs:
         rows.append(
-            f"{e['epoch']:>5} {e['train_loss']:>10.3f} {e['val_loss']:>9.3f} {e['val_perplexity']:>10.1f} "
-            f"{e['epoch_time_s']:>8.1f}"
+            f"{e['epoch']:>5} {e.get('optimizer_steps', ''):>6} {e['train_loss']:>10.3f} {e['val_loss']:>9.3f} "
+            f"{e['val_perplexity']:>10.1f} {e['epoch_time_s']:>8.1f}"
         )
     return "\n".join(rows)
 

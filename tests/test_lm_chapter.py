@@ -102,6 +102,26 @@ def test_a_model_that_knows_nothing_passes_and_one_that_peeks_is_caught(vocab):
     assert not peek.claims(peek.real)[1].holds
 
 
+def test_the_recomputed_loss_is_independent_and_catches_an_evaluation_without_the_shift(vocab, tiny_gpt):
+    """blind_guess recomputes the next-token loss itself: an evaluation that forgot to shift (each position scored
+    against its own token) gives another loss, and the claim fails on it."""
+    from distrinews_lib.lm.task import CausalLM
+    from distrinews_lib.training import evaluation
+
+    class Unshifted(CausalLM):
+        def predicting(self, logits, labels):
+            return logits, labels
+
+    voc, blocks = vocab
+    loader = _loader(blocks)
+    guess = claims.blind_guess(tiny_gpt, loader, len(voc))
+    right = evaluation.evaluate(tiny_gpt, loader, device=torch.device("cpu"), task=CLM)
+    wrong = evaluation.evaluate(tiny_gpt, loader, device=torch.device("cpu"), task=Unshifted())
+    assert guess.claims(right.loss)[0].holds
+    assert abs(wrong.loss - right.loss) > 1e-4
+    assert not guess.claims(wrong.loss)[0].holds
+
+
 # training ----------------------------------------------------------------------------------------------------
 
 
@@ -113,9 +133,20 @@ def test_perplexity_must_fall_every_epoch_by_five_times_with_the_ranks_agreeing(
     assert not all(c.holds for c in claims.perplexity_fell(ok.replace("True", "False"), [4207, 335, 266], 2))
     initial = SimpleNamespace(loss=8.344, perplexity=4206.7)
     table = claims.epoch_table(
-        initial, [{"epoch": 1, "train_loss": 6.3, "val_loss": 5.8, "val_perplexity": 335.4, "epoch_time_s": 14.6}]
+        initial,
+        [
+            {
+                "epoch": 1,
+                "optimizer_steps": 201,
+                "train_loss": 6.3,
+                "val_loss": 5.8,
+                "val_perplexity": 335.4,
+                "epoch_time_s": 14.6,
+            }
+        ],
     )
     assert table.splitlines()[1].split() == ["0", "8.344", "4206.7"] and "335.4" in table
+    assert table.splitlines()[0].split()[1] == "steps" and table.splitlines()[2].split()[:2] == ["1", "201"]
 
 
 def test_real_text_must_be_likelier_for_every_text_and_the_median_over_five_times(vocab, tiny_gpt):
