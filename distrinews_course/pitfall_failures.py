@@ -37,20 +37,27 @@ def waited(res) -> list[float]:
     return [float(x["waited_s"]) for x in results(res.output) if "waited_s" in x]
 
 
-def _hang_ended(res, hang_timeout_s: float, limit_s: float, where: str) -> list:
+def _hang_ended(res, hang_timeout_s: float, limit_s: float) -> list:
     """The claims of a run that hangs on purpose: it failed by itself, of a collective's timeout, after at least the
     timeout. 0.8 x the timeout: gloo's clock and the script's start apart by scheduling, and a shorter wait would mean
-    another error; the launcher's limit bounds the rest (the default timeout is 30 minutes)."""
+    another error; the launcher's limit bounds the rest (the default timeout is 30 minutes). The output's words say
+    that a collective timed out, not which one: the claim names none."""
     w = waited(res)
     return [
         _failed_by_itself(res, limit_s, ""),
-        Claim(f"broken: the ranks died of a collective's timeout ({where})", bool(TIMEOUT_WORDS.search(res.output))),
+        Claim("broken: the ranks died of a collective's timeout", bool(TIMEOUT_WORDS.search(res.output))),
         Claim(
             f"broken: the ranks that reported gave up after {max(w or [0]):.1f} s: at least the {hang_timeout_s:g} s "
             "timeout, and nowhere near the default 30 minutes",
             bool(w) and min(w) >= 0.8 * hang_timeout_s and max(w) < limit_s,
         ),
     ]
+
+
+def hang_ended_row(w: list[float], hang_timeout_s: float) -> str:
+    """The summary row's words for a hang: the timeout, and the ranks' waited_s apart from it (it counts from the
+    script's start, so it includes the start-up before the collective)."""
+    return f"error at the {hang_timeout_s:g} s timeout ({max(w or [0]):.1f} s after the start)"
 
 
 def uneven_inputs(res, r: dict, hang_timeout_s: float, limit_s: float) -> Symptom:
@@ -60,7 +67,7 @@ def uneven_inputs(res, r: dict, hang_timeout_s: float, limit_s: float) -> Sympto
     w = waited(res)
     claims = [
         Claim(f"broken: the ranks had {batches} batches: uneven", len(batches) == 2 and batches[1] == batches[0] + 1),
-        *_hang_ended(res, hang_timeout_s, limit_s, "the extra backward's all-reduce"),
+        *_hang_ended(res, hang_timeout_s, limit_s),
         Claim(
             f"fix (a) even shards: {even['batches_per_rank']} batches per rank; it finished, parameters identical",
             len(set(even["batches_per_rank"])) == 1 and even["max_param_diff"] == 0.0,
@@ -72,7 +79,7 @@ def uneven_inputs(res, r: dict, hang_timeout_s: float, limit_s: float) -> Sympto
     ]
     return Symptom(
         "7. uneven inputs",
-        f"batches {batches}: hang, timeout error after {max(w or [0]):.1f} s",
+        f"batches {batches}: hang, {hang_ended_row(w, hang_timeout_s)}",
         f"finishes: even {even['batches_per_rank']}, Join {join['steps_per_rank']}; params identical",
         claims,
     )
@@ -83,7 +90,7 @@ def one_rank_collective(res, r: dict, hang_timeout_s: float, limit_s: float) -> 
     timeout (under 0.8 x): a run that waited for it would not show the fix."""
     world, w = r["world_size"], waited(res)
     claims = [
-        *_hang_ended(res, hang_timeout_s, limit_s, "rank 0's all-reduce, the others' barrier"),
+        *_hang_ended(res, hang_timeout_s, limit_s),
         Claim(
             f"fixed: every rank joined the all-reduce: global val loss {r['global_val_loss']:.3f}, the mean of "
             f"1..{world}",
@@ -96,7 +103,7 @@ def one_rank_collective(res, r: dict, hang_timeout_s: float, limit_s: float) -> 
     ]
     return Symptom(
         "9. collective on one rank only",
-        f"hang, timeout error after {max(w or [0]):.1f} s",
+        f"hang, {hang_ended_row(w, hang_timeout_s)}",
         f"completes in {1000 * r['seconds']:.0f} ms",
         claims,
     )

@@ -133,11 +133,18 @@ def test_a_hang_must_end_by_its_own_timeout():
         .replace("Timed out", "Broken pipe")
         .replace("timed out", "broken"),
     )
-    assert [c.holds for c in failures.uneven_inputs(no_timeout, r, HANG, LIMIT).claims if "timeout (" in c.text] == [
-        False
-    ]
+    assert [
+        c.holds for c in failures.uneven_inputs(no_timeout, r, HANG, LIMIT).claims if "collective's timeout" in c.text
+    ] == [False]
     r["join"]["max_param_diff"] = 1e-3
     assert holds(failures.uneven_inputs(failed("07_uneven_inputs.py"), r, HANG, LIMIT))[-1] is False
+
+
+def test_a_hang_row_says_the_timeout_and_the_time_from_the_start_apart():
+    row = failures.hang_ended_row([5.8, 5.7], 3)
+    assert row.startswith("error at the 3 s timeout") and "(5.8 s after the start)" in row
+    r = data("07_uneven_inputs.py")
+    assert f"the {HANG:g} s timeout" in failures.uneven_inputs(failed("07_uneven_inputs.py"), r, HANG, LIMIT).broken
 
 
 def test_no_sync_fails_on_equal_counts_a_sync_before_the_last_or_a_faster_broken_run():
