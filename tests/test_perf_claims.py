@@ -184,3 +184,14 @@ def test_on_gpus_the_bytes_are_not_claimed(rec):
     cost = AllreduceCost.from_launch(R["collectives"], R["collectives4"], gpus=True)
     assert not any(c.checked for c in cost.ring_claims()) and not cost.halves_claim().checked
     assert cost.gloo_reduce_scatter() == ""
+
+
+def test_the_model_before_the_box_stands_on_every_round_when_none_ran_quiet(rec):
+    """A busy machine (no quiet round at the largest batch) still gives the model made before the box: the median pair
+    over every round, not an empty list (05 once stopped on an IndexError there)."""
+    sweep = sweep_of(rec)
+    for r in sweep.at[sweep.large]["rounds"]:
+        r["quiet"] = False
+    before = dialed.Before.from_sweep(sweep, cost_of(rec["R"]).fit)
+    pairs = sorted(r["pair"] for r in sweep.at[sweep.large]["rounds"])
+    assert before.pair_s == pairs[(len(pairs) - 1) // 2]

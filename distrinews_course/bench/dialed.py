@@ -51,7 +51,8 @@ class Before:
     @classmethod
     def from_sweep(cls, sweep: loopback.Sweep, fit) -> Before:
         p = sweep.at[sweep.large]
-        rows = sorted((r["pair"] for r in p["rounds"] if r["quiet"]) or (r["pair"] for r in p["rounds"]))
+        # the quiet rounds' pairs, or every round's where none ran quiet (a list: an empty generator is still true)
+        rows = sorted([r["pair"] for r in p["rounds"] if r["quiet"]] or [r["pair"] for r in p["rounds"]])
         m = sweep.model
         single = loopback.step_s(sweep.run("single"))
         return cls(single, rows[(len(rows) - 1) // 2], m.overhead_s, fit.alpha_s, m.buckets, m.grad_bytes, sweep.large)
