@@ -214,3 +214,12 @@ def test_chapter_08s_hsdp_cell_is_the_skeletons_two_functions(tmp_path):
     assert exercises.stubs(written) == ["node_group", "replicate"]
     v = exercises.check_exercises([("hsdp", written, "hsdp")], tmp_path)["hsdp"]
     assert v["ok"] is None and "not attempted yet" in v["message"]
+
+
+def test_the_dialed_rate_is_held_between_its_floor_and_its_ceiling():
+    from distrinews_course.by_hand import race_two_level as race
+
+    # a busy machine's slow computation asks for a slow link: the floor keeps the race's time bounded
+    assert race.dialed_mbit(30) == race.MIN_MBIT
+    assert race.dialed_mbit(130) == 130
+    assert race.dialed_mbit(600) == race.MAX_MBIT

@@ -112,11 +112,21 @@ def blocks_of(kind: str = "tiny") -> dict:
 # predicted saving over the flat ring at 150-160 Mbit/s, 62% at 300 (a CI machine with a faster CPU dialed about that
 # and got 38%) and none at 600. A machine whose computation is short gets a link slower than --comm_over_compute asks.
 MAX_MBIT = 160
+# The slowest link the race dials, in Mbit/s. On a busy machine the step with no communication measures slow (346 ms
+# under a CI run beside it, against 87 ms quiet), which asked for 30 Mbit/s: steps of 3.7 s (DDP) and 7.2 s (FSDP2), a
+# race past any launch's timeout. At 100 the link's share of a step is at most 1.6x the quiet machine's (130-160), so
+# the race takes a bounded time on any machine, and a busy one's timing claims become NOTEs (QUIET_CORES).
+MIN_MBIT = 100
+
+
+def dialed_mbit(wanted: int) -> int:
+    """The rate the race dials for `wanted` (link_rate_mbit): held between MIN_MBIT and MAX_MBIT."""
+    return min(max(wanted, MIN_MBIT), MAX_MBIT)
 
 
 def link_rate_mbit(lay: tl.Layout, compute_s: float, over: float) -> int:
     """The link's rate (Mbit/s, as tc counts it: TCP's payload is link.PAYLOAD_SHARE of it) at which hierarchical's
-    bytes over a node's link take `over` x the step's computation: the slow link dominates. Not capped (MAX_MBIT)."""
+    bytes over a node's link take `over` x the step's computation: the slow link dominates. Not held (dialed_mbit)."""
     flat = blocks_of()["flat"]
     nbytes = sum(o.link_bytes(lay) for o in tl.plan("hierarchical", flat, lay))
     payload = tl.rate_for(nbytes, over * compute_s)  # bytes per second

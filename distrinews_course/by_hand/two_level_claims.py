@@ -182,9 +182,11 @@ def sweep(rec: dict, quiet_cores: float) -> list[Claim]:
         held = [n for n, m in margins.items() if m is not None]
         shown = [n for n in at if n not in held]
         text = (
-            f"at {mbit} Mbit/s every step within 15% of the model's curve, or its rounds' spread where wider ("
-            + ", ".join(f"{n} {100 * e:+.0f}%" for n, e in errs.items())
-            + ")"
+            f"at {mbit} Mbit/s each step against the model's curve, held to 15% or its rounds' spread where wider: "
+            + ", ".join(
+                f"{n} {100 * e:+.0f}%" + (f" (held to {100 * margins[n]:.0f}%)" if margins[n] is not None else "")
+                for n, e in errs.items()
+            )
             + (f"; {', '.join(shown)} shown only: its rounds moved by over 30%" if shown and held else "")
         )
         noisy = None if held else f"every design's rounds at {mbit} Mbit/s moved by over 30%"

@@ -121,7 +121,7 @@ def main():
     fits["inter_unshaped"] = two.fit_level("inter", nodes, lay, inter_sizes)
     # 4. the slow link, dialed by rank 0, and its fit
     wanted = two.link_rate_mbit(lay, compute_s, args.comm_over_compute)
-    mbit = int(link.bits_per_s(args.link) / 1e6) if args.link else min(wanted, two.MAX_MBIT)
+    mbit = int(link.bits_per_s(args.link) / 1e6) if args.link else two.dialed_mbit(wanted)
     dist.barrier()
     if rank == 0:
         link.dial(f"{mbit}mbit")
@@ -129,7 +129,11 @@ def main():
     fits["inter"] = two.fit_level("inter", nodes, lay, inter_sizes)
     res.update(compute=parts, link_mbit=mbit, link_mbit_wanted=wanted, timing_batch=args.timing_batch, fit=fits)
     f_in, f_out = fits["intra"], fits["inter"]
-    capped = "" if args.link or mbit == wanted else f" (capped: {args.comm_over_compute:g}x the step asks {wanted})"
+    capped = (
+        ""
+        if args.link or mbit == wanted
+        else f" (held to {two.MIN_MBIT}-{two.MAX_MBIT}: {args.comm_over_compute:g}x the step asks {wanted})"
+    )
     say(rank, f"step with no communication: {1000 * compute_s:.0f} ms; every link dialed to {mbit} Mbit/s{capped}")
     say(
         rank,
