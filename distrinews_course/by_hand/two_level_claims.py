@@ -184,7 +184,8 @@ def sweep(rec: dict, quiet_cores: float) -> list[Claim]:
         text = (
             f"at {mbit} Mbit/s each step against the model's curve, held to 15% or its rounds' spread where wider: "
             + ", ".join(
-                f"{n} {100 * e:+.0f}%" + (f" (held to {100 * margins[n]:.0f}%)" if margins[n] is not None else "")
+                f"{n} {100 * e:+.0f}%"
+                + (f" (its spread: held to {100 * margins[n]:.0f}%)" if (margins[n] or 0) > STEP_BOUND else "")
                 for n, e in errs.items()
             )
             + (f"; {', '.join(shown)} shown only: its rounds moved by over 30%" if shown and held else "")
