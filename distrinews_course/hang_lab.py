@@ -11,7 +11,8 @@
 
 A scenario's collectives wait `hang_s` (the doctor reports then) plus the doctor's grace: the process group's timeout.
 The debug server's port, the doctor's folder and torchrun's --log-dir are the run's own. Probes:
-  "hung"             once a rank has waited in a collective for a second: the debug server's pages, then py-spy
+  "hung"             once a rank has waited in a collective for a second, every rank past its first step (not
+                     DDP's start-up): the debug server's pages, then py-spy
   ("collectives", n) once every rank completed n collectives (a straggler, which never hangs)
 """
 
@@ -211,10 +212,26 @@ class HangLab:
         if len(fr) < nproc:
             return False
         if probe == "hung":
-            now = time.time_ns()
-            return any(not e["retired"] and now - e["time_created_ns"] > 1e9 for es in fr.values() for e in es)
+            return hung_past_start(fr)
         kind, n = probe
         return all(sum(e["retired"] for e in es) >= n for es in fr.values())
+
+
+def hung_past_start(fr: dict, now_ns: int | None = None) -> bool:
+    """Has a rank waited in a collective for more than a second, once every rank is past its start-up? Past it: each
+    rank completed an all-reduce (a training step), so that DDP's start-up broadcast, which waits for a rank that is
+    still importing, is not read as the hang; and the waiting collective came after the last step's all-reduce."""
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    steps = {r: [e["time_created_ns"] for e in es if e["retired"] and e["profiling_name"].endswith("all_reduce")]
+             for r, es in fr.items()}  # fmt: skip
+    if not fr or not all(steps.values()):
+        return False
+    start = max(max(t) for t in steps.values())
+    return any(
+        not e["retired"] and e["time_created_ns"] >= start and now_ns - e["time_created_ns"] > 1e9
+        for es in fr.values()
+        for e in es
+    )
 
 
 def debug_server_problem(raise_it: bool = False) -> str | None:

@@ -229,3 +229,26 @@ def test_a_coloured_pyspy_dump_is_read_like_a_plain_one():
     want = [("scripts/hangs/slow_save.py", 32, "save_checkpoint"), ("scripts/hangs/slow_save.py", 46, "<module>")]
     assert R.pyspy_frames(coloured) == want
     assert R.pyspy_frames(R._ANSI.sub("", coloured)) == want
+
+
+def test_the_hung_probe_waits_until_every_rank_is_past_ddps_start_up():
+    from distrinews_course.hang_lab import hung_past_start
+
+    def entry(seq, op, retired, t_s):
+        return {
+            "collective_seq_id": seq,
+            "profiling_name": f"gloo:{op}",
+            "retired": retired,
+            "time_created_ns": int(t_s * 1e9),
+        }
+
+    start_up = {
+        0: [entry(1, "all_gather", True, 0.0)],
+        1: [entry(1, "all_gather", True, 0.0), entry(2, "broadcast", False, 1.0)],
+    }
+    assert not hung_past_start(start_up, now_ns=int(9e9))  # rank 1 waits for rank 0, still importing: not the hang
+    steps = {r: [entry(1, "all_gather", True, 0.0), entry(2, "all_reduce", True, 3.0)] for r in (0, 1)}
+    hung = {0: steps[0], 1: [*steps[1], entry(3, "barrier", False, 4.0)]}
+    assert not hung_past_start(hung, now_ns=int(4.5e9))  # waited half a second only
+    assert hung_past_start(hung, now_ns=int(5.5e9))  # rank 1 at the barrier, rank 0 busy elsewhere
+    assert not hung_past_start({}, now_ns=int(9e9))
