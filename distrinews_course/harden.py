@@ -63,9 +63,17 @@ def keep_own_output(folder: str) -> None:
     if not tee:
         return
     read, write = os.pipe()
-    subprocess.Popen(
-        [tee, "-a", os.path.join(folder, f"rank{os.environ.get('RANK', 0)}.log")], stdin=read, close_fds=True
-    )  # its stdout is ours: the launcher's pipe
+    # torchrun stops a rank by signalling its whole process group, tee included: a tee that died with it would drop
+    # the rank's last lines still in the pipe (the hang doctor's paragraph). It ignores SIGTERM and SIGINT and ends
+    # at end of input, when the rank and its children are gone.
+    quiet = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        subprocess.Popen(
+            [tee, "-a", os.path.join(folder, f"rank{os.environ.get('RANK', 0)}.log")], stdin=read, close_fds=True
+        )  # its stdout is ours: the launcher's pipe
+    finally:
+        for sig, previous in quiet.items():
+            signal.signal(sig, previous)
     os.close(read)
     for fd in (1, 2):
         os.dup2(write, fd)

@@ -201,7 +201,7 @@ def _run_logged(cmd, *, timeout, env, cwd, echo, check, what, logs: Path) -> Lau
         _kill_group(proc)
         family.kill()
         raise
-    reader.join(timeout=1)  # a rank's `tee` (course/harden.py) writes its last bytes as the rank ends
+    reader.join(timeout=3)  # a rank's `tee` (course/harden.py) writes its last bytes as the rank ends
     family.kill()  # torchrun has exited; any rank it left behind goes too
     reader.join(timeout=5)
     output = "".join(chunks)

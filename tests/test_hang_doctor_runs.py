@@ -20,7 +20,7 @@ def lab(tmp_path_factory):
     leftovers.mark_this_process_as_launcher()  # what this module launches can be found afterwards
     lab = HangLab(nproc=2, hang_s=HANG_S, out=tmp_path_factory.mktemp("hangs"), timeout_s=120)
     group = ["--ddp_timeout", f"{lab.group_timeout_s:g}"]
-    save = ["--save_s", f"{lab.group_timeout_s + 1.5:g}"]
+    save = ["--save_s", f"{lab.group_timeout_s + 1.5:g}", "--path", str(lab.out / "saved" / "slow_save.pt")]
     for s in [
         Scenario("skip", "scripts/pitfalls/07_uneven_inputs.py", ["--mode", "broken", *group], planted=1),
         Scenario("skip_09", "scripts/pitfalls/09_one_rank_collective.py", ["--mode", "broken", *group], planted=1),

@@ -122,3 +122,12 @@ def test_an_interrupt_or_a_timeout_leaves_no_rank_behind(tmp_path):
         torchrun(SLEEPER, 2, [pid_dir], timeout=3 * launch_s, echo=False)
     ranks = [int(p.read_text()) for p in pid_dir.glob("rank*.pid")]
     assert len(ranks) == 2 and not _wait_all_gone(ranks, 5), "ranks survived a launch that timed out"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="torchrun's process-group signal, Linux's tee")
+def test_what_a_rank_writes_as_torchrun_stops_it_reaches_the_launcher(tmp_path):
+    # torchrun signals a rank's whole process group, where the rank's tee lives: it must outlive the signal
+    result = torchrun(ROOT / "tests" / "workers" / "last_words.py", 2, [tmp_path], timeout=120, echo=False, check=False)
+    assert not result.ok and not result.timed_out, result.output[-2000:]
+    said = [line for line in result.lines if line.startswith("last word ")]
+    assert len(said) == 4000 and said[-1] == "last word 3999 of rank 0", f"{len(said)} of 4000 lines arrived"

@@ -11,6 +11,7 @@ Fix: the wait for the save gets a group of its own, with a timeout that fits the
 import argparse
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -28,6 +29,7 @@ args = p.parse_args()
 
 
 def save_checkpoint(model, path, seconds):
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     torch.save(model.module.state_dict(), path)
     time.sleep(seconds)                                # a slow network disk: the sleep stands for it
 
