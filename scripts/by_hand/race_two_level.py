@@ -45,20 +45,12 @@ def parse_args():
     p.add_argument("--ranks_per_node", type=int, default=None, help="default: LOCAL_WORLD_SIZE (the box sets it)")
     p.add_argument("--check_steps", type=int, default=3)
     p.add_argument("--batch_size", type=int, default=8, help="texts per rank and step in the correctness check")
-    p.add_argument(
-        "--timing_batch",
-        type=int,
-        default=4,
-        help="texts per rank and step when timed (no dropout): a small computation, for the slow link to dominate",
-    )
+    timing = "texts per rank and step when timed (no dropout): a small computation, for the slow link to dominate"
+    p.add_argument("--timing_batch", type=int, default=4, help=timing)
     p.add_argument("--compute_steps", type=int, default=3, help="steps of the step with no communication")
     p.add_argument("--fast_steps", type=int, default=3, help="steps of each contender on the unshaped box (median)")
-    p.add_argument(
-        "--comm_over_compute",
-        type=float,
-        default=6.0,
-        help="the link is dialed so that hierarchical's bytes over a node's link take this x the computation",
-    )
+    dial = "the link is dialed so that hierarchical's bytes over a node's link take this x the computation"
+    p.add_argument("--comm_over_compute", type=float, default=6.0, help=dial)
     p.add_argument("--link", default=None, help="dial this rate instead (e.g. 300mbit); default: from the computation")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument(
