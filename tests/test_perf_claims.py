@@ -137,7 +137,10 @@ def test_the_break_even_predicted_before_is_set_against_this_launchs(rec):
     assert f"predicted before the run {be / 1e6:.0f} Mbit/s" in line and f"own runs {now / 1e6:.0f} Mbit/s" in line
     assert ("did not hold" in line) == (abs(be / now - 1) >= dialed.COMM_BOUND), line
     after.before = dataclasses.replace(after.before, single_s=2 * after.before.single_s)  # a prediction made from
-    assert "did not hold" in after.before_line()  # a 1-process step twice as long: its break-even is far off
+    line = after.before_line()  # a 1-process step twice as long: its break-even is far off
+    assert "did not hold" in line and "shared host" not in line  # no cause the run does not show
+    one, now_s = 1000 * after.before.single_s, 1000 * after.single_s  # the evidence: both steps, and their ratio
+    assert f"step of {one:.0f} ms)" in line and f"took {now_s:.0f} ms ({now_s / one:.2f}x)" in line
 
 
 def test_an_all_reduce_off_its_prediction_fails(rec):

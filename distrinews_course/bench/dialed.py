@@ -240,7 +240,7 @@ class Dialed:
     def before_line(self) -> str:
         """The break-even predicted before the run against the one this launch's runs imply (and where the measured
         speedups cross 1x), whether the prediction held (within COMM_BOUND), and why the two differ: the compute it
-        took from section 3, which a shared host moves between launches."""
+        took from section 3, set against the same 1-process step timed in this launch (both figures printed)."""
         mbit = lambda b: f"{b / 1e6:.0f} Mbit/s" if b else "none (DDP loses on any link)"  # noqa: E731
         before, now, cross = self.before.break_even_bits(), self.model_break_even_bits(), self.measured_crossing_bits()
         held = bool(before and now) and abs(before / now - 1) < COMM_BOUND
@@ -252,8 +252,9 @@ class Dialed:
                 f"section 3 ({1000 * self.before.single_s:.0f} ms) took {1000 * self.single_s:.0f} ms in this launch"
                 if held
                 else f". The prediction did not hold: it took the compute from section 3 (a 1-process step of "
-                f"{1000 * self.before.single_s:.0f} ms), and in this launch that step took {1000 * self.single_s:.0f} "
-                "ms: a shared host moves the compute between launches"
+                f"{1000 * self.before.single_s:.0f} ms), and in this launch the same step took "
+                f"{1000 * self.single_s:.0f} ms ({self.single_s / self.before.single_s:.2f}x): the compute moved "
+                "between the two launches, and the break-even moves with it"
             )
             + ". The all-reduce's time, predicted from the link alone, is checked below; the 'model' column puts this "
             "launch's own steps in place"

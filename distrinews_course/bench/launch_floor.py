@@ -262,9 +262,16 @@ def t4_forecast_line(benchmarks, tensors, efficiency: float) -> str:
             parts.append(
                 f"{name} {1000 * f['floor_seconds']:.1f} ms ({f['bound']}-bound, 2x T4 {f['2x_speedup']:.2f}x)"
             )
+    how = (
+        "measured on a GPU"
+        if floor["kind"] == "MEASURED"
+        else "a PROXY: no GPU run left one, so it was timed on a CPU, the model's structure at a width where its "
+        "arithmetic vanishes"
+    )
     return (
-        f"FORECAST with the CPU's launch floor ({floor['kind']}, {floor['file']}): each 2x T4 step is max(the GPU's "
-        f"{1000 * gpu_s:.1f} ms, the floor): " + "; ".join(parts)
+        f"FORECAST that counts the host. The launch floor is the CPU time a step takes just to issue its GPU kernels, "
+        f"here {how} ({floor['file']}). Each 2x T4 step is max(the GPU's {1000 * gpu_s:.1f} ms, the floor): "
+        + "; ".join(parts)
     )
 
 

@@ -7,6 +7,7 @@ perf_summary.record(env, cost, sweep, extras)      # records/05_performance.json
 from __future__ import annotations
 
 from ..records import write_record
+from . import perf_story
 
 
 def _hardware(env) -> str:
@@ -28,8 +29,8 @@ def table(env, cost, sweep, *, small=None, hooks=None, no_sync=None, after=None,
         ),
     ]
     rows += [
-        (f"speedup at {p['b']}/process", f"{p['measured']:.2f}x measured, model {p['predicted']:.2f}x")
-        for p in sweep.pts
+        (f"speedup at {p['b']}/process", perf_story.summary_speedup(sweep, p, c))
+        for p, c in zip(sweep.pts, sweep.speedup_claims())
     ]
     if small:
         rows.append(("0.25 MiB buckets: step vs plain DDP", f"{small['ratio']:.2f}x (median of the rounds)"))
@@ -113,6 +114,6 @@ def record(env, cost, sweep, *, seconds, no_sync=None, after=None, box_why=""):
             "box_why": box_why,
         },
         headline=f"alpha {1000 * cost.fit.alpha_s:.1f} ms, {cost.fit.bandwidth / 1e9:.1f} GB/s; speedup "
-        + " / ".join(f"{p['measured']:.2f}x (model {p['predicted']:.2f})" for p in sweep.pts)
+        + " / ".join(perf_story.headline_point(sweep, p, c) for p, c in zip(sweep.pts, sweep.speedup_claims()))
         + f" at {' / '.join(str(p['b']) for p in sweep.pts)} per process",
     )

@@ -1,0 +1,165 @@
+"""Chapter 05's generated sentences: what the sweep showed (section 3), the summary's speedup rows, the one NOTE a
+section prints where its run cannot decide its checks, and the two Kaggle figures of section 5 set side by side.
+
+    display(Markdown(perf_story.story(sweep, emb_share)))   # each point with its caveats; only checked figures explain
+    perf_story.settle_one_note(sweep.speedup_claims())       # 'checked: ...' lines, and at most ONE 'NOTE: ...' line
+    print(perf_story.kaggle_reconciled(paper, tensors))      # Kaggle's 0.5x ESTIMATE against its measured 1.67x
+
+A sentence states a figure only where the page shows it (it prints the figures it rests on) and where the run could
+check it: a speedup the checker could not decide says so in the same sentence, and a speedup above N (the number of
+processes) says that it is above the ideal and why, never that DDP reached it.
+"""
+
+from __future__ import annotations
+
+from .. import cluster_model as cm
+from ..claims import Claim
+from ..notebook import check
+from .loopback import GAP_LABELS, step_s
+
+
+def settle_one_note(claims) -> None:
+    """Check each checked claim (a failed one fails the notebook); the ones this run cannot decide go into ONE NOTE
+    line, each reason said once: a section tells the learner once what its run could not show."""
+    claims = [claims] if isinstance(claims, Claim) else list(claims)
+    for c in claims:
+        if c.checked:
+            check(c.holds, c.text)
+    by_reason: dict[str, list[str]] = {}
+    for c in claims:
+        if not c.checked:
+            by_reason.setdefault(c.unchecked, []).append(c.text)
+    if by_reason:
+        print(
+            "NOTE: not checked on this run: "
+            + "; and ".join(f"{'; '.join(texts)} ({why})" for why, texts in by_reason.items())
+        )
+
+
+def above_ideal(sweep, p: dict) -> str | None:
+    """Why a point's measured speedup passes N (None where it does not), from figures section 2's table prints: the
+    1-process step at N b against N times one process's step at b alone (the `solo` run, at the largest batch), or,
+    where no solo run explains it, the 1-process step's own rounds (it moved)."""
+    n, b = sweep.n, p["b"]
+    if p["measured"] <= n:
+        return None
+    kept = p["rounds"][p["kept"]]
+    solo = sweep.R.get(f"solo_b{b}_r{p['kept']}")
+    head = f"above the ideal of {n}x, so not DDP's result: "
+    if solo and kept["single"] > n * step_s(solo):
+        return head + (
+            f"the 1-process step at {n * b} ({1000 * kept['single']:.1f} ms) took {kept['single'] / step_s(solo):.2f}x "
+            f"one process's step at {b} alone ({1000 * step_s(solo):.1f} ms), more than {n}x: on this machine the "
+            f"larger batch cost more per example, and the speedup's share past {n}x is that, not DDP's"
+        )
+    singles = ", ".join(f"{1000 * r['single']:.0f}" for r in p["rounds"])
+    return head + (
+        f"the 1-process step it divides moved from round to round ({singles} ms) and was slower in this one than the "
+        "model's parts explain"
+    )
+
+
+def point_text(sweep, p: dict, claim: Claim, caveat: bool = True) -> str:
+    """One point's speedup with its model and, in the same sentence, whether it was checked (where `caveat`: the
+    story says it once where every point shares the reason) and why it passes N."""
+    notes = [] if claim.checked or not caveat else [f"not checked on this run: {claim.unchecked}"]
+    why = above_ideal(sweep, p)
+    if why:
+        notes.append(why)
+    return (
+        f"**{p['measured']:.2f}x** at {p['b']} per process (model {p['predicted']:.2f}x"
+        + "".join(f"; {x}" for x in notes)
+        + ")"
+    )
+
+
+def story(sweep, emb_share: float) -> str:
+    """What the sweep showed, in a few generated sentences (Markdown): each point (with its caveats), why small
+    batches pay little (only where that point was checked, with the figures it rests on), and the largest saving and
+    cost against the ideal at the largest batch (only where section 2's check could decide). A reason already given
+    is not repeated."""
+    claims = sweep.speedup_claims()
+    reasons = {c.unchecked for c in claims}
+    shared = next(iter(reasons)) if len(reasons) == 1 and None not in reasons else None  # every point, one reason
+    points = "; ".join(point_text(sweep, p, c, caveat=shared is None) for p, c in zip(sweep.pts, claims))
+    said = {shared} if shared else {c.unchecked for c in claims if not c.checked}
+    again = lambda why: "for the same reason" if why in said else why  # noqa: E731
+    out = [
+        f"**On this machine** the measured speedups were {points}"
+        + (f", none of them checked on this run ({shared})" if shared else "")
+        + ". The all-reduce and DDP's own work cost about the same per step at every batch: the same "
+        f"{sweep.model.grad_bytes / 2**20:.1f} MiB of gradients, {100 * emb_share:.0f}% of them the input embeddings."
+    ]
+    small, small_claim = sweep.pts[0], claims[0]
+    r = small["rounds"][small["kept"]]
+    half = r["pair"] / r["single"]
+    if not small_claim.checked:
+        out.append(
+            f"How much of a 1-process step half a batch of {small['b']} per process costs was not measurable on this "
+            f"run ({again(small_claim.unchecked)})."
+        )
+    elif half > 0.55:
+        out.append(
+            f"Half a small batch does not take half the time: at {small['b']} per process each process's step took "
+            f"{1000 * r['pair']:.1f} ms, {half:.2f} of the 1-process step at {sweep.n * small['b']} "
+            f"({1000 * r['single']:.1f} ms), partly because the processes share the machine, partly because every "
+            "call of forward and backward has fixed costs (Python, operator dispatch) that do not shrink with the "
+            "batch. A larger batch per process spreads them over more examples."
+        )
+    gap_claim = sweep.gap_claim()
+    if not gap_claim.checked:
+        out.append(
+            f"Which part of section 2's gap saved or cost the most at {sweep.large} per process was not measurable "
+            f"on this run ({gap_claim.unchecked})."
+        )
+        return " ".join(out)
+    parts = {k: v for k, v in sweep.gap().items() if k != "rest"}
+    low, high = min(parts, key=parts.get), max(parts, key=parts.get)
+    if parts[low] < 0:
+        out.append(
+            f"At {sweep.large} per process the largest saving against the ideal was *{GAP_LABELS[low]}* "
+            f"({1000 * parts[low]:+.1f} ms a step, section 2's table)."
+        )
+    if parts[high] > 0:
+        out.append(f"The largest cost was *{GAP_LABELS[high]}* ({1000 * parts[high]:+.1f} ms a step).")
+    return " ".join(out)
+
+
+def summary_speedup(sweep, p: dict, claim: Claim) -> str:
+    """A speedup row of the results table: measured and modelled, 'not checked' where section 3 could not decide, and
+    'above the Nx ideal' where it passes N."""
+    row = f"{p['measured']:.2f}x measured, model {p['predicted']:.2f}x"
+    if not claim.checked:
+        row += ", not checked (section 3)"
+    if above_ideal(sweep, p):
+        row += f"; above the {sweep.n}x ideal: the 1-process run's doing, not DDP's (section 3)"
+    return row
+
+
+def headline_point(sweep, p: dict, claim: Claim) -> str:
+    marks = ([] if claim.checked else ["not checked"]) + (
+        [f"above {sweep.n}x: not DDP's"] if above_ideal(sweep, p) else []
+    )
+    return f"{p['measured']:.2f}x (model {p['predicted']:.2f}" + "".join(f", {m}" for m in marks) + ")"
+
+
+def kaggle_reconciled(paper: list[dict], tensors) -> str:
+    """Section 5's two Kaggle figures side by side: the ESTIMATE for DistilBERT on 2 T4s and the measured nanoGPT run
+    on the same machine both follow from gradient bytes against the compute of one step over the same host path."""
+    k, gb_s = cm.KAGGLE_NANOGPT, cm.kaggle_gb_s()
+    est = next(r["estimate"] for r in paper if r["gpu"] == "T4" and r["n"] == 2)
+    nano_mb, bert_mb = 4 * k["params"] / 1e6, sum(b for b, _ in tensors) / 1e6
+    nano, bert = k["comm_ms"] / k["one_gpu_ms"], est.comm_ms / est.compute_ms
+    measured, hidden = 2 * k["one_gpu_ms"] / k["ddp_ms"], 1 - (k["ddp_ms"] - k["one_gpu_ms"]) / k["comm_ms"]
+    verdict = (
+        "so the two figures agree: what decides is the gradient bytes against one step's compute, not the link alone"
+        if nano < 1 < bert
+        else "so the link alone does not decide: compare each model's all-reduce with its step"
+    )
+    return (
+        f"Kaggle's two figures, over the same {gb_s:.1f} GB/s host path: nanoGPT's {nano_mb:.0f} MB of gradients take "
+        f"{k['comm_ms']} ms, {nano:.2f} of its {k['one_gpu_ms']} ms step, and {100 * hidden:.0f}% of that hid behind "
+        f"backward (MEASURED: {measured:.2f}x on 2 GPUs); DistilBERT's {bert_mb:.0f} MB take {est.comm_ms:.0f} ms, "
+        f"{bert:.1f}x its {est.compute_ms:.0f} ms step, which no backward can hide "
+        f"(ESTIMATE: {est.speedup:.1f}x), {verdict}."
+    )
