@@ -140,3 +140,63 @@ def batching_wins(batched: LoadLevel, unbatched: LoadLevel, factor: float = 1.5)
     second of the same server with --max-batch-size 1. 1.5: benchmarks/serving.json measured 2.9x at 16 clients
     and 4.0x at 64 on the course's CPU model, side by side."""
     return batched.clients == unbatched.clients and batched.per_s >= factor * unbatched.per_s
+
+
+def first_step(levels: list[LoadLevel], grew: float = 1.05, grouped: float = 1.5) -> str:
+    """A sentence on the step from the fewest clients to the next when the answers per second did not grow there
+    (at most `grew` times), or "" when they did. With two clients in a closed loop each request tends to arrive
+    while the other's forward pass runs, so the model thread finds one waiting, never two: no grouping, the same
+    work per answer, and the second client only waits. `grouped`: the requests per pass from which this counts as
+    grouping (1.5: half the passes ran two or more)."""
+    levels = sorted(levels, key=lambda x: x.clients)
+    if len(levels) < 2 or levels[1].per_s > grew * levels[0].per_s:
+        return ""
+    a, b = levels[0], levels[1]
+    said = (
+        f"From {a.clients} to {b.clients} clients the answers per second "
+        f"{'did not grow' if b.per_s <= a.per_s else 'hardly grew'} ({a.per_s:,.0f} -> "
+        f"{b.per_s:,.0f})"
+    )
+    if b.mean_batch < grouped:
+        said += (
+            f" and each forward pass still ran {b.mean_batch:.1f} request: the clients took turns, each request "
+            f"arriving while another's pass ran (p50 {a.p50_ms:.1f} -> {b.p50_ms:.1f} ms), so the server did "
+            "the same work per answer and the second client only added waiting."
+        )
+    else:
+        said += "."
+    start = next((x for x in levels if x.mean_batch >= grouped), None)
+    if start is not None and start.clients > b.clients:
+        said += (
+            f" Grouping, and with it the gain, started at {start.clients} clients ({start.mean_batch:.1f} per pass)."
+        )
+    return said
+
+
+def load_paragraph(levels: list[LoadLevel], grew_at_least: float = 1.1) -> str:
+    """The load curve in words, every figure the run's: one client's floor, the most loaded level's answers per
+    second and requests per pass, the first step when it gave nothing (first_step), and whether the last step up
+    still grew the answers per second by `grew_at_least` (1.1: a step that doubles the clients and gains under 10%
+    has flattened)."""
+    levels = sorted(levels, key=lambda x: x.clients)
+    first, prev, most = levels[0], levels[-2], levels[-1]
+    grew = most.per_s / prev.per_s
+    knee = (
+        f"From {prev.clients} to {most.clients} clients the answers per second still grew {grew:.2f}x: this run did "
+        "not reach the load where they stop growing."
+        if grew >= grew_at_least
+        else f"From {prev.clients} to {most.clients} clients the answers per second went only {grew:.2f}x: the curve "
+        "has flattened, and more clients would mostly add waiting."
+    )
+    return " ".join(
+        x
+        for x in (
+            f"With one client a request took {first.p50_ms:.1f} ms (p50) and the server answered {first.per_s:,.0f} "
+            f"a second. With {most.clients} clients it answered {most.per_s:,.0f} a second, "
+            f"{most.per_s / first.per_s:.1f}x as many, because it ran {most.mean_batch:.1f} requests per forward "
+            f"pass; each request waited {most.p50_ms:.1f} ms (p50), {most.p95_ms:.1f} ms at p95.",
+            first_step(levels),
+            knee,
+        )
+        if x
+    )
