@@ -54,6 +54,8 @@ def test_the_objective_enters_train_ddp_in_two_places_and_a_branch_would_show(tm
     branched = tmp_path / "train.py"
     branched.write_text((ROOT / "scripts" / "train_ddp.py").read_text() + '\nif run.task == "clm":\n    pass\n')
     assert not claims.objective_enters_twice(claims.script_lines(branched)[0]).holds
+    branched.write_text((ROOT / "scripts" / "train_ddp.py").read_text() + "\nif cfg.clm:  # a branch\n    pass\n")
+    assert not claims.objective_enters_twice(claims.script_lines(branched)[0]).holds
     listing = claims.script_listing(objective, ddp, width=40)
     assert all(len(line) <= 42 for line in listing.splitlines() if line.startswith("  "))
 
@@ -149,6 +151,31 @@ def test_perplexity_must_fall_every_epoch_by_five_times_with_the_ranks_agreeing(
     assert table.splitlines()[0].split()[1] == "steps" and table.splitlines()[2].split()[:2] == ["1", "201"]
 
 
+def test_the_ddp_evaluation_must_equal_one_process_on_every_block():
+    """The in-process evaluation of the saved model and the DDP run's figure: equal within 1e-5 nats on as many
+    blocks; a loss off by 1e-4 (a shard alone, a duplicate counted) or a block count off fails."""
+    one = SimpleNamespace(loss=5.6178617, perplexity=math.exp(5.6178617), n=794)
+    epoch = {"val_loss": 5.617862, "val_perplexity": 275.3001, "val_examples": 794}
+    assert claims.ddp_evaluation_exact(one, epoch).holds
+    assert not claims.ddp_evaluation_exact(one, {**epoch, "val_loss": 5.617962}).holds
+    assert not claims.ddp_evaluation_exact(one, {**epoch, "val_examples": 795}).holds
+    assert "0 padded duplicates" in claims.validation_split(794, 2)
+    assert "1 padded duplicate in" in claims.validation_split(795, 2)
+    assert "2 padded duplicates" in claims.validation_split(794, 4)
+
+
+def test_the_seen_prompt_shows_a_word_outside_the_vocabulary_as_unk(vocab):
+    voc, _ = vocab
+    seen = claims.seen_prompt(voc, "the zyzzyvas")
+    assert seen.startswith("the") and "[UNK]" in seen
+    assert "[UNK]" not in claims.seen_prompt(voc, "the")
+
+
+def test_the_recomputed_loss_message_does_not_give_exercise_1_away():
+    text = claims.BlindGuess(8.3444, 8.3435, 0.0018, 4096).claims(8.3444)[0].text
+    assert "8.3444" in text and ":-1" not in text and "1:]" not in text and "cross_entropy" not in text
+
+
 def test_real_text_must_be_likelier_for_every_text_and_the_median_over_five_times(vocab, tiny_gpt):
     voc, _ = vocab
     assert claims.real_text_likelier([(4000, 300), (4100, 200), (3900, 800)]).holds
@@ -173,6 +200,25 @@ def test_masking_claims_hold_for_the_collator_and_fail_for_a_wrong_one(vocab):
     assert not claims.masking_claims(first, again, (0.25, share[1]))[2].holds
     shown = claims.shown_block(first[1, 0], voc)
     assert shown.count("<") == int((first[1, 0]["labels"][0] != lm.IGNORE).sum())
+
+
+def test_a_collator_that_draws_from_the_global_generator_fails_the_resumed_check(vocab):
+    """first_masks rebuilds the batch as a resumed process would: new objects, torch's generator elsewhere. Masks
+    drawn from the global generator then differ, and the check says so."""
+    from distrinews_lib.lm.task import MaskedLM
+
+    class GlobalMasking(MaskedLM):
+        def inputs_and_labels(self, ids, index, collator):
+            chosen = torch.rand(ids.shape) < 0.15
+            return ids, torch.where(chosen, ids, torch.full_like(ids, lm.IGNORE))
+
+    voc, blocks = vocab
+    share = claims.mask_share(blocks[:64], voc, seed=42)
+    first, again = claims.first_masks(blocks[:64], voc, seed=42, task=GlobalMasking())
+    assert not claims.masking_claims(first, again, share)[0].holds
+    before = torch.random.get_rng_state()
+    claims.first_masks(blocks[:64], voc, seed=42)
+    assert torch.equal(before, torch.random.get_rng_state())  # the notebook's generator is left alone
 
 
 def test_the_figures_draw(vocab, tmp_path):
@@ -395,3 +441,12 @@ def test_mlm_masks_through_the_task_as_the_collator_does(vocab):
     ds = lm.BlockDataset(blocks[:8], MLM, voc, seed=3)
     batch = ds.collator_for(None)([ds[i] for i in range(4)])
     assert bool((batch["labels"] != lm.IGNORE).any())
+
+
+def test_the_80_10_10_split_holds_for_the_collator_and_fails_for_a_wrong_split(vocab):
+    voc, blocks = vocab
+    split = claims.mask_split(blocks[:64], voc, seed=42)
+    assert claims.split_claim(split).holds, split
+    assert abs(split["mask"] + split["random"] + split["kept"] - 1) < 1e-9
+    assert not claims.split_claim({**split, "mask": 0.7, "kept": 0.2}).holds  # 70/10/20
+    assert not claims.split_claim({**split, "mask": 1.0, "random": 0.0, "kept": 0.0}).holds  # every one [MASK]
