@@ -225,19 +225,32 @@ def point(strategy: str, n: int, level: Level, params: list[int], step_s: float,
     return {"n": n, "comm_s": comm_seconds(strategy, n, s, params, 4, 4), "compute_s": step_s}
 
 
-def table_text(rows: list) -> str:
-    """table()'s rows as the notebook prints them."""
+def table_text(rows: list, n: int = 8) -> str:
+    """table()'s rows as the notebook prints them: two columns at `n` devices (table()'s n), then n_max at each
+    global batch."""
     texts = list(rows[0]["n_max"])
-    head = f"{'ESTIMATE':<10} {'':<6} {'comm ms @8':>12} {'texts/device':>12} " + " ".join(
-        f"{f'n_max @{t}':>10}" for t in texts
-    )
-    lines = [head]
+    head1 = f"{'ESTIMATE':<17} {f'at {n} devices:':<29} n_max, global batch of"
+    head2 = f"{'':<17} {'comm ms':>10} {'texts/device to hide it':>23}" + "".join(f" {f'{t} texts':>11}" for t in texts)
+    lines = [head1, head2]
     for r in rows:
         lines.append(
-            f"{r['setting']:<10} {r['strategy']:<6} {1000 * r['comm_s']:>12.1f} {r['texts_per_device']:>12.0f} "
-            + " ".join(f"{r['n_max'][t]:>10}" for t in texts)
+            f"{r['setting']:<10} {r['strategy']:<6} {1000 * r['comm_s']:>10.1f} {r['texts_per_device']:>23.0f}"
+            + "".join(f" {r['n_max'][t]:>11}" for t in texts)
         )
     return "\n".join(lines)
+
+
+def kaggle_line(strategy: str = "ddp", texts: int = GLOBAL_TEXTS, mfu: float = MFU) -> str:
+    """Kaggle's case in one sentence: on its 2 T4s, the texts per device that would hide `strategy`'s communication,
+    against the preset's `texts` per step split over the two."""
+    s, n = settings(mfu)["kaggle_t4"], 2
+    comm, need, given = comm_seconds(strategy, n, s), texts_to_hide(strategy, n, s), texts / n
+    share = comm / (given * s.text_s)
+    verdict = "enough to hide it" if given >= need else f"so the link takes {share:.1f}x as long as the computation"
+    return (
+        f"Kaggle has 2 T4s, not 8: there {strategy}'s communication takes {1000 * comm:.0f} ms a step, which "
+        f"{need:.0f} texts per T4 would hide; the preset gives each T4 {given:.0f} ({texts} a step), {verdict}"
+    )
 
 
 def plot(key: str = "dgx1", texts: int = 1024, mfu: float = MFU, save_to=None):

@@ -185,6 +185,13 @@ def test_the_zero_claims_hold_and_each_fails_on_its_wrong_figure():
         z["sharding"]["contenders"][path[0]][path[1]] = value
         assert not by_text(zero_report.claims(z, blocks=3), words).holds, words
     assert "66.2" in zero_report.table(zres()) and "1.50x" in zero_report.table(zres())
+    fsdp2_row = next(line for line in zero_report.table(zres()).splitlines() if line.strip().startswith("fsdp2"))
+    assert fsdp2_row.endswith("reference")  # FSDP2 against itself is no figure: the others' reference
+
+
+def test_the_peak_saving_says_its_share_of_the_peak_not_half():
+    text = by_text(mixed_report.claims(mixed()), "lowers that peak").text
+    assert "by 6.3 MiB at least of 67.2 (9%; the calculator predicts 3.8): far from half" in text
 
 
 # ------------------------------------------------------------------------------------------------ mixed precision

@@ -114,3 +114,16 @@ def test_bad_input_is_a_clear_error():
         sl.limit("ddp", flat(), 0)
     with pytest.raises(ValueError, match="a link of 0 Mbit/s"):
         sl.box(0)
+
+
+def test_the_table_names_its_two_columns_at_n_devices_and_kaggles_line_gives_its_own_figures():
+    rows = sl.table(texts=(64, 1024), n=4)
+    text = sl.table_text(rows, n=4)
+    assert "at 4 devices:" in text and "texts/device to hide it" in text and "1024 texts" in text
+    assert f"{rows[0]['texts_per_device']:>23.0f}" in text.splitlines()[2]
+    s = sl.SETTINGS["kaggle_t4"]
+    need = sl.texts_to_hide("ddp", 2, s)
+    line = sl.kaggle_line("ddp", 64)
+    assert f"which {need:.0f} texts per T4 would hide" in line and "gives each T4 32 (64 a step)" in line
+    assert f"{sl.comm_seconds('ddp', 2, s) / (32 * s.text_s):.1f}x as long" in line
+    assert sl.kaggle_line("ddp", int(2 * need) + 2).endswith("enough to hide it")
