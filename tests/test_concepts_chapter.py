@@ -102,6 +102,9 @@ def test_a_sampler_that_does_not_shard_fails():
     runs["shuffled"][1] = runs["shuffled"][0]  # epoch 1 replays epoch 0
     assert "another split and order" in _failing(S.sampler_claims(runs))[0]
     runs = _runs()
+    runs["shuffled"][1] = [list(reversed(r)) for r in runs["shuffled"][0]]  # another order, the same split
+    assert "another split and order" in _failing(S.sampler_claims(runs))[0]
+    runs = _runs()
     runs["padded"][0][1][-1] = 10  # padded with the last sample, not the first
     assert "repeats 1 from the start" in _failing(S.sampler_claims(runs))[0]
     runs = _runs()
@@ -129,10 +132,12 @@ def test_dataparallel_on_this_machine_supports_section_3():
     with R.watch_replicas(net) as calls:
         y = dp(x)
     assert len(calls) == 1 and calls[0].rows == 16
-    assert _failing(R.dataparallel_claims(calls, y, 16, 0, list(dp.state_dict()))) == []
+    claims = R.dataparallel_claims(calls, y, 16, 0, list(dp.state_dict()))
+    assert _failing(claims) == []
+    assert [c.text for c in claims if not c.checked] == [
+        "DP called the model once, on all 16 rows, in this cell's own thread"
+    ]
     assert "this cell" in R.replica_table(calls, 16)
-    split = [R.ReplicaCall(calls[0].pid, calls[0].thread, "cpu", 8)] * 2  # DP split the batch on a CPU: wrong
-    assert "called the model once" in _failing(R.dataparallel_claims(split, y, 16, 0, list(dp.state_dict())))[0]
     assert "'module.'" in _failing(R.dataparallel_claims(calls, y, 16, 0, list(net.state_dict())))[0]
     two = R.dataparallel_claims(calls, y, 16, 2, list(dp.state_dict()))  # a 2-GPU claim on a 1-call record
     assert "one forward per GPU (2)" in _failing(two)[0]
@@ -259,15 +264,26 @@ def test_the_checkpoint_launch_supports_every_claim(ck):
         (lambda c: None, CK_OUTPUT + "[rank 1] saved x\n", "exactly one rank"),
         (lambda c: c["keys"].append("module.0.weight"), CK_OUTPUT, "no 'module.' keys"),
         (lambda c: c["ranks"][1].update(identical=False), CK_OUTPUT, "exactly the trained weights"),
-        (lambda c: c["ranks"][1].update(loaded_on="cuda:0"), CK_OUTPUT, "own device"),
+        (lambda c: c["ranks"][1].update(device="cuda:1", loaded_on="cuda:0"), CK_OUTPUT, "own device"),
         (lambda c: c["ranks"][1].update(at_wrap=0.5), CK_OUTPUT, "broadcast rank 0's weights"),
-        (lambda c: c["ranks"][0].update(across_ranks_after_resume=1e-6), CK_OUTPUT, "identical on every rank"),
+        (lambda c: [r.update(before_wrap=0.0) for r in c["ranks"]], CK_OUTPUT, "its own seed"),
+        (lambda c: c["ranks"][1].update(loaded_apart=1e-6), CK_OUTPUT, "the same on every rank before any wrap"),
     ],
 )
 def test_a_wrong_checkpoint_figure_fails(ck, wrong, output, fails):
     wrong(ck)
     failing = _failing(R.checkpoint_claims(output, ck, 2))
     assert failing and fails in failing[0], failing
+
+
+def test_map_location_is_a_note_on_the_cpu(ck):
+    notes = [c for c in R.checkpoint_claims(CK_OUTPUT, ck, 2) if not c.checked]
+    assert [c.text for c in notes] == ["map_location put the tensors on each rank's own device"]
+    for r in ck["ranks"]:
+        r["device"] = r["loaded_on"] = f"cuda:{r['rank']}"
+    assert all(c.checked for c in R.checkpoint_claims(CK_OUTPUT, ck, 2)) and not _failing(
+        R.checkpoint_claims(CK_OUTPUT, ck, 2)
+    )
 
 
 def test_the_interview_evidence_has_a_line_per_question(hello, bwd, strag, ck):

@@ -4,7 +4,6 @@ atomically; the others wait at a barrier. Every rank loads with map_location: it
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -27,7 +26,9 @@ def make_model():
 
 
 torch.manual_seed(ctx.rank)  # deliberately different starting weights: DDP broadcasts rank 0's at wrap time
-ddp = DDP(make_model(), device_ids=ctx.device_ids)
+model = make_model()
+before_wrap = max_param_difference(model)          # > 0: each rank's own seed gave it other weights
+ddp = DDP(model, device_ids=ctx.device_ids)
 at_wrap = max_param_difference(ddp)                # 0.0: the wrap made every rank's copy equal to rank 0's
 opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
 for step in range(3):  # a little training, different data per rank
@@ -43,18 +44,18 @@ if ctx.rank == 0:                                  # ONE writer
     torch.save({"model": unwrap(ddp).state_dict(),  # unwrapped: keys without "module."
                 "optimizer": opt.state_dict(), "epoch": 1}, tmp)
     os.replace(tmp, path)                          # atomic: the old file or the new one, never half
-    sys.stdout.write(f"[rank 0] saved {path}\n")
+    print(f"[rank 0] saved {path}", flush=True)
 dist.barrier()                                     # everyone else waits here until the file exists
 
 ckpt = torch.load(path, map_location=ctx.device, weights_only=True)  # on THIS rank's device
 fresh = make_model()
 fresh.load_state_dict(ckpt["model"])               # strict: every key must match
+loaded_apart = max_param_difference(fresh)         # before any wrap: did every rank load the same weights?
 resumed = DDP(fresh, device_ids=ctx.device_ids)
 torch.optim.AdamW(resumed.parameters(), lr=1e-2).load_state_dict(ckpt["optimizer"])
 same = all(torch.equal(a, b) for a, b in zip(fresh.parameters(), unwrap(ddp).parameters()))
-everyone = gather({"rank": ctx.rank, "device": str(ctx.device), "identical": same, "at_wrap": at_wrap,
-                   "loaded_on": str(next(iter(ckpt["model"].values())).device),
-                   "across_ranks_after_resume": max_param_difference(resumed)})
-write_json(args.out, {"keys": list(ckpt["model"]), "epoch": ckpt["epoch"], "ranks": everyone}, ctx.rank)
+report = dict(rank=ctx.rank, device=str(ctx.device), loaded_on=str(ckpt["model"]["0.weight"].device), identical=same,
+              before_wrap=before_wrap, at_wrap=at_wrap, loaded_apart=loaded_apart)
+write_json(args.out, {"keys": list(ckpt["model"]), "epoch": ckpt["epoch"], "ranks": gather(report)}, ctx.rank)
 del ddp, resumed  # free the DDP models (they hold the group and in-flight work) before the group goes
 finish()
