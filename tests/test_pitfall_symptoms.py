@@ -94,6 +94,17 @@ def test_printing_fails_when_the_printed_loss_is_not_the_ranks_mean():
     assert holds(symptoms.print_every_rank(one_rank, RUN["nproc"]))[0] is False
 
 
+def test_printing_reads_glued_messages_apart_and_fails_when_a_broken_line_is_not_in_the_mean():
+    out = output("03_print_every_rank.py")
+    first, second = [x for x in out.splitlines() if x.startswith("[broken] epoch 0")]
+    glued = out.replace(first + "\n", first, 1)  # two ranks' messages on one line, as print() can leave them
+    s = symptoms.print_every_rank(glued, RUN["nproc"])
+    assert holds(s) == [True, True] and "6 messages on 5 lines" in s.table
+    assert first in s.table.splitlines() and second in s.table.splitlines()
+    other = out.replace(first, "[broken] epoch 0 loss 99.0000")  # a fixed line that is not its epoch's mean
+    assert holds(symptoms.print_every_rank(other, RUN["nproc"])) == [True, False]
+
+
 def test_save_wrapper_fails_on_unprefixed_keys_or_a_loadable_file():
     r = data("04_save_wrapper.py")
     r["broken"]["module_prefixed"] = 0
@@ -136,6 +147,19 @@ def test_a_hang_must_end_by_its_own_timeout():
     assert [
         c.holds for c in failures.uneven_inputs(no_timeout, r, HANG, LIMIT).claims if "collective's timeout" in c.text
     ] == [False]
+    swapped = failed(
+        "07_uneven_inputs.py",
+        output=RUN["failing"]["07_uneven_inputs.py"]["output"]
+        .replace("rank=0 mode=broken my_batches=4", "rank=0 mode=broken my_batches=X")
+        .replace("rank=1 mode=broken my_batches=3", "rank=1 mode=broken my_batches=4")
+        .replace("my_batches=X", "my_batches=3"),
+    )
+    text = failures.uneven_inputs(swapped, r, HANG, LIMIT).claims[0]
+    assert "[3, 4]" in text.text and not text.holds  # in rank order: rank 1 with the extra batch is not this bug
+    assert (
+        "ranks 0..1 had [4, 3] batches"
+        in failures.uneven_inputs(failed("07_uneven_inputs.py"), r, HANG, LIMIT).claims[0].text
+    )
     r["join"]["max_param_diff"] = 1e-3
     assert holds(failures.uneven_inputs(failed("07_uneven_inputs.py"), r, HANG, LIMIT))[-1] is False
 
@@ -203,10 +227,12 @@ def test_batchnorm_fails_when_broken_agrees_or_fixed_drifts():
 def test_lr_scaling_fails_when_the_gap_is_small_or_not_closed():
     r = data("13_lr_scaling.py")
     r["broken"]["curve"][-1][1] = r["one_process"][-1][1] + 0.01
-    assert holds(symptoms.lr_scaling(r))[1] is False
+    assert holds(symptoms.lr_scaling(r))[0] is False
     r = data("13_lr_scaling.py")
     r["fixed"]["curve"][-1][1] = r["broken"]["curve"][-1][1]
-    assert holds(symptoms.lr_scaling(r))[2] is False
+    assert holds(symptoms.lr_scaling(r))[1] is False
+    # the samples each run saw are a fact of the script (one epoch of one dataset): printed, not claimed
+    assert "one epoch of the same 4,096 samples" in symptoms.lr_scaling(data("13_lr_scaling.py")).table
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import argparse
 import torch
 import torch.distributed as dist
 
-from distrinews_course.demo import finish, result, start
+from distrinews_course.demo import finish, start
 
 p = argparse.ArgumentParser()
 p.add_argument("--mode", choices=["broken", "fixed", "both"], default="both")
@@ -18,21 +18,20 @@ p.add_argument("--epochs", type=int, default=3)
 args = p.parse_args()
 
 ctx = start()
-torch.manual_seed(ctx.rank)  # each rank trains on different data, so local losses differ
-model = torch.nn.Linear(8, 1).to(ctx.device)
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1).to(ctx.device)  # the same model on every rank, as DDP makes it
 
 for mode in (["broken", "fixed"] if args.mode == "both" else [args.mode]):
+    torch.manual_seed(1 + ctx.rank)  # each rank draws its own data, the same in both modes: the losses compare
     for epoch in range(args.epochs):
         x = torch.randn(32, 8, device=ctx.device)
         loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True)).detach()
         if mode == "broken":
             print(f"[broken] epoch {epoch} loss {loss.item():.4f}", flush=True)  # BUG: every rank prints its own loss
         else:
-            local = loss.item()               # (kept, so the notebook can check the printed mean)
             dist.all_reduce(loss)             # THE FIX, part 1: the global mean...
             loss /= ctx.world
             if ctx.rank == 0:                 # THE FIX, part 2: printed once (distrinews_lib.distributed.print0)
                 print(f"[fixed] epoch {epoch} loss {loss.item():.4f}", flush=True)
-            result(ctx, mode="fixed", epoch=epoch, local_loss=f"{local:.6f}")
     dist.barrier()  # keep the two demos apart in the output
 finish()

@@ -78,7 +78,9 @@ else:
     ddp = make_ddp()
     steps_even = train(ddp, even)
     dist.barrier()
-    report["even"] = {"batches_per_rank": [len(even)] * ctx.world, "max_param_diff": max_param_difference(ddp)}
+    steps = [None] * ctx.world
+    dist.all_gather_object(steps, steps_even)      # the batches each rank trained on, as counted in its loop
+    report["even"] = {"batches_per_rank": steps, "max_param_diff": max_param_difference(ddp)}
     # Fix (b): keep the uneven shards, but let ranks that run out "join" the others' all-reduces.
     ddp = make_ddp()
     with Join([ddp]):                              # FIX (b)
