@@ -22,8 +22,10 @@ import importlib
 import importlib.util
 import json
 import os
+import random
 import re
 import shutil
+import socket
 import threading
 import time
 import urllib.request
@@ -31,13 +33,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from distrinews_lib.distributed import free_port
 from distrinews_lib.hang_doctor import grace_s
 
 from . import hang_reading, leftovers
 from .launch import torchrun
 
 PAGE_S = 5.0  # how long a probe waits for a page of the debug server (it waits FETCH_S for each rank itself)
+PORT_ATTEMPTS = 3  # a debug server whose port was taken before it could bind it: the scenario runs again
 CONCURRENT = 3  # launches at a time: they wait more than they compute, but two cores start only so many ranks
 # The scenarios run as CPU processes on gloo on every machine: the bugs and the tools are the same on NCCL, and the
 # same backend everywhere makes what each tool shows the same on a laptop, in CI and on Kaggle.
@@ -130,7 +132,7 @@ class HangLab:
         """(script or module, arguments, is it a module) for torchrun: the wrappers, then the script."""
         chain = []
         if s.debug_server:
-            run.port = free_port()
+            run.port = debug_port()
             chain += ["-m", "distrinews_course.attach_debug_server", "--port", str(run.port)]
         if s.doctor:
             chain += [
@@ -145,6 +147,13 @@ class HangLab:
         return (chain[1], chain[2:], True) if chain[0] == "-m" else (chain[0], chain[1:], False)
 
     def _run(self, s: Scenario) -> Run:
+        for _ in range(PORT_ATTEMPTS):
+            run = self._attempt(s)
+            if not (s.debug_server and run.probe_error and "Address already in use" in run.output):
+                return run
+        return run
+
+    def _attempt(self, s: Scenario) -> Run:
         folder = self.out / s.name
         shutil.rmtree(folder, ignore_errors=True)  # nothing of an earlier run is ever read
         folder.mkdir(parents=True)
@@ -215,6 +224,20 @@ class HangLab:
             return hung_past_start(fr)
         kind, n = probe
         return all(sum(e["retired"] for e in es) >= n for es in fr.values())
+
+
+def debug_port() -> int:
+    """A free port for rank 0's debug page, below Linux's ephemeral range (32768 and up): the launch binds it seconds
+    after it is chosen, and in the meantime every connection the machine opens draws its own port from that range."""
+    for _ in range(100):
+        port = random.randint(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port between 20000 and 32000 for the debug server: free some, then run again.")
 
 
 def hung_past_start(fr: dict, now_ns: int | None = None) -> bool:
