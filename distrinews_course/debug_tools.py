@@ -51,6 +51,22 @@ def support(pyspy_worked: bool | None, pyspy_why: str | None = None) -> list:
     ]
 
 
+def ptrace_note(pyspy_worked: bool, pyspy_why: str | None = None) -> str:
+    """What this run could show of py-spy's permission: where it was allowed, not the refusal a container without
+    SYS_PTRACE gives; where it was refused, that the other tools showed the stacks without it."""
+    root = os.geteuid() == 0 if hasattr(os, "geteuid") else False
+    if pyspy_worked:
+        return (
+            f"NOTE: this machine let py-spy trace the ranks (root: {root}, CAP_SYS_PTRACE: {_cap_sys_ptrace()}), so "
+            f"this run could not show a refusal; where py-spy is refused, the debug server's /stacks and the hang "
+            f"doctor show the same stacks without ptrace."
+        )
+    return (
+        f"NOTE: py-spy was refused here ({pyspy_why}); the debug server's /stacks and the hang doctor showed the "
+        f"stacks without ptrace (section 2)."
+    )
+
+
 def support_table(rows: list) -> str:
     width = [max(len(r[i]) for r in rows) for i in range(2)]
     head = f"{'tool':<{width[0]}}  {'needs':<{width[1]}}  on this machine"

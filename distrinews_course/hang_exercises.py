@@ -5,6 +5,7 @@ the mystery hang's answer. Each check names the mistake it found in one line.
     grade(find_culprit, cases)              distrinews_course.attempt: one line per case, the first mistake named
     judge_mystery(answer, truth)            None when right, else what is wrong
     mystery_truth(run)                      (rank, op, seq) of the mystery run, from what it planted and recorded
+    judge_mystery_bug(line, fix)            the bug's line in mystery.py and the fix (a, b or c): None when right
 
 An answer is (rank, op, seq): the rank that never called the collective the other ranks wait in, that collective's
 operation ('all_reduce'; 'gloo:all_reduce' as the recorder writes it is accepted) and its sequence number.
@@ -13,6 +14,7 @@ operation ('all_reduce'; 'gloo:all_reduce' as the recorder writes it is accepted
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 from .demo import results
 
@@ -113,3 +115,41 @@ def judge_mystery(answer, truth: tuple, fr: dict) -> str | None:
     if answer is None:
         return "no answer yet: set MYSTERY = (rank, op, seq)"
     return judge(answer, truth, fr)
+
+
+# the mystery's bug and its fix ---------------------------------------------------------------------------------
+
+MYSTERY_SCRIPT = "scripts/hangs/mystery.py"
+FIXES = {
+    "a": "give the process group a longer timeout",
+    "b": "decide the early stop together: every rank stops at the same epoch (all-reduce the loss or a stop flag)",
+    "c": "remove the dist.barrier() before the save",
+}
+WHY_NOT = {
+    "a": "a longer timeout only makes the other ranks wait longer: the culprit never calls their collective",
+    "c": "without the barrier the ranks that go on training still wait in DDP's all-reduce for the one that left",
+}
+
+
+def bug_lines(script=MYSTERY_SCRIPT) -> list:
+    """The lines (numbered from 1) where one rank leaves the epoch loop the others stay in: its own early-stop test
+    and its break."""
+    lines = Path(script).read_text().splitlines()
+    return [i for i, line in enumerate(lines, 1) if "val_loss < args.target" in line or line.strip() == "break"]
+
+
+def judge_mystery_bug(line, fix, script=MYSTERY_SCRIPT) -> str | None:
+    """The second half of exercise 2: the line of the bug (either line of bug_lines) and the fix (one of FIXES)."""
+    if line is None or fix is None:
+        return "no answer yet: set MYSTERY_BUG_LINE and MYSTERY_FIX"
+    right = bug_lines(script)
+    if line not in right:
+        text = Path(script).read_text().splitlines()
+        shown = text[line - 1].strip() if 0 < line <= len(text) else "past the end of the file"
+        return (
+            f"line {line} ({shown!r}) runs on the culprit as on the others: look for where one rank leaves the "
+            f"loop the others stay in"
+        )
+    if fix not in FIXES:
+        return f"MYSTERY_FIX is one of {', '.join(map(repr, FIXES))}, not {fix!r}"
+    return None if fix == "b" else f"not ({fix}): {WHY_NOT[fix]}"

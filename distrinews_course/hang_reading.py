@@ -6,10 +6,12 @@ st = stacks(html)                 its /stacks page -> {rank: [(file, line, funct
 culprit(fr, st)                   the doctor's rules over those: a Verdict (culprits, op, seq, site, text)
 pyspy(pid, timeout)               `py-spy dump --pid PID`: (frames, text) or why it could not run
 detail_mismatch(output)           TORCH_DISTRIBUTED_DEBUG=DETAIL's report -> {rank: (op, seq, shape)}
+step_counts(output, step)         the class counts each rank logged at one step of class_counts.py -> {rank: [..]}
 monitored_barrier_names(output)   the ranks a monitored_barrier's error names
 error_files(log_dir)              torchrun's @record error files -> {rank: (error, frames)}
 root_cause_ranks(lines)           the ranks torchrun's "Root Cause" headings name
 doctor_verdict(folder)            the hang doctor's verdict (hang.json or straggler.json) from its --out folder
+doctor_waited_s(folder)           how long a rank had waited when the doctor reported a hang
 arrivals(fr)                      when each rank reached each completed collective, for the straggler
 lateness(rows, rank)              how late that rank was at each collective, and how often it was the last
 """
@@ -182,6 +184,18 @@ def detail_mismatch(output: str) -> dict:
     return out
 
 
+def step_counts(output: str, step: int) -> dict:
+    """{rank: the global class counts it logged at `step`} from class_counts.py's RESULT lines (a rank stuck in the
+    step's all-reduce logged none)."""
+    found = {}
+    for line in output.splitlines():
+        if "RESULT rank=" in line and f" step={step} " in line + " ":
+            fields = dict(re.findall(r"(\w+)=(\S+)", line.split("RESULT ", 1)[1]))
+            if "counts" in fields:
+                found[int(fields["rank"])] = json.loads(fields["counts"])
+    return found
+
+
 def monitored_barrier_names(output: str) -> set:
     """The ranks a monitored_barrier's error names: 'Rank 1 failed to pass monitoredBarrier' (rank 0 says who did not
     arrive) or '...while waiting for send/recv from rank 0' (a rank that arrived, when rank 0 did not)."""
@@ -224,6 +238,13 @@ def doctor_verdict(folder, kind: str = "hang") -> dict | None:
     """The hang doctor's verdict from its --out folder (hang.json or straggler.json), or None if it wrote none."""
     path = Path(folder) / f"{kind}.json"
     return json.loads(path.read_text())["verdict"] if path.is_file() else None
+
+
+def doctor_waited_s(folder) -> float | None:
+    """How long the reporting rank had waited in its collective when the hang doctor reported (hang.json's waited_s),
+    or None if it wrote no hang report."""
+    path = Path(folder) / "hang.json"
+    return float(json.loads(path.read_text())["waited_s"]) if path.is_file() else None
 
 
 # ------------------------------------------------------------------------------------------------------- straggler

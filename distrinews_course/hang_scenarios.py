@@ -85,6 +85,19 @@ def doctor_rows(lab: HangLab, names: list) -> list:
     return rows
 
 
+def straggler_figures(section_ms: float, collectives: int, details: dict) -> str:
+    """One line on the straggler's two figures: section 5's median lateness over the collectives the debug server had
+    recorded when it was read, and the doctor's median wait per step over the steps it had seen when it judged (its
+    straggler.json details). Two looks at one run, at different moments, over different windows."""
+    per = details["per_step"]
+    return (
+        f"two figures for one straggler: section 5's {section_ms:.0f} ms is rank 1's median lateness over the "
+        f"{collectives} collectives the debug server had recorded when it was read; the doctor's "
+        f"+{details['added_ms_per_step']:.0f} ms is the median wait rank 1 caused per step ({per} collective"
+        f"{'s' if per > 1 else ''} a step) over the {details['steps']} steps the doctor had seen when it judged"
+    )
+
+
 @dataclass
 class DoctorCost:
     overhead: float  # median over the pairs of (time per step with the doctor / without) - 1

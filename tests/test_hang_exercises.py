@@ -119,3 +119,20 @@ def test_the_mystery_answer_is_judged_with_the_same_words():
     assert "#29 completed on every rank" in judge_mystery((1, "broadcast", 29), truth, fr)
     assert "not #31" in judge_mystery((1, "broadcast", 31), truth, fr)
     assert "not the culprit" in judge(("2", "broadcast", 30), truth, fr)
+
+
+def test_the_mystery_bug_and_fix_pass_the_reference_and_name_each_mistake():
+    from distrinews_course.hang_exercises import bug_lines, judge_mystery_bug
+
+    spec = importlib.util.spec_from_file_location("answers_12_bug", ANSWERS)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert judge_mystery_bug(mod.MYSTERY_BUG_LINE, mod.MYSTERY_FIX) is None
+    early_stop, leave = bug_lines()
+    assert judge_mystery_bug(early_stop, "b") is None and leave == early_stop + 2
+    assert "no answer yet" in judge_mystery_bug(None, "b")
+    assert "runs on the culprit as on the others" in judge_mystery_bug(leave + 1, "b")  # the barrier: a symptom
+    assert "past the end" in judge_mystery_bug(10_000, "b")
+    assert "longer timeout only makes" in judge_mystery_bug(leave, "a")
+    assert "DDP's all-reduce" in judge_mystery_bug(leave, "c")
+    assert "one of" in judge_mystery_bug(leave, "z")

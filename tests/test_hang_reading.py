@@ -252,3 +252,26 @@ def test_the_hung_probe_waits_until_every_rank_is_past_ddps_start_up():
     assert not hung_past_start(hung, now_ns=int(4.5e9))  # waited half a second only
     assert hung_past_start(hung, now_ns=int(5.5e9))  # rank 1 at the barrier, rank 0 busy elsewhere
     assert not hung_past_start({}, now_ns=int(9e9))
+
+
+def test_step_counts_reads_each_ranks_counts_at_one_step_and_none_for_a_rank_that_logged_none():
+    out = "RESULT rank=1 step=3 counts=[2,6,4]\nRESULT rank=0 step=13 counts=[1]\nRESULT rank=1 step=2 counts=[9]"
+    assert R.step_counts(out, 3) == {1: [2, 6, 4]}
+    assert R.step_counts(out + "\nRESULT rank=0 step=3 counts=[6,4,4,2]", 3)[0] == [6, 4, 4, 2]
+
+
+def test_the_straggler_line_and_the_ptrace_note_say_what_was_measured():
+    from distrinews_course.debug_tools import ptrace_note
+    from distrinews_course.hang_scenarios import straggler_figures
+
+    line = straggler_figures(121.4, 37, {"added_ms_per_step": 112.2, "per_step": 1, "steps": 25})
+    assert "121 ms" in line and "37 collectives" in line and "+112 ms" in line and "25 steps" in line
+    assert "(1 collective a step)" in line
+    assert "could not show a refusal" in ptrace_note(True)
+    assert "refused here (Permission Denied)" in ptrace_note(False, "Permission Denied")
+
+
+def test_doctor_waited_s_reads_the_hang_report_or_says_none(tmp_path):
+    assert R.doctor_waited_s(tmp_path) is None
+    (tmp_path / "hang.json").write_text(json.dumps({"verdict": {}, "waited_s": 3.004}))
+    assert R.doctor_waited_s(tmp_path) == 3.004

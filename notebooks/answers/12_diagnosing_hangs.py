@@ -20,3 +20,10 @@ def find_culprit(fr):
 def mystery(fr):
     """The mystery run's answer, from its dumps."""
     return find_culprit(fr)
+
+
+# Exercise 2's second half, after reading scripts/hangs/mystery.py: the rank whose validation set is the cleanest
+# reaches the target loss first and breaks out of the epoch loop alone (line 43); it then waits at the barrier while
+# the others still train, each in DDP's all-reduce. The fix: decide together, e.g. all-reduce a stop flag each epoch.
+MYSTERY_BUG_LINE = 43
+MYSTERY_FIX = "b"
