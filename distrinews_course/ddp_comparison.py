@@ -127,7 +127,8 @@ def promise_claims(d: dict, base: dict, output: str, nproc: int, backend: str) -
             all(s == padded for s in seen),
         ),
         Claim(
-            f"the run used {nproc} processes with {backend}",
+            f"the script itself found a world of {d['ddp']['world_size']} processes with {d['ddp']['backend']} (its "
+            f"metrics.json, from torchrun's environment): the {nproc} with {backend} the launch asked for",
             d["ddp"]["world_size"] == nproc and d["ddp"]["backend"] == backend,
         ),
         Claim(
@@ -147,7 +148,9 @@ def saved_model_claims(payload: dict, loaded_metadata: dict, d: dict, nproc: int
             bool(keys) and not any(k.startswith("module.") for k in keys),
         ),
         Claim(
-            f"the checkpoint's metadata says {nproc} processes trained it", payload["metadata"]["world_size"] == nproc
+            f"the checkpoint's metadata says {payload['metadata']['world_size']} processes trained it, as this run's "
+            "metrics.json does: it is this run's checkpoint",
+            payload["metadata"]["world_size"] == d["ddp"]["world_size"] == nproc,
         ),
         Claim(
             "it loads into a plain model, with this run's final accuracy in its metadata",
@@ -191,17 +194,18 @@ def comparison_table(rows) -> str:
 
 def comparison_claims(rows, d: dict, env, tol: float, load: OtherPrograms) -> list[Claim]:
     """Accuracy: the DDP model learned (accuracy_floor) and lands within `tol` of the baseline (3 points on the CPU
-    preset: the two runs differ by which examples share a step and by dropout, the last section measures that; 2 on
-    GPUs). Speed, on 2+ CPU processes of one core each at the CPU preset's small batch: under 1.5x, checked only when
-    other programs left the cores alone during the launch."""
+    preset, 2 on GPUs: a tolerance chosen for two runs whose steps hold other examples and other dropout masks, not a
+    spread measured over seeds). Speed, on 2+ CPU processes of one core each at the CPU preset's small batch: under
+    1.5x, checked only when other programs left the cores alone during the launch."""
     single, ddp = rows
     s = speedup(rows)
     claims = []
     if single["global_batch"] == ddp["global_batch"]:
         claims.append(
             Claim(
-                f"same global batch ({ddp['global_batch']}), same {ddp['steps']} optimizer steps per epoch: the same "
-                "kind of training",
+                f"same global batch ({ddp['global_batch']}), and the run counted the same {ddp['steps']} optimizer "
+                f"steps per epoch as the baseline: each rank stepped through its own 1/{ddp['procs']} of the data, "
+                "not all of it (the same kind of training)",
                 single["steps"] == ddp["steps"],
             )
         )

@@ -222,11 +222,13 @@ def difference_note(ddp_acc: float, single_acc: float, control: Control, steps: 
             f"{total} steps of an epoch would train on other examples than one process's (counted above), and every "
             "step would draw other dropout masks: randomness of the same kind as a different seed."
         )
+    gap = f", {100 * apart:.1f} points apart" if apart >= 0.0005 else ""
     return (
-        f"So DDP itself adds nothing but rounding: with {nproc} processes it trained what one process trained, "
-        f"{control.gap:.0e} apart in the weights. What separates this chapter's DDP run ({100 * ddp_acc:.1f}%) from "
-        f"01's ({100 * single_acc:.1f}%{f', {100 * apart:.1f} points apart' if apart >= 0.0005 else ''}) is the other "
-        f"two reasons: {steps.other_steps} of {total} steps of an epoch trained on other examples than one process's, "
-        "and every step drew other dropout masks. Both are randomness of the same kind as a different seed: compare "
-        "runs by how they behave across seeds, not by the last digit of one run."
+        f"So, on this short control, DDP with {nproc} processes trained what one process trained, {control.gap:.0e} "
+        "apart in the weights: its averaging is one process's large batch, up to rounding. The control takes the "
+        "first two reasons away together, so it cannot say how much of the gap between this chapter's two runs "
+        f"({100 * ddp_acc:.1f}% with DDP, {100 * single_acc:.1f}% in 01{gap}) comes from each, nor how rounding adds "
+        f"up over a longer run. The two runs keep both: {steps.other_steps} of {total} steps of an epoch trained on "
+        "other examples than one process's, and every step drew other dropout masks. That is why the accuracy check "
+        "above allows a tolerance instead of asking for the same digits."
     )

@@ -70,7 +70,8 @@ def test_the_recorded_runs_keep_every_promise(base, d):
     [
         (lambda d, b: d["aggregates"].update(params_max_difference=1e-7), "weights identical"),
         (lambda d, b: d["epochs"][1].update(train_samples=16000), "examples per epoch together"),
-        (lambda d, b: d["ddp"].update(backend="nccl"), "2 processes with gloo"),
+        (lambda d, b: d["ddp"].update(backend="nccl"), "the 2 with gloo the launch asked for"),
+        (lambda d, b: d["ddp"].update(world_size=1), "a world of 1 processes"),
         (lambda d, b: b["data"].update(fingerprint="0" * 16), "the same texts"),
         (lambda d, b: b["epochs"].pop(), "same preset and epochs"),
     ],
@@ -92,7 +93,9 @@ def test_the_saved_model_claims(d):
     meta = {"final_accuracy": d["aggregates"]["final_val_accuracy"]}
     assert _failing(C.saved_model_claims(payload, meta, d, 2)) == []
     assert "'module.'" in _failing(C.saved_model_claims({**payload, "state_dict": {"module.x": 0}}, meta, d, 2))[0]
-    assert "4 processes trained it" in _failing(C.saved_model_claims(payload, meta, d, 4))[0]
+    assert "2 processes trained it" in _failing(C.saved_model_claims(payload, meta, d, 4))[0]
+    stale = {**payload, "metadata": {"world_size": 4}}  # a checkpoint from another run
+    assert "4 processes trained it, as this run" in _failing(C.saved_model_claims(stale, meta, d, 2))[0]
     assert "this run's final accuracy" in _failing(C.saved_model_claims(payload, {"final_accuracy": 0.5}, d, 2))[0]
 
 
@@ -113,7 +116,7 @@ def test_the_comparison_claims_hold_and_fail(base, d):
     assert "stays far from 2x" in _failing(C.comparison_claims(fast, d, Env(), 0.03, Load(0.1)))[0]
     other = copy.deepcopy(rows)
     other[1]["steps"] = 125
-    assert "same 125 optimizer steps" in _failing(C.comparison_claims(other, d, Env(), 0.03, Load(0.1)))[0]
+    assert "same 125 optimizer" in _failing(C.comparison_claims(other, d, Env(), 0.03, Load(0.1)))[0]
 
 
 def test_a_busy_machine_shows_the_speed_claim_without_checking_it(base, d):
@@ -221,6 +224,7 @@ def test_the_difference_note_says_what_separates_the_runs():
     steps = S.StepComposition(2, 32, {True: (250, 4, 0.675), False: (250, 250, 1.0)})
     note = S.difference_note(0.877, 0.858, _control(), steps, 2)
     assert "246 of 250 steps" in note and "1.9 points apart" in note and "6e-05 apart" in note
+    assert "first two reasons away together, so it cannot say" in note  # what the control shows, no more
     assert "would train" in S.difference_note(0.858, 0.858, _control(), steps, 1)
 
 
