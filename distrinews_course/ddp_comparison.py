@@ -26,7 +26,10 @@ NOT_FAR_FROM_ONE = 1.5  # a 2-process speedup on one core each, at a small batch
 
 def baseline_fits(single_dir, env, epochs=None) -> dict | None:
     """Chapter 01's metrics.json when it ran with this chapter's preset, epochs and threads (one core per process on a
-    CPU) and finished; None when it is missing, unreadable or ran otherwise (this chapter then trains it)."""
+    CPU), on the data this chapter will read, and finished; None when it is missing, unreadable or ran otherwise (this
+    chapter then trains it). The data: an AG News folder ($DISTRINEWS_DATA_DIR) against any other source, and which
+    folder: a baseline of 01 run before the folder was set (or after it was unset) is trained again, not compared."""
+    from distrinews_lib.data.sources import data_dir
     from distrinews_lib.training.config import read_preset
 
     try:
@@ -40,10 +43,18 @@ def baseline_fits(single_dir, env, epochs=None) -> dict | None:
             and len(m["epochs"]) == want_epochs
             and m["aggregates"].get("final_val_accuracy") is not None
             and m["config"]["threads"] == (None if env.n_gpus else 1)
+            and _same_folder(m["data"], data_dir())
         )
     except (KeyError, TypeError):
         return None
     return m if fits else None
+
+
+def _same_folder(data: dict, folder: str | None) -> bool:
+    """Did the baseline read the folder this chapter reads (or, with no folder set, no folder either)?"""
+    if folder is None:
+        return data.get("source") != "folder"
+    return data.get("source") == "folder" and str(data.get("detail", "")).startswith(folder)
 
 
 def baseline_table(m: dict) -> str:

@@ -136,7 +136,8 @@ def test_the_speed_note_uses_the_runs_numbers(base, d):
     assert "one process" in C.speed_note(rows, d, Env(nproc=1), Load(0.1))
 
 
-def test_the_baseline_is_reused_only_when_it_ran_like_this_chapter(tmp_path, base):
+def test_the_baseline_is_reused_only_when_it_ran_like_this_chapter(tmp_path, base, monkeypatch):
+    monkeypatch.delenv("DISTRINEWS_DATA_DIR", raising=False)  # the baseline read the embedded sample: so does this
     (tmp_path / "metrics.json").write_text(json.dumps(base))
     assert C.baseline_fits(tmp_path, Env()) is not None
     assert C.baseline_fits(tmp_path, Env(), epochs=3) is None
@@ -145,6 +146,21 @@ def test_the_baseline_is_reused_only_when_it_ran_like_this_chapter(tmp_path, bas
     (tmp_path / "metrics.json").write_text("{not json")
     assert C.baseline_fits(tmp_path, Env()) is None
     assert "1 process" in C.baseline_table(base) and "250" in C.baseline_table(base)
+
+
+def test_a_baseline_on_other_data_is_trained_again(tmp_path, base, monkeypatch):
+    folder, other = tmp_path / "ag_news", tmp_path / "other"
+    folder.mkdir(), other.mkdir()
+    (tmp_path / "metrics.json").write_text(json.dumps(base))  # 01 ran on the embedded sample
+    monkeypatch.setenv("DISTRINEWS_DATA_DIR", str(folder))  # then the learner set a folder
+    assert C.baseline_fits(tmp_path, Env()) is None
+    on_folder = {**base, "data": {**base["data"], "source": "folder", "detail": f"{folder}/train.csv + test.csv"}}
+    (tmp_path / "metrics.json").write_text(json.dumps(on_folder))
+    assert C.baseline_fits(tmp_path, Env()) is not None
+    monkeypatch.setenv("DISTRINEWS_DATA_DIR", str(other))
+    assert C.baseline_fits(tmp_path, Env()) is None  # another folder
+    monkeypatch.delenv("DISTRINEWS_DATA_DIR")
+    assert C.baseline_fits(tmp_path, Env()) is None  # the folder unset: this chapter reads the sample
 
 
 def test_other_programs_measures_a_block():
