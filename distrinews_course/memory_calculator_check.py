@@ -158,8 +158,11 @@ class DistilbertPeak:
     def table(self) -> str:
         lines = [f"{self.model} ({self.n_params / 1e6:.1f}M parameters), {self.machine}, DDP on 2 ranks"]
         lines += [f"  {mb:7.0f} MiB  {what}" for what, mb in self.parts]
-        lines.append(f"  {sum(mb for _, mb in self.parts):7.0f} MiB  the parts added up")
-        lines.append(f"  {self.peak2:7.0f} MiB  the measured peak")
+        lines.append(
+            f"  {sum(mb for _, mb in self.parts):7.0f} MiB  the parts: about the ddp@1x8 run's peak, the runtime "
+            "being its residual"
+        )
+        lines.append(f"  {self.peak2:7.0f} MiB  the measured peak at 8 x 64 tokens")
         return "\n".join(lines)
 
     def summary(self) -> str:
@@ -178,19 +181,17 @@ class DistilbertPeak:
         )
 
     def claims(self) -> list[Claim]:
-        """The parts are each measured or computed apart, so their sum can miss the peak: within 3%, the spread
-        of one peak at this size (tens of MiB on 1,500). The buckets are a difference of two peaks against 4 bytes
-        per parameter: within 10%. The 8 x 64 batch and the 1 x 8 calibration peak within 3% of each other when the
-        optimizer step, not the activations, sets the peak."""
+        """The buckets are a difference of two peaks against 4 bytes per parameter: within 10%. The 8 x 64 batch and
+        the 1 x 8 calibration peak within 3% of each other (the spread of one peak at this size, tens of MiB on
+        1,500) when the optimizer step, not the activations, sets the peak. The parts are not checked to add up to
+        the calibration's peak: the runtime is that peak's residual, so they do by construction."""
         buckets = self.estimate.parts_mb["DDP buckets"]
-        total = sum(mb for _, mb in self.parts)
         return [
             (
                 abs((self.peak2 - self.peak1) - buckets) < 0.1 * buckets,
                 "the second rank's extra peak is DDP's bucket copy of the gradients (4 bytes per parameter), "
                 "within 10%",
             ),
-            (abs(total - self.peak2) <= 0.03 * self.peak2, "the parts add up to the measured peak within 3%"),
             (
                 abs(self.peak2 - self.calibration2) <= 0.03 * self.peak2,
                 f"8 x 64 tokens peak within 3% of 1 x 8 tokens ({self.peak2:.0f} vs {self.calibration2:.0f} MiB): "
@@ -211,7 +212,7 @@ def distilbert_peak(path=None) -> DistilbertPeak:
         ("held at rest: weights + gradients + AdamW's moments (measured)", two.fullest("ddp")["total"] / M.MiB),
         ("DDP's buckets (2-rank peak minus 1-rank peak, measured)", peak2 - peak1),
         ("AdamW's temporaries: two of the word embeddings (calculator)", e.parts_mb["AdamW temporaries"]),
-        ("runtime (the ddp@1x8 run's peak minus its tensors, measured)", runtime),
+        ("runtime (the rest of the ddp@1x8 run's peak: its residual)", runtime),
     ]
     return DistilbertPeak(
         bench["model"], bench["machine"], bench["n_params"], peak1, peak2, cal2, parts,

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from . import memory as M
+
 # Five tensors on which every mistake below gives a different split from the right one and from each other
 SMALL_CASE = {"a": 2, "b": 8, "c": 1, "d": 7, "e": 7, "f": 1}
 
@@ -95,3 +97,46 @@ def zero1_partition_cases(named_sizes: dict, world: int, measured_state_bytes: l
             zero1_judge(named_sizes, world, measured, slack=len(named_sizes)),
         ),
     ]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Exercise 2: a long sequence, predicted, then measured
+
+
+def peak_setter(launch, name: str, margin: float = 0.15) -> str:
+    """Which part set a run's MEASURED peak: how far the peak rose above what the run holds all the time (its weights
+    and AdamW's moments, counted on its tensors; DDP's buckets; the launch's runtime), against what the optimizer step
+    adds (its gradients, counted, plus AdamW's temporaries, measured apart in section 5). Above that by more than
+    `margin` (the calculator's bound), only the activations (with recomputation: each layer's input and the one layer
+    recomputed in backward) can have raised it."""
+    held, e = launch.fullest(name), launch.predicted(name)
+    at_rest = (held["params"] + held["optimizer_state"]) / M.MiB + e.parts_mb.get("DDP buckets", 0.0)
+    rose = launch.peak(name) - at_rest - launch.runtime_mb
+    step = held["grads"] / M.MiB + e.parts_mb["AdamW temporaries"]
+    head = f"the peak rose {rose:.1f} MiB above what the run holds all the time and its runtime"
+    what = f"the optimizer step's gradients plus AdamW's temporaries ({step:.1f})"
+    if rose > (1 + margin) * step:
+        return f"{head}, more than {what}: the activations set it"
+    return f"{head}, about {what}: the optimizer step set it"
+
+
+def judge_measured_peak(yours_mb, launch, name: str, tolerance: float = 0.15) -> tuple[bool, str]:
+    """A learner's prediction of one run's peak (MiB) against the peak that run MEASURED, not the calculator's: right
+    within `tolerance` (the bound section 5 holds the calculator to). Wrong: how far off, and which slip the number
+    matches (memory.judge_peak_prediction's catalogue, on the run's settings and the launch's own runtime). Either
+    way, which part set the measured peak (peak_setter)."""
+    if not isinstance(yours_mb, (int, float)) or isinstance(yours_mb, bool) or yours_mb <= 0:
+        return False, f"write a positive number of MiB, not {yours_mb!r}"
+    measured, r = launch.peak(name), launch.results[name]
+    sets = f"there {peak_setter(launch, name)}"
+    if abs(yours_mb / measured - 1) <= tolerance:
+        return (
+            True,
+            f"right: {yours_mb:.1f} MiB, within {100 * tolerance:.0f}% of the {measured:.1f} MiB measured; {sets}",
+        )
+    ok, why = M.judge_peak_prediction(
+        yours_mb, launch.model, r["batch"], r["seq"], recompute=r["ckpt"], world=launch.world,
+        overhead_mb=launch.runtime_mb,
+    )  # fmt: skip
+    slip = why.removeprefix("not yet: ") if not ok else "the calculator's figure, which this run did not bear out"
+    return False, f"{yours_mb / measured - 1:+.0%} from the {measured:.1f} MiB measured ({slip}); {sets}"

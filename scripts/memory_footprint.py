@@ -1,5 +1,5 @@
 """What each rank holds, and its peak, to train the course's model: plain DDP, ZeRO-1 (torch's
-ZeroRedundancyOptimizer), FSDP2 (fully_shard, ZeRO-2-like and ZeRO-3-like) and, where it is installed, DeepSpeed
+ZeroRedundancyOptimizer), FSDP2 (fully_shard, reshard_after_forward on and off) and, where it is installed, DeepSpeed
 ZeRO stages 1, 2 and 3; at several batch sizes and sequence lengths, with or without activation recomputation.
 
     torchrun --standalone --nproc_per_node=2 scripts/memory_footprint.py --out outputs/memory_2.json
@@ -86,7 +86,7 @@ def run_torch(run, args, template, my_batches, world):
         from torch.distributed.fsdp import fully_shard
 
         mesh = init_device_mesh("cpu", (world,))
-        reshard = variant == "fsdp2_reshard_on"  # on: ZeRO-3-like (params sharded between uses); off: ZeRO-2-like
+        reshard = variant == "fsdp2_reshard_on"  # on: gathered weights freed after forward; off: kept to backward
         for layer in model.distilbert.transformer.layer:
             fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
         fully_shard(model, mesh=mesh, reshard_after_forward=reshard)

@@ -146,3 +146,83 @@ def test_the_stub_is_not_attempted_yet(cases):
 
     result = grade(my_zero1_partition, cases, quiet=True)
     assert not result.attempted and not result.ok
+
+
+# ------------------------------------------------------------------ exercise 2: graded against the MEASURED peak
+
+
+def _launch():
+    from distrinews_course.memory_runs import Launch
+
+    return Launch(json.loads((ROOT / "tests/data/memory_world1.json").read_text()))
+
+
+LONG = ("ddp@64x128", "ddp@64x128+ckpt")  # the recorded launch's long runs: activations set both peaks
+
+
+def test_a_prediction_near_the_measured_peak_is_right_and_says_what_set_it():
+    from distrinews_course.memory_exercises import judge_measured_peak
+
+    run = _launch()
+    for name in LONG:
+        ok, why = judge_measured_peak(run.peak(name), run, name)
+        assert ok and f"the {run.peak(name):.1f} MiB measured" in why and "the activations set it" in why, why
+    ok, why = judge_measured_peak(run.peak("ddp@8x64"), run, "ddp@8x64")
+    assert ok and "the optimizer step set it" in why, why
+
+
+def test_the_grade_is_the_runs_not_the_calculators():
+    import copy
+
+    from distrinews_course.memory_exercises import judge_measured_peak
+
+    run = _launch()
+    calc = run.predicted(LONG[0]).peak_mb
+    assert judge_measured_peak(calc, run, LONG[0])[0]  # the calculator is within 15% of this run
+    moved = copy.deepcopy(run)  # a run that peaked 30% above: the calculator's figure is now wrong
+    for x in moved.results[LONG[0]]["per_rank"]:
+        x["peak_rss_above_start_mb"] *= 1.3
+    ok, why = judge_measured_peak(calc, moved, LONG[0])
+    assert not ok and why.startswith(f"{calc / moved.peak(LONG[0]) - 1:+.0%} from the") and "did not bear out" in why
+
+
+@pytest.mark.parametrize(
+    "slip, words",
+    [
+        (lambda run, n: run.predicted(n).peak_mb - run.runtime_mb, "you left out the runtime"),
+        (lambda run, n: 1.5 * run.peak(n), "above the calculator"),
+        (lambda run, n: "150", "write a positive number of MiB"),
+    ],
+)
+def test_each_slip_is_named_against_the_measured_peak(slip, words):
+    from distrinews_course.memory_exercises import judge_measured_peak
+
+    run = _launch()
+    ok, why = judge_measured_peak(slip(run, LONG[0]), run, LONG[0])
+    assert not ok and words in why, why
+
+
+def test_recomputation_counted_as_every_layer_is_named():
+    from distrinews_course import memory as M
+    from distrinews_course.memory_exercises import judge_measured_peak
+
+    run = _launch()
+    full = M.estimate(
+        "tiny", 64, 128, overhead_mb=run.runtime_mb
+    ).peak_mb  # no recomputation: every layer's activations
+    ok, why = judge_measured_peak(full, run, LONG[1])
+    assert not ok and "you counted every layer's activations" in why, why
+
+
+def test_the_setter_follows_the_measured_peak():
+    import copy
+
+    from distrinews_course.memory_exercises import peak_setter
+
+    run = _launch()
+    assert peak_setter(run, LONG[0]).endswith("the activations set it")
+    flat = copy.deepcopy(run)  # a long run whose peak rose only by the optimizer step's share: then it set the peak
+    at_rest = sum(flat.fullest(LONG[0])[k] for k in ("params", "grads", "optimizer_state")) / 2**20
+    for x in flat.results[LONG[0]]["per_rank"]:
+        x["peak_rss_above_start_mb"] = at_rest + run.runtime_mb + run.predicted(LONG[0]).parts_mb["AdamW temporaries"]
+    assert peak_setter(flat, LONG[0]).endswith("the optimizer step set it")

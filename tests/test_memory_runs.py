@@ -142,10 +142,9 @@ def test_every_row_of_the_calculator_check_is_of_a_known_kind(one, two):
 def test_the_sharding_claims_fail_on_a_wrong_figure(two):
     assert _all_hold(R.sharding_claims(two)) and R.zero1_peak_claim(two)[0]
     cases = [
-        ("ddp", "optimizer_state", lambda b: b + 4096, "exactly its weights"),
+        ("ddp", "optimizer_state", lambda b: b + 4096, "its two moments, twice the weights' bytes"),
         ("fsdp2_reshard_on", "total", lambda b: b * 1.2, "FSDP2 holds 1/2"),
         ("fsdp2_reshard_on", "peak_rss_above_start_mb", lambda p: two.peak("ddp") + 1, "below plain DDP's"),
-        ("zero1", "optimizer_state", lambda b: b + 1024, "add up to DDP's moments"),
     ]
     for run, key, value, words in cases:
         wrong = copy.deepcopy(two)
@@ -179,10 +178,12 @@ def test_the_distilbert_claims_fail_on_a_wrong_figure():
     fields = {k: getattr(base, k) for k in DistilbertPeak.__dataclass_fields__}
     no_buckets = DistilbertPeak(**{**fields, "peak1": base.peak2 - 5})  # the second rank added no bucket copy
     assert not no_buckets.claims()[0][0]
-    missing = DistilbertPeak(**{**fields, "parts": base.parts[:2]})  # a part left out: the sum misses the peak
-    assert not missing.claims()[1][0]
     by_activations = DistilbertPeak(**{**fields, "calibration2": base.peak2 * 0.9})
-    assert not by_activations.claims()[2][0]
+    assert not by_activations.claims()[1][0]
+    # the runtime is the calibration's residual: the parts add up to the ddp@1x8 peak by construction, so the chapter
+    # prints that sum as the calibration's peak and checks nothing on it
+    assert sum(mb for _, mb in base.parts) == pytest.approx(base.calibration2, rel=0.01)
+    assert not any("add up" in claim for _, claim in base.claims())
 
 
 def test_the_adamw_claim_fails_on_a_wrong_figure():
