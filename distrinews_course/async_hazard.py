@@ -4,7 +4,7 @@ the next optimizer step may change a tensor before the writer has read it. torch
 DCP's CPU path did by mistake in torch 2.5 (pytorch#144657, fixed by #145408).
 
     hazard = written_values(model, optimizer, batch, folder)   # one process: the unstaged and the staged path
-    hazard.unstaged_wrote == "after the step", hazard.staged_wrote == "before the step"
+    hazard.unstaged_wrote == "after the step", hazard.staged_wrote == "before the step"   # over every changed tensor
 
 To make the order certain, the disk is slow on purpose: `gated_writer` holds every write until the step is done.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,18 +44,17 @@ def gated_writer(gate: threading.Event, timeout: float = 60):
     return Gated
 
 
-def save_then_step(state: dict, folder, step, *, staged: bool, group=None) -> None:
+def save_then_step(state: dict, folder, step, *, staged: bool, group=None, stager=None) -> None:
     """Start an async save of `state` on a slow disk, run `step()` (it changes the tensors in place), then let the
     disk write and wait for it. staged=True: the course's save (sharded_checkpoint.save: async_save with a copy);
-    False: async_save with NoCopyStager."""
+    False: async_save with `stager` (default NoCopyStager, the bug)."""
     import torch.distributed.checkpoint as dcp
 
     from distrinews_lib import sharded_checkpoint
 
     gate = threading.Event()
     writer = gated_writer(gate)
-    with warnings.catch_warnings():  # one process without a process group: DCP says it saves "in a single process"
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    with _one_process():
         if staged:
             handle = sharded_checkpoint.save(state, folder, 1, group=group, async_=True, make_writer=writer)
             step()
@@ -62,33 +62,59 @@ def save_then_step(state: dict, folder, step, *, staged: bool, group=None) -> No
             handle.wait()
         else:
             future = dcp.async_save(
-                state, storage_writer=writer(Path(folder)), process_group=group, async_stager=NoCopyStager()
+                state, storage_writer=writer(Path(folder)), process_group=group, async_stager=stager or NoCopyStager()
             )
             step()
             gate.set()
             future.result()
 
 
+@contextmanager
+def _one_process():
+    """One process without a process group: DCP warns that it saves "in a single process"; quiet that."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def save_now(state: dict, folder) -> None:
+    """A plain synchronous dcp.save: the reference copy of the tensors as they are now."""
+    import torch.distributed.checkpoint as dcp
+
+    with _one_process():
+        dcp.save(state, storage_writer=FileSystemWriter(Path(folder)))
+
+
 @dataclass
 class Hazard:
-    """One weight's value before and after the step, and what each async path wrote of it."""
+    """One weight's value before and after the step, and what each async path wrote of it; and, over every tensor the
+    step changed, how many each path wrote equal to the synchronous copy saved before the step, and after it (all four
+    read back from disk)."""
 
     name: str
     before: float
     after: float
     unstaged: float
     staged: float
+    changed: int = 0
+    unstaged_as: dict | None = None  # {"before": n, "after": n} tensors equal to each reference
+    staged_as: dict | None = None
 
-    def which(self, value: float) -> str:
-        return "before the step" if value == self.before else "after the step" if value == self.after else "neither"
+    @staticmethod
+    def verdict(counts: dict, changed: int) -> str:
+        if changed and counts["before"] == changed:
+            return "before the step"
+        if changed and counts["after"] == changed:
+            return "after the step"
+        return "neither"
 
     @property
     def unstaged_wrote(self) -> str:
-        return self.which(self.unstaged)
+        return self.verdict(self.unstaged_as, self.changed)
 
     @property
     def staged_wrote(self) -> str:
-        return self.which(self.staged)
+        return self.verdict(self.staged_as, self.changed)
 
     def table(self) -> str:
         rows = [
@@ -97,12 +123,28 @@ class Hazard:
             ("written by async_save without staging", self.unstaged),
             ("written by async_save with staging", self.staged),
         ]
-        return f"{self.name}:\n" + "\n".join(f"  {what:<40} {value:+.8f}" for what, value in rows)
+        lines = [f"{self.name}:"] + [f"  {what:<40} {value:+.8f}" for what, value in rows]
+        lines.append(
+            f"the {self.changed} tensors the step changed, read back, equal to the copy saved before / after it:"
+        )
+        for what, c in (("without staging", self.unstaged_as), ("with staging", self.staged_as)):
+            lines.append(f"  {what:<16} {c['before']:>3} before, {c['after']:>3} after")
+        return "\n".join(lines)
 
 
-def written_values(model, optimizer, batch: dict, folder) -> Hazard:
+def _as(written: dict, pre: dict, post: dict, changed: list) -> dict:
+    return {
+        "before": sum(torch.equal(written[k], pre[k]) for k in changed),
+        "after": sum(torch.equal(written[k], post[k]) for k in changed),
+    }
+
+
+def written_values(model, optimizer, batch: dict, folder, stager=None) -> Hazard:
     """The demo in one process: a forward and backward, then each path saves the model while optimizer.step() runs
-    before the write. Compares one weight's first element (the one with the largest update, so it moves visibly)."""
+    before the write. A synchronous save before the step and one after it are the references: every tensor each path
+    wrote is read back and compared with both. The table also shows one weight's first element (the one with the
+    largest update, so it moves visibly). stager: the unstaged path's (default NoCopyStager; a test passes one that
+    copies, and the hazard must vanish)."""
     from distrinews_lib import sharded_checkpoint
 
     folder = Path(folder)
@@ -112,6 +154,7 @@ def written_values(model, optimizer, batch: dict, folder) -> Hazard:
     values = {"before": float(param.detach().flatten()[flat])}
     snapshot = {k: v.detach().clone() for k, v in model.state_dict().items()}
     opt_snapshot = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in optimizer.state_dict()["state"].items()}
+    save_now({"model": model.state_dict()}, folder / "before_step")
 
     def step():
         optimizer.step()
@@ -125,11 +168,21 @@ def written_values(model, optimizer, batch: dict, folder) -> Hazard:
         else:
             optimizer.state.clear()
 
-    save_then_step({"model": model.state_dict()}, folder / "unstaged", step, staged=False)
+    save_then_step({"model": model.state_dict()}, folder / "unstaged", step, staged=False, stager=stager)
+    save_now({"model": model.state_dict()}, folder / "after_step")
     rewind()
     save_then_step({"model": model.state_dict()}, folder / "staged", step, staged=True)
-    unstaged = sharded_checkpoint.read_whole(folder / "unstaged", check=False)["model"][name]
-    staged = sharded_checkpoint.read_whole(sharded_checkpoint.folder_for(folder / "staged", 1))["model"][name]
+    read = lambda f, check=False: sharded_checkpoint.read_whole(f, check=check)["model"]  # noqa: E731
+    pre, post = read(folder / "before_step"), read(folder / "after_step")
+    unstaged, staged = read(folder / "unstaged"), read(sharded_checkpoint.folder_for(folder / "staged", 1), True)
+    changed = [k for k in pre if not torch.equal(pre[k], post[k])]
     return Hazard(
-        name, values["before"], values["after"], float(unstaged.flatten()[flat]), float(staged.flatten()[flat])
+        name,
+        values["before"],
+        values["after"],
+        float(unstaged[name].flatten()[flat]),
+        float(staged[name].flatten()[flat]),
+        len(changed),
+        _as(unstaged, pre, post, changed),
+        _as(staged, pre, post, changed),
     )

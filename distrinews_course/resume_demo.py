@@ -99,11 +99,36 @@ def story(output: str) -> list[str]:
     return out
 
 
-def who_noticed(output: str) -> str:
-    """Which side saw the dead rank first: rank 0's all-reduce, or torchrun's agent (a race; both are right)."""
-    if "a collective operation could not complete" in output:
-        return "rank 0 noticed first: its all-reduce failed on the dead peer's connection, and it stopped with code 3"
-    return "torchrun's agent noticed first: it stopped rank 0 (SIGTERM) before rank 0 reached its next all-reduce"
+def who_noticed(output: str, nproc: int = 2) -> str:
+    """How the first attempt ended, as torchrun's log shows it, and no more: whether rank 0 printed its failed
+    collective, every exit code torchrun reported (local rank, code, pid), and which processes its agent stopped with
+    SIGTERM. Rank 0's exit code is stated only where torchrun reports one; a SIGTERMed pid is named as rank 0 where
+    every other local rank is among the failed ones."""
+    saw = "a collective operation could not complete" in output
+    failed = re.findall(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)", output)
+    termed = [
+        p
+        for p in re.findall(r"Sending process (\d+) closing signal SIGTERM", output)
+        if p not in {f[2] for f in failed}
+    ]
+    first = next(iter(failed), None)
+    lines = [
+        "rank 0 saw the dropped connection: its all-reduce failed (its error above)"
+        if saw
+        else "rank 0 printed no failed collective: it never reached its next all-reduce"
+    ]
+    for code, rank, pid in failed[:1]:
+        lines.append(
+            f"torchrun reported local rank {rank} (pid {pid}) failed first, exit code {code}"
+            + (" (SIGKILL)" if code == "-9" else "")
+        )
+    if first and first[1] == "0":
+        lines.append(f"rank 0 ended on its own, with exit code {first[0]}")
+    elif termed:
+        lone = nproc - len({f[1] for f in failed}) == 1 and "0" not in {f[1] for f in failed}
+        who = f"rank 0 (pid {termed[0]})" if lone and len(termed) == 1 else f"pid {', '.join(termed)}"
+        lines.append(f"then torchrun's agent stopped {who} with SIGTERM: rank 0 reported no exit code of its own")
+    return "\n".join(lines)
 
 
 def group_failed(output: str, killed_rank: int = 1) -> bool:
@@ -117,6 +142,15 @@ def group_failed(output: str, killed_rank: int = 1) -> bool:
 
 def resumed_step(output: str) -> int:
     return int(re.search(r"resumed from \S*snap_e\d+_b(\d+)\.pt", output).group(1))
+
+
+def resumed_at(output: str) -> tuple[int, int]:
+    """(batches skipped into the epoch, optimizer step) from the script's "resumed from ..." line, counted in THIS
+    run's batches and steps: on another world size the snapshot's position is rescaled (resume.rescale_schedule)."""
+    m = re.search(r"resumed from \S+ \(epoch \d+, (\d+) batches into it, step (\d+)\)", output)
+    if m is None:
+        raise ValueError("no 'resumed from ... (epoch E, B batches into it, step S)' line in the output")
+    return int(m.group(1)), int(m.group(2))
 
 
 def initial_weights(checkpoint) -> dict:

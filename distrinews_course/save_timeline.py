@@ -3,6 +3,7 @@ optimizer step's start and end, each save's call, return and commit), and the ti
 
     saves = blocked(result)                 # per save: mode, how long the group was blocked, how long it wrote after
     async_blocks_less(saves)                # the claim chapter 07 checks
+    print(totals_line(result, saves, os.cpu_count(), gpu=False))   # what the async save cost in all, and why
     plot_saves(result)                      # a sync and an async save, side by side, on one time scale
 """
 
@@ -66,6 +67,33 @@ def write_slowdown_ms(result: dict) -> float:
         writes = [(s["returned"], s["committed"]) for s in r["saves"] if s["mode"] == "async" and s["committed"]]
         extra += sum(1000 * (b - a) - other for _, a, b in r["steps"] if any(a < w1 and b > w0 for w0, w1 in writes))
     return extra / len(result["ranks"])
+
+
+def totals_line(result: dict, saves: list[Save], cores: int, gpu: bool) -> str:
+    """The async save's whole cost to the training (the time it blocked plus write_slowdown_ms) against the fastest
+    sync save's blocked time, and one sentence on what to take from it. On CPU ranks the background write competes
+    with the training for the same cores, so it can give back what it saved in blocking; on GPU ranks the steps run
+    on the GPU and the write on the CPU beside them."""
+    sync_ms = min(s.blocked_ms for s in saves if s.mode == "sync")
+    async_ms = max(s.blocked_ms for s in saves if s.mode == "async")
+    slow_ms = write_slowdown_ms(result)
+    total, n = async_ms + slow_ms, len(result["ranks"])
+    head = (
+        f"on this run that write slowed the steps beside it by {slow_ms:.0f} ms per rank: with the {async_ms:.0f} ms "
+        f"it blocked, the async save cost the training {total:.0f} ms, "
+        f"{'more' if total > sync_ms else 'less'} than the fastest sync save's {sync_ms:.0f} ms"
+    )
+    if total <= sync_ms:
+        return f"{head}.\nasync paid here: the steps beside its background write lost less than a sync save blocks."
+    if gpu:
+        why = "the CPU that writes also feeds the GPUs, and the write took more from the steps than async saved"
+    else:
+        why = (
+            f"the write ran on the same {cores} CPU core(s) as the {n} training ranks and took back from their steps "
+            "what it saved in blocking; on GPUs the steps run on the GPU and the write on the CPU beside them, which "
+            "is where async can pay"
+        )
+    return f"{head}.\nasync blocked less but did not pay here: {why}."
 
 
 def table(saves: list[Save]) -> str:

@@ -8,7 +8,6 @@ Every rank saves only its own shards; a load on another world size reads the byt
 global batch is fixed and its order is drawn before it is split among the ranks, so step s trains on the same
 examples on 1, 2 or 4 ranks. Dropout is off: a rank's random stream has no counterpart on another number of ranks.
 """
-import argparse
 import json
 import time
 from datetime import timedelta
@@ -23,8 +22,8 @@ from torch.distributed.fsdp import fully_shard
 
 from distrinews_lib import distributed as D
 from distrinews_lib import sharded_checkpoint as ckpt
+from distrinews_lib import sharded_run
 from distrinews_lib.data import sources
-from distrinews_lib.data.tokenization import tokenize_texts
 from distrinews_lib.errors import UserError, main_guard
 from distrinews_lib.models.build import build_model
 from distrinews_lib.training.config import RunConfig
@@ -50,14 +49,6 @@ class GlobalOrderSampler:
         return batch[self.rank * self.per_rank:(self.rank + 1) * self.per_rank]                    # this rank's slice
 
 
-def tensors(tokenizer, texts, labels, length):
-    """Token ids padded to one length (the same shapes on any world size), their attention mask, the labels."""
-    ids = torch.full((len(texts), length), tokenizer.pad_token_id)
-    for i, row in enumerate(tokenize_texts(texts, tokenizer, length)):
-        ids[i, :len(row)] = torch.tensor(row)
-    return ids, (ids != tokenizer.pad_token_id).long(), torch.tensor(labels)
-
-
 def sharded_model(args, mesh):
     """The tiny DistilBERT with dropout off, sharded with FSDP2: each layer, then the rest, split across the mesh."""
     model, tokenizer, _ = build_model(RunConfig(model="tiny", seed=args.seed), args.label_names)
@@ -71,45 +62,10 @@ def sharded_model(args, mesh):
     return model, tokenizer, torch.optim.AdamW(model.parameters(), lr=args.lr)
 
 
-@torch.no_grad()
-def evaluate(model, ids, mask, labels, rank, world, batch=100):
-    """Accuracy and mean loss on held-out texts: every rank scores an equal share (FSDP2's forward is collective)."""
-    model.eval()
-    per = len(labels) // world
-    totals = torch.zeros(2)  # [correct, loss summed over texts]
-    for i in range(rank * per, (rank + 1) * per, batch):
-        j = min(i + batch, (rank + 1) * per)
-        out = model(input_ids=ids[i:j], attention_mask=mask[i:j], labels=labels[i:j])
-        totals += torch.stack([(out.logits.argmax(-1) == labels[i:j]).sum(), out.loss * (j - i)])
-    dist.all_reduce(totals)
-    model.train()
-    return {"val_accuracy": totals[0].item() / (per * world), "val_loss": totals[1].item() / (per * world),
-            "val_texts": per * world}
-
-
-def parse_args():
-    p = argparse.ArgumentParser(description="FSDP2 training with sharded checkpoints (launch with torchrun).")
-    p.add_argument("--output", required=True, help="the run folder: its checkpoints go to OUTPUT/step_SSSSSSSS/")
-    p.add_argument("--steps", type=int, default=30, help="optimizer steps in all (global batches)")
-    p.add_argument("--global_batch", type=int, default=32, help="examples per step, over all ranks together")
-    p.add_argument("--save_every", type=int, default=10, help="a checkpoint every N steps, and at the end")
-    p.add_argument("--async_save", choices=("off", "on", "alternate"), default="off",
-                   help="on: dcp.async_save; alternate: every other save, to compare both in one run")
-    p.add_argument("--keep", type=int, default=2, help="committed checkpoints to keep")
-    p.add_argument("--resume", default="auto", help="auto (the newest good one in --output), off, or a step_ folder")
-    p.add_argument("--num_samples", type=int, default=3200)
-    p.add_argument("--eval_samples", type=int, default=400)
-    p.add_argument("--max_length", type=int, default=64)
-    p.add_argument("--lr", type=float, default=4e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--data", default=None, help="an AG News folder (default: $DISTRINEWS_DATA_DIR, else the sample)")
-    return p.parse_args()
-
-
 @record
 @main_guard
 def main():
-    args = parse_args()
+    args = sharded_run.parse_args()  # --output, --steps, --global_batch, --save_every, --async_save, --resume, ...
     torch.set_num_threads(1)
     rank, _, world, init_method = D.torchrun_env()
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
@@ -120,7 +76,7 @@ def main():
                                            args.num_samples, args.eval_samples, args.seed)
         args.label_names = data.label_names
         model, tokenizer, optimizer = sharded_model(args, init_device_mesh("cpu", (world,)))
-        ids, mask, labels = tensors(tokenizer, data.train_texts, data.train_labels, args.max_length)
+        ids, mask, labels = sharded_run.tensors(tokenizer, data.train_texts, data.train_labels, args.max_length)
         sampler = GlobalOrderSampler(len(labels), args.global_batch, args.seed, rank, world)
         model_info = ckpt.describe_model(model, tokenizer, data.label_names, args.max_length,
                                          {"data": data.title, "trained_by": "scripts/train_sharded.py"})
@@ -130,10 +86,7 @@ def main():
             None if args.resume == "off" else Path(args.resume))
         if folder is not None:  # the resharding load: this world's shards, read from the shards of any world
             train = ckpt.load(folder, model, optimizer)
-            if (train["global_batch"], train["seed"], train["num_samples"]) != (
-                    args.global_batch, args.seed, len(labels)):
-                raise UserError(f"{folder} was saved by a run with --global_batch {train['global_batch']}, --seed "
-                                f"{train['seed']} and {train['num_samples']} texts: resume with the same.")
+            sharded_run.check_same_run(folder, train, args, len(labels))  # the same global batch, seed and data
             if train["world_size"] == world:
                 set_rng_state(train["rng"][rank])  # the same ranks: each gets its own random stream back
             start, resumed_from = train["step"], str(folder)
@@ -144,7 +97,7 @@ def main():
         if rank == 0:
             ckpt.discard_partials(args.output)  # what killed saves left
 
-        steps, saves, pending = [], [], None  # when each step ran, and each save (for the chapter's timeline)
+        clock, pending = sharded_run.Clock(), None  # when each step and save ran (for the chapter's timeline)
         for step in range(start, args.steps):
             t0 = time.time()
             idx = sampler.indices(step)
@@ -152,7 +105,7 @@ def main():
             loss.backward()  # FSDP2 reduce-scatters each layer's gradients: every rank keeps its shard's average
             optimizer.step()
             optimizer.zero_grad()
-            steps.append((step + 1, t0, time.time()))
+            clock.stepped(step + 1, t0)
             if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
                 if pending is not None:
                     pending.wait()  # one save in flight at a time
@@ -162,23 +115,14 @@ def main():
                          "seed": args.seed, "num_samples": len(labels), "rng": rngs}
                 msd, osd = get_state_dict(model, optimizer)  # this rank's shards (DTensors): nothing is gathered
                 state = {"model": msd, "optim": osd, "train": json.dumps(train), "model_info": model_info}
-                use_async = args.async_save == "on" or (args.async_save == "alternate" and len(saves) % 2 == 1)
+                use_async = args.async_save == "on" or (args.async_save == "alternate" and len(clock.saves) % 2)
                 pending = ckpt.save(state, args.output, step + 1, group=ckpt_group, async_=use_async,
                                     keep=args.keep)
-                saves.append(pending)
+                clock.saves.append(pending)
         if pending is not None:
             pending.wait()
 
-        score = evaluate(model, *tensors(tokenizer, data.test_texts, data.test_labels, args.max_length), rank, world)
-        every = [None] * world
-        dist.all_gather_object(every, {"rank": rank, "steps": steps, "saves": [s.times() for s in saves]})
-        D.print0(f"step {args.steps} on {world} rank(s): val accuracy {100 * score['val_accuracy']:.2f}% "
-                 f"({score['val_texts']} texts), val loss {score['val_loss']:.4f}; saved at steps "
-                 f"{', '.join(f'{s.step} ({s.mode})' for s in saves)}")
-        if rank == 0:
-            result = {"world_size": world, "steps": args.steps, "start_step": start, "resumed_from": resumed_from,
-                      **score, "args": {k: v for k, v in vars(args).items() if k != "label_names"}, "ranks": every}
-            Path(args.output, "result.json").write_text(json.dumps(result))
+        sharded_run.report(args, model, tokenizer, data, clock, start, resumed_from)  # score, result.json
     finally:
         dist.destroy_process_group()
 

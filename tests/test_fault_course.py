@@ -49,6 +49,13 @@ def test_steps_beside_an_async_write_are_told_from_the_others():
     during, other, n = save_timeline.steps_during_writes(result)
     assert (n, round(during), round(other)) == (6, 120, 80)
     assert round(save_timeline.write_slowdown_ms(result)) == 80  # steps 21 and 22 took 40 ms more, on each rank
+    saves = save_timeline.blocked(result)  # 50 ms blocked + 80 ms slower steps = 130 ms, against the sync save's 120
+    line = save_timeline.totals_line(result, saves, cores=2, gpu=False)
+    assert "cost the training 130 ms, more than the fastest sync save's 120 ms" in line
+    assert "did not pay here: the write ran on the same 2 CPU core(s) as the 2 training ranks" in line
+    assert "the CPU that writes also feeds the GPUs" in save_timeline.totals_line(result, saves, cores=2, gpu=True)
+    quick = save_timeline.blocked(_result(120, 50))  # no step slowed: 50 ms in all
+    assert "async paid here" in save_timeline.totals_line(_result(120, 50), quick, cores=2, gpu=False)
     for r in result["ranks"]:  # a sync save's steps are never "beside a write": it had committed when it returned
         r["saves"] = [s for s in r["saves"] if s["mode"] == "sync"]
     during, other, n = save_timeline.steps_during_writes(result)
@@ -100,9 +107,24 @@ def test_run_b_log_readers():
     assert resume_demo.group_failed(killed) and resume_demo.group_failed(early)
     assert not resume_demo.group_failed(crashed) and not resume_demo.group_failed("no failure at all")
     assert resume_demo.resumed_step("resumed from out/snapshots/snap_e001_b000032.pt (epoch 1") == 32
+    line = "resumed from out/snapshots/snap_e002_b000046.pt (epoch 2, 92 batches into it, step 192)"
+    assert resume_demo.resumed_at(line) == (92, 192)
+    with pytest.raises(ValueError, match="no 'resumed from"):
+        resume_demo.resumed_at("resume auto: no snapshot")
     story = resume_demo.story("preset cpu_smoke | world size 2\nepoch 1/2 | ok\n" + killed)
     assert story == ["epoch 1/2 | ok", "...", "[default0]:x", "torchrun: failed (exitcode: -9) local_rank: 1 (pid: 9)"]
-    assert "rank 0 noticed first" in resume_demo.who_noticed("a collective operation could not complete")
+    # what run B's log showed: rank 0's error, rank 1's SIGKILL, and the agent's SIGTERM to rank 0 (pid 15702)
+    agent_stopped = (
+        "error: [rank 0] a collective operation could not complete\n"
+        "torchrun: Sending process 15702 closing signal SIGTERM\n"
+        "torchrun: failed (exitcode: -9) local_rank: 1 (pid: 15703) of binary: python"
+    )
+    said = resume_demo.who_noticed(agent_stopped)
+    assert "rank 0 saw the dropped connection" in said and "local rank 1 (pid 15703) failed first, exit code -9" in said
+    assert "stopped rank 0 (pid 15702) with SIGTERM" in said and "code 3" not in said
+    said = resume_demo.who_noticed(early)  # rank 0 ended first: its own code, and no SIGTERM claimed
+    assert "rank 0 ended on its own, with exit code 3" in said and "SIGTERM" not in said
+    assert "never reached its next all-reduce" in said  # no error line in that log
 
 
 def test_fsdp2_cuts_rows_as_torch_chunk_does():
@@ -136,5 +158,19 @@ def test_the_unstaged_writer_writes_the_step_after_and_the_course_save_the_step_
     hazard = async_hazard.written_values(
         wrapped, torch.optim.SGD(wrapped.parameters(), lr=0.5), {"x": torch.randn(4, 8), "y": torch.arange(4)}, tmp_path
     )
-    assert hazard.before != hazard.after
+    assert hazard.before != hazard.after and hazard.changed == 2  # the linear layer's weight and bias
     assert hazard.unstaged_wrote == "after the step" and hazard.staged_wrote == "before the step", hazard.table()
+    assert hazard.unstaged_as == {"before": 0, "after": 2} and hazard.staged_as == {"before": 2, "after": 0}
+
+    class CopyStager(async_hazard.NoCopyStager):  # a stager that copies: the unstaged path no longer shows the hazard
+        def stage(self, state_dict):
+            return {"model": {k: v.clone() for k, v in state_dict["model"].items()}}
+
+    mended = async_hazard.written_values(
+        wrapped,
+        torch.optim.SGD(wrapped.parameters(), lr=0.5),
+        {"x": torch.randn(4, 8), "y": torch.arange(4)},
+        tmp_path / "mended",
+        stager=CopyStager(),
+    )
+    assert mended.unstaged_wrote == "before the step" == mended.staged_wrote, mended.table()

@@ -258,3 +258,18 @@ def test_the_layout_on_disk_is_fsdp2s_cut_of_the_saving_world(run2):
     assert lay.saved_by_fsdp2(2) and not lay.saved_by_fsdp2(4) and not lay.saved_by_fsdp2(1)
     fig = shard_layout.plot_layout(lay, load_world=4)
     assert "rank 3" in [t.get_text().split("\n")[0] for t in fig.axes[1].texts]
+
+
+def test_a_checkpoint_of_another_run_is_refused_naming_what_differs():
+    """train_sharded.py resumes only the run that saved the checkpoint: the order of the global batches is drawn
+    from the global batch, the seed and the data (distrinews_lib/sharded_run.py)."""
+    from distrinews_lib import sharded_run
+    from distrinews_lib.errors import UserError
+
+    args = sharded_run.parse_args(["--output", "o", "--seed", "1"])
+    assert (args.global_batch, args.steps, args.resume, args.async_save) == (32, 30, "auto", "off")
+    same = {"global_batch": 32, "seed": 1, "num_samples": 3200}
+    sharded_run.check_same_run("step_00000010", same, args, 3200)
+    for wrong, named in (({"seed": 0}, "--seed 0"), ({"global_batch": 16}, "--global_batch 16"), ({}, "3200 texts")):
+        with pytest.raises(UserError, match=named):
+            sharded_run.check_same_run("step_00000010", {**same, **wrong}, args, 3000 if not wrong else 3200)
