@@ -288,3 +288,11 @@ def test_the_dialed_plan_picks_the_rate_that_gives_flat_its_share_of_backward():
     assert abs(p.comm_s / p.alone["backward"] - 1.5) < 0.5 or p.mbit == 10
     assert p.embedding_last and sum(p.buckets) == p.elements
     assert p.predicted["flat"] - p.predicted["bucketed"] == pytest.approx(p.could_save)
+
+
+def test_the_dialed_sweep_table_shows_each_size_and_its_rounds():
+    o = dialed.outcome(dial(), plan(), 0.3)
+    assert dialed.sweep_table(o) == "no bucket sweep on the dialed link"
+    o["sweep"] = {"0.05": {"bucketed_step_s": 0.496, "bucketed_rounds_s": [0.4975, 0.4953], "bucketed_buckets": 26}}
+    row = dialed.sweep_table(o).splitlines()[1].split()
+    assert row == ["0.05", "26", "496", "498,", "495"]

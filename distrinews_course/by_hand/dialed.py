@@ -153,6 +153,18 @@ def table(o: dict, p: Plan, loopback_ratio: dict) -> str:
     return "\n".join(lines)
 
 
+def sweep_table(o: dict) -> str:
+    """The dialed bucket sweep the sweep's claims read: per bucket size, its buckets, the median round's step and
+    every round's (ms); the claims compare sizes round by round."""
+    if not o["sweep"]:
+        return "no bucket sweep on the dialed link"
+    lines = [f"{'bucket MiB':>10} {'buckets':>7} {'ms/step':>8}  each round's ms/step"]
+    for mb, v in o["sweep"].items():
+        rounds = ", ".join(f"{1000 * r:.0f}" for r in v.get("bucketed_rounds_s") or [])
+        lines.append(f"{mb:>10} {v['bucketed_buckets']:>7} {1000 * v['bucketed_step_s']:>8.0f}  {rounds}")
+    return "\n".join(lines)
+
+
 # Why the dialed claims' margins are what they are (DIAL_TARGET and DIAL_SAVED, the notebook's parameters, say how
 # much): the ratio of two rungs in the same rounds, and a share of the model's saving, both checked only where other
 # programs left the cores quiet; the sweep's two claims are report.sweep_claims'.
