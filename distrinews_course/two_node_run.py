@@ -340,6 +340,7 @@ class TwoNodeRun:
         return {
             "start": first("node0 started"),
             "round1": ids[0] if ids else None,
+            "fresh": first("node0 started fresh"),
             "kill": first("node1 killed"),
             "error": first("node0 error"),
             "replacement": last("node1 started (launch"),
@@ -352,6 +353,7 @@ class TwoNodeRun:
         t = self.times()
         names = {
             "round1": "both ranks start (round 1)",
+            "fresh": "rank 0 found no snapshot: training starts",
             "kill": f"node1 killed after step {self.kill_step}",
             "error": "node0's rank fails in its all-reduce",
             "replacement": "a replacement node1 starts",
@@ -431,24 +433,33 @@ def snapshot_name(kill_step: int, every: int) -> str:
 
 
 def plot_timeline(run: TwoNodeRun, save_to=None):
-    """Who was doing what, second by second: each node's rank training, dead, starting or waiting at the rendezvous,
-    with the kill, node0's error and the resume marked."""
+    """Who was doing what, second by second: each node's rank training, dead, starting (agent and rendezvous),
+    loading (imports, data, the snapshot) or waiting at the rendezvous, with the kill, node0's error and the resume
+    marked. Training starts when rank 0 says it found no snapshot (round 1) or loaded one (round 2); rank 1 cannot
+    step before it, since every step's all-reduce waits for both. A log without those lines draws loading as
+    training."""
     from .plots import _pyplot
 
     plt = _pyplot()
     t = run.times()
     fig, ax = plt.subplots(figsize=(10, 2.6))
     lanes = {"node0": 1, "node1": 0}
+    go1 = t["fresh"] if t["fresh"] is not None and t["round1"] is not None and t["fresh"] > t["round1"] else t["round1"]
+    go2 = t["resumed"] if t["resumed"] is not None and t["round2"] is not None else t["round2"]
     spans = [
-        ("node0", t["start"], t["round1"], "tab:gray", "starting"),
-        ("node0", t["round1"], t["error"], "tab:blue", "training"),
+        ("node0", t["start"], t["round1"], "tab:gray", "starting (agent, rendezvous)"),
+        ("node0", t["round1"], go1, "tan", "loading (imports, data, snapshot)"),
+        ("node0", go1, t["error"], "tab:blue", "training"),
         ("node0", t["error"], t["round2"], "tab:orange", "waiting at the rendezvous"),
-        ("node0", t["round2"], t["end"], "tab:blue", None),
+        ("node0", t["round2"], go2, "tan", None),
+        ("node0", go2, t["end"], "tab:blue", None),
         ("node1", t["start"], t["round1"], "tab:gray", None),
-        ("node1", t["round1"], t["kill"], "tab:blue", None),
+        ("node1", t["round1"], go1, "tan", None),
+        ("node1", go1, t["kill"], "tab:blue", None),
         ("node1", t["kill"], t["replacement"], "black", "gone"),
         ("node1", t["replacement"], t["round2"], "tab:gray", None),
-        ("node1", t["round2"], t["end"], "tab:blue", None),
+        ("node1", t["round2"], go2, "tan", None),
+        ("node1", go2, t["end"], "tab:blue", None),
     ]
     for node, a, b, color, label in spans:
         if a is not None and b is not None and b > a:
@@ -460,7 +471,7 @@ def plot_timeline(run: TwoNodeRun, save_to=None):
     ax.set_yticks([0, 1], ["node1", "node0"])
     ax.set_ylim(-0.5, 1.9)
     ax.set_xlabel("seconds since the job started")
-    ax.legend(loc="lower right", fontsize=8, ncol=4)
+    ax.legend(loc="lower right", fontsize=7, ncol=5)
     ax.set_title(f"2 nodes: node1 killed after step {run.kill_step}, a replacement joins, the run resumes")
     fig.tight_layout()
     if save_to:

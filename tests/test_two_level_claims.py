@@ -35,7 +35,7 @@ def test_the_recorded_run_holds_every_claim(rec):
     for cs in (claims.correct(rec), claims.link_bytes(rec), claims.steps(rec, QUIET), claims.memory(rec)):
         assert cs and not failing(cs) and all(c.checked for c in cs)
     sweep = claims.sweep(rec, QUIET)
-    assert len(sweep) == len(claims.sweep_points(rec)) and not failing(sweep)
+    assert len(sweep) == len(claims.sweep_points(rec)) + 1 and not failing(sweep)
 
 
 def test_a_busy_machine_shows_the_timed_claims_with_the_reason(rec):
@@ -217,3 +217,33 @@ def test_each_wrong_figure_fails_its_groups_claim(plant, failing):
     plant(rows)
     assert [i for i, c in enumerate(node_groups.claims(rows)) if not c.holds] == [failing]
     assert not node_groups.claims([])[0].holds
+
+
+def test_the_measured_crossover_is_stated_from_the_signs_the_rounds_agree_on(rec):
+    """The line beside the model's break-even says where the box measured hierarchical stop paying: a saving whose
+    rounds disagree on its sign is called even, never a gain or a loss; a saving that grows with the rate, or one that
+    is not clear on the slowest link, fails the sweep's claim."""
+    pts = claims.sweep_points(rec)
+    rates = list(pts)
+
+    def set_rounds(mbit, saved_ms):  # hierarchical's rounds = DDP's less each saving
+        at = rec["sweep"][str(mbit)]
+        at["hierarchical"]["rounds"] = [d - s / 1000 for d, s in zip(at["ddp"]["rounds"], saved_ms)]
+
+    set_rounds(rates[0], [150, 160])
+    set_rounds(rates[1], [30, 28])
+    set_rounds(rates[2], [-25, -20])
+    line = claims.crossover_line(rec, "hierarchical over DDP", "ddp", "hierarchical")
+    assert f"stops paying between {rates[1]} and {rates[2]} Mbit/s" in line
+    set_rounds(rates[2], [-25, 10])  # the rounds disagree on the sign: even, not a loss
+    line = claims.crossover_line(rec, "hierarchical over DDP", "ddp", "hierarchical")
+    assert f"pays up to {rates[1]} Mbit/s and breaks even at {rates[2]}" in line
+    assert not failing(claims.sweep(rec, QUIET))
+    set_rounds(rates[2], [40, 28])  # grows by 5 ms with the rounds 1 and 6 ms apart: within the spread, holds
+    assert not failing(claims.sweep(rec, QUIET))
+    set_rounds(rates[2], [60, 70])  # a saving that grows with the rate fails
+    assert any("hierarchical's saving over DDP" in t for t in failing(claims.sweep(rec, QUIET)))
+    assert "paid at every rate measured" in claims.crossover_line(rec, "h", "ddp", "hierarchical")
+    set_rounds(rates[2], [-25, -20])
+    set_rounds(rates[0], [150, -140])  # not clear on the slowest link: fails
+    assert any("hierarchical's saving over DDP" in t for t in failing(claims.sweep(rec, QUIET)))

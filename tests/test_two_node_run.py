@@ -129,6 +129,29 @@ def test_the_timeline_figure_draws_both_nodes(tmp_path):
     assert labels == {"node0", "node1"}
 
 
+def test_the_timeline_draws_loading_apart_from_training(tmp_path):
+    """Training starts where rank 0 says it found no snapshot (round 1) or loaded one (round 2), not when the ranks
+    start: imports and the snapshot load are drawn as loading."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.colors import to_rgb
+
+    from distrinews_course.two_node_run import plot_timeline
+
+    def fresh_at_4(rec):
+        rec["events"].append({"t": 4.0, "event": "node0 started fresh"})
+        return rec
+
+    fig = plot_timeline(run_with(tmp_path, record=fresh_at_4))
+    starts = {
+        c: sorted(round(p.get_x(), 3) for p in fig.axes[0].patches if p.get_facecolor()[:3] == to_rgb(c))
+        for c in ("tab:blue", "tan")
+    }
+    assert starts["tab:blue"] == [4.0, 4.0, 16.499, 16.499]  # both nodes, from rank 0's "no snapshot" and "resumed"
+    assert starts["tan"] == [2.427, 2.427, 12.612, 12.612]  # from each round's identity line
+
+
 def one_machine_case(tmp_path, *, differ=False, untrained=False, accuracy=0.44, val_loss=1.21):
     """Checkpoints as train_ddp.py writes them: the two-node run's, and one machine's (equal, or one tensor apart)."""
     import torch

@@ -6,7 +6,7 @@ sweep of rates, and the peak memory against chapter 06's calculator.
     settle(two_level_claims.correct(rec))               # every hand-built rung within 1e-6 of torch
     settle(two_level_claims.link_bytes(rec))            # every link within 5% of the model's bytes
     settle(two_level_claims.steps(rec, QUIET_CORES))    # each step within its margin; the two savings
-    settle(two_level_claims.sweep(rec, QUIET_CORES))    # the model across the rates; HSDP's saving shrinking
+    settle(two_level_claims.sweep(rec, QUIET_CORES))    # the model across the rates; both savings shrinking
     settle(two_level_claims.memory(rec))                # each peak within 15% of the calculator
 
 A claim about time is checked only on a quiet machine (quiet()), and not where the rounds disagree by more than
@@ -163,6 +163,43 @@ def sweep_points(rec: dict) -> dict:
     return {int(k): v for k, v in sorted((rec.get("sweep") or {}).items(), key=lambda kv: int(kv[0]))}
 
 
+def measured_savings(rec: dict, slow: str, fast: str) -> dict:
+    """{mbit: (median saving s, half the range of the rounds' savings s, sign)} at each rate the box dialed, for
+    `fast` over `slow`: sign +1 where it saved by more than half its rounds' range, -1 where it cost more than that,
+    0 where its rounds disagree on the sign (even, within the spread)."""
+    out = {}
+    for mbit, at in sweep_points(rec).items():
+        if slow in at and fast in at:
+            saved, rounds = per_round_saving(rec, slow, fast, at)
+            half = (max(rounds) - min(rounds)) / 2
+            out[mbit] = (saved, half, (saved > half) - (saved < -half))
+    return out
+
+
+def crossover_line(rec: dict, label: str, slow: str, fast: str) -> str:
+    """What the box measured about where `fast` stops paying over `slow`, from the signs measured_savings gives: the
+    last rate where it clearly saved and the first where it clearly cost, or the rate where it is even within the
+    rounds' spread. A sign within the spread is never stated as a gain or a loss."""
+    ms = measured_savings(rec, slow, fast)
+    if not ms:
+        return f"measured: {label}: no sweep in this record"
+    points = ", ".join(f"{1000 * s:+.0f} ms at {m} Mbit/s" for m, (s, _, _) in ms.items())
+    pays = [m for m, (_, _, sign) in ms.items() if sign > 0]
+    costs = [m for m, (_, _, sign) in ms.items() if sign < 0 and (not pays or m > max(pays))]
+    even = [m for m, (_, _, sign) in ms.items() if sign == 0 and (not pays or m > max(pays))]
+    if not pays:
+        verdict = "it paid clearly at none of the rates measured"
+    elif costs:
+        verdict = f"on this box it stops paying between {max(pays)} and {min(costs)} Mbit/s"
+    elif even:
+        verdict = (
+            f"on this box it pays up to {max(pays)} Mbit/s and breaks even at {min(even)} (within its rounds' spread)"
+        )
+    else:
+        verdict = f"it paid at every rate measured, up to {max(pays)} Mbit/s"
+    return f"measured: {label} saved {points} a step: {verdict}"
+
+
 def sweep(rec: dict, quiet_cores: float) -> list[Claim]:
     """Across the sweep's rates: every measured step within STEP_BOUND of the model's curve (or its rounds' spread
     where wider), and HSDP's saving over full sharding shrinking as the link speeds up, as the model says (it saves
@@ -203,6 +240,20 @@ def sweep(rec: dict, quiet_cores: float) -> list[Claim]:
             why,
         )
     )
+    hier = measured_savings(rec, "ddp", "hierarchical")
+    if len(hier) >= 2:
+        rates = list(hier)
+        out.append(
+            _timed(
+                hier[rates[0]][2] > 0
+                and all(hier[b][0] - hier[a][0] <= hier[a][1] + hier[b][1] for a, b in zip(rates, rates[1:])),
+                "hierarchical's saving over DDP is clear on the slowest link and does not grow as the link speeds up "
+                "(beyond the rounds' spread): "
+                + ", ".join(f"{1000 * hier[m][0]:+.0f} ms at {m}" for m in rates)
+                + f" Mbit/s (half the rounds' range at {rates[0]}: {1000 * hier[rates[0]][1]:.0f} ms)",
+                why,
+            )
+        )
     return out
 
 

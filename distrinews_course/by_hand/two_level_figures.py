@@ -3,7 +3,7 @@ steps the box measured at the rates it dialed, and what hierarchical and HSDP sa
 
     step_vs_rate(rec, save_to="outputs/two_level/sweep.png")   # rec: race_two_level.summary's record
     curve(rec, "hsdp", mbits)                                   # the model's seconds per step at each rate
-    print(pays_line(rec))                                       # up to which rate each two-level design pays
+    print(pays_line(rec))                                       # up to which rate each design pays: model, measured
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .. import two_level as tl
 from .report_two_level import NAMES
-from .two_level_claims import sweep_points
+from .two_level_claims import crossover_line, measured_savings, sweep_points
 
 COLORS = {"ddp": "tab:blue", "hierarchical": "tab:cyan", "fsdp2": "tab:red", "hsdp": "tab:orange"}
 PAIRS = {"HSDP over full sharding": ("fsdp2", "hsdp"), "hierarchical over DDP": ("ddp", "hierarchical")}
@@ -62,13 +62,16 @@ def break_even(rec: dict, slow: str, fast: str) -> float | None:
 
 
 def pays_line(rec: dict) -> str:
-    """One line per two-level design: up to which rate the model says it pays on this box, or its saving at the
-    slowest and fastest rates drawn where it pays at all of them."""
+    """Per two-level design: up to which rate the model says it pays, or its saving at the slowest and fastest rates
+    drawn where it pays at all of them; and where its break-even falls inside the rates drawn, what the box measured
+    at the rates it dialed (two_level_claims.crossover_line). Near a break-even the saving is the difference of two
+    steps each within 15% of the model, so the model's rate is an estimate and the box's points decide."""
     xs, out = rates_to_draw(rec), []
     for label, (slow, fast) in PAIRS.items():
         edge = break_even(rec, slow, fast)
         if edge is not None:
             out.append(f"the model: {label} pays on links slower than {edge:.0f} Mbit/s, and costs time above it")
+            out.append(crossover_line(rec, label, slow, fast))
         else:
             a, b = (1000 * saving(rec, slow, fast, m) for m in (xs[0], xs[-1]))
             verb = "saves" if a > 0 else "never pays: it costs"
@@ -126,9 +129,16 @@ def step_vs_rate(rec: dict, save_to=None):
     for label, (slow, fast) in PAIRS.items():
         edge = break_even(rec, slow, fast)
         if edge is not None:
+            ms = measured_savings(rec, slow, fast)
+            pays = [m for m, (_, _, sign) in ms.items() if sign > 0]
+            after = [m for m, (_, _, sign) in ms.items() if sign <= 0 and pays and m > max(pays)]
+            if after:
+                right.axvspan(
+                    max(pays), min(after), color="gray", alpha=0.15, label=f"{label}: measured to stop paying"
+                )
             right.axvline(edge, color="gray", ls="--", lw=0.8)
             right.annotate(
-                f"{label.split(' over')[0]} breaks even\nat {edge:.0f} Mbit/s",
+                f"model: {label.split(' over')[0]} breaks even\nat {edge:.0f} Mbit/s",
                 (edge, 0),
                 xytext=(4, 12),
                 textcoords="offset points",

@@ -135,6 +135,7 @@ class Node:
             for key, event in (
                 ("pulling the plug", "killed"),
                 ("resumed from", "resumed"),
+                ("resume auto: no snapshot", "started fresh"),
                 ("[identity]", "identity"),
                 ("error: ", "error"),
                 ("] stopped: ", "stopped"),
