@@ -240,9 +240,11 @@ class Dialed:
     def before_line(self) -> str:
         """The break-even predicted before the run against the one this launch's runs imply (and where the measured
         speedups cross 1x), whether the prediction held (within COMM_BOUND), and why the two differ: the compute it
-        took from section 3, set against the same 1-process step timed in this launch (both figures printed)."""
+        took from section 3 (its 1-process and pair steps), set against the same steps timed in this launch: the
+        figures, not a cause the run does not show."""
         mbit = lambda b: f"{b / 1e6:.0f} Mbit/s" if b else "none (DDP loses on any link)"  # noqa: E731
         before, now, cross = self.before.break_even_bits(), self.model_break_even_bits(), self.measured_crossing_bits()
+        pair = sum(r["pair_s"] for r in self.rows) / len(self.rows)
         held = bool(before and now) and abs(before / now - 1) < COMM_BOUND
         return (
             f"break-even: predicted before the run {mbit(before)}; the model on this launch's own runs {mbit(now)}"
@@ -251,10 +253,10 @@ class Dialed:
                 f". The prediction held (within {100 * COMM_BOUND:.0f}%), though the 1-process step it took from "
                 f"section 3 ({1000 * self.before.single_s:.0f} ms) took {1000 * self.single_s:.0f} ms in this launch"
                 if held
-                else f". The prediction did not hold: it took the compute from section 3 (a 1-process step of "
-                f"{1000 * self.before.single_s:.0f} ms), and in this launch the same step took "
-                f"{1000 * self.single_s:.0f} ms ({self.single_s / self.before.single_s:.2f}x): the compute moved "
-                "between the two launches, and the break-even moves with it"
+                else f". The prediction did not hold. It took the compute from section 3, a 1-process step of "
+                f"{1000 * self.before.single_s:.0f} ms and a pair's of {1000 * self.before.pair_s:.0f} ms; in this "
+                f"launch they took {1000 * self.single_s:.0f} ms and {1000 * pair:.0f} ms (the pairs' mean), and the "
+                "break-even moves with both"
             )
             + ". The all-reduce's time, predicted from the link alone, is checked below; the 'model' column puts this "
             "launch's own steps in place"
