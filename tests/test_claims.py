@@ -47,4 +47,5 @@ def test_quiet_is_under_0_3_cores_of_other_programs():
 def test_a_run_without_a_reading_is_not_quiet():
     assert not quiet.all_quiet([run(None)])
     assert "no /proc/stat" in quiet.busy_reason([run(None)])
+    assert quiet.busy_reason([run(0.1), run(None)]) == "1 of its 2 runs have no reading of what other programs used"
     assert quiet.others({"others_cores": 0.05}) == 0.05  # a collectives run records its own figure

@@ -154,6 +154,7 @@ class Dialed:
             measured=self.single_s / loopback.step_s(run),
             pair_s=pair_s,
             run=run,
+            pair=pair,
             quiet=quiet.all_quiet([run, pair]),
             others=quiet.busiest([run, pair]),
         )
@@ -275,7 +276,7 @@ class Dialed:
                 f"{100 * COMM_BOUND:.0f}% of the one DDP's steps measured ({1000 * r['transfer']:.0f} ms)"
             )
             ok = abs(r["comm_before"] / r["transfer"] - 1) < COMM_BOUND
-            out.append(Claim(text, ok, None if r["quiet"] else quiet.busy_reason([r["run"]])))
+            out.append(Claim(text, ok, None if r["quiet"] else quiet.busy_reason([r["run"], r["pair"]])))
         return out
 
     def speedup_claims(self, margin: float | None) -> list[Claim]:
@@ -286,7 +287,7 @@ class Dialed:
         out = []
         for r in self.rows:
             within = margin or loopback.BOUND
-            why = None if r["quiet"] else quiet.busy_reason([r["run"]])
+            why = None if r["quiet"] else quiet.busy_reason([r["run"], r["pair"]])
             if why is None and margin is None:
                 why = "section 3's rounds moved by over 30%: this host moves runs more than the model can be told from"
             text = (
@@ -324,7 +325,7 @@ class Dialed:
         if not (any(r["model"] > 1 for r in clear) and any(r["model"] < 1 for r in clear)):
             why = f"no link was put more than {100 * within:.0f}% from 1x on each side"
         elif not all(r["quiet"] for r in self.rows):
-            why = quiet.busy_reason([r["run"] for r in self.rows])
+            why = quiet.busy_reason([x for r in self.rows for x in (r["run"], r["pair"])])
         elif margin is None:
             why = "section 3's rounds moved by over 30%"
         else:

@@ -44,4 +44,6 @@ def busy_reason(runs) -> str:
     if unread and len(unread) == len(runs):
         return "this machine has no /proc/stat to say whether other programs were busy"
     busy = [r for r in runs if (others(r) or 0.0) >= QUIET_CORES]
+    if not busy and unread:
+        return f"{len(unread)} of its {len(runs)} runs have no reading of what other programs used"
     return f"other programs used up to {busiest(runs):.2f} cores during {len(busy)} of its {len(runs)} runs"
