@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import importlib.util
+import os
 import time
 from pathlib import Path
 
@@ -323,3 +324,25 @@ def test_the_server_goes_when_the_kernel_that_started_it_dies(checkpoint, tmp_pa
     else:
         os.kill(pid, 9)
         pytest.fail(f"the server {pid} outlived the process that started it")
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads /proc/stat")
+def test_the_load_gate_counts_other_programs_but_not_the_server():
+    # a spinning process stands for a test beside the notebook; passed as the server, its work is the measurement's own
+    import subprocess
+    import sys
+
+    from distrinews_course.latency_under_load import OthersBeside
+
+    spin = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time() + 30\nwhile time.time() < t: pass"])
+    try:
+        time.sleep(0.3)
+        with OthersBeside(os.getpid()) as other:
+            time.sleep(1.5)
+        with OthersBeside(spin.pid) as own:
+            time.sleep(1.5)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert other.cores > 0.6 and not other.quiet and "cores busy" in other.why, other.cores
+    assert own.cores < other.cores - 0.5, (own.cores, other.cores)
