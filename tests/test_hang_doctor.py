@@ -134,7 +134,7 @@ def test_frames_of_torch_python_and_the_doctor_are_not_the_jobs():
     assert shown_stack(outer) == "main (train.py:7) < <module> (train.py:9)"
 
 
-def arrivals(late_ms, steps=12, per=2, step_ms=100, noise=None):
+def arrivals(late_ms, steps=24, per=2, step_ms=100, noise=None):
     """Two ranks' completed calls: `per` collectives a step; rank 1 arrives late_ms later at each step's first."""
     out = {0: [], 1: []}
     seq = 0
@@ -156,11 +156,14 @@ def test_a_rank_late_at_every_step_is_a_straggler_with_the_time_it_adds():
 
 
 def test_noise_that_takes_turns_and_a_late_start_are_not_stragglers():
-    assert straggler_verdict(arrivals(late_ms=0, noise=[(-1) ** s * 30 for s in range(12)])) is None
-    one_late_start = arrivals(late_ms=0, noise=[500] + [0] * 11)
+    assert straggler_verdict(arrivals(late_ms=0, noise=[(-1) ** s * 30 for s in range(24)])) is None
+    one_late_start = arrivals(late_ms=0, noise=[500] + [0] * 23)
     assert straggler_verdict(one_late_start) is None
     assert straggler_verdict(arrivals(late_ms=2)) is None  # 2% of a step: not worth a paragraph
     assert straggler_verdict(arrivals(late_ms=40, steps=3)) is None  # too few steps to tell
+    # a read-ahead filling on a busy machine: late by 40 ms over the first 11 steps (CI saw it), on time after
+    assert straggler_verdict(arrivals(late_ms=0, noise=[40] * 11 + [0] * 13)) is None
+    assert straggler_verdict(arrivals(late_ms=0, steps=11, noise=[40] * 11)) is None  # what a first look sees
 
 
 def test_a_clock_offset_between_machines_is_taken_out():
