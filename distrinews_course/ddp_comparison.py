@@ -12,11 +12,8 @@ speed (one metric: steady samples/s).
 from __future__ import annotations
 
 import json
-import resource
-import time
 
-from .bench.quiet import QUIET_CORES
-from .bench.timing import cpu_busy_seconds, foreign_cores
+from .bench.quiet import OtherPrograms
 from .claims import Claim
 from .notebook import accuracy_floor
 from .plots import _pyplot, load_metrics
@@ -74,37 +71,6 @@ def diff_sections(text: str) -> list[str]:
     wrap = next((i for i, h in enumerate(hunks) if "DDP(model" in h), len(hunks) - 1) + 1
     parts = [hunks[:2], hunks[2:wrap], hunks[wrap:]]
     return ["\n@@".join([head, *parts[0]]), *("@@" + "\n@@".join(p) for p in parts[1:])]
-
-
-def _own_cpu() -> float:
-    """This kernel's CPU time and that of every process it started and waited for."""
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return time.process_time() + kids.ru_utime + kids.ru_stime
-
-
-class OtherPrograms:
-    """How many cores other programs kept busy while the block ran: the machine's busy time (/proc/stat) less this
-    kernel's and its launches' own. `cores` is None where /proc/stat is missing.
-
-        with OtherPrograms() as load:
-            result = run([...])
-        load.cores, load.quiet
-    """
-
-    cores: float | None = None
-
-    def __enter__(self):
-        self._busy, self._own, self._t0 = cpu_busy_seconds(), _own_cpu(), time.perf_counter()
-        return self
-
-    def __exit__(self, *exc):
-        seconds = time.perf_counter() - self._t0
-        self.cores = foreign_cores(self._busy, cpu_busy_seconds(), _own_cpu() - self._own, seconds)
-
-    @property
-    def quiet(self) -> bool:
-        """Other programs under QUIET_CORES (0.3 of a core; bench/quiet.py says why) for the whole block."""
-        return self.cores is not None and self.cores < QUIET_CORES
 
 
 def launch_claims(output: str, nproc: int) -> list[Claim]:

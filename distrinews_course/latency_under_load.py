@@ -12,15 +12,12 @@ kernel already runs an asyncio loop, so the clients run on a loop of their own i
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from .bench.quiet import QUIET_CORES
 from .bench.serving_load import TEXTS, drive, server_batching, summarize
-from .bench.timing import cpu_busy_seconds, foreign_cores
 from .live_server import call
 
 CLIENTS = (1, 2, 4, 8, 16, 32)
@@ -107,55 +104,6 @@ def latency_under_load(port: int, clients=CLIENTS, seconds: float = 0.8, warmup:
     """For each number of clients: `warmup` s unrecorded, then `seconds` s of POST /predict measured."""
     with ThreadPoolExecutor(1) as pool:  # its own event loop: the kernel's is already running
         return pool.submit(asyncio.run, _levels(port, clients, seconds, warmup)).result()
-
-
-def process_cpu_s(pid: int) -> float:
-    """A live process's CPU-seconds so far, all its threads (Linux /proc/PID/stat: utime + stime); 0 where unread."""
-    try:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-class OthersBeside:
-    """How many cores programs other than this kernel and the server (`pid`) kept busy while the block ran. Answers
-    per second are a race for the cores: where others took QUIET_CORES or more (a test beside this notebook in CI),
-    the load measurements are shown, not checked.
-
-        with OthersBeside(server.proc.pid) as load:
-            levels = latency_under_load(server.port)
-        load.cores, load.quiet, load.why
-    """
-
-    cores: float | None = None
-
-    def __init__(self, pid: int):
-        self.pid = pid
-
-    def _own(self) -> float:
-        return time.process_time() + process_cpu_s(self.pid)
-
-    def __enter__(self):
-        self._busy, self._own0, self._t0 = cpu_busy_seconds(), self._own(), time.perf_counter()
-        return self
-
-    def __exit__(self, *exc):
-        seconds = time.perf_counter() - self._t0
-        self.cores = foreign_cores(self._busy, cpu_busy_seconds(), self._own() - self._own0, seconds)
-
-    @property
-    def quiet(self) -> bool:
-        return self.cores is not None and self.cores < QUIET_CORES
-
-    @property
-    def why(self) -> str | None:
-        """None when quiet; else the NOTE's reason."""
-        if self.quiet:
-            return None
-        if self.cores is None:
-            return "this machine has no /proc/stat to say whether other programs were busy"
-        return f"other programs kept {self.cores:.2f} cores busy while it ran (more than {QUIET_CORES})"
 
 
 def throughput_grows(levels: list[LoadLevel], factor: float = 1.5) -> bool:

@@ -332,14 +332,14 @@ def test_the_load_gate_counts_other_programs_but_not_the_server():
     import subprocess
     import sys
 
-    from distrinews_course.latency_under_load import OthersBeside
+    from distrinews_course.bench.quiet import OtherPrograms
 
     spin = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time() + 30\nwhile time.time() < t: pass"])
     try:
         time.sleep(0.3)
-        with OthersBeside(os.getpid()) as other:
+        with OtherPrograms(os.getpid()) as other:
             time.sleep(1.5)
-        with OthersBeside(spin.pid) as own:
+        with OtherPrograms(spin.pid) as own:
             time.sleep(1.5)
     finally:
         spin.kill()

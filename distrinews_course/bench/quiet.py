@@ -4,6 +4,7 @@ it did, and shown with a NOTE where it did not.
     quiet.others(run)                 # cores other programs kept busy during a run of scripts/bench_runs.py
     quiet.all_quiet(runs, gpus=0)     # every run under QUIET_CORES (always, on GPUs: the devices compute)
     quiet.busy_reason(runs)           # 'other programs used up to 0.61 cores during 1 of its 9 runs'
+    with quiet.OtherPrograms(server_pid) as load: ...   # the same reading around a block of a notebook's own work
 
 Each run of scripts/bench_runs.py records the machine's busy CPU time over its window (/proc/stat) and every rank's own
 CPU time; the difference, per second, is what other programs used (perf_model.others_cores).
@@ -11,7 +12,11 @@ CPU time; the difference, per second, is what other programs used (perf_model.ot
 
 from __future__ import annotations
 
+import resource
+import time
+
 from ..perf_model import others_cores
+from .timing import cpu_busy_seconds, foreign_cores, process_cpu_s
 
 # A run is quiet when other programs used under 0.3 cores during it. On the 2-core machines this course is checked on,
 # with one core per rank, 0.3 cores is 15% of the machine: the share the chapter's models are checked to. Where other
@@ -47,3 +52,45 @@ def busy_reason(runs) -> str:
     if not busy and unread:
         return f"{len(unread)} of its {len(runs)} runs have no reading of what other programs used"
     return f"other programs used up to {busiest(runs):.2f} cores during {len(busy)} of its {len(runs)} runs"
+
+
+class OtherPrograms:
+    """How many cores other programs kept busy while the block ran: the machine's busy time (/proc/stat) less this
+    process's own, that of every process it started and waited for, and that of the live processes `pids` (a server
+    it started and still runs). `cores` is None where /proc/stat is missing.
+
+        with OtherPrograms(server.proc.pid) as load:
+            levels = latency_under_load(server.port)
+        load.cores, load.quiet, load.why
+    """
+
+    cores: float | None = None
+
+    def __init__(self, *pids: int):
+        self.pids = pids
+
+    def _own(self) -> float:
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # a pid reaped inside the block moves here: counted once
+        return time.process_time() + kids.ru_utime + kids.ru_stime + sum(map(process_cpu_s, self.pids))
+
+    def __enter__(self):
+        self._busy, self._own0, self._t0 = cpu_busy_seconds(), self._own(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        seconds = time.perf_counter() - self._t0
+        self.cores = foreign_cores(self._busy, cpu_busy_seconds(), self._own() - self._own0, seconds)
+
+    @property
+    def quiet(self) -> bool:
+        """Other programs under QUIET_CORES for the whole block."""
+        return self.cores is not None and self.cores < QUIET_CORES
+
+    @property
+    def why(self) -> str | None:
+        """None when quiet; else the reason, in a few words for a NOTE."""
+        if self.quiet:
+            return None
+        if self.cores is None:
+            return "this machine has no /proc/stat to say whether other programs were busy"
+        return f"other programs kept {self.cores:.2f} cores busy while it ran (more than {QUIET_CORES})"

@@ -120,6 +120,15 @@ def kernel_seconds() -> float | None:
     return (system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
+def process_cpu_s(pid: int) -> float:
+    """A live process's CPU-seconds so far, all its threads (Linux /proc/PID/stat: utime + stime); 0 where unread."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def foreign_cores(
     busy_before: float | None, busy_after: float | None, own_cpu_s: float, seconds: float
 ) -> float | None:
