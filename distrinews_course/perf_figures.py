@@ -51,7 +51,7 @@ def allreduce_cost(cost, save_to=None):
 
 
 def step_gap(sweep, save_to=None):
-    """A waterfall from the ideal DDP step (1 process's step / N) to the measured one: each part, measured on its own,
+    """A waterfall from the even split (1 process's step / N) to the measured one: each part, measured on its own,
     a bar that adds time (red) or saves it (green), and what none explains."""
     plt = _pyplot()
     gap = sweep.gap()
@@ -60,7 +60,7 @@ def step_gap(sweep, save_to=None):
         rows.append((GAP_LABELS[key], start, 1000 * v))
         start += 1000 * v
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    labels = [f"ideal: 1 process / {sweep.n}", *(r[0] for r in rows), "DDP step, measured"]
+    labels = [f"even split: 1 process / {sweep.n}", *(r[0] for r in rows), "DDP step, measured"]
     y = np.arange(len(labels))[::-1]
     ax.barh(y[0], 1000 * sweep.ideal_s, color="tab:gray")
     for yi, (_, left, width) in zip(y[1:-1], rows):
@@ -70,13 +70,13 @@ def step_gap(sweep, save_to=None):
     ax.set_yticks(y, labels, fontsize=7)
     ax.set_xlim(0, 1.15 * max(1000 * sweep.ideal_s, 1000 * sweep.ddp_s, *(max(r[1], r[1] + r[2]) for r in rows)))
     ax.set_xlabel(f"ms per step, {sweep.large} examples per process")
-    ax.set_title(f"DDP's step against the ideal, part by part ({sweep.n} processes)", fontsize=10)
+    ax.set_title(f"DDP's step against the even split, part by part ({sweep.n} processes)", fontsize=10)
     return _done(fig, save_to)
 
 
 def speedup_by_batch(sweep, save_to=None):
     """The speedup over 1 process at each batch: every round measured (dots), the median round (line), and the model
-    made of the runs beside it (dashed); the ideal N."""
+    made of the runs beside it (dashed); N, what splitting the work N ways gives."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.6))
     xs = sweep.batches
@@ -87,7 +87,7 @@ def speedup_by_batch(sweep, save_to=None):
     )
     ax.plot(xs, [p["predicted"] for p in sweep.pts], "s--", color="tab:blue",
             label="model: the pair + DDP's own work + the all-reduce")  # fmt: skip
-    ax.axhline(sweep.n, color="k", lw=0.8, ls=":", label=f"ideal {sweep.n}x")
+    ax.axhline(sweep.n, color="k", lw=0.8, ls=":", label=f"{sweep.n}x: the work split {sweep.n} ways")
     top = max(sweep.n, *(r["measured"] for p in sweep.pts for r in p["rounds"]), *(p["predicted"] for p in sweep.pts))
     ax.set(xscale="log", xlabel="batch per process", ylabel="speedup over 1 process", ylim=(0, top + 0.3))
     ax.set_xticks(xs, [str(x) for x in xs])

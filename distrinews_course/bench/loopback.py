@@ -309,7 +309,7 @@ GAP_LABELS = {  # the gap's parts, as the table and the figure name them (sectio
 
 
 def gap_parts(R: dict, point: dict, model: Model, n: int, cores: int) -> dict:
-    """The DDP step at the point's median round, less the ideal (1 process's step / N), taken apart into parts each
+    """The DDP step at the point's median round, less the even split (1 process's step / N), taken apart into parts each
     measured on its own (seconds per step, signed: + costs time, - saves it; keys of GAP_LABELS); 'rest' is what none
     explains."""
     k, b = point["kept"], point["b"]
@@ -409,7 +409,7 @@ class Sweep:
 
     def gap_table(self) -> str:
         single, ddp = step_s(self.run("single")), self.ddp_s
-        ideal = f"ideal: 1 process's step / {self.n} ({1000 * single:.1f} / {self.n})"
+        ideal = f"even split: 1 process's step / {self.n} ({1000 * single:.1f} / {self.n})"
         lines = [f"{ideal:<42} {1000 * self.ideal_s:>8.1f} ms"]
         lines += [f"  {GAP_LABELS[k]:<40} {1000 * v:>+8.1f}" for k, v in self.gap().items()]
         lines.append(f"{f'DDP step, measured: {single / ddp:.2f}x':<42} {1000 * ddp:>8.1f} ms")
@@ -439,10 +439,14 @@ class Sweep:
     # ------------------------------------------------------------------ section 3: the model against the run
 
     def speedup_table(self) -> str:
-        lines = [f"{'batch/process':>13} {'model':>7} {'measured':>9}   model/measured in each round (* the median)"]
+        """Each batch's model and measured speedup (its median round), then every round's measured speedup with the
+        model's ratio to it: the rounds' spread is on the page, beside the figure the story quotes."""
+        lines = [
+            f"{'batch/process':>13} {'model':>7} {'measured':>9}   measured in each round (model/measured; * median)"
+        ]
         for p in self.pts:
             rounds = "  ".join(
-                f"{r['predicted'] / r['measured']:.2f}"
+                f"{r['measured']:.2f}x ({r['predicted'] / r['measured']:.2f})"
                 + ("*" if r["round"] == p["kept"] else " ")
                 + ("" if r["quiet"] else f" (busy: {r['others']:.2f} cores)")
                 for r in p["rounds"]

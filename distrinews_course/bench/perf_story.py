@@ -2,12 +2,12 @@
 section prints where its run cannot decide its checks, and the two Kaggle figures of section 5 set side by side.
 
     display(Markdown(perf_story.story(sweep, emb_share)))   # each point with its caveats; only checked figures explain
-    perf_story.settle_one_note(sweep.speedup_claims())       # 'checked: ...' lines, and at most ONE 'NOTE: ...' line
+    perf_story.settle_section(perf_story.loopback_conclusions(sweep))  # 'checked: ...', at most ONE 'NOTE: ...'
     print(perf_story.kaggle_reconciled(paper, tensors))      # Kaggle's 0.5x ESTIMATE against its measured 1.67x
 
 A sentence states a figure only where the page shows it (it prints the figures it rests on) and where the run could
 check it: a speedup the checker could not decide says so in the same sentence, and a speedup above N (the number of
-processes) says that it is above the ideal and why, never that DDP reached it.
+processes) says that it is above N and why, never that DDP reached it.
 """
 
 from __future__ import annotations
@@ -18,22 +18,44 @@ from ..notebook import check
 from .loopback import GAP_LABELS, step_s
 
 
-def settle_one_note(claims) -> None:
-    """Check each checked claim (a failed one fails the notebook); the ones this run cannot decide go into ONE NOTE
-    line, each reason said once: a section tells the learner once what its run could not show."""
-    claims = [claims] if isinstance(claims, Claim) else list(claims)
-    for c in claims:
-        if c.checked:
-            check(c.holds, c.text)
-    by_reason: dict[str, list[str]] = {}
-    for c in claims:
-        if not c.checked:
-            by_reason.setdefault(c.unchecked, []).append(c.text)
-    if by_reason:
-        print(
-            "NOTE: not checked on this run: "
-            + "; and ".join(f"{'; '.join(texts)} ({why})" for why, texts in by_reason.items())
-        )
+def settle_section(conclusions: dict) -> None:
+    """Settle a section's claims, grouped by what each group would let the learner conclude ({conclusion: claims}).
+    Every checked claim is checked (a failed one fails the notebook). Where the run could not decide some, the section
+    prints ONE NOTE that says what the learner cannot conclude from this run (with how many of a group's points, where
+    only some), and each reason once: the figures themselves are in the section's table, not repeated."""
+    cannot, reasons = [], []
+    for conclusion, claims in conclusions.items():
+        claims = [claims] if isinstance(claims, Claim) else list(claims)
+        for c in claims:
+            if c.checked:
+                check(c.holds, c.text)
+        undecided = [c for c in claims if not c.checked]
+        if undecided:
+            some = f" (at {len(undecided)} of its {len(claims)} points)" if len(undecided) < len(claims) else ""
+            cannot.append(conclusion + some)
+            reasons += [why for why in dict.fromkeys(c.unchecked for c in undecided) if why not in reasons]
+    if cannot:
+        print(f"NOTE: this run cannot tell you {', nor '.join(cannot)}: {'; '.join(reasons)} (the figures are above)")
+
+
+def loopback_conclusions(sweep) -> dict:
+    """Section 3's one claim group: the model against the measured speedup at each batch."""
+    return {"whether the model predicts DDP's speedup at a batch size": sweep.speedup_claims()}
+
+
+def gap_conclusions(sweep) -> dict:
+    """Section 2's one claim: the parts, each measured on its own, add up to the DDP step."""
+    return {"which parts make the gap between the even split and DDP's step": sweep.gap_claim()}
+
+
+def box_conclusions(after, margin) -> dict:
+    """Section 4's DDP runs on the dialed links, grouped by what each would let the learner conclude."""
+    return {
+        "whether the all-reduce predicted before the run holds on a dialed link": after.comm_claims(),
+        "whether the model predicts DDP's speedup on a dialed link": after.speedup_claims(margin),
+        "on which links two processes beat one": after.crossing_claim(margin),
+        "whether the step clock's comm part is the all-reduce's time": after.clock_claim(),
+    }
 
 
 def above_ideal(sweep, p: dict) -> str | None:
@@ -45,7 +67,7 @@ def above_ideal(sweep, p: dict) -> str | None:
         return None
     kept = p["rounds"][p["kept"]]
     solo = sweep.R.get(f"solo_b{b}_r{p['kept']}")
-    head = f"above the ideal of {n}x, so not DDP's result: "
+    head = f"above {n}x, more than splitting the work {n} ways can give, so not DDP's doing: "
     if solo and kept["single"] > n * step_s(solo):
         return head + (
             f"the 1-process step at {n * b} ({1000 * kept['single']:.1f} ms) took {kept['single'] / step_s(solo):.2f}x "
@@ -76,7 +98,7 @@ def point_text(sweep, p: dict, claim: Claim, caveat: bool = True) -> str:
 def story(sweep, emb_share: float) -> str:
     """What the sweep showed, in a few generated sentences (Markdown): each point (with its caveats), why small
     batches pay little (only where that point was checked, with the figures it rests on), and the largest saving and
-    cost against the ideal at the largest batch (only where section 2's check could decide). A reason already given
+    cost against the even split at the largest batch (only where section 2's check could decide). A reason already given
     is not repeated."""
     claims = sweep.speedup_claims()
     reasons = {c.unchecked for c in claims}
@@ -117,7 +139,7 @@ def story(sweep, emb_share: float) -> str:
     low, high = min(parts, key=parts.get), max(parts, key=parts.get)
     if parts[low] < 0:
         out.append(
-            f"At {sweep.large} per process the largest saving against the ideal was *{GAP_LABELS[low]}* "
+            f"At {sweep.large} per process the largest saving against the even split was *{GAP_LABELS[low]}* "
             f"({1000 * parts[low]:+.1f} ms a step, section 2's table)."
         )
     if parts[high] > 0:
@@ -127,12 +149,12 @@ def story(sweep, emb_share: float) -> str:
 
 def summary_speedup(sweep, p: dict, claim: Claim) -> str:
     """A speedup row of the results table: measured and modelled, 'not checked' where section 3 could not decide, and
-    'above the Nx ideal' where it passes N."""
+    'above Nx' where it passes N."""
     row = f"{p['measured']:.2f}x measured, model {p['predicted']:.2f}x"
     if not claim.checked:
         row += ", not checked (section 3)"
     if above_ideal(sweep, p):
-        row += f"; above the {sweep.n}x ideal: the 1-process run's doing, not DDP's (section 3)"
+        row += f"; above {sweep.n}x: the 1-process run's doing, not DDP's (section 3)"
     return row
 
 
