@@ -183,43 +183,104 @@ def snapshot_contents(path) -> list[str]:
 
 def pick_snapshot_cases(run_a, root):
     """The cases exercise 1 grades pick_snapshot(run_dir) on: folders built from run A's two snapshots (hard links
-    where intact, cut copies where damaged), each with its judge."""
+    where intact, cut copies where damaged), each named by what must hold and judged with the mistake that breaks it.
+    Every mistake named here has a mutant in PICK_MISTAKES (tests/test_pick_snapshot_exercise.py)."""
     older, newer = snapshot.list_snapshots(run_a)[-2:]
     root = Path(root)
     shutil.rmtree(root, ignore_errors=True)
 
-    def folder(name, intact=(), cut=()):
+    def folder(name, intact=(), cut=(), copied=()):
         d = root / name / "snapshots"
         d.mkdir(parents=True)
         for p in intact:
             os.link(p, d / p.name)
         for p in cut:
             (d / p.name).write_bytes(p.read_bytes()[: p.stat().st_size // 3])
+        for p in copied:  # its own file (a hard link would share its modification time with run A's)
+            shutil.copyfile(p, d / p.name)
         return d.parent
 
-    trap = folder("older_touched_last", intact=(older, newer))
+    trap = folder("older_touched_last", intact=(newer,), copied=(older,))
     os.utime(trap / "snapshots" / older.name, (time.time() + 60,) * 2)  # the older file was modified last (a copy)
     (root / "no_snapshots").mkdir()
 
-    def expect(name, why):
+    def expect(name, mistake):
         def judge(got):
             if name is None:
-                return None if got is None else f"returned {got!r}, expected None: {why}"
+                return None if got is None else f"returned {Path(got).name}, expected None: {mistake}"
             if got is None:
-                return f"returned None, expected {name}: {why}"
-            return None if Path(got).name == name else f"returned {Path(got).name}, expected {name}: {why}"
+                return f"returned None, expected {name}: {mistake}"
+            return None if Path(got).name == name else f"returned {Path(got).name}, expected {name}: {mistake}"
 
         return judge
 
     return [
-        ("both snapshots intact", (folder("intact", intact=(older, newer)),),
-         expect(newer.name, "the newest snapshot is the one furthest into training")),
-        ("the newest cut short", (folder("newest_cut", intact=(older,), cut=(newer,)),),
-         expect(older.name, "the newest file is truncated; read it (read_snapshot raises SnapshotError), fall back")),
-        ("every snapshot cut short", (folder("all_cut", cut=(older, newer)),),
-         expect(None, "no snapshot can be read, so the run must start from the beginning")),
-        ("no snapshots folder at all", (root / "no_snapshots",),
+        ("both intact: the newest by epoch, then batch", (folder("intact", intact=(older, newer)),),
+         expect(newer.name, f"{older.name} is older; list_snapshots is oldest first, ordered by epoch then batch "
+                            "(not by the batch number alone)")),
+        ("the newest cut short: read it, catch SnapshotError, fall back", (folder("newest_cut", intact=(older,),
+                                                                                  cut=(newer,)),),
+         expect(older.name, "it returned a file it never read; read_snapshot raises SnapshotError for it")),
+        ("every snapshot cut short: return None", (folder("all_cut", cut=(older, newer)),),
+         expect(None, "a file that cannot be read is no snapshot; with none readable, start from the beginning")),
+        ("no snapshots folder: return None, not an error", (root / "no_snapshots",),
          expect(None, "a fresh run folder has nothing to resume")),
-        ("the older file modified last", (trap,),
-         expect(newer.name, "order by the name (epoch, then batch), as list_snapshots does, not by modification time")),
+        ("the older file modified last: order by name", (trap,),
+         expect(newer.name, "it ordered by modification time; a copied file is newer on disk, not in training")),
     ]  # fmt: skip
+
+
+def _readable(paths):
+    for path in paths:
+        try:
+            snapshot.read_snapshot(path, mmap=True)
+        except snapshot.SnapshotError:
+            continue
+        return path
+    return None
+
+
+def _newest_unread(run_dir):
+    return (snapshot.list_snapshots(run_dir) or [None])[-1]
+
+
+def _uncaught(run_dir):
+    for path in reversed(snapshot.list_snapshots(run_dir)):
+        snapshot.read_snapshot(path, mmap=True)
+        return path
+    return None
+
+
+def _oldest_first(run_dir):
+    return _readable(snapshot.list_snapshots(run_dir))
+
+
+def _by_batch_alone(run_dir):
+    found = (Path(run_dir) / "snapshots").glob("snap_e*_b*.pt")
+    return _readable(sorted(found, key=lambda p: int(p.stem.split("_b")[1]), reverse=True))
+
+
+def _last_even_if_cut(run_dir):
+    snaps = snapshot.list_snapshots(run_dir)
+    return _readable(reversed(snaps)) or (snaps[0] if snaps else None)
+
+
+def _listdir(run_dir):
+    names = sorted(os.listdir(Path(run_dir) / "snapshots"), reverse=True)
+    return _readable(Path(run_dir) / "snapshots" / n for n in names)
+
+
+def _by_mtime(run_dir):
+    return _readable(sorted(snapshot.list_snapshots(run_dir), key=lambda p: p.stat().st_mtime, reverse=True))
+
+
+# Exercise 1's usual mistakes: name -> (a pick_snapshot that makes it, the words of the one line that must name it)
+PICK_MISTAKES = {
+    "trusts the newest file without reading it": (_newest_unread, "it returned a file it never read"),
+    "reads it but lets SnapshotError escape": (_uncaught, "raised SnapshotError"),
+    "takes the list oldest first": (_oldest_first, "list_snapshots is oldest first"),
+    "orders by the batch number alone, not epoch then batch": (_by_batch_alone, "not by the batch number alone"),
+    "returns a cut file when none can be read": (_last_even_if_cut, "with none readable, start from the beginning"),
+    "fails when there is no snapshots folder": (_listdir, "raised FileNotFoundError"),
+    "orders by modification time": (_by_mtime, "it ordered by modification time"),
+}
