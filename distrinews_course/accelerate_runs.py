@@ -11,6 +11,7 @@ for bit: both scripts shard with DistributedSampler, so every rank sums the same
 
 from __future__ import annotations
 
+import difflib
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,37 @@ DEEPSPEED_ON_CPU = "Setting accelerator to CPU"  # DeepSpeed's import-time warni
 def key_lines(line: str) -> bool:
     """The lines of a training launch the chapter shows: the set-up, each epoch, the ranks' agreement."""
     return line.startswith(("preset", "epoch", "parameters identical"))
+
+
+def _region(path, start: str, end: str) -> list[str]:
+    """The lines of `path` from the first holding `start` to the next holding `end`, de-indented together."""
+    lines = Path(path).read_text().splitlines()
+    i = next((k for k, line in enumerate(lines) if start in line), None)
+    j = next((k for k, line in enumerate(lines) if i is not None and k > i and end in line), None)
+    if i is None or j is None:
+        raise ValueError(f"{path}: no lines from {start!r} to {end!r}; was the script edited?")
+    body = lines[i : j + 1]
+    cut = min(len(x) - len(x.lstrip()) for x in body if x.strip())
+    return [x[cut:] for x in body]
+
+
+STEP_DDP = ("for micro_batches in epochs.accumulate", "snap.step(")  # train_ddp.py's loop over one epoch's steps
+STEP_ACCELERATE = ("for batch in run.train_batches", "run.record(")  # train_accelerate.py's
+
+
+def step_diff(ddp="scripts/train_ddp.py", accelerate="scripts/train_accelerate.py") -> tuple[str, int, int]:
+    """train_ddp.py's training step against train_accelerate.py's, line by line (indentation ignored): '- ' only
+    in train_ddp.py, '+ ' only in train_accelerate.py, '  ' in both. Returns (the text, lines removed, added)."""
+    a, b = _region(ddp, *STEP_DDP), _region(accelerate, *STEP_ACCELERATE)
+    matcher = difflib.SequenceMatcher(None, [x.strip() for x in a], [x.strip() for x in b], autojunk=False)
+    out, removed, added = [], 0, 0
+    for tag, a1, a2, b1, b2 in matcher.get_opcodes():
+        if tag == "equal":
+            out += ["  " + x for x in b[b1:b2]]
+            continue
+        out += ["- " + x for x in a[a1:a2]] + ["+ " + x for x in b[b1:b2]]
+        removed, added = removed + a2 - a1, added + b2 - b1
+    return "\n".join(out), removed, added
 
 
 def deepspeed_notice(result) -> str | None:

@@ -141,3 +141,16 @@ def test_the_two_shardings_hold_the_same_global_batches_split_differently():
     same = {B.SAMPLER: sampler, B.PREPARED: copy.deepcopy(sampler)}  # no difference to show
     assert not B.same_global_batches(same)[0]
     assert len(B.sharding_figure(shares).axes[0].patches) == 2 * 16
+
+
+def test_step_diff_sets_the_two_scripts_steps_side_by_side(tmp_path):
+    text, removed, added = A.step_diff()
+    lines = text.splitlines()
+    assert any(x.startswith("- ") and "no_sync" in x for x in lines)  # train_ddp.py's by hand...
+    assert any(x.startswith("+ ") and "accelerator.backward(loss)" in x for x in lines)  # ...Accelerate's call
+    assert any(x.startswith("  ") and "scheduler.step()" in x for x in lines)  # a line both have
+    assert removed == sum(x.startswith("- ") for x in lines) and added == sum(x.startswith("+ ") for x in lines)
+    edited = tmp_path / "train_accelerate.py"  # a script whose loop was renamed: the markers are not found
+    edited.write_text("for batch in loader:\n    pass\n")
+    with pytest.raises(ValueError, match="was the script edited"):
+        A.step_diff(accelerate=edited)
