@@ -3,6 +3,8 @@
     perplexity_per_epoch(ppl, nproc, data_title)   validation perplexity, epoch 0 being the untrained model
     text_surprise(pairs)                           per held-out text, how many times likelier the trained model finds it
     masks(first, again, vocab)                     which positions the masked LM predicts, per epoch and rank
+    lm_idea(words, n_blocks, nproc)                the idea before the code: the one-token shift, and the validation
+                                                   blocks dealt over the ranks with the sampler's repeat counted once
 
 Each returns the figure (shown in a notebook, saved with save_to).
 """
@@ -88,4 +90,69 @@ def masks(first: dict, again: dict, save_to=None):
     ax.set(
         xlabel="position in the block", title="Masked LM: the positions to predict (dark), first block of each batch"
     )
+    return _done(fig, save_to)
+
+
+def validation_deal(n_blocks: int, nproc: int) -> dict:
+    """{rank: the validation block indices it evaluates}, from torch's own DistributedSampler as train_ddp.py builds it
+    (shuffle=False): each rank takes every nproc-th index, the list padded from its start to a multiple of nproc."""
+    from torch.utils.data import DistributedSampler
+
+    return {
+        r: list(DistributedSampler(range(n_blocks), num_replicas=nproc, rank=r, shuffle=False)) for r in range(nproc)
+    }
+
+
+def lm_idea(words: list, n_blocks: int, nproc: int, save_to=None):
+    """Chapter 11's idea in one picture. Left: a causal LM's targets are its inputs shifted by one, so position t is
+    scored on token t+1 and the last position on nothing. Right: DistributedSampler deals the validation blocks over
+    the ranks (validation_deal); where n_blocks does not divide by nproc it repeats blocks from the start, hatched,
+    and the gathered evaluation counts each block index once."""
+    plt = _pyplot()
+    deal = validation_deal(n_blocks, nproc)
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 3.3), gridspec_kw={"width_ratios": [1.25, 1]})
+    n = len(words)
+    for i, word in enumerate(words):
+        ax.text(i, 1, word, ha="center", va="center", fontsize=8, bbox=dict(boxstyle="round", fc="#d0ebff"))
+        target = words[i + 1] if i + 1 < n else "(none)"
+        ax.text(i, 0, target, ha="center", va="center", fontsize=8, bbox=dict(boxstyle="round", fc="#ffd8a8"))
+        if i + 1 < n:
+            ax.annotate("", xy=(i, 0.2), xytext=(i, 0.8), arrowprops=dict(arrowstyle="->", lw=1))
+            ax.plot([i + 1, i], [0.82, 0.18], ":", color="grey", lw=0.8)
+    ax.text(-0.7, 1, "input,\nposition t", ha="right", va="center", fontsize=8)
+    ax.text(-0.7, 0, "target:\ntoken t+1", ha="right", va="center", fontsize=8)
+    ax.set(xlim=(-2.2, n - 0.4), ylim=(-0.5, 1.5), title="causal LM: the labels are the inputs, shifted by one")
+    ax.axis("off")
+    seen = set()
+    for rank, indices in deal.items():
+        for k, index in enumerate(indices):
+            repeat = index in seen
+            seen.add(index)
+            bx.add_patch(
+                plt.Rectangle(
+                    (k, -rank - 0.4),
+                    0.9,
+                    0.8,
+                    fc="white" if repeat else f"C{rank}",
+                    alpha=1 if repeat else 0.45,
+                    ec="black",
+                    hatch="//" if repeat else None,
+                )
+            )
+            label = f"block {index}" + (" again:\ncounted once" if repeat else "")
+            box = dict(fc="white", ec="none", pad=1) if repeat else None
+            bx.text(k + 0.45, -rank, label, ha="center", va="center", fontsize=8, bbox=box)
+    each = len(deal[0])
+    padded = each * nproc - n_blocks
+    bx.set_yticks([-r for r in deal], [f"rank {r}" for r in deal])
+    bx.set(
+        xlim=(-0.2, each + 0.1),
+        ylim=(-nproc + 0.4, 0.6),
+        xticks=[],
+        xlabel=f"gathered by block index: the {padded} repeat{'' if padded == 1 else 's'} dropped, each block counted "
+        "once,\nperplexity = exp(all loss sums / all tokens), as one process would get it",
+        title=f"validation: {n_blocks} blocks dealt over {nproc} ranks by DistributedSampler",
+    )
+    for side in ("top", "right", "bottom"):
+        bx.spines[side].set_visible(False)
     return _done(fig, save_to)

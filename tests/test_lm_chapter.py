@@ -450,3 +450,23 @@ def test_the_80_10_10_split_holds_for_the_collator_and_fails_for_a_wrong_split(v
     assert abs(split["mask"] + split["random"] + split["kept"] - 1) < 1e-9
     assert not claims.split_claim({**split, "mask": 0.7, "kept": 0.2}).holds  # 70/10/20
     assert not claims.split_claim({**split, "mask": 1.0, "random": 0.0, "kept": 0.0}).holds  # every one [MASK]
+
+
+def test_the_idea_picture_deals_blocks_as_distributed_sampler_and_marks_each_repeat_once(tmp_path):
+    from distrinews_course import lm_figures
+
+    assert lm_figures.validation_deal(7, 2) == {0: [0, 2, 4, 6], 1: [1, 3, 5, 0]}  # block 0 repeated on rank 1
+    assert lm_figures.validation_deal(9, 4)[3] == [3, 7, 2]  # 3 repeats, 0 1 2: the list starts again
+    words = "oil prices rise as storm [SEP] stocks".split()
+
+    def texts(fig):
+        return [t.get_text() for ax in fig.axes for t in ax.texts]
+
+    fig = lm_figures.lm_idea(words, 7, 2, save_to=tmp_path / "idea.png")
+    shown = texts(fig)
+    assert sum("again" in t for t in shown) == 1 and any(t.startswith("block 0 again") for t in shown)
+    assert "the 1 repeat dropped" in fig.axes[1].get_xlabel()
+    assert shown.count("(none)") == 1 and shown.count("stocks") == 2  # input at the end, target one to its left
+    assert (tmp_path / "idea.png").stat().st_size > 5000
+    even = lm_figures.lm_idea(words, 8, 2)
+    assert not any("again" in t for t in texts(even)) and "the 0 repeats" in even.axes[1].get_xlabel()
