@@ -1,14 +1,14 @@
-"""Chapter 08's exercises on launching a job across nodes: the judge of a learner's torchrun line, and the runs that
-grade a prediction written before them (a node that never arrives, an interface that does not exist).
+"""Chapter 08's exercises on launching a job across nodes: the judge of a learner's torchrun line, the seconds a node
+that never arrives costs (a prediction written before the run), and the interface check node.py makes.
 
-    grade(launch_line, launch_line_cases())             # exercise 1: torchrun's own parser reads the learner's line
-    r = never_arrives(workdir, train_args, timeout=240)   # exercise 2: only node0 starts, --join-timeout 10
-    print(r.line()); print(grade_never_arrives(MY_NEVER_ARRIVES, r) or "exercise 2: right")
-    r = wrong_interface()                                # exercise 3: node.py --ifname eth7
-    print(grade_wrong_interface(MY_WRONG_INTERFACE, r) or "exercise 3: right")
+    grade(launch_line, launch_line_cases())               # exercise 1: torchrun's own parser reads the learner's line
+    r = never_arrives(workdir, train_args, startup_s=run.startup_s(), timeout=240)  # exercise 2: node0 alone
+    print(r.line()); print(grade_never_arrives(MY_NEVER_ARRIVES_S, r) or "exercise 2: right")
+    grade_check_interface(check_interface)                # exercise 3: this node's interfaces and a made-up node's
+    print(wrong_interface().output)                       # ... then node.py --ifname eth7, the real refusal
 
-A grader returns None for a right prediction, else the one mistake in one line; each is tested with a wrong answer
-per mistake it names (tests/test_multinode_exercises.py).
+A grader returns None (or passes) for a right answer, else the one mistake in one line; each is tested with a wrong
+answer per mistake it names (tests/test_multinode_exercises.py).
 """
 
 from __future__ import annotations
@@ -24,18 +24,6 @@ from .claims import Claim
 MULTINODE = ROOT / "scripts" / "multinode"
 JOB = {"10.0.0.1": 0, "10.0.0.2": 1}  # exercise 1's cluster: address -> node rank; node0 hosts the rendezvous
 JOIN_TIMEOUT = 10  # exercise 2's --join-timeout, in seconds
-
-# Exercise 2's and 3's choices, each a thing a learner might expect
-NEVER_ARRIVES = {
-    "a": "node0 trains alone, in a world of 1",
-    "b": "node0 waits torchrun's default (600 s), then fails",
-    "c": "node0 gives up after about --join-timeout, naming the nodes that did arrive",
-}
-WRONG_INTERFACE = {
-    "a": "the rank starts and hangs until the connect timeout (60 s)",
-    "b": "gloo quietly picks another interface and training runs",
-    "c": "node.py refuses at once, listing the interfaces the node does have",
-}
 
 
 def _node():
@@ -119,14 +107,6 @@ class NeverArrives:
     def line(self) -> str:
         return f"{self.said}\nafter {self.seconds:.0f} s, exit code {self.returncode}"
 
-    def outcome(self) -> str | None:
-        """Which of NEVER_ARRIVES the run did (None: none of them, e.g. a crash)."""
-        if self.returncode == 0:
-            return "a"
-        if self.seconds >= 600:
-            return "b"
-        return "c" if "A node never arrived" in self.said else None
-
     def claims(self) -> list[Claim]:
         """node0 gave up with the rendezvous's own message, exit code 2, within the join timeout plus its start-up
         (three times this machine's start-up to a rank, then 10 s of slack), far from torchrun's default 600 s."""
@@ -159,20 +139,24 @@ def never_arrives(workdir, train_args, *, startup_s: float, timeout: float) -> N
     return NeverArrives(said[0] if said else "(node0 said nothing on failing)", r.seconds, r.returncode, startup_s)
 
 
-def grade_never_arrives(mine: dict, run: NeverArrives) -> str | None:
-    """None when the choice is right and the seconds within a factor of 1.5 of the run's; else the mistake."""
-    choice, seconds = mine.get("choice"), mine.get("seconds")
-    if choice not in NEVER_ARRIVES:
-        return f"choice {choice!r}: pick one of {', '.join(NEVER_ARRIVES)}"
-    if choice != run.outcome():
+def grade_never_arrives(mine, run: NeverArrives) -> str | None:
+    """None when the predicted seconds are within a factor of 1.5 of the run's, else the mistake in one line: not a
+    number, torchrun's default join timeout, failing at once, the join timeout without the start-up, or far off."""
+    gave_up = f"node0 gave up after {run.seconds:.0f} s"
+    if isinstance(mine, bool) or not isinstance(mine, (int, float)):
+        return f"{mine!r}: write a number of seconds, from --join-timeout and the start-up the two-node run measured"
+    if mine >= 300:
+        return f"{mine:g} s is torchrun's default (600 s), which --join-timeout {JOIN_TIMEOUT} replaces: {gave_up}"
+    if mine < JOIN_TIMEOUT / 2:
+        return f"{mine:g} s: node0 does not fail at once, its rendezvous waits --join-timeout for node1: {gave_up}"
+    if abs(mine - JOIN_TIMEOUT) <= 1 and run.startup_s >= 1.5:
         return (
-            f"not {choice!r} ({NEVER_ARRIVES[choice]}): after {run.seconds:.0f} s: {run.said.split('] ', 1)[-1][:160]}"
+            f"{mine:g} s is the join timeout alone; the agent starts first ({run.startup_s:.1f} s, the two-node run's "
+            f"start-up): {gave_up}"
         )
-    if not isinstance(seconds, (int, float)) or not run.seconds / 1.5 <= seconds <= run.seconds * 1.5:
-        return (
-            f"the right outcome, but {seconds!r} s: node0 gave up after {run.seconds:.0f} s, the join timeout "
-            f"({JOIN_TIMEOUT} s) plus the agent's start-up"
-        )
+    if not run.seconds / 1.5 <= mine <= run.seconds * 1.5:
+        formula = f"the start-up ({run.startup_s:.1f} s) plus the join timeout ({JOIN_TIMEOUT} s)"
+        return f"{mine:g} s: {gave_up}; {formula} is {run.startup_s + JOIN_TIMEOUT:.1f} s"
     return None
 
 
@@ -184,14 +168,6 @@ class WrongInterface:
     output: str
     seconds: float
     returncode: int
-
-    def outcome(self) -> str | None:
-        """Which of WRONG_INTERFACE the run did (None: none of them)."""
-        if self.returncode == 0:
-            return "b"
-        if self.seconds >= 60:
-            return "a"
-        return "c" if "names no network interface on this node" in self.output else None
 
     def claims(self) -> list[Claim]:
         """Refused with exit code 2 and the message naming the missing interface, before any connection attempt could
@@ -219,11 +195,80 @@ def wrong_interface(ifname: str = "eth7") -> WrongInterface:
     return WrongInterface(r.output.strip(), r.seconds, r.returncode)
 
 
-def grade_wrong_interface(mine, run: WrongInterface) -> str | None:
-    """None when the choice is what the run did, else the mistake in one line."""
-    if mine not in WRONG_INTERFACE:
-        return f"choice {mine!r}: pick one of {', '.join(WRONG_INTERFACE)}"
-    if mine != run.outcome():
-        did = f"node.py exited with code {run.returncode} after {run.seconds:.1f} s"
-        return f"not {mine!r} ({WRONG_INTERFACE[mine]}): {did}"
-    return None
+# A made-up node with three interfaces, one of them without an IPv4 address (a bridge nobody configured)
+MADE_UP_NODE = {"lo": "127.0.0.1", "eth0": "10.0.0.2", "ib0": "192.168.7.2", "docker0": None}
+
+
+class Refusal(str):
+    """What check_interface raised (a ValueError's message), as its grader sees it."""
+
+
+def node_interfaces() -> dict:
+    """This node's interfaces: {name: its IPv4 address, or None}, as node.py reads them."""
+    import socket
+
+    hook = _node().HERE / "rank_hook.py"
+    sys.path.insert(0, str(hook.parent))
+    from rank_hook import interface_address
+
+    return {name: interface_address(name) for _, name in sorted(socket.if_nameindex())}
+
+
+def _address(ifname, interfaces, want):
+    def judge(got):
+        if isinstance(got, Refusal):
+            return f"refused '{ifname}', which has the address {want}: {got[:120]}"
+        if got != want:
+            return f"returned {got!r}, expected {want!r}: the address of '{ifname}' itself, not another interface's"
+        return None
+
+    where = "a made-up node" if interfaces is MADE_UP_NODE else "this node"
+    return f"'{ifname}' on {where}: its address", (ifname, interfaces), judge
+
+
+def _refusal(ifname, interfaces, why):
+    listed = ifname not in interfaces  # a missing name: the refusal lists what the node has, so the user can pick
+
+    def judge(got):
+        if not isinstance(got, Refusal):
+            return f"returned {got!r}; {why}: raise ValueError"
+        if ifname not in got:
+            return f"the refusal must name '{ifname}'; it said {got[:120]!r}"
+        if listed and not all(name in got for name in interfaces):
+            return f"the refusal must list the interfaces the node has ({', '.join(interfaces)}); it said {got[:120]!r}"
+        return None
+
+    return (
+        f"'{ifname}': refused, naming it" + (" and listing the node's" if listed else ""),
+        (ifname, interfaces),
+        judge,
+    )
+
+
+def interface_cases() -> list:
+    """Exercise 3's cases for attempt.grade: (ifname, interfaces) -> the address, or a refusal."""
+    here = node_interfaces()
+    return [
+        _address("lo", here, here.get("lo") or "127.0.0.1"),
+        _address("ib0", MADE_UP_NODE, MADE_UP_NODE["ib0"]),
+        _refusal("eth7", MADE_UP_NODE, "'eth7' is not on the node: refuse it before torchrun starts"),
+        _refusal("docker0", MADE_UP_NODE, "'docker0' has no IPv4 address: the ranks would have nothing to bind"),
+    ]  # fmt: skip
+
+
+def grade_check_interface(fn, quiet: bool = False):
+    """attempt.grade of the learner's check_interface(ifname, interfaces) on interface_cases(): a ValueError it raises
+    is its refusal, any other error the learner's bug."""
+    from .attempt import grade, is_stub
+
+    if is_stub(fn):
+        return grade(fn, [], quiet=quiet)
+
+    def refused_or_address(ifname, interfaces):
+        try:
+            return fn(ifname, dict(interfaces))
+        except ValueError as err:
+            return Refusal(str(err))
+
+    refused_or_address.__name__ = getattr(fn, "__name__", "check_interface")
+    return grade(refused_or_address, interface_cases, quiet=quiet)

@@ -44,11 +44,19 @@ def _from_the_rung(rung, path):
 
 
 def never_arrives(join_timeout, startup_s):
-    """Exercise 2's prediction, made before the run: the rendezvous gives up after its join timeout (it does not
-    start a world of 1, and --join-timeout replaces torchrun's 600 s), plus this machine's start-up to a rank, as the
-    two-node run measured it."""
-    return {"choice": "c", "seconds": join_timeout + startup_s}
+    """Exercise 2's prediction, made before the run: the agent starts (this machine's start-up to a rank, as the
+    two-node run measured it), then its rendezvous waits --join-timeout for node1 (it does not start a world of 1, and
+    --join-timeout replaces torchrun's 600 s), then gives up."""
+    return join_timeout + startup_s
 
 
-# Exercise 3's prediction: node.py checks the interface before it starts torchrun, and refuses at once
-WRONG_INTERFACE = "c"
+def check_interface(ifname, interfaces):
+    """Exercise 3: the IPv4 address of the interface the nodes talk on, or a refusal in one line (ValueError) that
+    names it and, where it is missing, lists the node's interfaces."""
+    if ifname not in interfaces:
+        have = ", ".join(interfaces) or "none found"
+        raise ValueError(f"--ifname '{ifname}' names no network interface on this node (it has: {have})")
+    address = interfaces[ifname]
+    if address is None:
+        raise ValueError(f"the interface '{ifname}' has no IPv4 address on this node")
+    return address
