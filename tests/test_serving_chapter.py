@@ -346,3 +346,54 @@ def test_the_load_gate_counts_other_programs_but_not_the_server():
         spin.wait()
     assert other.cores > 0.6 and not other.quiet and "cores busy" in other.why, other.cores
     assert own.cores < other.cores - 0.5, (own.cores, other.cores)
+
+
+def _saved_run(tmp_path, *, names=("distilbert.embeddings.weight",), ws=2, run_ws=2, backend="gloo", acc=0.5):
+    """A checkpoint as save_checkpoint writes it and its run's metrics.json under tmp_path/outputs/ddp."""
+    import json
+
+    import torch
+
+    ckpt = tmp_path / "checkpoints" / "m.pt"
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"world_size": ws, "backend": backend, "final_accuracy": 0.5, "eval_examples": 40}
+    torch.save({"state_dict": {n: torch.zeros(2) for n in names}, "metadata": meta}, ckpt)
+    run = tmp_path / "outputs" / "ddp"
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "metrics.json").write_text(
+        json.dumps(
+            {
+                "ddp": {"world_size": run_ws, "backend": backend},
+                "epochs": [{"val_examples": 40}],
+                "aggregates": {"checkpoint": str(ckpt), "final_val_accuracy": acc},
+                "finished": "2026-12-07T10:00:00+0000",
+            }
+        )
+    )
+    return ckpt, tmp_path / "outputs"
+
+
+def test_the_checkpoint_claims_hold_on_a_file_and_its_own_run(tmp_path):
+    from distrinews_course.served_checkpoint import checkpoint_claims
+
+    ckpt, outputs = _saved_run(tmp_path)
+    claims = checkpoint_claims(ckpt, outputs)
+    assert [holds for holds, _ in claims] == [True, True], claims
+    assert "2 gloo rank(s)" in claims[1][1]
+
+
+@pytest.mark.parametrize(
+    "mutant, claim, says",
+    [
+        ({"names": ("module.distilbert.embeddings.weight",)}, 0, "saved from the DDP wrapper"),
+        ({"run_ws": 4}, 1, "the file and its run disagree"),
+        ({"ws": 0, "run_ws": 0}, 1, "the file and its run disagree"),
+        ({"acc": 0.25}, 1, "no metrics.json"),  # another run's metrics.json named the same path
+    ],
+)
+def test_a_wrong_checkpoint_fails_its_claim_and_says_what_to_do(tmp_path, mutant, claim, says):
+    from distrinews_course.served_checkpoint import checkpoint_claims
+
+    ckpt, outputs = _saved_run(tmp_path, **mutant)
+    holds, text = checkpoint_claims(ckpt, outputs)[claim]
+    assert not holds and says in text and "run chapter 02 again" in text, text

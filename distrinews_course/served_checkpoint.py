@@ -1,0 +1,79 @@
+"""Chapter 10's first check: what the checkpoint says about itself, against the metrics.json of the run that wrote
+it. Nothing here compares it with this notebook's own settings (NPROC may have changed since chapter 02).
+
+    for claim in checkpoint_claims("checkpoints/distilbert_agnews.pt"):
+        check(*claim)
+
+Each claim is (holds?, sentence): the sentence says what was found, and when it does not hold, what to do.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+MODULE_PREFIX = "module."  # what DistributedDataParallel puts before every weight name of the model it wraps
+
+
+def _redo(checkpoint) -> str:
+    return f"run chapter 02 again, or delete {checkpoint} and run this cell again (it then trains a stand-in)"
+
+
+def metrics_for(checkpoint, meta: dict, outputs="outputs") -> Path | None:
+    """The metrics.json of the run that wrote `checkpoint`: one under `outputs` whose aggregates name this file and
+    whose final accuracy and held-out count are the ones the file records (both written from the same evaluation,
+    to 6 decimals); the most recently finished if several match. None when no run matches."""
+    want = Path(checkpoint).resolve()
+    found = []
+    for path in Path(outputs).rglob("metrics.json"):
+        try:
+            m = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        agg = m.get("aggregates") or {}
+        named = agg.get("checkpoint")
+        if not named or Path(named).resolve() != want:
+            continue
+        last = (m.get("epochs") or [{}])[-1]
+        if agg.get("final_val_accuracy") == meta.get("final_accuracy") and last.get("val_examples") == meta.get(
+            "eval_examples"
+        ):
+            found.append((str(m.get("finished") or ""), path))
+    return max(found)[1] if found else None
+
+
+def checkpoint_claims(checkpoint, outputs="outputs") -> list[tuple[bool, str]]:
+    """Two claims about the file: rank 0 saved the model inside the DDP wrapper (no weight name starts with
+    `module.`, or the server's plain model could not load it), and it records a process group of at least one rank
+    whose size and backend are those of its own run's metrics.json."""
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    names, meta = list(saved["state_dict"]), saved.get("metadata") or {}
+    wrapped = [k for k in names if k.startswith(MODULE_PREFIX)]
+    keys = (
+        bool(names) and not wrapped,
+        f"rank 0 saved the model inside the DDP wrapper: none of its {len(names)} weight names starts with "
+        f"`{MODULE_PREFIX}`"
+        if names and not wrapped
+        else f"{checkpoint}: {len(wrapped)} of its {len(names)} weight names start with `{MODULE_PREFIX}` "
+        f"(e.g. {(wrapped or ['none'])[0]}): it was saved from the DDP wrapper, which the server cannot load; "
+        f"save model.module instead, then {_redo(checkpoint)}",
+    )
+    ws, backend = meta.get("world_size"), meta.get("backend")
+    path = metrics_for(checkpoint, meta, outputs)
+    run = json.loads(path.read_text())["ddp"] if path else {}
+    holds = isinstance(ws, int) and ws >= 1 and run.get("world_size") == ws and run.get("backend") == backend
+    if holds:
+        text = f"it records a process group of {ws} {backend} rank(s), as its own run's {path} does"
+    elif path is None:
+        text = (
+            f"{checkpoint} records world size {ws}, but no metrics.json under {outputs}/ names this file with its "
+            f"accuracy: it is not the file its run left there; {_redo(checkpoint)}"
+        )
+    else:
+        text = (
+            f"{checkpoint} records {ws} {backend} rank(s), its run's {path} {run.get('world_size')} "
+            f"{run.get('backend')}: the file and its run disagree; {_redo(checkpoint)}"
+        )
+    return [keys, (holds, text)]
