@@ -1,5 +1,6 @@
-"""Chapter 12's pictures: each rank's collectives on a timeline, with the one that never came; and when each rank
-reaches each step's all-reduce, where a straggler shows as the rank the others wait for."""
+"""Chapter 12's pictures: the idea of a hang before any run (a rank skips a collective, every rank waits); each rank's
+collectives on a timeline, with the one that never came; and when each rank reaches each step's all-reduce, where a
+straggler shows as the rank the others wait for."""
 
 from __future__ import annotations
 
@@ -8,6 +9,56 @@ from pathlib import Path
 from .plots import _pyplot
 
 COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple")
+
+
+def skipped_collective_picture(batches: dict, save_to=None):
+    """The idea of section 1 before its run, drawn from each rank's batch count ({rank: batches}, as
+    hang_scenarios.skip_batches deals them): every rank steps through its batches, each step ending in the all-reduce
+    that all ranks must join (dotted: the ranks meet there). A rank with fewer batches goes on to the barrier before the
+    save; a rank with more waits in its extra step's all-reduce. Each waits, in a different collective, for a partner
+    that never comes, until the group's timeout fails them all. Equal counts cannot hang: ValueError."""
+    if len(set(batches.values())) < 2:
+        raise ValueError(f"every rank has {min(batches.values())} batches: no rank skips a collective")
+    plt = _pyplot()
+    ranks, last = sorted(batches), max(batches.values())
+    step_w, end = 1.0, (last + 1) * 1.0 + 1.6
+    fig, ax = plt.subplots(figsize=(9, 1.4 + 0.75 * len(ranks)))
+    for step in range(1, last + 1):
+        callers = [r for r in ranks if batches[r] >= step]
+        x = step * step_w
+        if len(callers) == len(ranks):
+            ax.plot([x, x], [-0.3, len(ranks) - 0.7], ":", color="grey", lw=1)
+    for y, rank in enumerate(ranks):
+        color = COLORS[y % len(COLORS)]
+        for step in range(1, batches[rank] + 1):
+            x = step * step_w
+            ax.broken_barh([(x - 0.85 * step_w, 0.75 * step_w)], (y - 0.15, 0.3), color=color, alpha=0.35)
+            ax.text(x - 0.47 * step_w, y, f"step {step}", ha="center", va="center", fontsize=7)
+            ax.plot([x], [y], "D", color=color, ms=6)
+        mine = batches[rank]
+        x = mine * step_w
+        behind = ", ".join(str(r) for r in ranks if batches[r] < mine)
+        ahead = ", ".join(str(r) for r in ranks if batches[r] > mine)
+        if mine < last:
+            what, start = f"waits in the barrier before the save, which rank {ahead} never reaches", x + 0.1 * step_w
+            ax.plot([start], [y], "s", color="black", ms=6)
+        else:
+            what, start = f"waits in step {mine}'s all-reduce, which rank {behind} never calls", x
+        ax.broken_barh([(start, end - start)], (y - 0.18, 0.36), color="tab:red", alpha=0.3)
+        ax.text(start + 0.1, y + 0.3, what, fontsize=8, color="darkred", va="center")
+    ax.axvline(end, color="black", lw=1.2)
+    ax.text(end, -0.45, " the group's timeout:\n every rank fails", fontsize=8, va="center")
+    ax.set_yticks(range(len(ranks)), [f"rank {r} ({batches[r]} batches)" for r in ranks])
+    ax.set_ylim(len(ranks) - 0.4, -0.7)
+    ax.set_xlim(0, end + 1.6)
+    ax.set_xticks([])
+    ax.set_xlabel("time (diamonds: a step's all-reduce, which every rank must join; dotted: the ranks meet there)")
+    ax.set_title("A rank that skips a collective: the others wait in a different one", fontsize=10)
+    fig.tight_layout()
+    if save_to:
+        Path(save_to).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(save_to, dpi=110)
+    return fig
 
 
 def collective_timeline(fr: dict, probed_ns: int, save_to=None, title: str = ""):

@@ -1,6 +1,7 @@
 """Chapter 12's scenarios: each planted bug, the tools its run is started with, and what each run is read for.
 
 lab = chapter_lab(nproc=2, hang_s=3)    every run of the chapter, not started yet (lab.get(name) starts them all)
+skip_batches(world=2)                     {rank: batches} in section 1's uneven shards, as its script deals them
 scenario_table(lab)                       one line per run: its script, its arguments, its tools
 """
 
@@ -16,6 +17,14 @@ from .hang_lab import HangLab, Scenario
 PITFALLS, HANGS = "scripts/pitfalls", "scripts/hangs"
 STRAGGLER_READ_MS = 120  # how much longer each of the straggler's reads takes
 STRAGGLER_STEPS = 60  # the doctor needs 10 steps past start-up; a busy machine leaves it few chances to look
+
+
+def skip_batches(world: int = 2, batch_size: int = 4) -> dict:
+    """{rank: batches} as scripts/pitfalls/07_uneven_inputs.py deals them: N = 3 * batch_size * world + 1 samples, one
+    too many for even shards, sharded by hand (rank, rank + world, ...) into batches of batch_size, the last one short.
+    Section 1's picture is drawn from it; the run's own counts (its my_batches lines) are checked against it."""
+    n = 3 * batch_size * world + 1
+    return {rank: -(-len(range(rank, n, world)) // batch_size) for rank in range(world)}
 
 
 def chapter_lab(nproc: int, hang_s: float, timeout_s: float = 120.0, launch_limit_s: float = 10.0) -> HangLab:

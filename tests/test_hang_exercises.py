@@ -136,3 +136,24 @@ def test_the_mystery_bug_and_fix_pass_the_reference_and_name_each_mistake():
     assert "longer timeout only makes" in judge_mystery_bug(leave, "a")
     assert "DDP's all-reduce" in judge_mystery_bug(leave, "c")
     assert "one of" in judge_mystery_bug(leave, "z")
+
+
+def test_section_1s_picture_is_drawn_from_the_scripts_own_shards_and_needs_uneven_ones(tmp_path):
+    from distrinews_course.hang_figures import skipped_collective_picture
+    from distrinews_course.hang_scenarios import skip_batches
+
+    script = (Path(__file__).parents[1] / "scripts/pitfalls/07_uneven_inputs.py").read_text()
+    assert (
+        "N = 3 * args.batch_size * ctx.world + 1" in script
+        and 'add_argument("--batch_size", type=int, default=4)' in script
+    )
+    assert skip_batches(world=2) == {0: 4, 1: 3} and skip_batches(world=3) == {0: 4, 1: 3, 2: 3}
+    fig = skipped_collective_picture({0: 4, 1: 3}, save_to=tmp_path / "skip.png")
+    shown = [t.get_text() for t in fig.axes[0].texts]
+    assert "waits in step 4's all-reduce, which rank 1 never calls" in shown
+    assert "waits in the barrier before the save, which rank 0 never reaches" in shown
+    assert sum(t.startswith("step ") for t in shown) == 7 and (tmp_path / "skip.png").stat().st_size > 5000
+    swapped = [t.get_text() for t in skipped_collective_picture({0: 3, 1: 4}).axes[0].texts]
+    assert "waits in step 4's all-reduce, which rank 0 never calls" in swapped
+    with pytest.raises(ValueError, match="no rank skips"):
+        skipped_collective_picture({0: 3, 1: 3})
