@@ -159,3 +159,36 @@ def test_kaggles_two_figures_are_reconciled_from_the_models_numbers():
     assert "the two figures agree" in line
     cheap = [dict(r, estimate=dataclasses.replace(r["estimate"], comm_ms=est.compute_ms / 2)) for r in paper]
     assert "the two figures agree" not in perf_story.kaggle_reconciled(cheap, tensors)  # a verdict the figures decide
+
+
+def test_busy_reasons_of_several_points_are_said_once_with_the_largest_load():
+    busy = [f"other programs used up to {x} cores in 1 of its 3 rounds" for x in ("0.91", "1.01", "0.50")]
+    assert perf_story.reasons_once([*busy, "the host moved whole runs", busy[0]]) == [
+        "other programs used up to 1.01 cores during some of these runs",
+        "the host moved whole runs",
+    ]
+    assert perf_story.reasons_once(busy[:1]) == busy[:1]  # one point: its own words
+    lines = settled({"whether the model predicts the speedup": [Claim(f"at {b}", True, w) for b, w in zip("ab", busy)]})
+    assert lines == [
+        "NOTE: this run cannot tell you whether the model predicts the speedup: other programs used up to 1.01 cores "
+        "during some of these runs (the figures are above)"
+    ]
+
+
+def test_a_sweep_busy_in_every_point_says_so_once_in_its_story():
+    rec, cost = load(DATA)
+    rec = copy.deepcopy(rec)
+    for i, b in enumerate(rec["batches"]):  # a different load in one round of each batch's runs
+        for r in rec["runs"][f"single_b{b}_r0"]["ranks"]:
+            r["foreign_cores"] = 0.9 + i / 10
+    s = sweep_of(rec, cost)
+    assert not any(c.checked for c in s.speedup_claims())
+    story = perf_story.story(s, 0.95)
+    assert story.count("other programs used up to") == 1 and "during some of these runs" in story.split(". ")[0]
+
+
+def test_the_levers_group_their_claims():
+    one = Claim("0.25 MiB buckets: 1.00", True, "busy")
+    assert perf_story.buckets_conclusions(one) == {"whether smaller buckets change DDP's step": [one]}
+    assert perf_story.buckets_conclusions(None) == {"whether smaller buckets change DDP's step": []}
+    assert settled(perf_story.buckets_conclusions(None)) == []

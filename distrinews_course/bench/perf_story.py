@@ -12,6 +12,8 @@ processes) says that it is above N and why, never that DDP reached it.
 
 from __future__ import annotations
 
+import re
+
 from .. import cluster_model as cm
 from ..claims import Claim
 from ..notebook import check
@@ -35,7 +37,23 @@ def settle_section(conclusions: dict) -> None:
             cannot.append(conclusion + some)
             reasons += [why for why in dict.fromkeys(c.unchecked for c in undecided) if why not in reasons]
     if cannot:
-        print(f"NOTE: this run cannot tell you {', nor '.join(cannot)}: {'; '.join(reasons)} (the figures are above)")
+        why = "; ".join(reasons_once(reasons))
+        print(f"NOTE: this run cannot tell you {', nor '.join(cannot)}: {why} (the figures are above)")
+
+
+BUSY = re.compile(r"^other programs used up to ([\d.]+) cores")
+
+
+def reasons_once(reasons) -> list[str]:
+    """The reasons, each said once. Several of quiet.busy_reason's 'other programs used up to X cores in K of its M
+    rounds' (one per point) say one thing to the learner: they become one line with the largest X."""
+    reasons = list(dict.fromkeys(reasons))
+    busy = [r for r in reasons if BUSY.match(r)]
+    if len(busy) < 2:
+        return reasons
+    top = max(float(BUSY.match(r).group(1)) for r in busy)
+    merged = f"other programs used up to {top:.2f} cores during some of these runs"
+    return list(dict.fromkeys(merged if r in busy else r for r in reasons))
 
 
 def loopback_conclusions(sweep) -> dict:
@@ -46,6 +64,20 @@ def loopback_conclusions(sweep) -> dict:
 def gap_conclusions(sweep) -> dict:
     """Section 2's one claim: the parts, each measured on its own, add up to the DDP step."""
     return {"which parts make the gap between the even split and DDP's step": sweep.gap_claim()}
+
+
+def buckets_conclusions(claim) -> dict:
+    """Section 6's small-bucket lever: levers.small_buckets_claim (None where the sweep ran no small buckets)."""
+    return {"whether smaller buckets change DDP's step": [claim] if claim else []}
+
+
+def hooks_conclusions(hooks) -> dict:
+    """Section 6's compression hooks: the bytes each writes (its first two claims), and fp16's cost in accuracy."""
+    claims = hooks.claims()
+    return {
+        "how many bytes each compression hook sends": claims[:2],
+        "what 16-bit gradients cost in accuracy": claims[2:],
+    }
 
 
 def box_conclusions(after, margin) -> dict:
@@ -102,10 +134,12 @@ def story(sweep, emb_share: float) -> str:
     is not repeated."""
     claims = sweep.speedup_claims()
     reasons = {c.unchecked for c in claims}
-    shared = next(iter(reasons)) if len(reasons) == 1 and None not in reasons else None  # every point, one reason
+    once = reasons_once(sorted(reasons)) if None not in reasons else []
+    shared = once[0] if len(once) == 1 else None  # every point unchecked, for what the learner reads as one reason
     points = "; ".join(point_text(sweep, p, c, caveat=shared is None) for p, c in zip(sweep.pts, claims))
-    said = {shared} if shared else {c.unchecked for c in claims if not c.checked}
-    again = lambda why: "for the same reason" if why in said else why  # noqa: E731
+    said = {shared, *reasons} if shared else {c.unchecked for c in claims if not c.checked}
+    busy_said = any(BUSY.match(x) for x in said if x)
+    again = lambda why: "for the same reason" if why in said or (busy_said and BUSY.match(why)) else why  # noqa: E731
     out = [
         f"**On this machine** the measured speedups were {points}"
         + (f", none of them checked on this run ({shared})" if shared else "")
@@ -132,7 +166,7 @@ def story(sweep, emb_share: float) -> str:
     if not gap_claim.checked:
         out.append(
             f"Which part of section 2's gap saved or cost the most at {sweep.large} per process was not measurable "
-            f"on this run ({gap_claim.unchecked})."
+            f"on this run ({again(gap_claim.unchecked)})."
         )
         return " ".join(out)
     parts = {k: v for k, v in sweep.gap().items() if k != "rest"}
