@@ -284,3 +284,5 @@ PICK_MISTAKES = {
     "fails when there is no snapshots folder": (_listdir, "raised FileNotFoundError"),
     "orders by modification time": (_by_mtime, "it ordered by modification time"),
 }
+for _wrong, _ in PICK_MISTAKES.values():
+    _wrong.__name__ = "pick_snapshot"  # the grader's lines then read as a learner's would
