@@ -22,6 +22,24 @@ from distrinews_lib.hang_doctor.wrapping import run_target, split_target, target
 FETCH_S = 2.0  # how long the page waits for each rank: a rank that does not answer by then is shown as such
 
 
+def import_torch_debug():
+    """torch.distributed.debug, imported so that this process can still exit cleanly. Its import registers a Python
+    function (the torch_profile handler) in a C++ registry whose destructor runs after the interpreter has finalized;
+    where that registry holds the last reference (pytest, a notebook kernel) it frees the function without the GIL and
+    the process aborts at exit ("PyThreadState_Get: ... the GIL is released", exit code 134). One reference more,
+    never dropped, keeps the function alive past that destructor; a torch without the module raises ImportError."""
+    import ctypes
+
+    import torch.distributed.debug as debug
+    from torch.distributed.debug import _handlers
+
+    for fn in vars(_handlers).values():
+        if callable(fn) and getattr(fn, "__module__", None) == _handlers.__name__ and not hasattr(fn, "_pinned"):
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(fn))
+            fn._pinned = True
+    return debug
+
+
 def attach(port: int, fetch_timeout: float = FETCH_S) -> None:
     import torch.distributed as dist
 
@@ -29,9 +47,7 @@ def attach(port: int, fetch_timeout: float = FETCH_S) -> None:
 
     def init_then_serve(*args, **kwargs):
         original(*args, **kwargs)
-        from torch.distributed.debug import start_debug_server
-
-        start_debug_server(port=port, fetch_timeout=fetch_timeout)
+        import_torch_debug().start_debug_server(port=port, fetch_timeout=fetch_timeout)
         sys.stdout.write(f"RESULT rank={dist.get_rank()} pid={os.getpid()} debug_port={port}\n")
         sys.stdout.flush()
 

@@ -263,8 +263,10 @@ def debug_server_problem(raise_it: bool = False) -> str | None:
     import torch
 
     problem = None
+    from .attach_debug_server import import_torch_debug
+
     if importlib.util.find_spec("torch.distributed.debug") is None or not hasattr(
-        importlib.import_module("torch.distributed.debug"), "start_debug_server"
+        import_torch_debug(), "start_debug_server"
     ):
         problem = (
             f"this torch ({torch.__version__}) has no torch.distributed.debug.start_debug_server: chapter 12 needs "

@@ -22,6 +22,10 @@ pytest.importorskip("jinja2")
 def page(template: str, texts: dict, failed: dict = ()) -> str:
     """A page of the debug server as its frontend renders it: its own Jinja2 templates, one response per rank."""
     from jinja2 import DictLoader, Environment
+
+    from distrinews_course.attach_debug_server import import_torch_debug
+
+    import_torch_debug()  # before _frontend: its import registers the handler that would abort this process at exit
     from torch.distributed.debug import _frontend as F
 
     env = Environment(
@@ -275,3 +279,23 @@ def test_doctor_waited_s_reads_the_hang_report_or_says_none(tmp_path):
     assert R.doctor_waited_s(tmp_path) is None
     (tmp_path / "hang.json").write_text(json.dumps({"verdict": {}, "waited_s": 3.004}))
     assert R.doctor_waited_s(tmp_path) == 3.004
+
+
+def test_a_process_that_imported_torchs_debug_server_exits_cleanly():
+    """torch.distributed.debug registers a Python handler in a C++ registry that frees it after the interpreter has
+    finalized: where the registry holds the last reference, the process aborts at exit (134). Clearing the module's
+    namespace, as finalization does, makes that so here; import_torch_debug's extra reference keeps the exit clean."""
+    code = (
+        "import sys\n"
+        "if sys.argv[1] == 'pin':\n"
+        "    from distrinews_course.attach_debug_server import import_torch_debug\n"
+        "    import_torch_debug()\n"
+        "import torch.distributed.debug._handlers as h\n"
+        "h.__dict__.clear()\n"
+    )
+    pinned = subprocess.run([sys.executable, "-c", code, "pin"], capture_output=True, text=True, timeout=120)
+    assert pinned.returncode == 0 and "Fatal Python error" not in pinned.stderr, pinned.stderr[-500:]
+    bare = subprocess.run([sys.executable, "-c", code, "bare"], capture_output=True, text=True, timeout=120)
+    if bare.returncode == 0:
+        pytest.skip("this torch frees its debug handlers safely: the pin is not needed (the pinned exit was clean)")
+    assert bare.returncode == -6 and "GIL is released" in bare.stderr, (bare.returncode, bare.stderr[-500:])
