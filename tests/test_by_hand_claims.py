@@ -250,6 +250,9 @@ def test_the_mixed_claims_hold_and_each_fails_on_its_wrong_figure():
     m = mixed()
     m["memory"]["zero3 float16"]["compute_mb_per_rank"] = [68.0, 67.5]
     assert not by_text(mixed_report.claims(m), "lowers that peak").holds
+    m = mixed()  # everything cast to float16, the master and AdamW's state too: the peak halves, which it must not
+    m["memory"]["zero3 float16"]["compute_mb_per_rank"] = [33.0, 33.1]
+    assert not by_text(mixed_report.claims(m), "lowers that peak").holds
     m = mixed()  # a saving smaller than twice the ranks' spread is noise: shown, with the reason, not checked
     m["memory"]["zero3 float32"]["compute_mb_per_rank"] = [68.2, 66.1]
     m["memory"]["zero3 float16"]["compute_mb_per_rank"] = [64.7, 64.7]

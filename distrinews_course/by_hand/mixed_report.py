@@ -26,6 +26,7 @@ def table(m: dict) -> str:
     """Per precision: the weights against FSDP2's, the bytes of the largest gather and of the largest reduce-scatter,
     and the peak per rank during a block's compute against chapter 06's calculator ('-': not measured)."""
     c, mem = m["collectives"], m["memory"] or {}
+    batch = f" ({m['memory_batch']} texts per rank)" if m.get("memory_batch") else ""
     head = ("ZeRO-3 by hand", "max |w - w_FSDP2|", "largest gather", "largest reduce", "peak MiB/rank", "calculator")
     widths = (22, 17, 14, 14, 13, 10)
     lines = [" ".join(f"{h:<{w}}" if i == 0 else f"{h:>{w}}" for i, (h, w) in enumerate(zip(head, widths)))]
@@ -40,6 +41,8 @@ def table(m: dict) -> str:
             "-" if not peak else f"{peak['calculator_mb']:.1f}",
         ]
         lines.append(" ".join(f"{x:<{w}}" if i == 0 else f"{x:>{w}}" for i, (x, w) in enumerate(zip(cells, widths))))
+    if mem and batch:
+        lines.append(f"peaks: a step's forward and backward{batch}; the gathers and reduces: any batch")
     return "\n".join(lines)
 
 
@@ -77,8 +80,9 @@ def claims(m: dict) -> list:
                 )
             )
         # each rank against itself: the same texts, the same shards, float32 then float16. The ranks' peaks differ by
-        # up to 2 MiB (when a prefetched gather's pages are written), so the saving is checked only where the
-        # calculator's predicted saving is over twice that spread; on the tiny model it often is not.
+        # up to 2 MiB (when a prefetched gather's pages are written): at 8 texts per rank the predicted saving (~4 MiB)
+        # was about that noise, and two runs in four measured none on a rank, so the memory runs take 32 (race.py's
+        # --mixed_batch), where it is ~10 MiB. The check still stands down where the saving is within twice the spread.
         hi, lo = mem["zero3 float32"]["compute_mb_per_rank"], mem["zero3 float16"]["compute_mb_per_rank"]
         gaps = [h - low for h, low in zip(hi, lo)]
         saving = mem["zero3 float32"]["calculator_mb"] - mem["zero3 float16"]["calculator_mb"]
@@ -89,7 +93,7 @@ def claims(m: dict) -> list:
                 f"{max(hi):.1f} ({100 * min(gaps) / max(hi):.0f}%; the calculator predicts {saving:.1f}): far from "
                 "half. The gathered block, its gradient and the activations take 2 bytes a number instead of 4; the "
                 "fp32 master shards, AdamW's state and the runtime do not shrink",
-                min(gaps) > 0,
+                min(gaps) > 0 and all(low > h / 2 for h, low in zip(hi, lo)),
                 None
                 if saving > 2 * spread
                 else f"the predicted saving, {saving:.1f} MiB, is within twice the ranks' own spread, {spread:.1f} MiB",

@@ -25,12 +25,12 @@ SCALES = (1, 1024, 65536)
 
 def memory_runs(mods, args, rank, world) -> dict:
     """Before this process joins a group: the peak resident memory per rank of a step of ZeRO-3 by hand (fp32, and
-    param_dtype float16) and of FSDP2 (param_dtype float16), the tiny model at args.zero_batch texts without dropout,
+    param_dtype float16) and of FSDP2 (param_dtype float16), the tiny model at args.mixed_batch texts without dropout,
     each in a fresh process per rank as chapter 06 measures (race_memory.py's way); and the runtime the calculator
     adds, from torch's DDP on one example of 8 tokens."""
     scratch = measure.meeting_folder("by_hand_mixed")
     torch.set_num_threads(1)
-    batches = models.batches("tiny", rank, world, args.memory_steps, args.zero_batch)
+    batches = models.batches("tiny", rank, world, args.memory_steps, args.mixed_batch)
     one = {k: v[:1, :8] if v.dim() == 2 else v[:1] for k, v in batches[0].items()}
     # Code pages and one-time set-ups are touched here, not in a child's peak: oneDNN's kernels keep state for each
     # shape they first meet, float16's several MiB more than float32's (in a fresh process the tiny model's first
@@ -96,7 +96,7 @@ def memory(runs: dict, args, world) -> dict:
         name, dtype = label.split()
         est = calculator.estimate(
             "tiny",
-            args.zero_batch,
+            args.mixed_batch,
             models.SEQ_LEN,
             "fp32" if dtype == "float32" else calculator.MIXED_FSDP,
             3,
@@ -189,6 +189,7 @@ def mixed(mods, args, rank, world, runs) -> dict:
     return {
         "steps": args.mixed_steps,
         "batch": args.zero_batch,
+        "memory_batch": args.mixed_batch,
         "vs_fsdp2": against_fsdp2(mods, args, rank, world),
         "collectives": collectives(mods, args, rank),
         "underflow": underflow(mods, args, rank, world),
