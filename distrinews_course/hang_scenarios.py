@@ -29,15 +29,16 @@ def skip_batches(world: int = 2, batch_size: int = 4) -> dict:
 
 def chapter_lab(nproc: int, hang_s: float, timeout_s: float = 120.0, launch_limit_s: float = 10.0) -> HangLab:
     """The chapter's runs. A hanging run's collectives time out after lab.group_timeout_s (hang_s plus the doctor's
-    grace); rank 0's save outlasts that by 1.5 s. launch_limit_s: the launcher's own limit in the run that has no
-    collective timeout of its own."""
+    grace); rank 0's save outlasts that by 1.5 s, in the broken slow save and in the fixed one, which runs alone with
+    the same group timeout (in the shared launch of the other fixes, run_together's group would wait 60 s, and the
+    bug would pass too). launch_limit_s: the launcher's own limit in the run that has no collective timeout of its
+    own."""
     lab = HangLab(nproc, hang_s, timeout_s=timeout_s)
     group = f"{lab.group_timeout_s:g}"
     save = f"{lab.group_timeout_s + 1.5:g}"
     straggle = ["--read_ms", STRAGGLER_READ_MS, "--steps", STRAGGLER_STEPS, "--ddp_timeout", group]
     fixes = [
         f"{PITFALLS}/07_uneven_inputs.py", "--mode", "fixed", "--",
-        f"{HANGS}/slow_save.py", "--mode", "fixed", "--save_s", save, "--",
         f"{HANGS}/class_counts.py", "--mode", "fixed", "--",
         f"{HANGS}/dies_mid_step.py", "--mode", "fixed",
     ]  # fmt: skip
@@ -46,6 +47,9 @@ def chapter_lab(nproc: int, hang_s: float, timeout_s: float = 120.0, launch_limi
                  debug_server=True, probe="hung", planted=1, nproc=2),  # rank 0 gets the extra sample: 1 skips
         Scenario("slow_save", f"{HANGS}/slow_save.py", ["--mode", "broken", "--ddp_timeout", group, "--save_s", save],
                  debug_server=True, probe="hung", pyspy_ranks=(0, 1), planted=0),
+        Scenario("slow_save_fixed", f"{HANGS}/slow_save.py",  # alone: run_together's group would wait 60 s
+                 ["--mode", "fixed", "--ddp_timeout", group, "--save_s", save,
+                  "--path", f"{lab.out}/slow_save_fixed/slow_save.pt"]),
         Scenario("monitored", f"{HANGS}/slow_save.py",
                  ["--mode", "monitored", "--ddp_timeout", f"{hang_s:g}", "--save_s", save], doctor=False, planted=0),
         Scenario("mismatch", f"{HANGS}/class_counts.py", ["--mode", "broken", "--ddp_timeout", group], planted=1),

@@ -299,3 +299,17 @@ def test_a_process_that_imported_torchs_debug_server_exits_cleanly():
     if bare.returncode == 0:
         pytest.skip("this torch frees its debug handlers safely: the pin is not needed (the pinned exit was clean)")
     assert bare.returncode == -6 and "GIL is released" in bare.stderr, (bare.returncode, bare.stderr[-500:])
+
+
+def test_the_fixed_slow_save_runs_alone_with_a_save_longer_than_its_group_timeout():
+    """Chapter 12's fix of the slow save is shown on a run whose save outlasts its default group's timeout: in the
+    shared launch of the other fixes (run_together's 60 s group) the bug would end cleanly too."""
+    from distrinews_course.hang_scenarios import chapter_lab
+
+    lab = chapter_lab(nproc=2, hang_s=3)
+    fixed, broken = lab.scenarios["slow_save_fixed"], lab.scenarios["slow_save"]
+    arg = lambda s, name: float(s.args[s.args.index(name) + 1])
+    assert fixed.args[fixed.args.index("--mode") + 1] == "fixed" and not fixed.module
+    assert arg(fixed, "--ddp_timeout") == arg(broken, "--ddp_timeout") == lab.group_timeout_s
+    assert arg(fixed, "--save_s") == arg(broken, "--save_s") > lab.group_timeout_s
+    assert "slow_save.py" not in " ".join(map(str, lab.scenarios["fixes"].args))
