@@ -144,10 +144,10 @@ def batching_wins(batched: LoadLevel, unbatched: LoadLevel, factor: float = 1.5)
 
 def first_step(levels: list[LoadLevel], grew: float = 1.05, grouped: float = 1.5) -> str:
     """A sentence on the step from the fewest clients to the next when the answers per second did not grow there
-    (at most `grew` times), or "" when they did. With two clients in a closed loop each request tends to arrive
-    while the other's forward pass runs, so the model thread finds one waiting, never two: no grouping, the same
-    work per answer, and the second client only waits. `grouped`: the requests per pass from which this counts as
-    grouping (1.5: half the passes ran two or more)."""
+    (at most `grew` times), or "" when they did. It states what the run measured (answers per second, requests per
+    pass, p50); why two clients did not group (each request arriving while the other's pass ran, or the shared
+    cores slowing the server) it offers only as a guess, since no figure of the run tests it. `grouped`: the
+    requests per pass from which this counts as grouping (1.5: half the passes ran two or more)."""
     levels = sorted(levels, key=lambda x: x.clients)
     if len(levels) < 2 or levels[1].per_s > grew * levels[0].per_s:
         return ""
@@ -159,9 +159,9 @@ def first_step(levels: list[LoadLevel], grew: float = 1.05, grouped: float = 1.5
     )
     if b.mean_batch < grouped:
         said += (
-            f" and each forward pass still ran {b.mean_batch:.1f} request: the clients took turns, each request "
-            f"arriving while another's pass ran (p50 {a.p50_ms:.1f} -> {b.p50_ms:.1f} ms), so the server did "
-            "the same work per answer and the second client only added waiting."
+            f" and each forward pass still ran {b.mean_batch:.1f} request, while the median latency rose (p50 "
+            f"{a.p50_ms:.1f} -> {b.p50_ms:.1f} ms): the second client added waiting, not answers. Why its requests"
+            " did not group, this run does not test; one guess is that each arrived while the other's pass ran."
         )
     else:
         said += "."

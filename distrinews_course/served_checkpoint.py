@@ -45,7 +45,7 @@ def metrics_for(checkpoint, meta: dict, outputs="outputs") -> Path | None:
 
 
 def checkpoint_claims(checkpoint, outputs="outputs") -> list[tuple[bool, str]]:
-    """Two claims about the file: rank 0 saved the model inside the DDP wrapper (no weight name starts with
+    """Two claims about the file: rank 0 saved model.module, the bare model DDP wraps (no weight name starts with
     `module.`, or the server's plain model could not load it), and it records a process group of at least one rank
     whose size and backend are those of its own run's metrics.json."""
     saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
@@ -53,7 +53,8 @@ def checkpoint_claims(checkpoint, outputs="outputs") -> list[tuple[bool, str]]:
     wrapped = [k for k in names if k.startswith(MODULE_PREFIX)]
     keys = (
         bool(names) and not wrapped,
-        f"rank 0 saved the model inside the DDP wrapper: none of its {len(names)} weight names starts with "
+        f"rank 0 saved model.module, the bare model, not the DDP wrapper: none of its {len(names)} weight names "
+        "starts with "
         f"`{MODULE_PREFIX}`"
         if names and not wrapped
         else f"{checkpoint}: {len(wrapped)} of its {len(names)} weight names start with `{MODULE_PREFIX}` "
