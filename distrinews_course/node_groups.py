@@ -16,6 +16,10 @@ from .claims import Claim
 
 SCRIPT = ROOT / "scripts" / "multinode" / "node_groups.py"
 MESSAGE_MIB = 4.0  # what the script all-reduces in each group (2**20 float32)
+# The link counts TCP/IP's headers and ACKs as well as the ring's payload: 0.3% more on a quiet box, where the kernel
+# sends 64 KiB segments, 2-12% more under CI's load, where it sends smaller ones. At least the payload, at most a
+# quarter more: a link that carried part of a message, or half as much again as the ring needs, still fails.
+OVERHEAD = 0.25
 TAG = "[groups] "  # what starts each rank's row in the script's output
 
 
@@ -66,7 +70,8 @@ def across_mib(nodes: int, per_node: int) -> float:
 def claims(rows: list[dict], nodes: int = 2, per_node: int = 2) -> list[Claim]:
     """The groups hold the ranks the numbering says (a node's: k*g..k*g+g-1; across: the same local rank on every
     node) and each sum is over them only; the node group's all-reduce left the link idle (under 1% of the message:
-    the barriers' few bytes), the one across put on each node's link what the ring predicts, within 5%."""
+    the barriers' few bytes), the one across put on each node's link what the ring predicts: at least that, and at
+    most OVERHEAD more (the packets' headers and ACKs)."""
     printed = [r["rank"] for r in rows]
     if printed != list(range(nodes * per_node)):
         return [Claim(f"every one of the {nodes * per_node} ranks printed its groups (got ranks {printed})", False)]
@@ -98,7 +103,8 @@ def claims(rows: list[dict], nodes: int = 2, per_node: int = 2) -> list[Claim]:
         ),
         Claim(
             f"the ones across put {min(carried):.2f}-{max(carried):.2f} MiB on each node's link: its {per_node} ranks "
-            f"each sent a ring's 2(N-1)/N of {MESSAGE_MIB:g} MiB, {expected:.2f} MiB, within 5%",
-            all(abs(c / expected - 1) <= 0.05 for c in carried),
+            f"each sent a ring's 2(N-1)/N of {MESSAGE_MIB:g} MiB, {expected:.2f} MiB, and the packets' headers "
+            f"and ACKs ({100 * (max(carried) / expected - 1):.1f}% more at most; {100 * OVERHEAD:.0f}% allowed)",
+            all(0.995 * expected <= c <= (1 + OVERHEAD) * expected for c in carried),
         ),
     ]
