@@ -53,25 +53,28 @@ class CalculatorCheck:
             )
         return "\n".join(lines)
 
+    def coverage(self) -> str:
+        """A printed fact, not a check: how many runs the calculator is checked on, and what moves their peaks."""
+        reasons = sorted({x["why"] for x in self.checked})
+        return (
+            f"{len(self.checked)} runs have a predicted peak the calibration does not give, for {len(reasons)} "
+            f"reasons ({', '.join(reasons)}): the calculator is checked on those"
+        )
+
     def claims(self, margin: float = 0.15) -> list[Claim]:
         """Where a part other than the calibration's sets the peak (the prediction moves more than 5% away from the
         calibration's), the calculator is within 15% of the measured peak: it leaves out the allocator's rounding
         and the runtime's growth with the batch (a few MiB on 70). And it predicts at least half of how far the peak
         moved from its twin (plain DDP at the same batch and length, else the calibration), give or take two of a
         peak's run-to-run spreads, since a move is a difference of two measured peaks. The plain DDP runs it
-        predicts at the calibration's peak must measure within 5% of the calibration: the optimizer step set them."""
+        predicts at the calibration's peak must measure within 5% of the calibration: the optimizer step set them.
+        With fewer than 4 checked runs the first claim fails: a calculator checked on almost nothing is not checked."""
         checked, same = self.checked, [x for x in self.rows if x["kind"] == "= calibration"]
         errors = self.rel_errors
-        reasons = sorted({x["why"] for x in checked})
         moves_ok = all(abs(x["move_pred"] - x["move"]) <= 0.5 * abs(x["move"]) + 2 * self.spread_mb for x in checked)
         return [
             (
-                len(checked) >= 4 and len(reasons) >= 3,
-                f"{len(checked)} runs have a predicted peak the calibration does not give, for {len(reasons)} reasons "
-                f"({', '.join(reasons)})",
-            ),
-            (
-                bool(errors) and max(errors.values()) <= margin,
+                len(checked) >= 4 and max(errors.values()) <= margin,
                 f"the calculator predicts each of them within {100 * margin:.0f}% of the measured peak "
                 f"(at most {100 * max(errors.values(), default=0):.1f}%)",
             ),

@@ -232,20 +232,21 @@ def activations_follow_the_formula(rows: list[dict], margin: float = 0.03) -> Cl
     worst = max(abs(x["saved"] - x["formula"]) / x["saved"] for x in plain)
     return worst <= margin and len(plain) >= 3, (
         f"the activation formula (16 batch x seq x hidden tensors per layer, 2 for the embeddings, the padding "
-        f"mask) matches the bytes autograd saved within {100 * margin:.0f}% in all {len(plain)} runs "
-        f"(at most {100 * worst:.1f}% off)"
+        f"mask) matches the bytes autograd saved within {100 * margin:.0f}% in the {len(plain)} runs above 8 tokens "
+        f"without recomputation, {plain[0]['name']} to {plain[-1]['name']} (at most {100 * worst:.1f}% off)"
     )
 
 
-def activations_grow_with_the_batch(rows: list[dict], margin: float = 0.05) -> Claim:
-    """At one sequence length, twice the batch saves twice the activations: within 5%, since nothing a forward
-    saves is independent of the batch (the weights are not activations)."""
+def activations_by_batch(rows: list[dict]) -> str:
+    """A printed fact, not a check: at 64 tokens, how the saved bytes scale with the batch. Saved tensors are shaped
+    by the batch and nothing a forward saves is independent of it, so this is linear on any machine; the formula
+    check above is what can fail."""
     by_batch = {x["batch"]: x["saved"] for x in rows if x["seq"] == 64 and x["formula"] is not None}
     smallest = min(by_batch)
-    ratios = {b: by_batch[b] / by_batch[smallest] for b in sorted(by_batch) if b != smallest}
-    ok = len(ratios) >= 2 and all(abs(r / (b / smallest) - 1) <= margin for b, r in ratios.items())
-    shown = ", ".join(f"{b // smallest}x the batch: {r:.2f}x" for b, r in ratios.items())
-    return ok, f"activations grow linearly with the batch ({shown}; within {100 * margin:.0f}%)"
+    shown = ", ".join(
+        f"{b // smallest}x the batch {by_batch[b] / by_batch[smallest]:.2f}x" for b in sorted(by_batch) if b != smallest
+    )
+    return f"at 64 tokens, against batch {smallest}: {shown} the activations (the formula is linear in the batch)"
 
 
 def longer_sequences_cost_more(rows: list[dict], margin: float = 0.1) -> Claim:
@@ -415,26 +416,30 @@ def zero1_state_mb(two: Launch) -> list[float]:
     return [x["optimizer_state"] / M.MiB for x in two.results["zero1"]["per_rank"]]
 
 
+def ddp_held_line(two: Launch) -> str:
+    """A printed fact, not a check: what plain DDP's rank 0 holds per parameter. fp32 weights, gradients and AdamW's
+    two moments are 16 bytes by their dtypes and shapes on any machine, so there is nothing here to measure."""
+    d0, P = two.results["ddp"]["per_rank"][0], M.SHAPES[two.model].n_params
+    return (
+        f"plain DDP holds {d0['total'] / P:.2f} bytes per parameter on every rank: 4 (weight) + 4 (gradient) + 8 "
+        f"(AdamW's two moments, {d0['optimizer_state'] / M.MiB:.2f} MiB: twice the weights' {d0['params'] / M.MiB:.2f})"
+    )
+
+
 def sharding_claims(two: Launch) -> list[Claim]:
     """What each rank holds, measured on the tensors, against the accounting of section 6's table. Byte counts are
-    exact, so the margins are only what the accounting leaves out: AdamW's step counters (one small tensor per
-    parameter tensor, under 1 KiB in all), hence 0.1 byte per parameter on 16, and 1% for FSDP2's and DeepSpeed's
-    per-rank shares (a tensor whose size N does not divide is padded by up to N - 1 elements)."""
+    exact, so the margin is only what the accounting leaves out: 1% for FSDP2's and DeepSpeed's per-rank shares (a
+    tensor whose size N does not divide is padded by up to N - 1 elements; AdamW's step counters, under 1 KiB). Plain
+    DDP's 16 bytes are printed by ddp_held_line, not checked: dtypes and shapes make them on any machine."""
     P, N = M.SHAPES[two.model].n_params, two.world
-    ddp, d0 = two.fullest("ddp"), two.results["ddp"]["per_rank"][0]
+    ddp = two.fullest("ddp")
     fsdp = [x for v in ("fsdp2_reshard_off", "fsdp2_reshard_on") for x in two.results[v]["per_rank"]]
     z1, split = zero1_state_mb(two), [8 * n / M.MiB for n in M.zero1_split(M.SHAPES[two.model].tensors(), N)]
     out = [
-        (abs(ddp["total"] / P - 16) < 0.1, "plain DDP holds 16 bytes per parameter on every rank"),
-        (
-            0 <= d0["optimizer_state"] - 2 * d0["params"] < 1024,
-            "... of which AdamW's optimizer state is its two moments, twice the weights' bytes (and AdamW's step "
-            "counters, under 1 KiB)",
-        ),
         (
             all(abs(x["total"] - ddp["total"] / N) < 0.01 * ddp["total"] for x in fsdp),
-            f"FSDP2 holds 1/{N} of it on each rank between steps, with reshard_after_forward on or off: ZeRO-3's "
-            "16/N either way",
+            f"FSDP2 holds 1/{N} of plain DDP's bytes on each rank between steps, with reshard_after_forward on or "
+            "off: ZeRO-3's 16/N either way",
         ),
         (two.peak("fsdp2_reshard_on") < two.peak("ddp"), "... and its measured peak is below plain DDP's"),
         (

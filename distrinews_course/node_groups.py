@@ -16,8 +16,8 @@ from .claims import Claim
 
 SCRIPT = ROOT / "scripts" / "multinode" / "node_groups.py"
 MESSAGE_MIB = 4.0  # what the script all-reduces in each group (2**20 float32)
-# The link counts TCP/IP's headers and ACKs as well as the ring's payload: 0.3% more on a quiet box, where the kernel
-# sends 64 KiB segments, 2-12% more under CI's load, where it sends smaller ones. At least the payload, at most a
+# The link counts more than the ring's payload: TCP/IP's headers and ACKs, the barriers, and whatever else crossed it
+# in the window: 0.3% more on a quiet box, 2-12% more in one CI run under load. At least the payload, at most a
 # quarter more: a link that carried part of a message, or half as much again as the ring needs, still fails.
 OVERHEAD = 0.25
 TAG = "[groups] "  # what starts each rank's row in the script's output
