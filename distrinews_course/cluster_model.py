@@ -193,9 +193,10 @@ PUBLIC_DDP_TABLE = {
     },
 }
 
-# A public Kaggle measurement (2x T4): a 4M-parameter nanoGPT, one GPU against DDP on both.
+# A published Kaggle measurement (2x T4): a 4M-parameter nanoGPT, one GPU against DDP on both. No address of the
+# notebook is recorded in this repository, and nothing here re-runs it: the figures are PUBLISHED, not measured here.
 KAGGLE_NANOGPT = {
-    "source": "a public Kaggle notebook, 2x T4, nanoGPT with 4M parameters (fp32 gradients)",
+    "source": "a public Kaggle notebook, not run here: 2x T4, nanoGPT with 4M parameters (fp32 gradients)",
     "params": 4e6,
     "one_gpu_ms": 22.03,
     "ddp_ms": 26.36,
@@ -211,7 +212,7 @@ def kaggle_gb_s() -> float:
 
 
 LINKS["kaggle_t4"] = Link(
-    "Kaggle's host path (2x T4, measured: no peer-to-peer)",
+    "Kaggle's host path (2x T4, published: no peer-to-peer)",
     kaggle_gb_s(),
     LINKS["pcie3"].alpha_us,
     f"{KAGGLE_NANOGPT['source']}: {KAGGLE_NANOGPT['params'] * 4 / 1e6:.0f} MB all-reduced in "
@@ -342,9 +343,10 @@ def kaggle_line() -> str:
     hidden = 1 - (k["ddp_ms"] - k["one_gpu_ms"]) / k["comm_ms"]
     gb_s = kaggle_gb_s()
     return (
-        f"Kaggle, 2x T4, nanoGPT of 4M parameters: {k['one_gpu_ms']} ms on one GPU, {k['ddp_ms']} ms with DDP, of "
-        f"which {k['comm_ms']} ms of communication: {100 * hidden:.0f}% of it hid behind backward ("
-        f"{2 * k['one_gpu_ms'] / k['ddp_ms']:.2f}x on 2 GPUs). Its 16 MB of gradients took {k['comm_ms']} ms: "
+        f"PUBLISHED (a public Kaggle notebook, not run here), 2x T4, nanoGPT of 4M parameters: {k['one_gpu_ms']} ms "
+        f"on one GPU, {k['ddp_ms']} ms with DDP, of which {k['comm_ms']} ms of communication: {100 * hidden:.0f}% of "
+        f"it hid behind backward ({2 * k['one_gpu_ms'] / k['ddp_ms']:.2f}x on 2 GPUs). Its 16 MB of gradients took "
+        f"{k['comm_ms']} ms: "
         f"{gb_s:.1f} GB/s, a tenth of PCIe 3.0's {LINKS['pcie3'].gb_s}: Kaggle's two T4s have no peer-to-peer path "
         "(chapter 00's first cell checks), so NCCL stages every byte through host memory."
     )

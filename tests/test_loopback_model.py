@@ -224,3 +224,15 @@ def test_a_busy_run_leaves_the_gap_unchecked(sweep):
     claim = sweep_of(rec, cost, runs).gap_claim()
     assert not claim.checked and "other programs used up to 0.80 cores during 1 of its 12 runs" == claim.unchecked
     assert "within" not in claim.text, "a bound the run cannot check is not printed"
+
+
+def test_only_ddp_rows_show_an_all_reduce_and_the_gap_rest_is_printed(sweep):
+    rec, cost = sweep
+    s = sweep_of(rec, cost)
+    rows = s.parts_table().splitlines()[1:]
+    numbers = {line.split(",")[0].split(" (")[0]: len(line[30:].split()) for line in rows}
+    # 7 parts and the step for DDP's ranks; no waiting or transfer where no all-reduce ran
+    assert numbers == {"1 process": 6, "pair": 6, "DDP": 8}, rows
+    line = s.gap_rest_line()
+    assert f"{1000 * s.gap()['rest']:+.1f} ms of the DDP step ({1000 * s.ddp_s:.1f} ms)" in line
+    assert f"moved by {1000 * s.gap_noise_s():.0f} ms" in line and "checked:" not in line

@@ -3,7 +3,7 @@ beside it in the same round.
 
     runs = loopback.sweep_plan(flags, batches=(16, 64, 256), n=2, samples=768, rounds=3)  # for scripts/bench_runs.py
     sweep = loopback.Sweep.from_launch(R, fit, batches, n=2, rounds=3)   # after the launch: the model, each point
-    print(sweep.parts_table()); print(sweep.gap_table()); settle(sweep.gap_claim())    # section 2: a step apart
+    print(sweep.parts_table()); print(sweep.gap_table()); print(sweep.gap_rest_line())  # section 2: a step apart
     print(sweep.speedup_table()); settle(sweep.speedup_claims())                       # section 3: model vs run
 
 Per batch b and round k the launch runs, back to back:
@@ -372,7 +372,8 @@ class Sweep:
     # ------------------------------------------------------------------ section 2: one step taken apart
 
     def parts_rows(self) -> list[tuple[str, dict]]:
-        """(label, ms per step of each part in SHOWN, and 'step') for every rank of the largest batch's runs."""
+        """(label, ms per step of each part in SHOWN, and 'step') for every rank of the largest batch's runs; waiting
+        and transfer are None for the runs without DDP, which make no all-reduce to wait for or transfer."""
         n, b = self.n, self.large
         rows = []
         for label, kind in (
@@ -384,6 +385,8 @@ class Sweep:
             run = self.run(kind)
             for i, r in enumerate(run["ranks"]):
                 ms = {p: 1000 * r["parts"][p] for p in SHOWN}
+                if kind != "ddp":  # no all-reduce ran: what the clock reads there is backward()'s own return
+                    ms["waiting"] = ms["transfer"] = None
                 ms["step"] = 1000 * r["seconds"] / r["steps"]
                 rows.append((label + (f" (rank {i})" if len(run["ranks"]) > 1 else ""), ms))
         return rows
@@ -392,7 +395,8 @@ class Sweep:
         head = f"{'ms per step at ' + str(self.large) + ' per process':<30}" + "".join(f"{p:>10}" for p in SHOWN)
         lines = [head + f"{'step':>10}"]
         for label, ms in self.parts_rows():
-            lines.append(f"{label:<30}" + "".join(f"{ms[p]:>10.1f}" for p in (*SHOWN, "step")))
+            cells = ("" if ms[p] is None else f"{ms[p]:.1f}" for p in (*SHOWN, "step"))
+            lines.append(f"{label:<30}" + "".join(f"{c:>10}" for c in cells))
         return "\n".join(lines)
 
     def gap(self) -> dict:
@@ -415,6 +419,24 @@ class Sweep:
         lines.append(f"{f'DDP step, measured: {single / ddp:.2f}x':<42} {1000 * ddp:>8.1f} ms")
         return "\n".join(lines)
 
+    def gap_rest_line(self) -> str:
+        """A printed fact, not a check: what no part of section 2's table explains, beside how far the runs it rests on
+        moved over the rounds. That spread (the sum of four runs' round-to-round ranges, tens of ms on a shared 2-core
+        machine) is wider than most parts, so a check within it would pass with a part left out: the table is shown,
+        and gap_claim only decides whether the story may name its largest parts."""
+        step, rest = self.ddp_s, self.gap()["rest"]
+        return (
+            f"the rest: {1000 * rest:+.1f} ms of the DDP step ({1000 * step:.1f} ms) that no part explains; the runs "
+            f"it rests on moved by {1000 * self.gap_noise_s():.0f} ms over the rounds: the table is shown, not checked"
+        )
+
+    def gap_noise_s(self) -> float:
+        """The sum of the round-to-round ranges of the runs the rest is a difference of (single / N, pair, ddp,
+        solo)."""
+        b = self.large
+        steps = {kind: [step_s(self.R[f"{kind}_b{b}_r{k}"]) for k in range(self.rounds)] for kind in (*KINDS, "solo")}
+        return sum((max(s) - min(s)) / (self.n if kind == "single" else 1) for kind, s in steps.items())
+
     def gap_claim(self) -> Claim:
         """The parts, each measured on its own, explain the DDP step: what is left ('rest') is within GAP_BOUND of the
         step, or within what the runs it rests on moved over the rounds, whichever is more. The rest is a difference
@@ -422,8 +444,7 @@ class Sweep:
         ranges over the rounds. Checked where those runs all ran quiet and that sum is under NOISY_SPREAD of the
         step: a bound wider than that would let any rest pass."""
         b, step, rest = self.large, self.ddp_s, self.gap()["rest"]
-        steps = {kind: [step_s(self.R[f"{kind}_b{b}_r{k}"]) for k in range(self.rounds)] for kind in (*KINDS, "solo")}
-        noise = sum((max(s) - min(s)) / (self.n if kind == "single" else 1) for kind, s in steps.items())
+        noise = self.gap_noise_s()
         bound = max(GAP_BOUND * step, noise)
         left = f"{1000 * rest:+.1f} ms of the DDP step ({1000 * step:.1f} ms) are left unexplained"
         runs = [self.R[f"{kind}_b{b}_r{k}"] for kind in (*KINDS, "solo") for k in range(self.rounds)]
@@ -442,7 +463,8 @@ class Sweep:
         """Each batch's model and measured speedup (its median round), then every round's measured speedup with the
         model's ratio to it: the rounds' spread is on the page, beside the figure the story quotes."""
         lines = [
-            f"{'batch/process':>13} {'model':>7} {'measured':>9}   measured in each round (model/measured; * median)"
+            f"{'batch/process':>13} {'model':>7} {'measured':>9}   measured in each round "
+            "(model/measured; * the round of the median speedup)"
         ]
         for p in self.pts:
             rounds = "  ".join(

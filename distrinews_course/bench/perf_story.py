@@ -128,7 +128,7 @@ def point_text(sweep, p: dict, claim: Claim, caveat: bool = True) -> str:
 
 
 def story(sweep, emb_share: float) -> str:
-    """What the sweep showed, in a few generated sentences (Markdown): each point (with its caveats), why small
+    """What the sweep showed, as short generated Markdown bullets: each point (with its caveats), why small
     batches pay little (only where that point was checked, with the figures it rests on), and the largest saving and
     cost against the even split at the largest batch (only where section 2's check could decide). A reason already given
     is not repeated."""
@@ -136,49 +136,54 @@ def story(sweep, emb_share: float) -> str:
     reasons = {c.unchecked for c in claims}
     once = reasons_once(sorted(reasons)) if None not in reasons else []
     shared = once[0] if len(once) == 1 else None  # every point unchecked, for what the learner reads as one reason
-    points = "; ".join(point_text(sweep, p, c, caveat=shared is None) for p, c in zip(sweep.pts, claims))
     said = {shared, *reasons} if shared else {c.unchecked for c in claims if not c.checked}
     busy_said = any(BUSY.match(x) for x in said if x)
     again = lambda why: "for the same reason" if why in said or (busy_said and BUSY.match(why)) else why  # noqa: E731
     out = [
-        f"**On this machine** the measured speedups were {points}"
+        "**On this machine**"
         + (f", none of them checked on this run ({shared})" if shared else "")
-        + ". The all-reduce and DDP's own work cost about the same per step at every batch: the same "
-        f"{sweep.model.grad_bytes / 2**20:.1f} MiB of gradients, {100 * emb_share:.0f}% of them the input embeddings."
+        + ", the measured speedups:\n",
+        *(f"- {point_text(sweep, p, c, caveat=shared is None)}" for p, c in zip(sweep.pts, claims)),
+        "- The all-reduce and DDP's own work cost about the same per step at every batch: the same "
+        f"{sweep.model.grad_bytes / 2**20:.1f} MiB of gradients, {100 * emb_share:.0f}% of them the input embeddings.",
     ]
     small, small_claim = sweep.pts[0], claims[0]
     r = small["rounds"][small["kept"]]
     half = r["pair"] / r["single"]
     if not small_claim.checked:
         out.append(
-            f"How much of a 1-process step half a batch of {small['b']} per process costs was not measurable on this "
+            f"- How much of a 1-process step half a batch of {small['b']} per process costs was not measurable on this "
             f"run ({again(small_claim.unchecked)})."
         )
     elif half > 0.55:
         out.append(
-            f"Half a small batch does not take half the time: at {small['b']} per process each process's step took "
+            f"- Half a small batch does not take half the time: at {small['b']} per process each process's step took "
             f"{1000 * r['pair']:.1f} ms, {half:.2f} of the 1-process step at {sweep.n * small['b']} "
-            f"({1000 * r['single']:.1f} ms), partly because the processes share the machine, partly because every "
-            "call of forward and backward has fixed costs (Python, operator dispatch) that do not shrink with the "
-            "batch. A larger batch per process spreads them over more examples."
+            f"({1000 * r['single']:.1f} ms). The processes share the machine, and every call of forward and backward "
+            "has fixed costs (Python, operator dispatch) that a larger batch spreads over more examples."
         )
     gap_claim = sweep.gap_claim()
     if not gap_claim.checked:
         out.append(
-            f"Which part of section 2's gap saved or cost the most at {sweep.large} per process was not measurable "
+            f"- Which part of section 2's gap saved or cost the most at {sweep.large} per process was not measurable "
             f"on this run ({again(gap_claim.unchecked)})."
         )
-        return " ".join(out)
+        return "\n".join(out)
     parts = {k: v for k, v in sweep.gap().items() if k != "rest"}
     low, high = min(parts, key=parts.get), max(parts, key=parts.get)
     if parts[low] < 0:
         out.append(
-            f"At {sweep.large} per process the largest saving against the even split was *{GAP_LABELS[low]}* "
-            f"({1000 * parts[low]:+.1f} ms a step, section 2's table)."
+            f"- At {sweep.large} per process the largest saving against the even split was *{GAP_LABELS[low]}* "
+            f"({1000 * parts[low]:+.1f} ms a step, section 2's table)"
+            + (
+                f"; the largest cost *{GAP_LABELS[high]}* ({1000 * parts[high]:+.1f} ms a step)."
+                if parts[high] > 0
+                else "."
+            )
         )
-    if parts[high] > 0:
-        out.append(f"The largest cost was *{GAP_LABELS[high]}* ({1000 * parts[high]:+.1f} ms a step).")
-    return " ".join(out)
+    elif parts[high] > 0:
+        out.append(f"- The largest cost was *{GAP_LABELS[high]}* ({1000 * parts[high]:+.1f} ms a step).")
+    return "\n".join(out)
 
 
 def summary_speedup(sweep, p: dict, claim: Claim) -> str:
@@ -200,7 +205,7 @@ def headline_point(sweep, p: dict, claim: Claim) -> str:
 
 
 def kaggle_reconciled(paper: list[dict], tensors) -> str:
-    """Section 5's two Kaggle figures side by side: the ESTIMATE for DistilBERT on 2 T4s and the measured nanoGPT run
+    """Section 5's two Kaggle figures side by side: the ESTIMATE for DistilBERT on 2 T4s and the published nanoGPT run
     on the same machine both follow from gradient bytes against the compute of one step over the same host path."""
     k, gb_s = cm.KAGGLE_NANOGPT, cm.kaggle_gb_s()
     est = next(r["estimate"] for r in paper if r["gpu"] == "T4" and r["n"] == 2)
@@ -215,7 +220,8 @@ def kaggle_reconciled(paper: list[dict], tensors) -> str:
     return (
         f"Kaggle's two figures, over the same {gb_s:.1f} GB/s host path: nanoGPT's {nano_mb:.0f} MB of gradients take "
         f"{k['comm_ms']} ms, {nano:.2f} of its {k['one_gpu_ms']} ms step, and {100 * hidden:.0f}% of that hid behind "
-        f"backward (MEASURED: {measured:.2f}x on 2 GPUs); DistilBERT's {bert_mb:.0f} MB take {est.comm_ms:.0f} ms, "
+        f"backward (PUBLISHED, not run here: {measured:.2f}x on 2 GPUs); DistilBERT's {bert_mb:.0f} MB take "
+        f"{est.comm_ms:.0f} ms, "
         f"{bert:.1f}x its {est.compute_ms:.0f} ms step, which no backward can hide "
         f"(ESTIMATE: {est.speedup:.1f}x), {verdict}."
     )
