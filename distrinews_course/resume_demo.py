@@ -69,7 +69,7 @@ class DemoPlan:
         return (
             f"{self.nproc} processes ({self.backend}), {self.n} training texts, batch {self.batch} per process: "
             f"{self.steps} optimizer steps per epoch, {self.epochs} epochs\na snapshot every {self.every} steps; in "
-            f"run B rank 1 dies after step {self.kill_step}, so it should resume from {self.expected_snap}"
+            f"run B rank 1 dies after step {self.kill_step}"
         )
 
 
@@ -151,6 +151,97 @@ def resumed_at(output: str) -> tuple[int, int]:
     if m is None:
         raise ValueError("no 'resumed from ... (epoch E, B batches into it, step S)' line in the output")
     return int(m.group(1)), int(m.group(2))
+
+
+def restart_claims(output: str, plan: DemoPlan, run_dir, checkpoint) -> list:
+    """What run B's torchrun log and files must show: rank 1 killed itself after plan.kill_step, torchrun saw the
+    group fail and restarted it, the script started twice, resumed from the newest snapshot before the kill, and the
+    restarted attempt saved a checkpoint that loads."""
+    import torch
+
+    from .claims import Claim
+
+    checkpoint = Path(checkpoint)
+    n_saved = (
+        len(torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]) if checkpoint.exists() else 0
+    )
+    return [
+        Claim(
+            f"rank 1 killed itself after step {plan.kill_step}",
+            f"[rank 1] injected fault: kill after step {plan.kill_step}" in output,
+        ),
+        Claim(
+            "torchrun saw the group fail: rank 1 killed by SIGKILL (exit code -9), or rank 0 ending on the lost peer",
+            group_failed(output),
+        ),
+        Claim(
+            "torchrun restarted the worker group",
+            "restart_count=1" in output or "will restart worker group" in output,
+        ),
+        Claim(
+            "the training script started twice under one torchrun: the first attempt and the restart",
+            output.count(f"preset {plan.recipe[1]} | world size {plan.nproc}") == 2,
+        ),
+        Claim(
+            f"the restarted script resumed from {plan.expected_snap} (step {plan.snap_step}, the newest before the "
+            "kill)",
+            f"resumed from {Path(run_dir) / 'snapshots' / plan.expected_snap}" in output,
+        ),
+        Claim(f"the restarted attempt saved {checkpoint.name}, and it loads: {n_saved} tensors", n_saved > 0),
+    ]
+
+
+def show_hang(run_dir, ddp_timeout: float, timeout: float):
+    """Launch 2 gloo ranks of scripts/train_ddp.py, rank 1 stopping to join collectives after step 2, with
+    --ddp_timeout `ddp_timeout`: print rank 0's error and how the run ended; return (the launch, its claims)."""
+    from .faults import WRAPPER
+    from .launch import torchrun
+
+    run_dir = Path(run_dir)
+    train = [*CPU_RECIPE, "--epochs", 1, "--backend", "gloo", "--ddp_timeout", ddp_timeout, "--no-progress"]
+    args = [
+        "hang:rank=1:step=2",
+        "scripts/train_ddp.py",
+        *train,
+        "--output",
+        run_dir,
+        "--checkpoint",
+        run_dir / "model.pt",
+    ]
+    hang = torchrun(WRAPPER, 2, args, timeout=timeout, check=False, echo=False)
+    print("\n".join(line for line in hang.lines if "injected fault" in line or line.startswith(("error:", "       "))))
+    print(
+        f"\nwith --ddp_timeout {ddp_timeout}, the hung run ended by itself after {hang.seconds:.1f} s, exit code "
+        f"{hang.returncode}"
+    )
+    return hang, hang_claims(hang.output, hang.returncode, hang.timed_out)
+
+
+def hang_claims(output: str, returncode: int, timed_out: bool) -> list:
+    """What the hung run's log must show: rank 1 stopped after step 2, the run failed by itself (not by the launch's
+    backstop), rank 0 explained the timeout, and exited with the scripts' code for it (3)."""
+    from .claims import Claim
+
+    text = " ".join(output.split())
+    return [
+        Claim("rank 1 stopped joining collectives after step 2", "[rank 1] injected fault: hang after step 2" in text),
+        Claim("the run failed by itself instead of hanging to the backstop", returncode != 0 and not timed_out),
+        Claim(
+            "rank 0 explained the timeout and its causes",
+            "could not complete" in text and "skipped a collective" in text,
+        ),
+        Claim("rank 0 exited with code 3, the scripts' code for a collective timeout", "exitcode: 3" in text),
+    ]
+
+
+def start_epoch(output: str) -> int | None:
+    """The epoch a run of scripts/train_ddp.py started training in, read from its log: the epoch of the snapshot it
+    resumed from, 1 where --resume auto found nothing readable and started from the beginning, None where the log
+    says neither."""
+    m = re.search(r"resumed from \S+ \(epoch (\d+), \d+ batches into it", output)
+    if m is not None:
+        return int(m.group(1))
+    return 1 if re.search(r"resume auto: no (readable )?snapshot in \S+; starting from the beginning", output) else None
 
 
 def initial_weights(checkpoint) -> dict:

@@ -9,6 +9,7 @@ optimizer step's start and end, each save's call, return and commit), and the ti
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 
@@ -45,16 +46,41 @@ def async_blocks_less(saves: list[Save]) -> bool:
     return bool(syncs and asyncs) and max(asyncs) < min(syncs)
 
 
+def steps_beside_writes(result: dict) -> list[list[float]]:
+    """Per rank, in step order, the times (ms) of the steps that overlapped an async save's background write."""
+    out = []
+    for r in result["ranks"]:
+        writes = [(s["returned"], s["committed"]) for s in r["saves"] if s["mode"] == "async" and s["committed"]]
+        out.append([1000 * (b - a) for _, a, b in r["steps"] if any(a < w1 and b > w0 for w0, w1 in writes)])
+    return out
+
+
 def steps_during_writes(result: dict) -> tuple[float, float, int]:
     """(median step ms of the steps that overlapped an async save's background write, median of the others, how many
-    overlapped), over every rank: what the write costs the training that goes on beside it."""
+    overlapped), over every rank: what the write costs the training that goes on beside it. The median of an even
+    count is the mean of the two middle values (statistics.median)."""
     during, other = [], []
     for r in result["ranks"]:
         writes = [(s["returned"], s["committed"]) for s in r["saves"] if s["mode"] == "async" and s["committed"]]
         for _, a, b in r["steps"]:
             (during if any(a < w1 and b > w0 for w0, w1 in writes) else other).append(1000 * (b - a))
-    median = lambda xs: sorted(xs)[len(xs) // 2] if xs else float("nan")  # noqa: E731
+    median = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
     return median(during), median(other), len(during)
+
+
+def beside_writes_line(result: dict) -> str:
+    """One line on the steps that ran beside the background write: each one's time, rank by rank in step order, their
+    median, and the other steps' median, so that the figures the sentence states are the ones listed."""
+    during, other, n = steps_during_writes(result)
+    if not n:
+        return f"no step overlapped a background write; the steps took {other:.0f} ms (median)"
+    per_rank = "; ".join(
+        f"rank {i}: {', '.join(f'{ms:.0f}' for ms in xs)} ms" for i, xs in enumerate(steps_beside_writes(result)) if xs
+    )
+    return (
+        f"the {n} steps beside the background write ({per_rank}) took {during:.0f} ms (median), "
+        f"{during / other:.2f}x the {other:.0f} ms median of the other steps"
+    )
 
 
 def write_slowdown_ms(result: dict) -> float:

@@ -2,6 +2,8 @@
 save, the served score of a converted checkpoint, the kill-and-resume timeline, the run-B log readers, and the
 unstaged-writer hazard in one process."""
 
+import statistics
+
 import pytest
 import torch
 
@@ -63,6 +65,25 @@ def test_steps_beside_an_async_write_are_told_from_the_others():
     assert save_timeline.write_slowdown_ms(result) == 0
 
 
+def test_the_median_of_an_even_count_is_the_mean_of_the_middle_two():
+    # chapter 07's run: 2 steps per rank beside the write (102.05-102.25 s), 176, 68 ms (rank 0) and 181, 65 ms
+    # (rank 1). The upper middle value (176 ms, what sorted(xs)[n // 2] gives) is not their median: 122 ms
+    result = _result(120, 50)
+    times = {0: {21: 0.176, 22: 0.068}, 1: {21: 0.181, 22: 0.065}}
+    for r in result["ranks"]:
+        r["steps"] = [(i, a, a + times[r["rank"]].get(i, 0.08)) for i, a, _ in r["steps"]]
+        r["steps"] = [(i, a, a + (0.02 if i == 20 else b - a)) for i, a, b in r["steps"]]  # step 20: ends early
+    beside = save_timeline.steps_beside_writes(result)
+    during, other, n = save_timeline.steps_during_writes(result)
+    assert n == sum(map(len, beside)) and round(other) == 80
+    assert during == pytest.approx(statistics.median([ms for xs in beside for ms in xs]))
+    assert beside == [pytest.approx([176, 68]), pytest.approx([181, 65])] and round(during) == 122
+    assert during != sorted(ms for xs in beside for ms in xs)[n // 2]  # a wrong median fails here
+    line = save_timeline.beside_writes_line(result)
+    assert f"took {during:.0f} ms (median)" in line and f"{during / other:.2f}x the 80 ms" in line
+    assert "rank 0: " in line and "176, 68 ms" in line and "181, 65 ms" in line
+
+
 def test_a_served_score_matches_only_with_the_same_answers():
     same = served_score.Score(0.5, 1.2, 0.5, 1.2 * (1 + 2e-7), 400)
     assert same.matches
@@ -100,6 +121,45 @@ def test_the_kill_story_reads_the_timeline():
     assert fault_timeline.plot_kill_and_resume(story).axes[0].get_ylabel() == "optimizer steps done"
 
 
+class _Env:
+    n_gpus, nproc, smoke, preset = 0, 2, True, "cpu_smoke"
+
+
+def test_run_bs_claims_fail_on_a_wrong_log(tmp_path):
+    plan = resume_demo.demo_plan(_Env(), 60)
+    run_dir, ckpt = tmp_path / "run_b", tmp_path / "run_b" / "model.pt"
+    ckpt.parent.mkdir()
+    torch.save({"state_dict": {"w": torch.zeros(2), "b": torch.zeros(1)}}, ckpt)
+    start = f"preset {plan.recipe[1]} | world size {plan.nproc}"
+    log = "\n".join(
+        [
+            start,
+            f"[rank 1] injected fault: kill after step {plan.kill_step}",
+            "I1207 01:00:00.000000 123 agent.py:1] failed (exitcode: -9) local_rank: 1 (pid: 9)",
+            "will restart worker group",
+            start,
+            f"resumed from {run_dir / 'snapshots' / plan.expected_snap} (epoch 1, 32 batches into it, step 32)",
+        ]
+    )
+    claims = resume_demo.restart_claims(log, plan, run_dir, ckpt)
+    assert all(c.holds for c in claims) and "loads: 2 tensors" in claims[-1].text
+    wrong = log.replace(plan.expected_snap, "snap_e001_b000016.pt")  # resumed from an older snapshot
+    assert [c.holds for c in resume_demo.restart_claims(wrong, plan, run_dir, ckpt)] == [True] * 4 + [False, True]
+    once = log.replace(start, "", 1)  # the script never started again
+    assert not resume_demo.restart_claims(once, plan, run_dir, ckpt)[3].holds
+    assert not resume_demo.restart_claims(log, plan, run_dir, tmp_path / "none.pt")[-1].holds
+
+
+def test_the_hang_demos_claims_fail_on_a_wrong_ending():
+    log = (
+        "[rank 1] injected fault: hang after step 2\nerror: [rank 0] a collective operation could not complete: ... or"
+        " skipped a collective\nI1207 01:00:00.000000 1 api.py:1] failed (exitcode: 3) local_rank: 0 (pid: 9)"
+    )
+    assert all(c.holds for c in resume_demo.hang_claims(log, 1, False))
+    assert [c.holds for c in resume_demo.hang_claims(log, 1, True)] == [True, False, True, True]  # the backstop
+    assert not resume_demo.hang_claims(log.replace("exitcode: 3", "exitcode: 1"), 1, False)[3].holds
+
+
 def test_run_b_log_readers():
     killed = "...\n[default0]:x\nI1207 01:00:00.000000 123 agent.py:1] failed (exitcode: -9) local_rank: 1 (pid: 9)"
     early = "I1207 01:00:00.000000 123 agent.py:1] failed (exitcode: 3) local_rank: 0 (pid: 9)"
@@ -111,6 +171,10 @@ def test_run_b_log_readers():
     assert resume_demo.resumed_at(line) == (92, 192)
     with pytest.raises(ValueError, match="no 'resumed from"):
         resume_demo.resumed_at("resume auto: no snapshot")
+    assert resume_demo.start_epoch(line) == 2  # resumed into epoch 2: not 1
+    fresh = "warning: x is unreadable\nresume auto: no readable snapshot in run/snapshots; starting from the beginning"
+    assert resume_demo.start_epoch(fresh) == 1 and resume_demo.start_epoch("epoch 1/1 | train loss 1.2") is None
+    assert "should resume from" not in resume_demo.demo_plan(_Env(), 60).describe()  # exercise 0's answer is not given
     story = resume_demo.story("preset cpu_smoke | world size 2\nepoch 1/2 | ok\n" + killed)
     assert story == ["epoch 1/2 | ok", "...", "[default0]:x", "torchrun: failed (exitcode: -9) local_rank: 1 (pid: 9)"]
     # what run B's log showed: rank 0's error, rank 1's SIGKILL, and the agent's SIGTERM to rank 0 (pid 15702)
