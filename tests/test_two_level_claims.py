@@ -114,6 +114,19 @@ def test_memory_off_the_calculator_fails(rec):
 def test_the_learners_byte_predictions_are_graded(rec):
     lines = claims.grade_link_bytes({"ddp": 1.5, "hierarchical": 1.5, "fsdp2": None, "hsdp": 1.0}, rec)
     assert [l.rsplit(": ", 1)[1] for l in lines] == ["right", "wrong", "right"]
+    none = claims.grade_link_bytes(dict.fromkeys(("ddp", "hierarchical", "fsdp2", "hsdp")), rec)
+    assert len(none) == 1 and "not attempted yet" in none[0]
+
+
+def test_the_word_embeddings_share_is_computed_from_the_model(rec):
+    from distrinews_course.by_hand import report_two_level as two
+
+    rec = {**rec, "model": "tiny", "grad_bytes": 4 * 2_090_692}  # the tiny model: 30,522 x 64 of 2,090,692
+    assert round(100 * two.embedding_share(rec)) == 93
+    assert "93% of the race's 2,090,692 parameters" in two.embedding_line(rec)
+    assert round(100 * two.embedding_share({**rec, "grad_bytes": 8 * 2_090_692})) == 47  # another M: another share
+    assert round(100 * two.embedding_share(rec, dim=32)) == 47  # another width: another share
+    assert two.embedding_share({**rec, "model": "minilm"}) is None
 
 
 def test_the_tables_and_the_figure(rec, tmp_path):

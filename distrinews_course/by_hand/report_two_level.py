@@ -140,18 +140,27 @@ def race_or_recorded(enabled: bool, why_not: str, *, args=(), timeout: float = 3
     return rec, None
 
 
-def predicted_first(live: dict | None) -> list:
-    """The launch wrote every prediction (the race's rate and the sweep's) before its first timed step."""
-    from ..claims import Claim
+def embedding_share(rec: dict, dim: int | None = None, vocab: int | None = None) -> float | None:
+    """The share of the race's gradients (rec["grad_bytes"], fp32) that is the tiny model's word embedding: its
+    vocabulary (the WordPiece file shipped in distrinews_lib) times its width (TINY_CONFIG). None for another model."""
+    if rec.get("model") != "tiny":
+        return None
+    from distrinews_lib.data.tokenization import VOCAB_FILE
+    from distrinews_lib.models.build import TINY_CONFIG
 
-    if live is None:
-        return []
-    return [
-        Claim(
-            "every prediction, at every rate, was written before the first timed step",
-            live["predicted_at"] < live["race_started_at"],
-        )
-    ]
+    dim = TINY_CONFIG["dim"] if dim is None else dim
+    vocab = len(VOCAB_FILE.read_text(encoding="utf-8").splitlines()) if vocab is None else vocab
+    return vocab * dim / (rec["grad_bytes"] / 4)
+
+
+def embedding_line(rec: dict) -> str:
+    share = embedding_share(rec)
+    if share is None:
+        return f"the race's model is {rec.get('model')}: no share of its word embedding is computed"
+    return (
+        f"the word embedding is {100 * share:.0f}% of the race's {rec['grad_bytes'] / 4:,.0f} parameters: the last "
+        "gradient backward makes, the first weight forward needs, so nothing overlaps"
+    )
 
 
 def excerpt(path, qualname: str) -> str:
