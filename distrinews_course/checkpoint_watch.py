@@ -8,6 +8,8 @@ checkpoint: one writer, the unwrapped model, an atomic save, a barrier, and map_
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from distrinews_lib.distributed import max_param_difference
@@ -48,10 +50,19 @@ def rank_report(ctx, ckpt: dict, apart: Apart, trained, loaded) -> dict:
     module = trained.module if hasattr(trained, "module") else trained
     same = all(torch.equal(a, b) for a, b in zip(loaded.parameters(), module.parameters()))
     first = next(iter(ckpt["model"].values()))
-    return dict(rank=ctx.rank, device=str(ctx.device), loaded_on=str(first.device), identical=same, **apart.seen)
+    return dict(
+        rank=ctx.rank,
+        pid=os.getpid(),
+        device=str(ctx.device),
+        loaded_on=str(first.device),
+        identical=same,
+        **apart.seen,
+    )
 
 
 def report(out, ctx, ckpt: dict, apart: Apart, trained, loaded) -> None:
-    """Gather every rank's rank_report; rank 0 writes them with the checkpoint's keys and epoch to `out` (JSON)."""
+    """Gather every rank's rank_report (with its PID); rank 0 writes them to `out` (JSON) with the checkpoint's keys,
+    epoch and writer (the rank and PID the file itself records), and the keys of the DDP wrapper's own state_dict."""
     ranks = gather(rank_report(ctx, ckpt, apart, trained, loaded))
-    write_json(out, {"keys": list(ckpt["model"]), "epoch": ckpt["epoch"], "ranks": ranks}, ctx.rank)
+    data = {"keys": list(ckpt["model"]), "epoch": ckpt["epoch"], "writer": ckpt.get("writer"), "ranks": ranks}
+    write_json(out, {**data, "ddp_keys": list(trained.state_dict())}, ctx.rank)

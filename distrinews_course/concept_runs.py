@@ -97,11 +97,13 @@ def replica_table(calls: list, rows: int) -> str:
     )
 
 
-def dataparallel_claims(calls: list, output, rows: int, n_gpus: int, state_keys) -> list[Claim]:
+def dataparallel_claims(calls: list, output, rows: int, n_gpus: int) -> list[Claim]:
     """With 2+ GPUs DataParallel splits the batch over one thread per GPU (checked); with one or none it calls the
     model once, which holds by construction (DataParallel.forward returns self.module(...)): a NOTE, not a check.
     That every replica runs inside this one process is not claimed: a hook in this process sees this process's PID
-    whatever DP did, so such a check could not fail (replica_table prints the PID as a fact instead)."""
+    whatever DP did, so such a check could not fail (replica_table prints the PID as a fact instead). Nor is DP's
+    'module.' prefix: DP keeps the net as self.module, so its keys carry it by construction (the cell prints them;
+    section 6 checks DDP's keys against the checkpoint's)."""
     me = threading.get_ident()
     claims = []
     if n_gpus >= 2:
@@ -126,12 +128,6 @@ def dataparallel_claims(calls: list, output, rows: int, n_gpus: int, state_keys)
                 "over GPUs needs 2 or more",
             )
         )
-    claims.append(
-        Claim(
-            "a wrapper's state_dict prefixes 'module.' (DDP's too: save the inner model)",
-            bool(state_keys) and all(k.startswith("module.") for k in state_keys),
-        )
-    )
     return claims
 
 
@@ -378,16 +374,32 @@ def checkpoint_claims(output: str, ck: dict, nproc: int) -> list[Claim]:
     """Section 6 on the launch's record. Every rank measured how far its weights were from rank 0's three times: before
     DDP wrapped its seed-made model (> 0), right after the wrap (0), and after loading the file, before wrapping it
     again (0: the file gave every rank the same weights; after a wrap DDP's broadcast would make that hold anyway).
-    Where every rank runs on the CPU the file was saved from, map_location changes nothing: a NOTE, not a check."""
+    Where every rank runs on the CPU the file was saved from, map_location changes nothing: a NOTE, not a check.
+    Who wrote the file is what the file says (the writer's ctx.rank and PID, saved in it), against each rank's PID
+    and the "[rank r] saved" lines the ranks printed: a script where every rank saved, or the wrong one, fails."""
     saves = [line for line in output.splitlines() if "] saved " in line]
     ranks = ck["ranks"]
+    writer = ck.get("writer") or {}
+    pid_of = {r["rank"]: r.get("pid") for r in ranks}
     before = max(r["before_wrap"] for r in ranks)
     on_cpu = all(r["device"] == "cpu" for r in ranks)
+    ddp_keys = ck.get("ddp_keys") or []
     return [
-        Claim("exactly one rank (rank 0) wrote the checkpoint", len(saves) == 1 and saves[0].startswith("[rank 0]")),
         Claim(
-            "the checkpoint holds the unwrapped model: no 'module.' keys",
-            not any(k.startswith("module.") for k in ck["keys"]),
+            f"exactly one rank wrote the checkpoint, rank 0: the file names its writer, rank {writer.get('rank')} "
+            f"(PID {writer.get('pid')}, rank 0's process), and one rank printed that it saved",
+            len(saves) == 1
+            and saves[0].startswith(f"[rank {writer.get('rank')}] ")
+            and writer.get("rank") == 0
+            and writer.get("pid") is not None
+            and pid_of.get(0) == writer.get("pid"),
+        ),
+        Claim(
+            f"the checkpoint holds the unwrapped model: DDP's own state_dict has its {len(ddp_keys)} keys under "
+            "'module.', the file has the same keys without it",
+            bool(ddp_keys)
+            and all(k.startswith("module.") for k in ddp_keys)
+            and [k.removeprefix("module.") for k in ddp_keys] == ck["keys"],
         ),
         Claim(
             f"all {nproc} ranks loaded it (after the barrier) and got exactly the trained weights, the same on every "
@@ -439,7 +451,8 @@ def interview_evidence(hello, calls, bwd, strag, ck, output_ck, epochs) -> str:
         ),
         (
             "5. checkpoints",
-            f"{saves} writer (rank 0), {sum(k.startswith('module.') for k in ck['keys'])} 'module.' "
+            f"{saves} writer (rank {(ck.get('writer') or {}).get('rank')}), "
+            f"{sum(k.startswith('module.') for k in ck['keys'])} 'module.' "
             f"keys, {sum(r['identical'] for r in ck['ranks'])}/{len(ck['ranks'])} ranks reloaded exactly",
         ),
     ]

@@ -36,7 +36,9 @@ def _ranks(loaded_shift=0.0):
         assert apart(name, loaded) == 0.0  # a world of one: every rank is rank 0
     apart.seen["before_wrap"] = 0.3
     ranks = [W.rank_report(Ctx(r, r, 2, "gloo", torch.device("cpu")), ckpt, apart, trained, loaded) for r in (0, 1)]
-    return moved, {"keys": list(ckpt["model"]), "epoch": 1, "ranks": ranks}
+    ddp_keys = list(torch.nn.DataParallel(trained).state_dict())  # a wrapper's keys, prefixed as DDP's are
+    writer = {"rank": 0, "pid": ranks[0]["pid"]}
+    return moved, {"keys": list(ckpt["model"]), "epoch": 1, "writer": writer, "ranks": ranks, "ddp_keys": ddp_keys}
 
 
 def test_the_report_supports_every_claim_and_training_moved_the_weights():

@@ -132,14 +132,13 @@ def test_dataparallel_on_this_machine_supports_section_3():
     with R.watch_replicas(net) as calls:
         y = dp(x)
     assert len(calls) == 1 and calls[0].rows == 16
-    claims = R.dataparallel_claims(calls, y, 16, 0, list(dp.state_dict()))
+    claims = R.dataparallel_claims(calls, y, 16, 0)
     assert _failing(claims) == []
     assert [c.text for c in claims if not c.checked] == [
         "DP called the model once, on all 16 rows, in this cell's own thread"
     ]
     assert "this cell" in R.replica_table(calls, 16)
-    assert "'module.'" in _failing(R.dataparallel_claims(calls, y, 16, 0, list(net.state_dict())))[0]
-    two = R.dataparallel_claims(calls, y, 16, 2, list(dp.state_dict()))  # a 2-GPU claim on a 1-call record
+    two = R.dataparallel_claims(calls, y, 16, 2)  # a 2-GPU claim on a 1-call record
     assert "one forward per GPU (2)" in _failing(two)[0]
 
 
@@ -261,8 +260,13 @@ def test_the_checkpoint_launch_supports_every_claim(ck):
 @pytest.mark.parametrize(
     "wrong, output, fails",
     [
-        (lambda c: None, CK_OUTPUT + "[rank 1] saved x\n", "exactly one rank"),
-        (lambda c: c["keys"].append("module.0.weight"), CK_OUTPUT, "no 'module.' keys"),
+        (lambda c: None, CK_OUTPUT + "[rank 1] saved x\n", "exactly one rank"),  # every rank saved
+        (lambda c: c.update(writer=c["ranks"][1] | {"rank": 1}), CK_OUTPUT.replace("rank 0", "rank 1"), "exactly one"),
+        (lambda c: c["writer"].update(pid=c["ranks"][1]["pid"]), CK_OUTPUT, "exactly one rank"),  # another process
+        (lambda c: None, CK_OUTPUT.replace("rank 0", "rank 1"), "exactly one rank"),  # the line names another rank
+        (lambda c: c.pop("writer"), CK_OUTPUT, "exactly one rank"),  # a file that does not say who wrote it
+        (lambda c: c.update(keys=c["ddp_keys"]), CK_OUTPUT, "unwrapped model"),  # saved ddp.state_dict()
+        (lambda c: c["keys"].pop(), CK_OUTPUT, "unwrapped model"),  # a key missing from the file
         (lambda c: c["ranks"][1].update(identical=False), CK_OUTPUT, "exactly the trained weights"),
         (lambda c: c["ranks"][1].update(device="cuda:1", loaded_on="cuda:0"), CK_OUTPUT, "own device"),
         (lambda c: c["ranks"][1].update(at_wrap=0.5), CK_OUTPUT, "broadcast rank 0's weights"),

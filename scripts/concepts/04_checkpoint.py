@@ -27,9 +27,10 @@ train_a_little(ddp, opt, steps=3)                  # different data per rank: th
 if ctx.rank == 0:                                  # ONE writer
     os.makedirs(os.path.dirname(path), exist_ok=True)
     torch.save({"model": unwrap(ddp).state_dict(),  # unwrapped: keys without "module."
-                "optimizer": opt.state_dict(), "epoch": 1}, path + ".tmp")
+                "optimizer": opt.state_dict(), "epoch": 1,
+                "writer": {"rank": ctx.rank, "pid": os.getpid()}}, path + ".tmp")  # who wrote it
     os.replace(path + ".tmp", path)                # atomic: the old file or the new one, never half
-    print(f"[rank 0] saved {path}", flush=True)
+    print(f"[rank {ctx.rank}] saved {path}", flush=True)
 dist.barrier()                                     # everyone else waits here until the file exists
 
 ckpt = torch.load(path, map_location=ctx.device, weights_only=True)  # on THIS rank's device
