@@ -91,17 +91,15 @@ def setup(preset: str = "auto", nproc="auto", quiet: bool = False, min_nproc: in
         data_dir=os.environ.get("DISTRINEWS_DATA_DIR"),
     )
     if not quiet:
-        gpus = ", ".join(env.gpu_names) if env.gpu_names else "none (CPU only)"
         data = (
             "Hugging Face hub"
             if env.hub
             else (env.data_dir or "the real AG News sample inside distrinews_lib (offline)")
         )
         print(
-            f"project root : {env.root}\npreset       : {env.preset}\nGPUs         : {gpus}\n"
-            f"DDP          : {env.nproc} processes, {env.backend}\nhub reachable: {env.hub}\ndata (auto)  : {data}\n"
-            f"torch        : {torch.__version__}"
-        )
+            f"project root : {env.root}\npreset       : {env.preset}\n"
+            f"DDP          : {env.nproc} processes, {env.backend}\nhub reachable: {env.hub}\ndata (auto)  : {data}"
+        )  # the versions and the GPUs: gpu_env.first_cell's lines, just below
         if env.on_kaggle and not env.hub:
             print(
                 "Kaggle: switch Internet on (Settings > Internet) to train distilbert-base-uncased on the real AG News."

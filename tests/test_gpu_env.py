@@ -113,6 +113,7 @@ def test_course_setup_prints_the_report(monkeypatch, capsys):
         os.chdir(cwd)
     out = capsys.readouterr().out
     assert "versions     : torch" in out and "leftovers    :" in out
+    assert out.count(torch.__version__) == 1 and out.count("GPUs ") <= 1, "each fact printed once"
     if sys.platform.startswith("linux"):
         assert os.environ[leftovers.MARKER].startswith(f"{os.getpid()}:")
 
