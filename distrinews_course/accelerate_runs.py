@@ -11,8 +11,10 @@ for bit: both scripts shard with DistributedSampler, so every rank sums the same
 
 from __future__ import annotations
 
+import ast
 import difflib
 import functools
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,17 +62,145 @@ def step_diff(ddp="scripts/train_ddp.py", accelerate="scripts/train_accelerate.p
     return "\n".join(out), removed, added
 
 
+RUN_HELPERS = ("train_batches", "record")  # the accelerate_run.Run methods train_accelerate.py's step calls
+
+
+def _calls(code: str) -> list[str]:
+    """The names a line of code calls (`self.` dropped), in order: 'epochs.to_device(x)' -> ['epochs.to_device']."""
+    code = code.split("  # ")[0]
+    return [c.removeprefix("self.") for c in re.findall(r"([A-Za-z_][\w.]*)\(", code)]
+
+
+def _helper_calls(run_py) -> set[str]:
+    """Every name that Run.train_batches and Run.record call, read from accelerate_run.py's source."""
+    tree = ast.parse(Path(run_py).read_text())
+    run = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Run")
+    found = set()
+    for fn in run.body:
+        if isinstance(fn, ast.FunctionDef) and fn.name in RUN_HELPERS:
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Call):
+                    found.add(ast.unparse(node.func).removeprefix("self."))
+    return found
+
+
+def step_summary(text: str, removed: int, added: int, run_py="distrinews_lib/accelerate_run.py") -> str:
+    """step_diff's count, split honestly: the removed statements of train_ddp.py whose every call
+    accelerate_run.Run's train_batches/record now make moved into the course's helper, not into Accelerate; the
+    rest became the added lines around Accelerate's calls. A statement spans lines while its brackets are open."""
+    helper, moved, calls, depth, statement = _helper_calls(run_py), 0, [], 0, []
+    for line in (x[2:] for x in text.splitlines() if x.startswith("- ")):
+        statement.append(line)
+        code = line.split("  # ")[0]
+        depth += sum(code.count(c) for c in "([{") - sum(code.count(c) for c in ")]}")
+        if depth > 0:
+            continue
+        names = _calls(" ".join(statement))
+        if names and set(names) <= helper:
+            moved += len(statement)
+            calls += [n for n in names if n not in calls and "." in n]
+        statement, depth = [], 0
+    run_lines = sum(x.startswith("+ ") and any(c.startswith("run.") for c in _calls(x)) for x in text.splitlines())
+    return (
+        f"one optimizer step: {removed} lines of train_ddp.py became {added} of train_accelerate.py.\n"
+        f"{moved} of the {removed} moved into the course's accelerate_run.Run, not into Accelerate: "
+        f"{', '.join(calls)}\n(Run.train_batches and Run.record make these calls, {run_lines} lines here). "
+        f"The other {removed - moved} became the {added - run_lines} lines around Accelerate's calls."
+    )
+
+
+@dataclass
+class ShortGroup:
+    """One epoch of `micro_batches` micro-batches at `grad_accum`, on a one-weight model whose every micro-batch
+    has gradient 1: the gradient each optimizer step used, by train_ddp.py's rule and by a real Accelerator, and
+    what Accelerate left in .grad at the epoch's end (waiting for the next epoch's micro-batches)."""
+
+    micro_batches: int
+    grad_accum: int
+    groups: list[int]  # train_ddp.py's groups (epochs.accumulate), the last maybe shorter
+    ddp_steps: list[float]  # the gradient of each optimizer step, train_ddp.py's rule: loss / len(group)
+    accelerate_steps: list[float]  # the same, with accelerator.accumulate and accelerator.backward
+    left: float  # the gradient Accelerate left in .grad at the end of the epoch
+
+    def table(self) -> str:
+        ddp = ", ".join(f"{g:.2f}" for g in self.ddp_steps)
+        acc = ", ".join(f"{g:.2f}" for g in self.accelerate_steps)
+        plural = "s" * (len(self.accelerate_steps) != 1)
+        return (
+            f"{self.micro_batches} micro-batches, grad_accum {self.grad_accum}, gradient 1 each:\n"
+            f"  train_ddp.py's rule: groups {self.groups} -> {len(self.ddp_steps)} optimizer steps, gradients {ddp}\n"
+            f"  Accelerate:          {len(self.accelerate_steps)} optimizer step{plural}, gradient{plural} {acc}; "
+            f"{self.left:.2f} left in .grad for the next epoch"
+        )
+
+    def claims(self) -> list[tuple]:
+        """train_ddp.py steps on the short group too, each step a mean (gradient 1); Accelerate steps only on full
+        groups and leaves the short group's gradient, divided by grad_accum, waiting. Tolerance: float32's 1/3."""
+        short = self.micro_batches % self.grad_accum  # 0: no short group, nothing to show
+        return [
+            (
+                short > 0
+                and len(self.ddp_steps) == len(self.groups) == -(-self.micro_batches // self.grad_accum)
+                and all(abs(g - 1.0) < 1e-6 for g in self.ddp_steps),
+                f"train_ddp.py steps on the short last group of {short} too, dividing by its length",
+            ),
+            (
+                short > 0
+                and len(self.accelerate_steps) == self.micro_batches // self.grad_accum
+                and abs(self.left - short / self.grad_accum) < 1e-6,
+                f"... Accelerate does not: it divides by grad_accum ({short}/{self.grad_accum} = {self.left:.2f} of a "
+                "gradient) and holds it for the next epoch's step",
+            ),
+        ]
+
+
+def short_last_group(micro_batches: int = 4, grad_accum: int = 3) -> ShortGroup:
+    """Run one epoch both ways in this process (under a second): train_ddp.py's grouping (epochs.accumulate) and its
+    division by len(group), and a real Accelerator with train_accelerate.py's calls on an unprepared loader."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    from distrinews_lib.training import epochs
+
+    def one_weight():
+        model = torch.nn.Linear(1, 1, bias=False)
+        torch.nn.init.zeros_(model.weight)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+        used = []
+        optimizer.register_step_post_hook(lambda *_: used.append(float(model.weight.grad)))
+        return model, optimizer, used
+
+    x = torch.ones(1, 1)  # d(model(x))/dw = 1 for every micro-batch
+    model, optimizer, ddp_used = one_weight()
+    groups = [len(g) for g in epochs.accumulate(list(range(micro_batches)), grad_accum)]
+    for group in groups:
+        for _ in range(group):
+            (model(x).sum() / group).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    model, optimizer, acc_used = one_weight()
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=grad_accum)
+    try:
+        prepared, prepared_opt = accelerator.prepare(model, optimizer)
+        for _ in range(micro_batches):
+            with accelerator.accumulate(prepared):
+                accelerator.backward(prepared(x).sum())
+                prepared_opt.step()
+                prepared_opt.zero_grad(set_to_none=True)
+        left = float(model.weight.grad) if model.weight.grad is not None else 0.0
+    finally:
+        AcceleratorState._reset_state(True)  # the notebook's process is not an Accelerate run afterwards
+        GradientState._reset_state()
+    return ShortGroup(micro_batches, grad_accum, groups, ddp_used, acc_used, left)
+
+
 def deepspeed_notice(result) -> str | None:
     """One line for the learner when the Accelerate log holds DeepSpeed's CPU warning (DeepSpeed installed for
     chapter 06, no GPU here): accelerator.unwrap_model imports DeepSpeed to look for its engine. Harmless."""
     said = sum(DEEPSPEED_ON_CPU in line for line in result.lines)
     if not said:
         return None
-    return (
-        f"(the Accelerate log also holds DeepSpeed's '[WARNING] ... {DEEPSPEED_ON_CPU}', {said}x: "
-        "accelerator.unwrap_model imports DeepSpeed, installed for chapter 06, to look for a DeepSpeed engine; "
-        "without a GPU DeepSpeed says so. Nothing here uses DeepSpeed.)"
-    )
+    return f"(the Accelerate log also holds DeepSpeed's CPU warning, {said}x: harmless, see the folded note)"
 
 
 def launch_claims(result, nproc: int) -> list[tuple]:

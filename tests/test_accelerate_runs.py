@@ -154,3 +154,36 @@ def test_step_diff_sets_the_two_scripts_steps_side_by_side(tmp_path):
     edited.write_text("for batch in loader:\n    pass\n")
     with pytest.raises(ValueError, match="was the script edited"):
         A.step_diff(accelerate=edited)
+
+
+def test_step_summary_credits_run_not_accelerate_with_the_lines_that_moved_into_it(tmp_path):
+    text, removed, added = A.step_diff()
+    said = A.step_summary(text, removed, added)
+    assert f"{removed} lines of train_ddp.py became {added}" in said
+    assert f"7 of the {removed} moved into the course's accelerate_run.Run" in said  # the accumulate loop, 4 calls
+    for call in ("epochs.accumulate", "epochs.to_device", "meter.add", "meter.step", "snap.step"):
+        assert call in said
+    assert "no_sync" not in said.split("(")[1]  # what Accelerate replaced is not credited to Run
+    source = open("distrinews_lib/accelerate_run.py").read()
+    assert "self.snap.step(" in source
+    mutant = tmp_path / "accelerate_run.py"  # a Run whose record() no longer makes the snapshot call
+    mutant.write_text(source.replace("self.snap.step(", "print("))
+    fewer = A.step_summary(text, removed, added, run_py=mutant)
+    assert "6 of the" in fewer and "snap.step" not in fewer and f"The other {removed - 6} became" in fewer
+
+
+def test_the_short_last_group_is_run_both_ways_and_a_wrong_figure_fails():
+    real = A.short_last_group(micro_batches=4, grad_accum=3)  # a real Accelerator, in this process
+    assert real.groups == [3, 1] and real.ddp_steps == [1.0, 1.0] and real.accelerate_steps == [1.0]
+    assert abs(real.left - 1 / 3) < 1e-6 and not _failed(real.claims())
+    assert "0.33 left in .grad" in real.table()
+
+    def wrong(**change):
+        return _failed(A.ShortGroup(**{**vars(real), **change}).claims())
+
+    assert len(wrong(accelerate_steps=[1.0, 1.0], left=0.0)) == 1  # Accelerate stepped on the short group
+    assert len(wrong(left=1.0)) == 1  # ...or divided the short group by its length
+    assert len(wrong(ddp_steps=[1.0])) == 1  # train_ddp.py dropped the short group
+    assert len(wrong(ddp_steps=[1.0, 1 / 3])) == 1  # ...or divided it by grad_accum
+    even = A.short_last_group(micro_batches=6, grad_accum=3)  # no short group: nothing to show
+    assert len(_failed(even.claims())) == 2
