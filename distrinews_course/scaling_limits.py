@@ -241,15 +241,21 @@ def table_text(rows: list, n: int = 8) -> str:
 
 
 def kaggle_line(strategy: str = "ddp", texts: int = GLOBAL_TEXTS, mfu: float = MFU) -> str:
-    """Kaggle's case in one sentence: on its 2 T4s, the texts per device that would hide `strategy`'s communication,
-    against the preset's `texts` per step split over the two."""
-    s, n = settings(mfu)["kaggle_t4"], 2
+    """Kaggle's case in one sentence, labelled an estimate with its sources (no cell measures a 2x T4 step): on its
+    2 T4s, the texts per device that would hide `strategy`'s communication, against the preset's `texts` per step
+    split over the two."""
+    s, n, k = settings(mfu)["kaggle_t4"], 2, cluster_model.KAGGLE_NANOGPT
     comm, need, given = comm_seconds(strategy, n, s), texts_to_hide(strategy, n, s), texts / n
     share = comm / (given * s.text_s)
-    verdict = "enough to hide it" if given >= need else f"so the link takes {share:.1f}x as long as the computation"
+    verdict = (
+        "enough to hide it" if given >= need else f"so the link would take {share:.1f}x as long as the computation"
+    )
     return (
-        f"Kaggle has 2 T4s, not 8: there {strategy}'s communication takes {1000 * comm:.0f} ms a step, which "
-        f"{need:.0f} texts per T4 would hide; the preset gives each T4 {given:.0f} ({texts} a step), {verdict}"
+        f"ESTIMATE (the link's rate from one {k['params'] * 4 / 1e6:.0f} MB all-reduce in a public Kaggle notebook, "
+        f"applied to DistilBERT's {MODEL.n_params * 4 / 1e6:.0f} MB of gradients; the computation at "
+        f"{100 * mfu:.0f}% of a T4's fp16 peak): Kaggle has 2 T4s, not 8, and there {strategy}'s communication "
+        f"would take {1000 * comm:.0f} ms a step, which {need:.0f} texts per T4 would hide; the preset gives each T4 "
+        f"{given:.0f} ({texts} a step), {verdict}"
     )
 
 

@@ -55,6 +55,64 @@ def test_ddps_spread_is_twice_the_median_distance_from_the_median():
     assert loopback_race.ddp_spread({"step_s": {"ddp": [1.0, 1.1, 0.9, 1.0, 1.5]}}) == pytest.approx(0.2)
 
 
+def kinds(n=72):
+    return {
+        "collective_kinds": {
+            "ddp": {},
+            "naive": {"all_reduce": n},
+            "overlapped": {"all_reduce": n},
+            "flat": {"all_reduce": 1},
+            "bucketed": {"all_reduce": 4},
+            "zero1": {"reduce_scatter": 1, "all_gather": 1},
+        },
+        "collectives_per_step": {"ddp": 4, "naive": n, "overlapped": n, "flat": 1, "bucketed": 4, "zero1": 2},
+    }
+
+
+def test_the_collective_counts_hold_and_a_rung_that_sends_more_or_another_kind_fails():
+    assert all(c.holds for c in loopback_race.collectives_claims(kinds(), 72))
+    for rung, calls, words in (
+        ("flat", {"all_reduce": 2}, "flat called 1"),  # a second all-reduce
+        ("zero1", {"all_reduce": 1}, "flat called 1"),  # an all-reduce instead of reduce-scatter + all-gather
+        ("zero1", {"reduce_scatter": 1, "all_gather": 2}, "flat called 1"),
+        ("naive", {"all_reduce": 73}, "once per parameter tensor"),
+        ("overlapped", {"all_reduce": 72, "all_gather": 1}, "once per parameter tensor"),
+        ("bucketed", {"all_reduce": 3, "all_gather": 1}, "bucketed called"),
+    ):
+        t = kinds()
+        t["collective_kinds"][rung] = calls
+        assert not by_text(loopback_race.collectives_claims(t, 72), words).holds, (rung, calls)
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already up in this process")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield dist
+    dist.destroy_process_group()
+
+
+def test_the_count_is_of_the_calls_not_of_what_a_rung_says_it_sent(one_rank):
+    import torch
+
+    from distrinews_course.by_hand.watch import calls_per_step
+
+    dist, said = one_rank, []
+
+    def step(batch):  # says 1, sends 2 all-reduces and a reduce-scatter
+        dist.all_reduce(batch)
+        dist.all_reduce(batch, async_op=True).wait()
+        dist.reduce_scatter_tensor(torch.zeros(4), batch)
+        said.append(1)
+
+    got = calls_per_step(step, [torch.ones(4), torch.ones(4)])
+    assert got == {"all_reduce": 2.0, "reduce_scatter": 1.0} and len(said) == 2
+    assert calls_per_step(lambda b: said.append(1), [torch.ones(4)]) == {}
+
+
 # ------------------------------------------------------------------------------------------------ the dialed race
 
 
@@ -299,3 +357,12 @@ def test_the_dialed_sweep_table_shows_each_size_and_its_rounds():
     o["sweep"] = {"0.05": {"bucketed_step_s": 0.496, "bucketed_rounds_s": [0.4975, 0.4953], "bucketed_buckets": 26}}
     row = dialed.sweep_table(o).splitlines()[1].split()
     assert row == ["0.05", "26", "496", "498,", "495"]
+
+
+def test_the_zero_picture_shards_one_more_part_per_stage():
+    held = zero_report.held_mib(2**20, world=2)  # 1 Mi weights: 4 MiB each of weights and gradients, 8 of AdamW
+    assert held["DDP"] == {"weights": 4.0, "gradients": 4.0, "adamw": 8.0}
+    assert held["ZeRO-1"] == {"weights": 4.0, "gradients": 4.0, "adamw": 4.0}
+    assert held["ZeRO-2"] == {"weights": 4.0, "gradients": 2.0, "adamw": 4.0}
+    assert held["ZeRO-3"] == {"weights": 2.0, "gradients": 2.0, "adamw": 4.0}
+    assert zero_report.held_mib(2**20, world=4)["ZeRO-3"]["adamw"] == 2.0

@@ -117,6 +117,11 @@ def test_the_race_times_another_batch_without_dropout(tmp_path):
     )
     assert res["batch_size"] == 16 and res["timing_batch_size"] == 4 and res["dropout_when_timed"] is False
     assert set(res["timing"]["median_step_s"]) == {"ddp", "flat", "bucketed"}
+    # the collectives each rung called, counted from its calls to torch.distributed (not the rung's own tally)
+    kinds, per_step = res["timing"]["collective_kinds"], res["timing"]["collectives_per_step"]
+    assert kinds["flat"] == {"all_reduce": 1.0} and kinds["ddp"] == {}, kinds  # DDP's all-reduces run in C++
+    # 5.1 MiB of gradients in 1 MiB buckets (DDP's count is its buckets, rebuilt only after this short race's steps)
+    assert set(kinds["bucketed"]) == {"all_reduce"} and kinds["bucketed"]["all_reduce"] >= 4, (kinds, per_step)
     # backward's seconds a step, every round: part of the step, never more
     for name, steps in res["timing"]["step_s"].items():
         backward = res["timing"]["backward_s"][name]

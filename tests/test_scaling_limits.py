@@ -126,4 +126,9 @@ def test_the_table_names_its_two_columns_at_n_devices_and_kaggles_line_gives_its
     line = sl.kaggle_line("ddp", 64)
     assert f"which {need:.0f} texts per T4 would hide" in line and "gives each T4 32 (64 a step)" in line
     assert f"{sl.comm_seconds('ddp', 2, s) / (32 * s.text_s):.1f}x as long" in line
+    assert line.startswith("ESTIMATE (the link's rate from one 16 MB all-reduce in a public Kaggle notebook")
+    assert (
+        f"DistilBERT's {sl.MODEL.n_params * 4 / 1e6:.0f} MB of gradients; the computation at 40% of a T4's fp16" in line
+    )
+    assert "at 50% of" in sl.kaggle_line("ddp", 64, mfu=0.5)
     assert sl.kaggle_line("ddp", int(2 * need) + 2).endswith("enough to hide it")

@@ -4,6 +4,7 @@ bucket-size sweep's table and figure.
     t = res["timing"]
     print(timing_table(t)); settle(timing_claims(t, target=1.10, quiet_cores=0.3))
     print(sweep_table(res["sweep"])); plot_sweep(res["sweep"])
+    settle(collectives_claims(t, n_params=72))
 """
 
 from __future__ import annotations
@@ -62,6 +63,32 @@ def timing_claims(t: dict, target: float, quiet_cores: float) -> list:
             "all-reduce per gradient, none overlapped)",
             med["bucketed"] < med["naive"],
             busy,
+        ),
+    ]
+
+
+def collectives_claims(t: dict, n_params: int) -> list:
+    """What each rung launched in a step, counted from its calls to torch.distributed (race()'s warm-up step,
+    watch.calls_per_step: t["collective_kinds"], {kind: calls}), against what its design sends on a model of
+    `n_params` tensors: naive and overlapped an all-reduce per tensor, flat one all-reduce, ZeRO-1 one reduce-scatter
+    and one all-gather, bucketed all-reduces only, at least 4 (as DDP's buckets, read from their sizes: DDP reduces in
+    C++). A rung that sends more, fewer or another kind fails its claim; exact counts, since a call is a call."""
+    k, per = t["collective_kinds"], t["collectives_per_step"]
+    each = {"all_reduce": n_params}
+    return [
+        Claim(
+            f"naive and overlapped called all_reduce once per parameter tensor ({n_params} on the wide model) and "
+            "nothing else",
+            k["naive"] == k["overlapped"] == each,
+        ),
+        Claim(
+            "flat called 1 all_reduce; ZeRO-1 1 reduce-scatter and 1 all-gather (counted from their calls)",
+            k["flat"] == {"all_reduce": 1} and k["zero1"] == {"reduce_scatter": 1, "all_gather": 1},
+        ),
+        Claim(
+            f"with 1 MiB buckets bucketed called all_reduce {per['bucketed']:.0f} times (DDP has {per['ddp']:.0f} "
+            "buckets): enough to overlap",
+            set(k["bucketed"]) == {"all_reduce"} and per["bucketed"] >= 4 and per["ddp"] >= 4,
         ),
     ]
 

@@ -25,10 +25,9 @@ from .check import PASS, compare, crashed, hsdp_mistake, master_mistake, mesh_mi
 from .exercises import EXERCISES
 from .rung import agreement_group, param_names
 from .timeline import Timeline
-from .watch import Collectives
+from .watch import Collectives, calls_per_step
 
-# torch 2.13 renamed the collectives the rungs call (reduce_scatter_tensor, all_gather_into_tensor): the old names,
-# which every torch since 2.1 has, stay in the rungs; the warning would only clutter the race's output.
+# torch 2.13 renamed collectives the rungs call; they keep the old names (every torch since 2.1 has them), unwarned
 warnings.filterwarnings("ignore", message=r".*is deprecated. Please use `torch\.distributed\.")
 
 
@@ -202,10 +201,12 @@ class Runner:
 
     @property
     def collectives_per_step(self):
-        if self.name == "ddp":  # DDP all-reduces each of its buckets once a step
+        if self.name == "ddp":  # DDP all-reduces each of its buckets once a step (in C++: no Python call to count)
             return float(len(ddp_buckets(self.dp)))
         if self.name in FSDP2:  # counted from its calls
             return len(self.log.calls) / max(1, self.steps)
+        if getattr(self, "calls", None) is not None:  # counted from its calls in race()'s warm-up
+            return sum(self.calls.values())
         return self.dp.collectives / max(1, self.steps)
 
 
@@ -335,12 +336,11 @@ def timed_round(runner, batches, record):
 
 
 def race(names, make, batches, rounds, warmup=1):
-    """Alternating rounds (the order rotates), after `warmup` steps each: each contender's seconds per step in every
-    round, and its backward's seconds per step in every round."""
+    """Alternating rounds (the order rotates), after `warmup` steps each, whose collectives are counted (runner.calls):
+    each contender's seconds per step in every round, and its backward's seconds per step in every round."""
     runners = {n: make(n) for n in names}
     for r in runners.values():
-        for b in batches[:warmup]:
-            r.step(b)
+        r.calls = calls_per_step(r.step, batches[:warmup])
     times, backward = {n: [] for n in names}, {n: [] for n in names}
     for k in range(rounds):
         order = names[k % len(names) :] + names[: k % len(names)]
@@ -380,6 +380,7 @@ def timing(names, mods, args, rank, world, rounds, benchmark=False) -> tuple:
             "foreign_cores": foreign,
             "seconds": span,
             "collectives_per_step": {n: r.collectives_per_step for n, r in runners.items()},
+            "collective_kinds": {n: r.calls for n, r in runners.items()},  # {kind: per step}; DDP's are in C++
             "timelines": {n: r.timeline.events for n, r in runners.items()} if rank == 0 else None,
         }
     )

@@ -121,6 +121,18 @@ class Collectives:
         return sum(wire_bytes(c["kind"], c["bytes"], world) for c in self.calls)
 
 
+def calls_per_step(step, batches) -> dict:
+    """{kind: calls per step}: the Python-level collectives `step(batch)` launched on each of `batches`, counted from
+    the calls themselves (a rung's own tally would say whatever its code adds). torch's DDP reduces in C++: none."""
+    with Collectives() as log:
+        for b in batches:
+            step(b)
+    kinds = {}
+    for c in log.calls:
+        kinds[c["kind"]] = kinds.get(c["kind"], 0) + 1 / len(batches)
+    return kinds
+
+
 def _sleep_until(due: float) -> None:
     left = due - time.perf_counter()
     if left > 0:

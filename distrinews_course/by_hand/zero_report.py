@@ -79,3 +79,56 @@ def claims(zres: dict, blocks: int) -> list:
         ),
     ]
     return out
+
+
+# What each stage keeps of the fp32 training state, per rank: the share of weights, gradients and AdamW's two moments
+# (1 = whole, 1/world = a shard), and the collectives its step sends (the rungs' scripts, zero1.py ... zero3.py).
+STAGES = {
+    "DDP": ((1, 1, 1), "all-reduce the gradients"),
+    "ZeRO-1": ((1, 1, "shard"), "reduce-scatter the gradients, all-gather the weights"),
+    "ZeRO-2": ((1, "shard", "shard"), "reduce-scatter each bucket, all-gather the weights"),
+    "ZeRO-3": (("shard", "shard", "shard"), "per block: all-gather the weights twice, reduce-scatter its gradients"),
+}
+
+
+def held_mib(n_params: int, world: int) -> dict:
+    """{stage: {"weights", "gradients", "adamw": MiB}} each rank keeps between steps (ZeRO-3 between a block's uses),
+    fp32: 4 bytes a weight, 4 a gradient, 8 for AdamW's two moments; a sharded part is 1/world of it."""
+    full = {"weights": 4 * n_params / MiB, "gradients": 4 * n_params / MiB, "adamw": 8 * n_params / MiB}
+    return {
+        stage: {part: mib / (world if share == "shard" else 1) for (part, mib), share in zip(full.items(), shares)}
+        for stage, (shares, _) in STAGES.items()
+    }
+
+
+def plot_held(n_params: int, world: int, save_to=None):
+    """The picture of the ZeRO stages: per stage, a bar of what each rank keeps (weights, gradients, AdamW state; a
+    hatched part is a 1/world shard), and the collectives its step sends."""
+    from ..plots import _pyplot
+
+    plt = _pyplot()
+    held = held_mib(n_params, world)
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    colours = {"weights": "tab:blue", "gradients": "tab:orange", "adamw": "tab:green"}
+    for y, (stage, parts) in enumerate(held.items()):
+        left = 0.0
+        for (part, mib), share in zip(parts.items(), STAGES[stage][0]):
+            sharded = share == "shard"
+            label = {"adamw": "AdamW state"}.get(part, part) if y == 0 else None
+            ax.barh(
+                y, mib, left=left, color=colours[part], hatch="//" if sharded else None, edgecolor="white", label=label
+            )
+            left += mib
+        ax.text(left + 0.3, y, STAGES[stage][1], va="center", fontsize=8)
+    ax.set_yticks(range(len(held)), list(held))
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.9 * sum(held["DDP"].values()))
+    ax.set(xlabel="MiB kept per rank (fp32)", title=f"What each of {world} ranks keeps, and what its step sends")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=3, fontsize=8, title=f"hatched: a 1/{world} shard")
+    fig.tight_layout()
+    if save_to:
+        from pathlib import Path
+
+        Path(save_to).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(save_to, dpi=110)
+    return fig
