@@ -5,7 +5,8 @@
     settle(objective_enters_twice(objective))
     guess = blind_guess(model, val_loader, V)       # the untrained model's loss: real next tokens, random ones
     print(validation_split(n_blocks, nproc))        # the sampler's padded duplicates, if any
-    settle(ddp_evaluation_exact(one_process, m["epochs"][-1]))  # DDP's validation = one process's, same model
+    one_process = one_process_validation(model, val_loader, task)  # every block's loss sum and tokens, one process
+    settle(ddp_evaluation_exact(one_process, m["epochs"][-1], nproc))  # DDP's validation = one process's, same model
     settle(guess.claims(initial.loss))
     settle(perplexity_fell(output, ppl, nproc))     # DDP's promise, and perplexity falling every epoch
     pairs = text_perplexities(untrained, trained, vocab, texts, block_size)
@@ -54,8 +55,17 @@ def script_lines(script="scripts/train_ddp.py") -> tuple[list[str], list[str]]:
 
 
 def script_listing(objective: list[str], ddp: list[str], width: int = 110) -> str:
-    """The two kinds of lines, each cut to `width`, for the page."""
-    cut = lambda line: line if len(line) <= width else line[: width - 3] + "..."
+    """The two kinds of lines, each cut to `width` for the page: a trailing comment that does not fit is dropped
+    whole (no word cut in two), then a line still too long is cut at a space."""
+
+    def cut(line: str) -> str:
+        if len(line) <= width:
+            return line
+        code = line.split("  # ", 1)[0].rstrip()
+        if len(code) <= width:
+            return code
+        return line[: width - 4].rsplit(" ", 1)[0] + " ..."
+
     return "\n".join(
         [
             "the lines of train_ddp.py that name the objective:",
@@ -187,18 +197,86 @@ def validation_split(n_blocks: int, nproc: int) -> str:
     )
 
 
-def ddp_evaluation_exact(one_process, epoch: dict, tolerance: float = 1e-5) -> Claim:
+@dataclass
+class OneProcess:
+    """One process's validation of a model: every block's loss sum and predicted-token count, in block order."""
+
+    sums: torch.Tensor
+    counts: torch.Tensor
+
+    @property
+    def n(self) -> int:
+        return len(self.sums)
+
+    @property
+    def loss(self) -> float:
+        return float(self.sums.sum() / self.counts.sum())
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.loss)
+
+    def rank_means(self, nproc: int) -> list:
+        """Each rank's own mean loss per token, over the blocks DistributedSampler deals it in validation
+        (shuffle=False): ceil(n / nproc) blocks each, the last ranks' padded with repeats of the first blocks."""
+        from torch.utils.data import DistributedSampler
+
+        means = []
+        for rank in range(nproc):
+            idx = torch.tensor(list(DistributedSampler(range(self.n), num_replicas=nproc, rank=rank, shuffle=False)))
+            means.append(float(self.sums[idx].sum() / self.counts[idx].sum()))
+        return means
+
+
+@torch.no_grad()
+def one_process_validation(model, loader, task) -> OneProcess:
+    """The model validated here, in one process, over every block of the loader: each block's loss sum and token
+    count (the same token_losses the training's evaluation sums), put in block order."""
+    from distrinews_lib.lm.task import token_losses
+
+    was_training = model.training
+    model.eval()
+    idx, sums, counts = [], [], []
+    for batch in loader:
+        s, c = token_losses(model, batch, task)
+        idx.append(batch["index"])
+        sums.append(s)
+        counts.append(c)
+    model.train(was_training)
+    order = torch.cat(idx).argsort()
+    return OneProcess(torch.cat(sums)[order], torch.cat(counts)[order])
+
+
+def ddp_evaluation_exact(one_process, epoch: dict, nproc: int | None = None, tolerance: float = 1e-5) -> Claim:
     """The DDP run's validation of its final model (each rank its shard, every block's loss sum and token count
     gathered by block index, repeats dropped) equals one process's evaluation of the same checkpoint over every
     block: as many blocks (metrics.json's val_examples), and the loss within `tolerance` = 1e-5 nats. metrics.json
     keeps the loss to 6 decimals (5e-7), and the two evaluations batch the blocks differently, so their fp32 sums
     differ in the last bits (3e-7 on the CPU course). One rank's shard alone, a repeated block counted twice, or a
-    mean of the ranks' means with unequal token counts moves the loss by far more than 1e-5."""
+    mean of the ranks' means with unequal token counts moves the loss by far more than 1e-5.
+    nproc (with a OneProcess): the text also gives what a plain mean of the ranks' own losses would have reported,
+    the sampler's repeats counted twice, and whether this check tells it from the gathered loss (it cannot when the
+    blocks divide by the ranks, or when the repeated blocks' losses happen to sit at the mean)."""
     ddp_loss, blocks = epoch["val_loss"], epoch.get("val_examples")
+    plain = ""
+    if nproc and isinstance(one_process, OneProcess):
+        repeats = -(-one_process.n // nproc) * nproc - one_process.n
+        mean = statistics.fmean(one_process.rank_means(nproc))
+        off = abs(mean - one_process.loss)
+        if not repeats:
+            plain = f"; with no repeated block, a plain mean of the {nproc} ranks' own losses gives {mean:.6f} too"
+        else:
+            plain = (
+                f"; a plain mean of the {nproc} ranks' own losses, the {repeats} repeated block"
+                f"{'' if repeats == 1 else 's'} counted twice, gives {mean:.6f}, {off:.1e} nats off: "
+                + ("this check would catch it" if off >= tolerance else "too close for this check to tell")
+            )
     return Claim(
-        f"one process evaluating the saved model over all {one_process.n} validation blocks gets perplexity "
-        f"{one_process.perplexity:.2f}, the DDP run's {epoch['val_perplexity']:.2f} (loss {one_process.loss:.6f} vs "
-        f"{ddp_loss:.6f}, within {tolerance:.0e} nats)".replace("e-0", "e-"),
+        (
+            f"one process evaluating the saved model over all {one_process.n} validation blocks gets perplexity "
+            f"{one_process.perplexity:.2f}, the DDP run's {epoch['val_perplexity']:.2f} (loss {one_process.loss:.6f}"
+            f" vs {ddp_loss:.6f}, within {tolerance:.0e} nats)" + plain
+        ).replace("e-0", "e-"),
         blocks == one_process.n and abs(one_process.loss - ddp_loss) < tolerance,
     )
 

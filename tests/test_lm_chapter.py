@@ -58,6 +58,8 @@ def test_the_objective_enters_train_ddp_in_two_places_and_a_branch_would_show(tm
     assert not claims.objective_enters_twice(claims.script_lines(branched)[0]).holds
     listing = claims.script_listing(objective, ddp, width=40)
     assert all(len(line) <= 42 for line in listing.splitlines() if line.startswith("  "))
+    cut = claims.script_listing(["val = evaluate(model)  # resumed at the end"], [], width=30).splitlines()[1]
+    assert cut == "  val = evaluate(model)"  # the comment dropped whole, not cut mid-word
 
 
 # knowing nothing ---------------------------------------------------------------------------------------------
@@ -470,3 +472,33 @@ def test_the_idea_picture_deals_blocks_as_distributed_sampler_and_marks_each_rep
     assert (tmp_path / "idea.png").stat().st_size > 5000
     even = lm_figures.lm_idea(words, 8, 2)
     assert not any("again" in t for t in texts(even)) and "the 0 repeats" in even.axes[1].get_xlabel()
+
+
+def test_the_plain_mean_of_the_ranks_counts_the_samplers_repeat_twice_and_the_check_tells_it():
+    """3 blocks on 2 ranks: DistributedSampler deals rank 0 blocks 0 and 2, rank 1 block 1 and block 0 again. The
+    gathered loss is (1 + 1 + 4) / 3 = 2; a plain mean of the ranks' own losses is ((1 + 4) / 2 + (1 + 1) / 2) / 2 =
+    1.75. A DDP figure equal to the plain mean fails the check; the text says the check would catch it."""
+    one = claims.OneProcess(torch.tensor([31.0, 31.0, 124.0], dtype=torch.float64), torch.tensor([31, 31, 31]))
+    assert one.n == 3 and one.loss == 2.0 and one.rank_means(2) == [2.5, 1.0]
+    epoch = {"val_loss": 2.0, "val_perplexity": math.exp(2.0), "val_examples": 3}
+    right = claims.ddp_evaluation_exact(one, epoch, 2)
+    assert right.holds and "gives 1.750000" in right.text and "1 repeated block counted" in right.text
+    assert "this check would catch it" in right.text
+    assert not claims.ddp_evaluation_exact(one, {**epoch, "val_loss": 1.75}, 2).holds  # the plain mean: caught
+    even = claims.OneProcess(torch.tensor([31.0, 62.0], dtype=torch.float64), torch.tensor([31, 31]))
+    assert "with no repeated block" in claims.ddp_evaluation_exact(even, {**epoch, "val_loss": 1.5}, 2).text
+    blind = claims.OneProcess(torch.tensor([62.0, 31.0, 93.0], dtype=torch.float64), torch.tensor([31, 31, 31]))
+    assert "too close for this check to tell" in claims.ddp_evaluation_exact(blind, {**epoch, "val_loss": 2.0}, 2).text
+
+
+def test_one_process_validation_sums_every_block_once_in_block_order(vocab, tiny_gpt):
+    from distrinews_lib.lm.task import token_losses
+
+    voc, blocks = vocab
+    ds = lm.BlockDataset(blocks[:40], CLM, voc, 0, evaluation=True)
+    sampler = list(reversed(range(len(ds))))  # the loader's order must not matter
+    loader = torch.utils.data.DataLoader(ds, batch_size=5, sampler=sampler, collate_fn=ds.collator_for(None))
+    one = claims.one_process_validation(tiny_gpt, loader, CLM)
+    batch = ds.collator_for(None)([ds[0]])
+    s, c = token_losses(tiny_gpt.eval(), batch, CLM)
+    assert one.n == len(ds) and torch.allclose(one.sums[0], s[0]) and int(one.counts[0]) == int(c[0])
