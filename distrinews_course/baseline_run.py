@@ -27,6 +27,7 @@ def run_table(m: dict) -> str:
         f"data : {m['data']['title']}: {m['data']['train_size']:,} training texts; evaluated on {held_out:,} held-out "
         f"texts, {which}",
         f"model: {m['model']['resolved']} ({m['model']['num_parameters'] / 1e6:.1f}M parameters)",
+        padding_line(m),
         "",
         f"{'epoch':>5} {'train loss':>11} {'val loss':>9} {'val acc':>8} {'seconds':>8} {'samples/s':>10}",
     ]
@@ -36,6 +37,20 @@ def run_table(m: dict) -> str:
             f"{e['epoch_time_s']:>8.1f} {e['samples_per_s']:>10.0f}"
         )
     return "\n".join(lines)
+
+
+def padding_line(m: dict) -> str:
+    """How long the texts were (mean and spread of the tokens per text, over the last epoch, and where they are cut)
+    and what share of the tokens the batches carried was padding: what exercise 2 reasons from."""
+    e, cfg = m["epochs"][-1], m["config"]
+    mean = e["train_tokens"] / e["train_samples"]
+    spread = max(e["sum_sq_len"] / e["train_samples"] - mean**2, 0.0) ** 0.5
+    how = "grouped by length" if cfg.get("group_by_length") else "in random batches"
+    return (
+        f"texts: {mean:.1f} tokens on average (spread {spread:.1f}, cut at {cfg['max_length']}); "
+        f"{100 * m['aggregates']['padding_fraction']:.2f}% of the tokens in the batches of {cfg['batch_size']} "
+        f"({how}) were padding"
+    )
 
 
 def run_claims(m: dict, epochs_asked: int | None = None) -> list[Claim]:
