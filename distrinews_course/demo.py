@@ -288,13 +288,14 @@ def results(output: str) -> list[dict]:
     ]
 
 
-FIX_MARK = re.compile(r"#\s*(BUG|THE FIX|FIX\b)")
+FIX_MARK = re.compile(r"#\s*(BUG|THE FIX|FIX\b|BOTH MODES)")
 
 
 def show_fix(script, context: int = 1, echo: bool = True) -> str | None:
     """The lines of a pitfall script that make it broken or fixed: those whose comment says BUG (shown with
-    '-') or FIX (shown with '+'), each with `context` lines before it, numbered as in the file. Read from the
-    file itself, so what the notebook shows is what runs."""
+    '-') or FIX (shown with '+'), each with `context` lines before it, numbered as in the file; a line whose comment
+    says BOTH MODES is shown unmarked (it runs either way: the fix is around it). Read from the file itself, so what
+    the notebook shows is what runs."""
     lines = Path(script).read_text().splitlines()
     marked = [i for i, line in enumerate(lines) if FIX_MARK.search(line) and not line.lstrip().startswith(('"', "'"))]
     keep = sorted({j for i in marked for j in range(max(0, i - context), i + 1)})
@@ -303,7 +304,7 @@ def show_fix(script, context: int = 1, echo: bool = True) -> str | None:
         if last is not None and i > last + 1:
             out.append("     ...")
         m = FIX_MARK.search(lines[i]) if i in marked else None
-        sign = " " if not m else ("-" if m[1] == "BUG" else "+")
+        sign = " " if not m or m[1] == "BOTH MODES" else ("-" if m[1] == "BUG" else "+")
         out.append(f"{sign}{i + 1:>4} {lines[i]}")
         last = i
     text = "\n".join(out)

@@ -224,8 +224,9 @@ def _blank(prediction: dict, example: str):
 
 def batchnorm_prediction(prediction: dict, small: dict, big: dict) -> str | None:
     """Exercise 3: with 64 samples per rank instead of 4, do the unsynchronised running means come closer to the global
-    batch's ("closer") or go "further"; and does SyncBatchNorm still match exactly (True/False)? None when right."""
-    if problem := _blank(prediction, '{"closer_or_further": "closer", "sync_still_exact": True}'):
+    batch's ("closer") or go "further"; and does SyncBatchNorm still match it within float rounding, a difference
+    below 1e-4 (True/False)? Not exactly: the same sums, added in another order in fp32. None when right."""
+    if problem := _blank(prediction, '{"closer_or_further": "closer", "sync_within_rounding": True}'):
         return problem
     closer = big["broken"]["mean_diff_to_global"] < small["broken"]["mean_diff_to_global"]
     said = str(prediction["closer_or_further"]).strip().lower()
@@ -236,10 +237,13 @@ def batchnorm_prediction(prediction: dict, small: dict, big: dict) -> str | None
             f"'{said}', but the run went {'closer' if closer else 'further'}: a mean over 64 samples varies less "
             "than one over 4, so each rank's statistics come nearer the global batch's"
         )
-    if bool(prediction["sync_still_exact"]) != (big["fixed"]["mean_diff_to_global"] < 1e-4):
+    diff = big["fixed"]["mean_diff_to_global"]
+    if bool(prediction["sync_within_rounding"]) != (diff < 1e-4):
+        if diff >= 1e-4:  # the run, not the prediction, is off: its claims (PredictionRuns.claims) fail too
+            return f"this run's SyncBatchNorm ended {diff:.1e} from the global batch's: not within float rounding"
         return (
             "SyncBatchNorm all-reduces the sums, so it computes the global batch's statistics at any per-rank "
-            "batch: it stays exact"
+            f"batch: it stays equal within float rounding (max difference {diff:.1e})"
         )
     return None
 

@@ -108,15 +108,18 @@ def test_accumulation_mutants_each_named(fn, words):
 def test_the_batchnorm_prediction_names_each_mistake():
     small = {"broken": {"mean_diff_to_global": 0.245}, "fixed": {"mean_diff_to_global": 2e-7}}
     big = {"broken": {"mean_diff_to_global": 0.05}, "fixed": {"mean_diff_to_global": 3e-7}}
-    right = {"closer_or_further": "closer", "sync_still_exact": True}
+    right = {"closer_or_further": "closer", "sync_within_rounding": True}
     assert px.batchnorm_prediction(right, small, big) is None
     assert px.batchnorm_prediction({**right, "closer_or_further": "Closer "}, small, big) is None
     assert "a mean over 64 samples varies less" in px.batchnorm_prediction(
         {**right, "closer_or_further": "further"}, small, big
     )
-    assert "it stays exact" in px.batchnorm_prediction({**right, "sync_still_exact": False}, small, big)
+    wrong = px.batchnorm_prediction({**right, "sync_within_rounding": False}, small, big)
+    assert "it stays equal within float rounding (max difference 3.0e-07)" in wrong
+    unsynced = {"broken": {"mean_diff_to_global": 0.05}, "fixed": {"mean_diff_to_global": 2e-3}}  # a sync that failed
+    assert "ended 2.0e-03 from the global batch's" in px.batchnorm_prediction(right, small, unsynced)
     assert "write 'closer' or 'further'" in px.batchnorm_prediction({**right, "closer_or_further": "less"}, small, big)
-    assert "fill in" in px.batchnorm_prediction({"closer_or_further": None, "sync_still_exact": None}, small, big)
+    assert "fill in" in px.batchnorm_prediction({"closer_or_further": None, "sync_within_rounding": None}, small, big)
     assert "went further" in px.batchnorm_prediction(  # a run that went the other way is graded by the run
         {**right}, big, small
     )

@@ -97,6 +97,12 @@ def test_show_fix_marks_bug_and_fix_lines_with_their_numbers(tmp_path):
         "    5 w = 4",
         "+   6 y = 5  # THE FIX",
     ]
+    script.write_text("a = 1\nb = 2  # THE FIX\nc = 3  # BOTH MODES: the fix is around it\n")
+    assert show_fix(script, echo=False).splitlines()[1:] == [
+        "    1 a = 1",
+        "+   2 b = 2  # THE FIX",
+        "    3 c = 3  # BOTH MODES: the fix is around it",
+    ]
 
 
 def test_nccl_is_refused_clearly_without_a_gpu_per_rank():

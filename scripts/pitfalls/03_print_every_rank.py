@@ -31,7 +31,7 @@ for mode in (["broken", "fixed"] if args.mode == "both" else [args.mode]):
         else:
             dist.all_reduce(loss)             # THE FIX, part 1: the global mean...
             loss /= ctx.world
-            if ctx.rank == 0:                 # THE FIX, part 2: printed once (distrinews_lib.distributed.print0)
-                print(f"[fixed] epoch {epoch} loss {loss.item():.4f}", flush=True)
+            if ctx.rank == 0:                 # THE FIX, part 2: on rank 0 only (distrinews_lib.distributed.print0)
+                print(f"[fixed] epoch {epoch} loss {loss.item():.4f}", flush=True)  # THE FIX: printed once
     dist.barrier()  # keep the two demos apart in the output
 finish()

@@ -67,7 +67,7 @@ for mode in (["broken", "fixed"] if args.mode == "both" else [args.mode]):
                 f.writelines(f"{epoch},{loss}\n" for epoch, loss in enumerate(losses))
             tmp = summary.with_name(summary.name + ".tmp")
             tmp.write_text(json.dumps({"losses": losses}))
-            os.replace(tmp, summary)                 # readers see the old file or the new one, never half
+            os.replace(tmp, summary)                 # THE FIX: readers see the old file or the new, never half
     dist.barrier()                                   # everyone waits for the writer before reading
     rows = log.read_text().splitlines()
     try:
