@@ -12,6 +12,7 @@ speed (one metric: steady samples/s).
 from __future__ import annotations
 
 import json
+import re
 
 from .bench.quiet import OtherPrograms
 from .claims import Claim
@@ -65,24 +66,31 @@ def baseline_table(m: dict) -> str:
 
 def diff_sections(text: str) -> list[str]:
     """A script_diff of train_single.py against train_ddp.py in three parts, cut where the lesson reads it: the
-    imports and the process group (the first two hunks); the data, the model and the DDP wrap (up to the hunk with
+    imports and the process group (the first two hunks, less the module docstring's lines, which say nothing about
+    DDP and would push the part past a screen); the data, the model and the DDP wrap (up to the hunk with
     `DDP(model`); the loop and the end."""
     head, *hunks = text.split("\n@@")
+    hunks[0] = _without_docstring(hunks[0])
     wrap = next((i for i, h in enumerate(hunks) if "DDP(model" in h), len(hunks) - 1) + 1
     parts = [hunks[:2], hunks[2:wrap], hunks[wrap:]]
     return ["\n@@".join([head, *parts[0]]), *("@@" + "\n@@".join(p) for p in parts[1:])]
 
 
-def launch_claims(output: str, nproc: int) -> list[Claim]:
-    first = output.splitlines()[0] if output else ""
-    return [
-        Claim(
-            "run_ddp.sh printed the plain torchrun command line before running it",
-            first.startswith("+ ")
-            and "torch.distributed.run --standalone" in first
-            and f"--nproc_per_node={nproc} scripts/train_ddp.py" in first,
-        )
-    ]
+def _without_docstring(hunk: str) -> str:
+    """The first hunk (its text after the leading "@@") without the lines up to the docstring's closing quotes, its
+    header renumbered to the lines that remain. A hunk that does not open on a docstring comes back as it was."""
+    header, *lines = hunk.split("\n")
+    m = re.fullmatch(r" -(\d+),(\d+) \+(\d+),(\d+) @@(.*)", header)
+    if not m or not lines or not lines[0][1:].startswith('"""'):
+        return hunk
+    end = next((i for i, line in enumerate(lines[1:], 1) if line[1:].strip() == '"""'), None)
+    if end is None:
+        return hunk
+    gone = lines[: end + 1]
+    old = sum(line[:1] in " -" for line in gone)
+    new = sum(line[:1] in " +" for line in gone)
+    a, na, b, nb = (int(g) for g in m.groups()[:4])
+    return "\n".join([f" -{a + old},{na - old} +{b + new},{nb - new} @@{m.group(5)}", *lines[end + 1 :]])
 
 
 def promise_claims(d: dict, base: dict, output: str, nproc: int, backend: str) -> list[Claim]:
@@ -234,14 +242,17 @@ def speed_note(rows, d: dict, env, load: OtherPrograms) -> str:
         )
     verdict = "slower than" if s < 0.95 else "about as fast as" if s < 1.05 else f"{s:.2f}x as fast as"
     text = f"Here the {env.nproc}-process run was **{verdict}** one process ({s:.2f}x the samples/s)"
-    if not load.quiet:
-        text += ", on a machine where other programs were busy meanwhile, so take the figure with salt"
+    busy = "" if load.cores is None else f" ({load.cores:.1f} of a core)"
+    if load.quiet:
+        text += f", while other programs kept the machine quiet{busy}"
+    else:
+        text += f", on a machine where other programs were busy meanwhile{busy}, so take the figure with salt"
     text += (
         f". Per optimizer step each process computed {per} examples and all-reduced {grad_mib:.1f} MiB of gradients "
         + ("over TCP. " if not env.n_gpus else "between GPUs. ")
-        + "Every step pays for that all-reduce, however few examples it computed, so the smaller the batch per "
-        "process, the larger its share of the step. This run does not time the all-reduce on its own; chapter 05 "
-        "does, and sweeps the per-process batch on the same cores to show the speedup growing with it."
+        + "The size of that all-reduce is set by the model, not by the batch. NOTE: this run does not time the "
+        "all-reduce on its own, so it cannot say what share of the step it took; chapter 05 times it and sweeps the "
+        "per-process batch on the same cores."
     )
     return text + published
 
