@@ -105,7 +105,8 @@ def throughput_note(m: dict) -> str:
         return text + " fine-tuned from pretrained weights (the check above holds it to at least 90%)."
     return text + (
         " trained from random weights: even a tiny model learns real news categories (chance is 25%). The "
-        "pretrained DistilBERT on the full AG News reaches about 94% (a published figure, not measured here)."
+        "pretrained DistilBERT fine-tuned on the full AG News reaches about 94% (94.4% after 2 epochs in a published "
+        "fine-tune, huggingface.co/TingTing0104/distilbert-base-uncased-finetuned-ag_news; not measured here)."
     )
 
 

@@ -54,14 +54,16 @@ def _failing(claims):
 
 # Section 1
 def test_the_hello_launch_supports_every_claim(hello):
-    assert _failing(R.hello_claims(hello)) == []
+    assert _failing(R.hello_claims(hello, 2)) == []
     assert "all-reduce SUM" in R.hello_table(hello) and len(R.hello_table(hello).splitlines()) == 3
 
 
 @pytest.mark.parametrize(
     "wrong, fails",
     [
-        (lambda h: h["ranks"][1].update(rank=0), "numbered 0..1"),
+        (lambda h: h["ranks"][1].update(rank=0), "ranks [0, 0]"),
+        (lambda h: h["ranks"].pop(), "ranks [0]"),  # a rank that never reported
+        (lambda h: [r.update(world_size=1) for r in h["ranks"]], "WORLD_SIZE=2"),
         (lambda h: h["ranks"][1].update(pid=h["ranks"][0]["pid"]), "distinct PIDs"),
         (lambda h: h["ranks"][1].update(sum=2.0), "the same total, 3"),
         (lambda h: h["ranks"][1].update(local_grad=h["ranks"][0]["local_grad"]), "local gradient differs"),
@@ -70,7 +72,7 @@ def test_the_hello_launch_supports_every_claim(hello):
 )
 def test_a_wrong_hello_figure_fails(hello, wrong, fails):
     wrong(hello)
-    failing = _failing(R.hello_claims(hello))
+    failing = _failing(R.hello_claims(hello, 2))
     assert failing and fails in failing[0], failing
 
 
@@ -230,6 +232,8 @@ def test_the_straggler_launch_supports_every_claim(strag):
         (0, "backward_s", 0.1, "waited at the all-reduce"),
         (1, "backward_s", 0.3, "did not wait"),
         (0, "step_s", 0.2, "as long as the slowest"),
+        (1, "step_s", 0.3, "as long as the slowest"),  # the straggler's own step shorter than its delay
+        (1, "step_s", 0.6, "as long as the slowest"),  # the fast ranks ended their step before the straggler's
     ],
 )
 def test_a_wrong_straggler_figure_fails(strag, rank, key, value, fails):
