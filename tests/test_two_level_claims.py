@@ -232,6 +232,32 @@ def test_each_wrong_figure_fails_its_groups_claim(plant, failing):
     assert not node_groups.claims([])[0].holds
 
 
+def _carried(mib):
+    """The node-groups claim on the bytes across, with rank 2's link at `mib` MiB."""
+    rows = node_group_rows()
+    rows[2]["across"]["link_mib"] = mib
+    return node_groups.claims(rows)[3]
+
+
+@pytest.mark.parametrize("mib", [8.02, 8.15, 8.96])  # a quiet box; CI's load (a run that once failed at 5%)
+def test_the_payload_with_its_headers_passes(mib):
+    """The link carries the ring's payload plus the packets' headers and ACKs (more of them under load)."""
+    c = _carried(mib)
+    assert c.holds and "headers and ACKs" in c.text
+
+
+@pytest.mark.parametrize(
+    "mib",
+    [
+        7.5,  # less than the ring's payload: a rank sent only part of its message
+        12.0,  # half as much again as the ring needs
+        16.0,  # twice the ring's bytes
+    ],
+)
+def test_a_wrong_byte_count_fails(mib):
+    assert not _carried(mib).holds
+
+
 def test_the_measured_crossover_is_stated_from_the_signs_the_rounds_agree_on(rec):
     """The line beside the model's break-even says where the box measured hierarchical stop paying: a saving whose
     rounds disagree on its sign is called even, never a gain or a loss; a saving that grows with the rate, or one that
