@@ -14,6 +14,8 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from distrinews_lib.checkpoint_format import DDP_PREFIX
+
 from .claims import Claim
 
 GRAD_EXACT = 1e-5  # float32 gradients of a 3-weight model, summed in another order: they agree to ~1e-7
@@ -403,8 +405,8 @@ def checkpoint_claims(output: str, ck: dict, nproc: int) -> list[Claim]:
             f"the checkpoint holds the unwrapped model: DDP's own state_dict has its {len(ddp_keys)} keys under "
             "'module.', the file has the same keys without it",
             bool(ddp_keys)
-            and all(k.startswith("module.") for k in ddp_keys)
-            and [k.removeprefix("module.") for k in ddp_keys] == ck["keys"],
+            and all(k.startswith(DDP_PREFIX) for k in ddp_keys)
+            and [k.removeprefix(DDP_PREFIX) for k in ddp_keys] == ck["keys"],
         ),
         Claim(
             f"all {nproc} ranks loaded it (after the barrier) and got exactly the trained weights, the same on every "

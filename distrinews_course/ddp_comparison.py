@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import re
 
+from distrinews_lib.checkpoint_format import DDP_PREFIX
+
 from .bench.quiet import OtherPrograms
 from .claims import Claim
 from .notebook import accuracy_floor
@@ -130,7 +132,7 @@ def saved_model_claims(payload: dict, loaded_metadata: dict, d: dict, nproc: int
     return [
         Claim(
             "no checkpoint key has the DDP wrapper's 'module.' prefix",
-            bool(keys) and not any(k.startswith("module.") for k in keys),
+            bool(keys) and not any(k.startswith(DDP_PREFIX) for k in keys),
         ),
         Claim(
             f"the checkpoint's metadata says {payload['metadata']['world_size']} processes trained it, as this run's "

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-MODULE_PREFIX = "module."  # what DistributedDataParallel puts before every weight name of the model it wraps
+from distrinews_lib.checkpoint_format import DDP_PREFIX as MODULE_PREFIX
 
 
 def _redo(checkpoint) -> str:

@@ -18,6 +18,7 @@ LOADERS = (
     "classifiers load with distrinews_lib.serving.inference.load_checkpoint (the server), language models "
     "(--task clm, mlm) with distrinews_lib.lm.inference.load_lm (notebook 11)"
 )
+DDP_PREFIX = "module."  # what DistributedDataParallel puts before every weight name of the model it wraps
 REQUIRED_KEYS = ("model_type", "model_config", "state_dict", "label_names")
 
 
@@ -37,7 +38,7 @@ def check_format(path: Path, payload) -> None:
         bare = isinstance(payload, dict) and payload and all(torch.is_tensor(v) for v in payload.values())
         what = " It holds bare weights (a state_dict) without the model's config, labels or tokenizer." if bare else ""
         raise CheckpointError(f"checkpoint {path} is not a DistriNews checkpoint (missing {', '.join(missing)}).{what}")
-    if any(str(k).startswith("module.") for k in payload["state_dict"]):
+    if any(str(k).startswith(DDP_PREFIX) for k in payload["state_dict"]):
         raise CheckpointError(
             f"checkpoint {path} holds a DDP wrapper's keys ('module.' prefix); save unwrap(model) instead."
         )
