@@ -445,13 +445,37 @@ def test_mlm_masks_through_the_task_as_the_collator_does(vocab):
     assert bool((batch["labels"] != lm.IGNORE).any())
 
 
+def _masked_lm_showing(p_mask: float, p_random: float):
+    """A masked LM choosing 15% as BERT does, showing them p_mask as [MASK] and p_random as another token."""
+
+    def mask(ids, tok, seed, epoch, index):
+        g = torch.Generator().manual_seed(hash((seed, epoch, index)) & (2**63 - 1))
+        special = torch.tensor([tok.cls_token_id, tok.sep_token_id, tok.pad_token_id])
+        chosen = (torch.rand(ids.shape, generator=g) < 0.15) & ~torch.isin(ids, special)
+        roll, inputs = torch.rand(ids.shape, generator=g), ids.clone()
+        inputs[chosen & (roll < p_mask)] = tok.mask_token_id
+        swap = chosen & (roll >= p_mask) & (roll < p_mask + p_random)
+        inputs[swap] = torch.randint(len(tok), ids.shape, generator=g)[swap]
+        return inputs, torch.where(chosen, ids, torch.full_like(ids, lm.IGNORE))
+
+    def inputs_and_labels(ids, index, collator):
+        pairs = [mask(row, collator.tokenizer, collator.seed, collator.epoch, int(i)) for row, i in zip(ids, index)]
+        return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+
+    return SimpleNamespace(inputs_and_labels=inputs_and_labels)
+
+
 def test_the_80_10_10_split_holds_for_the_collator_and_fails_for_a_wrong_split(vocab):
     voc, blocks = vocab
-    split = claims.mask_split(blocks[:64], voc, seed=42)
+    split = claims.mask_split(blocks[:128], voc, seed=42)
+    assert split["chosen"] > 10_000  # 4 standard errors of 80% under 1.6 points
     assert claims.split_claim(split).holds, split
     assert abs(split["mask"] + split["random"] + split["kept"] - 1) < 1e-9
+    assert claims.split_claim(claims.mask_split(blocks[:128], voc, 42, task=_masked_lm_showing(0.8, 0.1))).holds
+    for p_mask, p_random in ((0.75, 0.125), (0.72, 0.14), (0.8, 0.05), (1.0, 0.0)):  # 75/12.5/12.5, ..., all [MASK]
+        wrong = claims.mask_split(blocks[:128], voc, 42, task=_masked_lm_showing(p_mask, p_random))
+        assert not claims.split_claim(wrong).holds, (p_mask, p_random, wrong)
     assert not claims.split_claim({**split, "mask": 0.7, "kept": 0.2}).holds  # 70/10/20
-    assert not claims.split_claim({**split, "mask": 1.0, "random": 0.0, "kept": 0.0}).holds  # every one [MASK]
 
 
 def test_the_idea_picture_deals_blocks_as_distributed_sampler_and_marks_each_repeat_once(tmp_path):
