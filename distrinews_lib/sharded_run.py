@@ -5,8 +5,8 @@ that a checkpoint comes from the same run, the held-out score, and the record of
     args = sharded_run.parse_args()
     ids, mask, labels = sharded_run.tensors(tokenizer, texts, labels, args.max_length)
     sharded_run.check_same_run(folder, train, args, len(labels))   # a UserError if the data or the batch differ
-    clock = sharded_run.Clock()      # clock.stepped(step, t0) after each step; clock.saves.append(handle)
-    sharded_run.report(args, model, tokenizer, data, clock, start, resumed_from)   # score, print, result.json
+    timeline = sharded_run.Timeline(model, optimizer, start)   # hooks that time every step: the loop has no clock
+    sharded_run.report(args, model, tokenizer, data, timeline, saves, start, resumed_from)  # score, result.json
 """
 
 from __future__ import annotations
@@ -82,28 +82,37 @@ def evaluate(model, ids, mask, labels, rank: int, world: int, batch: int = 100) 
     return {"val_accuracy": totals[0].item() / n, "val_loss": totals[1].item() / n, "val_texts": n}
 
 
-class Clock:
-    """When each optimizer step ran on this rank, and each save's handle (its call, return and commit times)."""
+class Timeline:
+    """When each optimizer step ran on this rank, for chapter 07's save timeline, taken by hooks so that the training
+    loop carries no clock: a step starts when the model's forward is called and ends when optimizer.step() returns.
+    `steps` holds (step, start, end) with the step numbered from first_step + 1, as the checkpoints number it."""
 
-    def __init__(self):
+    def __init__(self, model, optimizer, first_step: int):
         self.steps: list[tuple[int, float, float]] = []
-        self.saves: list = []
+        self._next, self._t0 = first_step + 1, None
+        model.register_forward_pre_hook(self._started, prepend=True)  # before FSDP2's all-gather of the root
+        optimizer.register_step_post_hook(self._stepped)
 
-    def stepped(self, step: int, t0: float) -> None:
-        self.steps.append((step, t0, time.time()))
+    def _started(self, module, args) -> None:
+        self._t0 = time.time()
+
+    def _stepped(self, optimizer, args, kwargs) -> None:
+        self.steps.append((self._next, self._t0, time.time()))
+        self._next += 1
 
 
-def report(args, model, tokenizer, data, clock: Clock, start: int, resumed_from) -> dict:
+def report(args, model, tokenizer, data, timeline: Timeline, saves: list, start: int, resumed_from) -> dict:
     """Score the held-out texts, print one line on rank 0, and write OUTPUT/result.json there: the score, the
-    arguments, and every rank's step and save times. Every rank calls it (the score and the gather are collective)."""
+    arguments, and every rank's step times and save times. Every rank calls it (the score and the gather are
+    collective)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     score = evaluate(model, *tensors(tokenizer, data.test_texts, data.test_labels, args.max_length), rank, world)
     every = [None] * world
-    dist.all_gather_object(every, {"rank": rank, "steps": clock.steps, "saves": [s.times() for s in clock.saves]})
+    dist.all_gather_object(every, {"rank": rank, "steps": timeline.steps, "saves": [s.times() for s in saves]})
     D.print0(
         f"step {args.steps} on {world} rank(s): val accuracy {100 * score['val_accuracy']:.2f}% "
         f"({score['val_texts']} texts), val loss {score['val_loss']:.4f}; saved at steps "
-        f"{', '.join(f'{s.step} ({s.mode})' for s in clock.saves)}"
+        f"{', '.join(f'{s.step} ({s.mode})' for s in saves)}"
     )
     if rank == 0:
         result = {

@@ -9,7 +9,6 @@ global batch is fixed and its order is drawn before it is split among the ranks,
 examples on 1, 2 or 4 ranks. Dropout is off: a rank's random stream has no counterpart on another number of ranks.
 """
 import json
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -97,15 +96,14 @@ def main():
         if rank == 0:
             ckpt.discard_partials(args.output)  # what killed saves left
 
-        clock, pending = sharded_run.Clock(), None  # when each step and save ran (for the chapter's timeline)
+        saves, pending = [], None  # each save's handle, sync or async; pending: the save still writing
+        timeline = sharded_run.Timeline(model, optimizer, start)  # times each step, for the chapter's timeline
         for step in range(start, args.steps):
-            t0 = time.time()
             idx = sampler.indices(step)
             loss = model(input_ids=ids[idx], attention_mask=mask[idx], labels=labels[idx]).loss
             loss.backward()  # FSDP2 reduce-scatters each layer's gradients: every rank keeps its shard's average
             optimizer.step()
             optimizer.zero_grad()
-            clock.stepped(step + 1, t0)
             if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
                 if pending is not None:
                     pending.wait()  # one save in flight at a time
@@ -115,14 +113,14 @@ def main():
                          "seed": args.seed, "num_samples": len(labels), "rng": rngs}
                 msd, osd = get_state_dict(model, optimizer)  # this rank's shards (DTensors): nothing is gathered
                 state = {"model": msd, "optim": osd, "train": json.dumps(train), "model_info": model_info}
-                use_async = args.async_save == "on" or (args.async_save == "alternate" and len(clock.saves) % 2)
+                use_async = args.async_save == "on" or (args.async_save == "alternate" and len(saves) % 2)
                 pending = ckpt.save(state, args.output, step + 1, group=ckpt_group, async_=use_async,
                                     keep=args.keep)
-                clock.saves.append(pending)
+                saves.append(pending)
         if pending is not None:
             pending.wait()
 
-        sharded_run.report(args, model, tokenizer, data, clock, start, resumed_from)  # score, result.json
+        sharded_run.report(args, model, tokenizer, data, timeline, saves, start, resumed_from)  # score, result.json
     finally:
         dist.destroy_process_group()
 
