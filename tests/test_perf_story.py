@@ -185,10 +185,3 @@ def test_a_sweep_busy_in_every_point_says_so_once_in_its_story():
     assert not any(c.checked for c in s.speedup_claims())
     story = perf_story.story(s, 0.95)
     assert story.count("other programs used up to") == 1 and "during some of these runs" in story.split(". ")[0]
-
-
-def test_the_levers_group_their_claims():
-    one = Claim("0.25 MiB buckets: 1.00", True, "busy")
-    assert perf_story.buckets_conclusions(one) == {"whether smaller buckets change DDP's step": [one]}
-    assert perf_story.buckets_conclusions(None) == {"whether smaller buckets change DDP's step": []}
-    assert settled(perf_story.buckets_conclusions(None)) == []

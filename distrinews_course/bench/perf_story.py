@@ -66,11 +66,6 @@ def gap_conclusions(sweep) -> dict:
     return {"which parts make the gap between the even split and DDP's step": sweep.gap_claim()}
 
 
-def buckets_conclusions(claim) -> dict:
-    """Section 6's small-bucket lever: levers.small_buckets_claim (None where the sweep ran no small buckets)."""
-    return {"whether smaller buckets change DDP's step": [claim] if claim else []}
-
-
 def hooks_conclusions(hooks) -> dict:
     """Section 6's compression hooks: the bytes each writes (its first two claims), and fp16's cost in accuracy."""
     claims = hooks.claims()
