@@ -12,6 +12,7 @@ The decision of whether a figure holds, and whether the run could tell, lives in
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from .notebook import check
 
@@ -34,3 +35,18 @@ def settle(claims) -> None:
             check(claim.holds, claim.text)
         else:
             print(f"NOTE: not checked on this run ({claim.unchecked}): {claim.text}")
+
+
+def written_by_launch(path, metadata: dict, started_s: float, seconds: float, expected: dict, slack_s=1.0) -> Claim:
+    """A checkpoint is this launch's, judged from outside the program that wrote it: the file system dates the file
+    inside the launch (from `started_s`, the notebook's time.time() just before it, to `seconds` later; slack_s for
+    the clock's rounding), and the settings the file records equal those the notebook passed (`expected`, e.g.
+    {"preset": "cpu_smoke", "world_size": 2}). A file left by an earlier run, or by a run with other settings, fails."""
+    after = Path(path).stat().st_mtime - started_s
+    wrong = {k: metadata.get(k) for k, v in expected.items() if metadata.get(k) != v}
+    said = ", ".join(f"{k} {v}" for k, v in expected.items())
+    return Claim(
+        f"the checkpoint was written by this launch ({after:.0f} s in) with its {said}"
+        + (f"; it records {wrong}" if wrong else ""),
+        -slack_s <= after <= seconds + slack_s and not wrong,
+    )

@@ -17,6 +17,7 @@ import torch
 from distrinews_course import baseline_figures as F
 from distrinews_course import baseline_run as R
 from distrinews_course.attempt import try_exercise
+from distrinews_course.claims import written_by_launch
 from distrinews_course.save_resume_exercise import resume_test
 
 matplotlib.use("Agg")
@@ -71,26 +72,34 @@ def test_the_throughput_note_says_what_the_epochs_did(m):
     assert "random weights" not in R.throughput_note(m)
 
 
-class _Loaded:
-    label_names = ["World", "Sports", "Business", "Sci/Tech"]
-
-    def __init__(self, world_size=1, accuracy=0.858):
-        self.metadata = {"world_size": world_size, "final_accuracy": accuracy}
-
-
+LABELS = ["World", "Sports", "Business", "Sci/Tech"]
 HEADLINES = {"a": "World", "b": "Sports", "c": "Business", "d": "Sci/Tech"}
 
 
-def test_the_checkpoint_claims_hold_and_fail(m):
+def test_the_headline_claim_holds_and_fails():
     probs = torch.eye(4) * 0.9 + 0.025
-    table, right = R.headline_table(HEADLINES, probs, _Loaded.label_names)
+    table, right = R.headline_table(HEADLINES, probs, LABELS)
     assert right == 4 and table.count("expected") == 4
-    assert _failing(R.checkpoint_claims(_Loaded(), probs, right, m)) == []
-    assert "metadata is this run's" in _failing(R.checkpoint_claims(_Loaded(world_size=2), probs, right, m))[0]
-    assert "metadata is this run's" in _failing(R.checkpoint_claims(_Loaded(accuracy=0.85), probs, right, m))[0]
+    assert _failing(R.checkpoint_claims(probs, right)) == []
     wrong = probs[[1, 0, 3, 2]]  # every headline in another class
-    _, right = R.headline_table(HEADLINES, wrong, _Loaded.label_names)
-    assert right == 0 and "at least 3 of these 4" in _failing(R.checkpoint_claims(_Loaded(), wrong, right, m))[0]
+    _, right = R.headline_table(HEADLINES, wrong, LABELS)
+    assert right == 0 and "at least 3 of these 4" in _failing(R.checkpoint_claims(wrong, right))[0]
+
+
+def test_a_stale_or_foreign_checkpoint_is_not_this_launchs(tmp_path):
+    """The file's date against the notebook's launch, and its recorded settings against the notebook's."""
+    ckpt = tmp_path / "m.pt"
+    ckpt.write_bytes(b"x")
+    written = ckpt.stat().st_mtime
+    meta, want = {"preset": "cpu_smoke", "world_size": 1}, {"preset": "cpu_smoke", "world_size": 1}
+    claim = written_by_launch(ckpt, meta, written - 10, 20, want)
+    assert claim.holds and "10 s in" in claim.text, claim.text
+    stale = written_by_launch(ckpt, meta, written + 600, 20, want)  # the file predates this launch
+    assert not stale.holds and "-600 s in" in stale.text
+    late = written_by_launch(ckpt, meta, written - 100, 20, want)  # dated after the launch had ended
+    assert not late.holds
+    foreign = written_by_launch(ckpt, {**meta, "world_size": 2}, written - 10, 20, want)
+    assert not foreign.holds and "it records {'world_size': 2}" in foreign.text
 
 
 def test_the_reload_and_confusion_claims(m):
