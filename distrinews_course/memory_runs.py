@@ -359,14 +359,18 @@ def judge_saving_prediction(predicted, saved: float, margin: float = 0.25) -> bo
     return ok
 
 
-def the_view_saves_the_buckets(two: Launch) -> Claim:
-    """The saving is one bucket copy of the gradients, within 40%: it is the difference of two peaks, each of which
-    moves by up to the launch's spread (about 1 MiB against 8 MiB of buckets on the course's model), and 40% still
-    tells one copy from none or two."""
+VIEW_MARGIN = 0.25  # the bucket view's saving against one bucket copy: see the_view_saves_the_buckets
+
+
+def the_view_saves_the_buckets(two: Launch, margin: float = VIEW_MARGIN) -> Claim:
+    """The saving is one bucket copy of the gradients (4 bytes per parameter), within 25%. The saving is the difference
+    of two peaks, each a fresh process's. Measured on the course's model (8.0 MiB of buckets) over 9 runs of that
+    difference (6 repeated pairs in two launches, 3 chapter runs), it ranged 6.92-8.38 MiB: at most 13% off the copy.
+    25% is about twice that, and still fails a saving of half a copy or of two (50% or 100% off), or of none."""
     saved, buckets = bucket_view_saving(two)
-    return 0.6 * buckets < saved < 1.4 * buckets, (
+    return (1 - margin) * buckets < saved < (1 + margin) * buckets, (
         f"gradient_as_bucket_view saved {saved:.1f} MiB per rank: about the bucket copy ({buckets:.1f} MiB, 4 bytes "
-        "per parameter), within 40%"
+        f"per parameter), within {100 * margin:.0f}%"
     )
 
 

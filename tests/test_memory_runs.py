@@ -106,6 +106,11 @@ def test_the_bucket_view_claims_fail_on_a_wrong_figure(two):
     wrong = copy.deepcopy(two)
     _set(wrong, "ddp+view", "peak_rss_above_start_mb", lambda p: two.peak("ddp") - 0.5)  # no copy saved
     assert not R.the_view_saves_the_buckets(wrong)[0]
+    buckets = R.bucket_view_saving(two)[1]
+    for copies in (0.5, 0.7, 1.3, 2.0):  # half a copy, 30% off either way (40% passed these), two copies
+        off = copy.deepcopy(two)
+        _set(off, "ddp+view", "peak_rss_above_start_mb", lambda p, c=copies: two.peak("ddp") - c * buckets)
+        assert not R.the_view_saves_the_buckets(off)[0], copies
     _set(wrong, "zero1", "max_weight_diff_vs_first", 1e-3, rank=1)
     assert not R.every_run_trains_the_same_weights(wrong)[0]
 
