@@ -175,3 +175,12 @@ def scalars_test(run_dir, metrics: dict):
             raise AssertionError(f"train/loss_step: expected {steps} points, one per optimizer step, got {len(loss)}")
 
     return test
+
+
+def judge_wandb_upload(predicted, run_dir) -> bool | None:
+    """Exercise 4: the learner's command for uploading the offline W&B run in `run_dir` later. Right when it is
+    `wandb sync` (with or without the run's folder); prints the command for this run. None when nothing was written."""
+    from .attempt import judge_prediction
+
+    right = str(predicted or "").split()[:2] == ["wandb", "sync"]
+    return judge_prediction("MY_WANDB_UPLOAD", predicted, f"wandb sync {run_dir}", right=right)

@@ -16,6 +16,7 @@ import difflib
 import functools
 import re
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
 import torch
@@ -109,89 +110,119 @@ def step_summary(text: str, removed: int, added: int, run_py="distrinews_lib/acc
     )
 
 
+def _makeup(held: list[tuple[int, int]]) -> str:
+    """[(epoch, micro-batch), ...] as words: 'epoch 1's 4 + epoch 2's 1, 2'."""
+    by_epoch: dict[int, list[int]] = {}
+    for epoch, k in held:
+        by_epoch.setdefault(epoch, []).append(k)
+    return " + ".join(f"epoch {e}'s {', '.join(map(str, ks))}" for e, ks in by_epoch.items())
+
+
 @dataclass
 class ShortGroup:
-    """One epoch of `micro_batches` micro-batches at `grad_accum`, on a one-weight model whose every micro-batch
-    has gradient 1: the gradient each optimizer step used, by train_ddp.py's rule and by a real Accelerator, and
-    what Accelerate left in .grad at the epoch's end (waiting for the next epoch's micro-batches)."""
+    """`epochs` epochs of `micro_batches` micro-batches at `grad_accum`, run in this process: train_ddp.py's groups
+    (its real epochs.accumulate) and a real Accelerator with train_accelerate.py's calls on an unprepared loader.
+    Each micro-batch owns one weight of the model (a one-hot input, gradient 1), so the gradient an optimizer step
+    used says which micro-batches it held, and at what share."""
 
     micro_batches: int
     grad_accum: int
-    groups: list[int]  # train_ddp.py's groups (epochs.accumulate), the last maybe shorter
-    ddp_steps: list[float]  # the gradient of each optimizer step, train_ddp.py's rule: loss / len(group)
-    accelerate_steps: list[float]  # the same, with accelerator.accumulate and accelerator.backward
-    left: float  # the gradient Accelerate left in .grad at the end of the epoch
+    epochs: int
+    groups: list[list[int]]  # each epoch's group lengths by train_ddp.py's epochs.accumulate
+    accelerate_steps: list[list[tuple[int, int, float]]]  # each Accelerate step: (epoch, micro-batch, share) held
+    left: list[tuple[int, int, float]]  # what Accelerate left in .grad after the last epoch
+
+    def _expected(self) -> tuple[list[list[tuple[int, int]]], list[tuple[int, int]]]:
+        """Accelerate's rule (_do_sync): one count over all epochs, a step at every multiple of grad_accum."""
+        flat = [(e, k) for e in range(1, self.epochs + 1) for k in range(1, self.micro_batches + 1)]
+        cut = len(flat) - len(flat) % self.grad_accum
+        return [flat[i : i + self.grad_accum] for i in range(0, cut, self.grad_accum)], flat[cut:]
 
     def table(self) -> str:
-        ddp = ", ".join(f"{g:.2f}" for g in self.ddp_steps)
-        acc = ", ".join(f"{g:.2f}" for g in self.accelerate_steps)
-        plural = "s" * (len(self.accelerate_steps) != 1)
-        return (
-            f"{self.micro_batches} micro-batches, grad_accum {self.grad_accum}, gradient 1 each:\n"
-            f"  train_ddp.py's rule: groups {self.groups} -> {len(self.ddp_steps)} optimizer steps, gradients {ddp}\n"
-            f"  Accelerate:          {len(self.accelerate_steps)} optimizer step{plural}, gradient{plural} {acc}; "
-            f"{self.left:.2f} left in .grad for the next epoch"
-        )
+        def share(step) -> str:  # the shares the gradient showed, as fractions: '1/3 each'
+            fr = sorted({str(Fraction(x).limit_denominator(64)) for _, _, x in step})
+            return (
+                f"{fr[0]} each" if len(fr) == 1 else ", ".join(str(Fraction(x).limit_denominator(64)) for *_, x in step)
+            )
+
+        lines = [
+            f"{self.epochs} epochs of {self.micro_batches} micro-batches, grad_accum {self.grad_accum}:",
+            f"  train_ddp.py (epochs.accumulate): groups {self.groups[0]} in each epoch -> "
+            f"{sum(map(len, self.groups))} optimizer steps, each group's loss divided by its length",
+            f"  Accelerate (one count over the epochs): {len(self.accelerate_steps)} optimizer steps",
+        ]
+        for i, step in enumerate(self.accelerate_steps, 1):
+            lines.append(f"    step {i}: {_makeup([(e, k) for e, k, _ in step])} ({share(step)})")
+        if self.left:
+            lines.append(
+                f"    left in .grad, never stepped: {_makeup([(e, k) for e, k, _ in self.left])} ({share(self.left)})"
+            )
+        return "\n".join(lines)
 
     def claims(self) -> list[tuple]:
-        """train_ddp.py steps on the short group too, each step a mean (gradient 1); Accelerate steps only on full
-        groups and leaves the short group's gradient, divided by grad_accum, waiting. Tolerance: float32's 1/3."""
+        """train_ddp.py's grouping (its real epochs.accumulate) ends every epoch with the short group, so no step
+        spans two epochs; the real Accelerator steps at every grad_accum-th micro-batch counted over the epochs, each
+        share 1/grad_accum, so a step spans the epoch boundary. Tolerance on the shares: float32's 1/3."""
         short = self.micro_batches % self.grad_accum  # 0: no short group, nothing to show
+        ddp = [self.grad_accum] * (self.micro_batches // self.grad_accum) + [short] * (short > 0)
+        steps, left = self._expected()
+        held = [[(e, k) for e, k, _ in step] for step in self.accelerate_steps]
+        shares = [x for step in [*self.accelerate_steps, self.left] for _, _, x in step]
+        spans = next((s for s in steps if len({e for e, _ in s}) > 1), None)
         return [
             (
                 short > 0
-                and len(self.ddp_steps) == len(self.groups) == -(-self.micro_batches // self.grad_accum)
-                and all(abs(g - 1.0) < 1e-6 for g in self.ddp_steps),
-                f"train_ddp.py steps on the short last group of {short} too, dividing by its length",
+                and self.epochs > 1
+                and all(g == ddp for g in self.groups)
+                and len(self.groups) == self.epochs,
+                f"train_ddp.py's epochs.accumulate ends each epoch with its short group of {short}, and steps on it: "
+                "no optimizer step spans two epochs",
             ),
             (
                 short > 0
-                and len(self.accelerate_steps) == self.micro_batches // self.grad_accum
-                and abs(self.left - short / self.grad_accum) < 1e-6,
-                f"... Accelerate does not: it divides by grad_accum ({short}/{self.grad_accum} = {self.left:.2f} of a "
-                "gradient) and holds it for the next epoch's step",
+                and spans is not None
+                and held == steps
+                and [(e, k) for e, k, _ in self.left] == left
+                and all(abs(x - 1 / self.grad_accum) < 1e-6 for x in shares),
+                f"... Accelerate keeps counting into the next epoch: its step {steps.index(spans) + 1 if spans else 0} "
+                f"held {_makeup(spans or [])}, each divided by grad_accum ({self.grad_accum})",
             ),
         ]
 
 
-def short_last_group(micro_batches: int = 4, grad_accum: int = 3) -> ShortGroup:
-    """Run one epoch both ways in this process (under a second): train_ddp.py's grouping (epochs.accumulate) and its
-    division by len(group), and a real Accelerator with train_accelerate.py's calls on an unprepared loader."""
+def short_last_group(micro_batches: int = 4, grad_accum: int = 3, epochs: int = 2) -> ShortGroup:
+    """Run `epochs` epochs both ways in this process (about a second): train_ddp.py's grouping (epochs.accumulate),
+    and a real Accelerator with train_accelerate.py's calls (accumulate, backward, step, zero_grad) on a loader it
+    did not prepare, as train_accelerate.py's training loader is not."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
 
-    from distrinews_lib.training import epochs
+    from distrinews_lib.training import epochs as E
 
-    def one_weight():
-        model = torch.nn.Linear(1, 1, bias=False)
-        torch.nn.init.zeros_(model.weight)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-        used = []
-        optimizer.register_step_post_hook(lambda *_: used.append(float(model.weight.grad)))
-        return model, optimizer, used
+    groups = [[len(g) for g in E.accumulate(list(range(micro_batches)), grad_accum)] for _ in range(epochs)]
+    n = epochs * micro_batches
+    model = torch.nn.Linear(n, 1, bias=False)  # weight j: micro-batch j's, counted over the epochs
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
 
-    x = torch.ones(1, 1)  # d(model(x))/dw = 1 for every micro-batch
-    model, optimizer, ddp_used = one_weight()
-    groups = [len(g) for g in epochs.accumulate(list(range(micro_batches)), grad_accum)]
-    for group in groups:
-        for _ in range(group):
-            (model(x).sum() / group).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    model, optimizer, acc_used = one_weight()
+    def held(grad) -> list[tuple[int, int, float]]:
+        return [(j // micro_batches + 1, j % micro_batches + 1, float(g)) for j, g in enumerate(grad.flatten()) if g]
+
+    steps = []
+    optimizer.register_step_post_hook(lambda *_: steps.append(held(model.weight.grad)))
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=grad_accum)
     try:
         prepared, prepared_opt = accelerator.prepare(model, optimizer)
-        for _ in range(micro_batches):
+        for j in range(n):
+            x = torch.nn.functional.one_hot(torch.tensor([j]), n).float()  # d(model(x))/dw = 1 at weight j only
             with accelerator.accumulate(prepared):
                 accelerator.backward(prepared(x).sum())
                 prepared_opt.step()
                 prepared_opt.zero_grad(set_to_none=True)
-        left = float(model.weight.grad) if model.weight.grad is not None else 0.0
+        left = held(model.weight.grad) if model.weight.grad is not None else []
     finally:
         AcceleratorState._reset_state(True)  # the notebook's process is not an Accelerate run afterwards
         GradientState._reset_state()
-    return ShortGroup(micro_batches, grad_accum, groups, ddp_used, acc_used, left)
+    return ShortGroup(micro_batches, grad_accum, epochs, groups, steps, left)
 
 
 def deepspeed_notice(result) -> str | None:
@@ -203,13 +234,43 @@ def deepspeed_notice(result) -> str | None:
     return f"(the Accelerate log also holds DeepSpeed's CPU warning, {said}x: harmless, see the folded note)"
 
 
+def launch_pair(out, nproc: int, same: list, timeout: float):
+    """Chapter 09's two runs, one after the other, with the same flags `same`: train_ddp.py under torchrun, then
+    train_accelerate.py under accelerate launch, each into out/<ddp|accelerate>/ (metrics.json, model.pt, the
+    tracker's files, launch.log with the whole output). Shows each run's key lines. Returns (ddp, accelerate)."""
+    import shutil
+
+    from .launch import accelerate_launch, torchrun
+    from .notebook import keep_log
+
+    out = Path(out)
+    shutil.rmtree(out, ignore_errors=True)
+    runs = []
+    for name, launcher, script in (
+        ("ddp", torchrun, "train_ddp.py"),
+        ("accelerate", accelerate_launch, "train_accelerate.py"),
+    ):
+        args = [*same, "--output", out / name, "--checkpoint", out / name / "model.pt"]
+        runs.append(launcher(f"scripts/{script}", nproc, args, timeout=timeout, echo=False))
+        keep_log(runs[-1], out / name / "launch.log", show=key_lines)
+    notice = deepspeed_notice(runs[-1])
+    if notice:
+        print(notice)
+    return tuple(runs)
+
+
 def launch_claims(result, nproc: int) -> list[tuple]:
-    """accelerate launch really started `nproc` ranks (launch.accelerate_launch counts each rank's marker), and
-    the script saw a world of that size. Exact."""
-    return [
-        (result.ranks == nproc, f"accelerate launch really ran {nproc} processes"),
-        (f"world size {nproc}" in result.output, "... and the script saw a world of that size"),
-    ]
+    """The script saw a world of `nproc` (its set-up line). That `nproc` ranks started is not a claim here:
+    launch.accelerate_launch counts each rank's marker and raises LaunchError before this runs when they differ."""
+    return [(f"world size {nproc}" in result.output, f"the script saw a world of {nproc} processes")]
+
+
+def same_launch_claim(gap: float, other: str = "torchrun") -> tuple[bool, str]:
+    """Exercise 1: train_accelerate.py launched by `other` against accelerate launch. The launcher only starts the
+    processes, so the weights must be the same bit for bit (gap 0.0, no tolerance)."""
+    if gap == 0.0:
+        return True, f"{other} and accelerate launch ran the same script the same way: identical weights"
+    return False, f"{other}'s weights differ from accelerate launch's by up to {gap:g}: not the same training"
 
 
 def weights(path) -> dict:
@@ -261,7 +322,7 @@ class TrainingPair:
     def claims(self, eval_n: int) -> list[tuple]:
         """The run learned (above 40% on four classes, chance 25%: the tiny model reaches 45-50% in two epochs of
         1,280 texts), and the two runs agree exactly: weights bit for bit, every epoch's training loss, and each
-        of the eval_n held-out texts counted once by both (an odd count: a padded share must not be counted)."""
+        counts eval_n held-out texts (an odd count: a padded duplicate must not be counted; a count, not ids)."""
         a, b = self.metrics["ddp"]["epochs"], self.metrics["accelerate"]["epochs"]
         return [
             (a[-1]["val_accuracy"] > 0.4, f"the runs learned ({100 * a[-1]['val_accuracy']:.0f}%, chance 25%)"),
@@ -276,7 +337,7 @@ class TrainingPair:
             ),
             (
                 all(x["val_examples"] == y["val_examples"] == eval_n for x, y in zip(a, b)),
-                f"... and both evaluated each of the {eval_n} held-out texts exactly once",
+                f"... and both counted {eval_n} held-out texts: the padding duplicates dropped",
             ),
         ]
 
