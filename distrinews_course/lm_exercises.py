@@ -235,11 +235,6 @@ def vocab_prediction(prediction: dict, small: dict, big: dict) -> str | None:
     return None
 
 
-def output_weights(vocab_size: int, width: int = 128) -> int:
-    """The output layer's weights: one row of `width` per token of the vocabulary (GPT-2 ties it to the embedding)."""
-    return vocab_size * width
-
-
 class PredictionRuns:
     """Exercises 3-5's runs, each made the first time it is asked for:
     3. the masked LM and the causal LM, one epoch on 500 texts in one process each (train_single.py);
@@ -314,13 +309,17 @@ class PredictionRuns:
 
         wp = tiny_tokenizer()
         ids = [x[1:-1] for x in tokenization.tokenize_texts(self.run.splits.train_texts, wp, 512)]
-        return {
-            size: {
-                "coverage": lm.VocabSubset.from_corpus(wp, ids, size).coverage(ids),
-                "output_weights": output_weights(size),
+        found = {}
+        for size in (4096, 8192):
+            vocab = lm.VocabSubset.from_corpus(wp, ids, size)
+            model, _ = self.run.task.build_model(vocab, self.cfg.block_size, self.cfg.seed)  # the run's own model
+            found[size] = {
+                "coverage": vocab.coverage(ids),
+                "tokens": len(vocab),
+                "output_weights": model.get_output_embeddings().weight.numel(),
+                "parameters": sum(p.numel() for p in model.parameters()),  # unique: the output layer is tied
             }
-            for size in (4096, 8192)
-        }
+        return found
 
     def line(self, n: int) -> str:
         r = self.result(n)
@@ -334,8 +333,10 @@ class PredictionRuns:
         small, big = r[4096], r[8192]
         return (
             f"4,096 tokens keep {100 * small['coverage']:.1f}% of the training text, 8,192 keep "
-            f"{100 * big['coverage']:.1f}%; the output layer grows from {small['output_weights'] / 1e6:.2f}M to "
-            f"{big['output_weights'] / 1e6:.2f}M weights"
+            f"{100 * big['coverage']:.1f}%; the built model's output layer grows from "
+            f"{small['output_weights'] / 1e6:.2f}M to {big['output_weights'] / 1e6:.2f}M weights, "
+            f"of {small['parameters'] / 1e6:.2f}M and "
+            f"{big['parameters'] / 1e6:.2f}M parameters in all (tied to the embedding)"
         )
 
     def grade(self, n: int, prediction) -> str | None:
@@ -360,7 +361,8 @@ class PredictionRuns:
     def claims(self) -> list:
         """What the runs show. The block count halves within one block (the text's last partial block is dropped);
         the steps formula gives the chapter's run its own count at 32; doubling the vocabulary adds under 10 points of
-        coverage (the added tokens are rare) and doubles the output layer."""
+        coverage (the added tokens are rare). The output layer's size is read from the two built models (line 5), not
+        claimed: it is vocabulary x width by construction."""
         from .claims import Claim
 
         lms, b, v = self.result(3), self.result(4), self.result(5)
@@ -381,7 +383,7 @@ class PredictionRuns:
                 b["steps_short"] == self.steps_32 and b["steps_long"] <= b["steps_short"] / 2 + 1,
             ),
             Claim(
-                f"doubling the vocabulary keeps {100 * gain:.1f} points more of the text for twice the output layer",
-                0 < gain < 0.1 and v[8192]["output_weights"] == 2 * v[4096]["output_weights"],
+                f"doubling the vocabulary keeps {100 * gain:.1f} points more of the text (the added tokens are rare)",
+                0 < gain < 0.1,
             ),
         ]

@@ -1,6 +1,7 @@
 """Chapter 11's machinery: the claims it checks (distrinews_course.lm_claims) hold on the real thing and fail on a wrong
 figure; its exercise checkers (lm_exercises) pass the reference answers and name every wrong one in one line."""
 
+import functools
 import hashlib
 import importlib.util
 import math
@@ -50,6 +51,8 @@ def tiny_gpt(vocab):
 def test_the_objective_enters_train_ddp_in_two_places_and_a_branch_would_show(tmp_path):
     objective, ddp = claims.script_lines()
     assert claims.objective_enters_twice(objective).holds
+    assert any(x.startswith("out = model(") and x.endswith('labels=batch["labels"])') for x in objective)  # whole
+    assert "dist.barrier()" in [x.split("  #")[0] for x in ddp]
     assert any("DDP(model" in x for x in ddp) and any("set_epoch" in x for x in ddp)
     branched = tmp_path / "train.py"
     branched.write_text((ROOT / "scripts" / "train_ddp.py").read_text() + '\nif run.task == "clm":\n    pass\n')
@@ -200,6 +203,9 @@ def test_masking_claims_hold_for_the_collator_and_fail_for_a_wrong_one(vocab):
     _, again_other_epoch = claims.first_masks(blocks[:64], voc, seed=42, epochs=(2, 3))
     assert not claims.masking_claims(first, again_other_epoch, share)[0].holds
     assert not claims.masking_claims(first, again, (0.25, share[1]))[2].holds
+    for rate in (0.13, 0.17):  # a collator 2 points off the 15% fails: the margin is counted over 40 epochs
+        wrong = claims.mask_share(blocks[:64], voc, seed=42, mask=functools.partial(lm.mask_block, probability=rate))
+        assert not claims.masking_claims(first, again, wrong)[2].holds, (rate, wrong)
     shown = claims.shown_block(first[1, 0], voc)
     assert shown.count("<") == int((first[1, 0]["labels"][0] != lm.IGNORE).sum())
 
@@ -423,8 +429,8 @@ def test_the_prediction_runs_claims_hold_and_fail_on_a_wrong_figure():
         3: {"clm": 350.0, "mlm": 120.0},
         4: {"short": 6424, "long": 3212, "steps_short": ex._steps(6424), "steps_long": ex._steps(3212)},
         5: {
-            4096: {"coverage": 0.889, "output_weights": lx.output_weights(4096)},
-            8192: {"coverage": 0.964, "output_weights": lx.output_weights(8192)},
+            4096: {"coverage": 0.889, "output_weights": 524288, "parameters": 1000000},
+            8192: {"coverage": 0.964, "output_weights": 1048576, "parameters": 1500000},
         },
     }
     assert ex._steps(6424) == 201 and ex._steps(3212) == 101
@@ -526,3 +532,14 @@ def test_one_process_validation_sums_every_block_once_in_block_order(vocab, tiny
     batch = ds.collator_for(None)([ds[0]])
     s, c = token_losses(tiny_gpt.eval(), batch, CLM)
     assert one.n == len(ds) and torch.allclose(one.sums[0], s[0]) and int(one.counts[0]) == int(c[0])
+
+
+def test_exercise_5_reads_the_output_layer_from_the_built_models():
+    """The output layer's size is counted on the run's own model at each vocabulary, not computed by a formula."""
+    cfg = SimpleNamespace(batch_size=16, block_size=32, seed=0)
+    run = SimpleNamespace(splits=SimpleNamespace(train_texts=sources.load_embedded().train_texts[:300]), task=CLM)
+    found = lx.PredictionRuns(cfg, run, [], 60, 2, steps_per_epoch=1).result(5)
+    for size, r in found.items():  # 300 texts hold fewer distinct tokens than 4,096: the vocabulary is what they hold
+        assert r["output_weights"] == r["tokens"] * 128 < r["parameters"] and r["tokens"] <= size, (size, r)
+    small, big = found[4096], found[8192]
+    assert big["parameters"] - small["parameters"] == big["output_weights"] - small["output_weights"]  # tied: once
