@@ -47,17 +47,24 @@ def _hang_ended(res, hang_timeout_s: float, limit_s: float) -> list:
         _failed_by_itself(res, limit_s, ""),
         Claim("broken: the ranks died of a collective's timeout", bool(TIMEOUT_WORDS.search(res.output))),
         Claim(
-            f"broken: the ranks that reported gave up after {max(w or [0]):.1f} s: at least the {hang_timeout_s:g} s "
-            "timeout, and nowhere near the default 30 minutes",
+            f"broken: the ranks that reported gave up after {_span(w)} s: no sooner than 0.8 x the "
+            f"{hang_timeout_s:g} s timeout ({0.8 * hang_timeout_s:.1f} s: the script's clock and gloo's start apart) "
+            f"and within the launcher's {limit_s:.0f} s limit, nowhere near the default 30 minutes",
             bool(w) and min(w) >= 0.8 * hang_timeout_s and max(w) < limit_s,
         ),
     ]
 
 
+def _span(w: list[float]) -> str:
+    """The ranks' waited_s as one figure, or as a range where they differ at one decimal."""
+    lo, hi = f"{min(w or [0]):.1f}", f"{max(w or [0]):.1f}"
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
 def hang_ended_row(w: list[float], hang_timeout_s: float) -> str:
     """The summary row's words for a hang: the timeout, and the ranks' waited_s apart from it (it counts from the
-    script's start, so it includes the start-up before the collective)."""
-    return f"error at the {hang_timeout_s:g} s timeout ({max(w or [0]):.1f} s after the start)"
+    script's clock: from before the model was built in pitfall 7, so with its start-up; from the collective in 9)."""
+    return f"error at the {hang_timeout_s:g} s timeout (the ranks waited {max(w or [0]):.1f} s)"
 
 
 def uneven_inputs(res, r: dict, hang_timeout_s: float, limit_s: float) -> Symptom:

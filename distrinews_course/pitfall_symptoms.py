@@ -323,11 +323,17 @@ def lr_scaling(r: dict) -> Symptom:
 
     The margins: the same lr must end over 0.05 higher in test loss and 2 points lower in accuracy (it ends 0.2 and
     10 points off here, on any machine: the data and the seeds are fixed); the scaled lr with warm-up must close over
-    75% of the loss gap and come within half the accuracy gap (it closes all of it here)."""
+    75% of the loss gap and come within half the accuracy gap (it closes 99.5% of it here)."""
     one, b, f = r["one_process"], r["broken"]["curve"], r["fixed"]["curve"]
     world, n = r["world_size"], r["n_train"] * r["epochs"]
     loss_gap, acc_gap = b[-1][1] - one[-1][1], one[-1][2] - b[-1][2]
     closed = 1 - abs(f[-1][1] - one[-1][1]) / loss_gap if loss_gap > 0 else 0.0
+    # the figures a sentence states are those of the table above it: losses to 3 decimals, accuracies to 1 (in %)
+    loss = {k: round(c[-1][1], 3) for k, c in (("one", one), ("broken", b), ("fixed", f))}
+    acc = {k: round(100 * c[-1][2], 1) for k, c in (("one", one), ("broken", b), ("fixed", f))}
+    shown = (
+        1 - abs(loss["fixed"] - loss["one"]) / (loss["broken"] - loss["one"]) if loss["broken"] > loss["one"] else 0.0
+    )
     table = "\n".join(
         f"{name:<45} {len(curve):>4} steps -> test loss {curve[-1][1]:.3f}, accuracy {100 * curve[-1][2]:.1f}%"
         for name, curve in lr_runs(r)
@@ -335,13 +341,13 @@ def lr_scaling(r: dict) -> Symptom:
     table += f"\n(each run is one epoch of the same {n:,} samples: one process in {len(one)} steps, DDP in {len(b)})"
     claims = [
         Claim(
-            f"broken: the same lr ends {loss_gap:.3f} higher in test loss and {100 * acc_gap:.1f} points lower in "
-            "accuracy: it learned less per sample",
+            f"broken: the same lr ends {loss['broken'] - loss['one']:.3f} higher in test loss and "
+            f"{acc['one'] - acc['broken']:.1f} points lower in accuracy: it learned less per sample",
             loss_gap > 0.05 and acc_gap > 0.02,
         ),
         Claim(
-            f"fixed: lr x{world} with warm-up closes {100 * closed:.0f}% of the loss gap (accuracy "
-            f"{100 * f[-1][2]:.1f}% vs {100 * one[-1][2]:.1f}%)",
+            f"fixed: lr x{world} with warm-up closes {100 * shown:.1f}% of the loss gap (accuracy "
+            f"{acc['fixed']:.1f}% vs {acc['one']:.1f}%)",
             closed > 0.75 and abs(f[-1][2] - one[-1][2]) < acc_gap / 2,
         ),
     ]
