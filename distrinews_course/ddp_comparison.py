@@ -6,7 +6,8 @@ speed (one metric: steady samples/s).
     with OtherPrograms() as load:
         result = run([... scripts/run_ddp.sh ...])
     settle(promise_claims(d, base, result.output, env.nproc, env.backend))
-    rows = comparison_rows(base, d); print(comparison_table(rows)); settle(comparison_claims(rows, d, env, tol, load))
+    rows = comparison_rows(base, d); print(comparison_table(rows)); settle(comparison_claims(rows, d, tol))
+    Markdown(speed_note(rows, d, env, load))                # the speed measured, stated, not claimed
 """
 
 from __future__ import annotations
@@ -15,13 +16,12 @@ import json
 import re
 
 from distrinews_lib.checkpoint_format import DDP_PREFIX
+from distrinews_lib.process_group.setup import choose_backend
 
 from .bench.quiet import OtherPrograms
 from .claims import Claim
 from .notebook import accuracy_floor
 from .plots import _pyplot, load_metrics
-
-NOT_FAR_FROM_ONE = 1.5  # a 2-process speedup on one core each, at a small batch per process, stays under this
 
 
 def baseline_fits(single_dir, env, epochs=None) -> dict | None:
@@ -110,7 +110,8 @@ def promise_claims(d: dict, base: dict, output: str, nproc: int, backend: str) -
         ),
         Claim(
             f"the {nproc} ranks trained on {seen[0]:,} examples per epoch together: the {d['data']['train_size']:,} "
-            "training texts once (each rank its own share), not once per rank",
+            "training texts once between them, not once per rank (which rank got which texts: chapter 00's "
+            "sampler check)",
             all(s == padded for s in seen),
         ),
         Claim(
@@ -119,15 +120,16 @@ def promise_claims(d: dict, base: dict, output: str, nproc: int, backend: str) -
             d["ddp"]["world_size"] == nproc and d["ddp"]["backend"] == backend,
         ),
         Claim(
-            f"DDP and the baseline trained on the same texts ({d['data']['title']}), with the same preset and epochs",
-            d["data"]["fingerprint"] == base["data"]["fingerprint"]
-            and d["config"]["preset"] == base["config"]["preset"]
-            and len(d["epochs"]) == len(base["epochs"]),
+            f"DDP and the baseline trained on the same texts ({d['data']['title']}: the fingerprints of the two "
+            "metrics.json files agree)",
+            d["data"]["fingerprint"] == base["data"]["fingerprint"],
         ),
     ]
 
 
-def saved_model_claims(payload: dict, loaded_metadata: dict, d: dict, nproc: int) -> list[Claim]:
+def saved_model_claims(payload: dict, nproc: int) -> list[Claim]:
+    """The checkpoint holds the bare model (no DDP prefix) and records the number of processes the notebook launched.
+    (Its final accuracy is not claimed: the same process writes it into the checkpoint and into metrics.json.)"""
     keys = list(payload["state_dict"])
     return [
         Claim(
@@ -139,10 +141,22 @@ def saved_model_claims(payload: dict, loaded_metadata: dict, d: dict, nproc: int
             "launched",
             payload["metadata"]["world_size"] == nproc,
         ),
+    ]
+
+
+def no_torchrun_claims(output: str, m: dict) -> list[Claim]:
+    """Exercise 3: `python scripts/train_ddp.py` without a launcher. The world is one process, and `--backend auto`
+    picks what `choose_backend` picks for one process on this machine: nccl where there is a GPU (Kaggle's T4 x2),
+    gloo without one. Judged from the launch line the script printed and the metrics.json it wrote."""
+    want = choose_backend("auto", 1)[0]
+    ran = m["ddp"]
+    return [
         Claim(
-            "it loads into a plain model, with this run's final accuracy in its metadata",
-            abs(loaded_metadata["final_accuracy"] - d["aggregates"]["final_val_accuracy"]) < 1e-9,
+            f"plain python: a world of one process, with {want} (what --backend auto picks for one process on this "
+            f"machine); the script said '| world size {ran['world_size']} | {ran['backend']}'",
+            f"| world size 1 | {want}" in output and ran["world_size"] == 1 and ran["backend"] == want,
         ),
+        Claim("... and it still trained an epoch and wrote its metrics", len(m["epochs"]) == 1),
     ]
 
 
@@ -179,13 +193,12 @@ def comparison_table(rows) -> str:
     return "\n".join(lines)
 
 
-def comparison_claims(rows, d: dict, env, tol: float, load: OtherPrograms) -> list[Claim]:
-    """Accuracy: the DDP model learned (accuracy_floor) and lands within `tol` of the baseline (3 points on the CPU
+def comparison_claims(rows, d: dict, tol: float) -> list[Claim]:
+    """Steps: the same global batch takes the same optimizer steps (a missing DistributedSampler doubles them).
+    Accuracy: the DDP model learned (accuracy_floor) and lands within `tol` of the baseline (3 points on the CPU
     preset, 2 on GPUs: a tolerance chosen for two runs whose steps hold other examples and other dropout masks, not a
-    spread measured over seeds). Speed, on 2+ CPU processes of one core each at the CPU preset's small batch: under
-    1.5x, checked only when other programs left the cores alone during the launch."""
+    spread measured over seeds). Speed is not claimed here: `speed_note` states what the run measured."""
     single, ddp = rows
-    s = speedup(rows)
     claims = []
     if single["global_batch"] == ddp["global_batch"]:
         claims.append(
@@ -207,23 +220,6 @@ def comparison_claims(rows, d: dict, env, tol: float, load: OtherPrograms) -> li
             abs(ddp["acc"] - single["acc"]) <= tol,
         ),
     ]
-    if not env.n_gpus and env.smoke and env.nproc > 1:
-        unchecked = (
-            None
-            if load.quiet
-            else (
-                "this machine cannot say whether other programs were busy"
-                if load.cores is None
-                else f"other programs kept {load.cores:.1f} cores busy during the launch"
-            )
-        )
-        claims.append(
-            Claim(
-                f"at {d['config']['batch_size']} examples per process DDP stays far from {env.nproc}x: {s:.2f}x",
-                s < NOT_FAR_FROM_ONE,
-                unchecked,
-            )
-        )
     return claims
 
 

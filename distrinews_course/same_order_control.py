@@ -225,7 +225,10 @@ def difference_note(ddp_acc: float, single_acc: float, control: Control, steps: 
     gap = f", {100 * apart:.1f} points apart" if apart >= 0.0005 else ""
     return (
         f"So, on this short control, DDP with {nproc} processes trained what one process trained, {control.gap:.0e} "
-        "apart in the weights: its averaging is one process's large batch, up to rounding. The control takes the "
+        "apart in the weights: with the same examples it took one process's steps at the global batch, up to "
+        "rounding. (It cannot tell a mean of the gradients from their sum: AdamW divides each step by the "
+        "gradient's own size, so a sum N times too large steps almost alike; chapter 00's first launch checks the "
+        "mean itself.) The control takes the "
         "first two reasons away together, so it cannot say how much of the gap between this chapter's two runs "
         f"({100 * ddp_acc:.1f}% with DDP, {100 * single_acc:.1f}% in 01{gap}) comes from each, nor how rounding adds "
         f"up over a longer run. The two runs keep both: {steps.other_steps} of {total} steps of an epoch trained on "

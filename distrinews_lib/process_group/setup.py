@@ -28,7 +28,8 @@ def free_port() -> int:
 
 def torchrun_env() -> TorchrunEnv:
     """Who this process is, as torchrun told it; changes nothing. Under plain `python`, a world of one on a
-    free local port, so that `python scripts/train_ddp.py` still runs (1 process, gloo) for debugging."""
+    free local port, so that `python scripts/train_ddp.py` still runs for debugging (1 process; gloo
+    without a GPU, nccl with one under --backend auto)."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return TorchrunEnv(
             int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ["WORLD_SIZE"]), "env://"
