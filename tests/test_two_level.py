@@ -178,7 +178,7 @@ def test_the_chapter_shows_the_recorded_run_where_no_box_can_be_built(tmp_path, 
     first = next(i for i, s in enumerate(code) if "race_or_recorded" in s)
     last = next(i for i, s in enumerate(code) if "paper_table_text" in s)
     monkeypatch.chdir(tmp_path)  # the cells save their figure under outputs/
-    kernel = {"BOX2_OK": False, "BOX2_WHY": "TWO_LEVEL = False", "TIMEOUT_S": 1, "COMM_OVER_COMPUTE": 6.0}
+    kernel = {"BOX2_OK": False, "BOX2_WHY": "TWO_LEVEL = False", "TIMEOUT_S": 1, "COMM_OVER_STEP": 6.0}
     kernel.update(QUIET_CORES=0.3, PREDICT_LINK_BYTES={"ddp": 1.5, "hsdp": 3.0})
     from distrinews_course.by_hand import report_two_level
     from distrinews_course.claims import settle

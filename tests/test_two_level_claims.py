@@ -108,7 +108,7 @@ def test_memory_off_the_calculator_fails(rec):
     rec["peak_mb_per_rank"]["hsdp"]["measured"] = 1.2 * rec["peak_mb_per_rank"]["hsdp"]["calculator"]
     assert any(t.startswith("hsdp: peak") for t in failing(claims.memory(rec)))
     rec["peak_mb_per_rank"]["hsdp"]["measured"] = rec["peak_mb_per_rank"]["ddp"]["measured"] + 1
-    assert any(t.startswith("HSDP holds more") for t in failing(claims.memory(rec)))
+    assert any(t.startswith("HSDP by hand holds more than ZeRO-3 by hand") for t in failing(claims.memory(rec)))
 
 
 def test_the_learners_byte_predictions_are_graded(rec):
@@ -147,6 +147,16 @@ def test_the_tables_and_the_figure(rec, tmp_path):
     assert (tmp_path / "sweep.png").stat().st_size > 10_000 and len(fig.axes) == 2
     slow, fast = figs.curve(rec, "ddp", [40, 640])
     assert slow > fast  # a slower link, a longer step
+    fig = figs.link_bytes_bars(rec, save_to=tmp_path / "bytes.png")
+    assert (tmp_path / "bytes.png").stat().st_size > 10_000
+    drawn = sorted(round(p.get_width(), 6) for p in fig.axes[0].patches)  # each bar is the record's bytes / M
+    m, want = rec["grad_bytes"], []
+    for c in rec["contenders"].values():
+        want += [
+            c["link_bytes_per_step"]["predicted"] / m,
+            *(x / m for x in c["link_bytes_per_step"]["measured_per_node"]),
+        ]
+    assert drawn == sorted(round(w, 6) for w in want)
 
 
 def test_the_break_even_rate_is_where_the_models_saving_changes_sign(rec):
@@ -162,6 +172,25 @@ def test_the_break_even_rate_is_where_the_models_saving_changes_sign(rec):
     assert f"pays on links slower than {edge:.0f} Mbit/s" in line and "HSDP over full sharding saves" in line
     rec["terms"]["hsdp"]["compute_s"] += 10.0  # a wrong computation: HSDP slower at every rate
     assert figs.break_even(rec, "fsdp2", "hsdp") is None and "HSDP over full sharding never pays" in figs.pays_line(rec)
+
+
+def test_the_link_rate_line_is_the_fit_beside_the_dialed_rate(rec):
+    rec = copy.deepcopy(rec)
+    rec["link_mbit"], rec["fits"]["inter"] = 160, {"alpha_s": 0.0, "bytes_per_s": 18.7e6, "smallest_bytes": 2**20}
+    line = two.link_rate_line(rec)
+    assert "18.7 MB/s on messages of 1.0 MiB and more" in line and "94% of 160 Mbit/s / 8 (20.0 MB/s)" in line
+    assert "above what the wire carries" not in line
+    rec["fits"]["inter"]["bytes_per_s"] = 20.1e6  # a fit faster than the wire is said to be off, not passed as the link
+    assert "101% of 160" in two.link_rate_line(rec) and "above what the wire carries" in two.link_rate_line(rec)
+
+
+def test_the_dialed_links_fit_times_only_messages_of_4x_its_burst():
+    from distrinews_course.by_hand.race_two_level import rate_bound_sizes
+
+    link_bytes = lambda size: 2 * size  # noqa: E731 - 2 nodes x 2 ranks: a node's link carries its 2 ranks' bytes
+    sizes = [2**18, 2**19, 2**20, 2**21]
+    assert rate_bound_sizes(sizes, link_bytes, 160e6) == [2**19, 2**20, 2**21]  # 256 KiB burst: 1 MiB and more
+    assert rate_bound_sizes(sizes, link_bytes, 4e9) == sizes  # a 1 MB burst leaves one size: all of them, to fit two
 
 
 def test_an_excerpt_is_the_functions_source():

@@ -110,7 +110,8 @@ def blocks_of(kind: str = "tiny") -> dict:
 # The fastest link the race dials, in Mbit/s. The model prices each collective on its level's fit and nothing else,
 # and the faster the link, the more what it leaves out weighs: measured in this box, hierarchical kept 79-95% of its
 # predicted saving over the flat ring at 150-160 Mbit/s, 62% at 300 (a CI machine with a faster CPU dialed about that
-# and got 38%) and none at 600. A machine whose computation is short gets a link slower than --comm_over_compute asks.
+# and got 38%) and none at 600. A machine whose step with no communication is short gets a link slower than
+# --comm_over_step asks.
 MAX_MBIT = 160
 # The slowest link the race dials, in Mbit/s. On a busy machine the step with no communication measures slow (346 ms
 # under a CI run beside it, against 87 ms quiet), which asked for 30 Mbit/s: steps of 3.7 s (DDP) and 7.2 s (FSDP2), a
@@ -126,7 +127,8 @@ def dialed_mbit(wanted: int) -> int:
 
 def link_rate_mbit(lay: tl.Layout, compute_s: float, over: float) -> int:
     """The link's rate (Mbit/s, as tc counts it: TCP's payload is link.PAYLOAD_SHARE of it) at which hierarchical's
-    bytes over a node's link take `over` x the step's computation: the slow link dominates. Not held (dialed_mbit)."""
+    bytes over a node's link take `over` x the step with no communication: the slow link dominates. Not held
+    (dialed_mbit)."""
     flat = blocks_of()["flat"]
     nbytes = sum(o.link_bytes(lay) for o in tl.plan("hierarchical", flat, lay))
     payload = tl.rate_for(nbytes, over * compute_s)  # bytes per second
@@ -145,25 +147,37 @@ def _time(op, reps: int) -> float:
     return across(statistics.median(times))
 
 
-def fit_level(level: str, nodes: Nodes, lay: tl.Layout, sizes, reps: int = 3) -> dict:
+def fit_level(level: str, nodes: Nodes, lay: tl.Layout, sizes, reps: int = 3, bits: float | None = None) -> dict:
     """One level's alpha-beta, as the rungs use it: all-reduces inside every node at once ("intra"; x: what a rank
-    sends), or on every cross-node group at once ("inter"; x: what a node's link carries, its g ranks' bytes)."""
+    sends), or on every cross-node group at once ("inter"; x: what a node's link carries, its g ranks' bytes).
+    bits: the rate the link is dialed to; only the sizes whose time it sets are timed (link.rate_bound: a link's
+    bytes at least 4x its burst), as long as two are left: a smaller one rides the burst and reads as a faster link."""
     group, kind = (nodes.intra, "intra") if level == "intra" else (nodes.cross, "cross")
+
+    def x_bytes(size: int) -> float:
+        op = tl.Op("all_reduce", kind, size)
+        return op.link_bytes(lay) if level == "inter" else op.rank_bytes(lay)
+
+    sizes = rate_bound_sizes(sizes, x_bytes, bits) if bits else sizes
     rows = []
     for size in sizes:
         x = torch.ones(size // 4)
         t = _time(lambda: dist.all_reduce(x, group=group), reps)
-        op = tl.Op("all_reduce", kind, size)
-        rows.append(
-            {
-                "op": "all_reduce",
-                "bytes": op.link_bytes(lay) if level == "inter" else op.rank_bytes(lay),
-                "message": size,
-                "seconds": t,
-            }
-        )
+        rows.append({"op": "all_reduce", "bytes": x_bytes(size), "message": size, "seconds": t})
     f = fit_alpha_beta(rows)
-    return {"alpha_s": f.alpha_s, "bytes_per_s": f.bandwidth, "rows": rows}
+    return {
+        "alpha_s": f.alpha_s,
+        "bytes_per_s": f.bandwidth,
+        "rows": rows,
+        "smallest_bytes": min(r["bytes"] for r in rows),
+    }
+
+
+def rate_bound_sizes(sizes, x_bytes, bits: float) -> list:
+    """The message sizes whose bytes over the link (x_bytes(size)) a link of `bits` times (link.rate_bound: at least
+    4x its burst), if two or more are; else all of them, for a fit needs two points."""
+    bound = [r["message"] for r in link.rate_bound([{"bytes": x_bytes(s), "message": s} for s in sizes], bits)]
+    return bound if len(bound) >= 2 else list(sizes)
 
 
 def as_fit(level: dict):
@@ -371,7 +385,10 @@ def summary(res: dict) -> dict:
         "link_mbit": res["link_mbit"],
         "grad_bytes": res["grad_bytes"],
         "compute_s": res["compute"],
-        "fits": {k: {"alpha_s": v["alpha_s"], "bytes_per_s": v["bytes_per_s"]} for k, v in res["fit"].items()},
+        "fits": {
+            k: {"alpha_s": v["alpha_s"], "bytes_per_s": v["bytes_per_s"], "smallest_bytes": v.get("smallest_bytes")}
+            for k, v in res["fit"].items()
+        },
         "rounds": race["rounds"],
         "foreign_cores": race["foreign_cores"],
         "calibration_foreign_cores": res.get("calibration_foreign_cores"),

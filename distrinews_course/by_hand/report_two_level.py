@@ -163,6 +163,20 @@ def embedding_line(rec: dict) -> str:
     )
 
 
+def link_rate_line(rec: dict) -> str:
+    """The link's payload rate B_link as the race fitted it (on the sizes it timed: race_two_level.fit_level), beside
+    the rate dialed / 8; a fit above that rate, which no link carries, is said to be one."""
+    fit, mbit = rec["fits"]["inter"], rec["link_mbit"]
+    fitted, wire = fit["bytes_per_s"] / 1e6, mbit / 8
+    smallest = fit.get("smallest_bytes")
+    on = f" on messages of {smallest / 2**20:.1f} MiB and more over the link" if smallest else ""
+    line = f"across: B_link fitted at {fitted:.1f} MB/s{on}, {100 * fitted / wire:.0f}% of {mbit} Mbit/s / 8"
+    line += f" ({wire:.1f} MB/s)"
+    if fitted > wire:
+        line += ": above what the wire carries, so this fit's timings were off (noise, or the filter's burst)"
+    return line
+
+
 def excerpt(path, qualname: str) -> str:
     """The source of one function or method of a file ('Class.method' or 'function'), as written there."""
     import ast

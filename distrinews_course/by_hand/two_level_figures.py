@@ -1,7 +1,9 @@
-"""Chapter 08's two-level figure: each contender's step against the link's rate, the cost model's curve beside the
-steps the box measured at the rates it dialed, and what hierarchical and HSDP save, by rate.
+"""Chapter 08's two-level figures: what crossed each node's link, the model's and the counted; and each contender's
+step against the link's rate, the cost model's curve beside the steps the box measured at the rates it dialed, and
+what hierarchical and HSDP save, by rate.
 
     step_vs_rate(rec, save_to="outputs/two_level/sweep.png")   # rec: race_two_level.summary's record
+    link_bytes_bars(rec, save_to="outputs/two_level/link_bytes.png")   # the model's bytes per link beside the counted
     curve(rec, "hsdp", mbits)                                   # the model's seconds per step at each rate
     print(pays_line(rec))                                       # up to which rate each design pays: model, measured
 """
@@ -156,6 +158,37 @@ def step_vs_rate(rec: dict, save_to=None):
         f"{rec['layout']['nodes']} nodes x {rec['layout']['ranks_per_node']} ranks: step time against the link's rate",
         fontsize=11,
     )
+    fig.tight_layout()
+    if save_to:
+        Path(save_to).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(save_to, dpi=110)
+    return fig
+
+
+def link_bytes_bars(rec: dict, save_to=None):
+    """Per contender, what crossed each node's link per step, in M (one rank's gradients): the model's bytes (a grey
+    bar) beside the bytes counted on node0's and node1's links (coloured bars), from the record."""
+    from ..plots import _pyplot
+
+    plt = _pyplot()
+    m = rec["grad_bytes"]
+    names = list(rec["contenders"])
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    height = 0.26
+    for i, n in enumerate(names):
+        b = rec["contenders"][n]["link_bytes_per_step"]
+        bars = [("model", b["predicted"], "lightgray")]
+        bars += [
+            (f"node{k} counted", x, c)
+            for k, (x, c) in enumerate(zip(b["measured_per_node"], ("tab:blue", "tab:orange")))
+        ]
+        for j, (label, x, color) in enumerate(bars):
+            ax.barh(i + (j - 1) * height, x / m, height, color=color, label=label if i == 0 else None)
+    ax.set_yticks(range(len(names)), [NAMES.get(n, n) for n in names], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"over each node's link per step, in M ({m / 2**20:.2f} MiB: one rank's gradients)")
+    ax.set_title("what crossed each node's link: the model's bytes, the counted ones", fontsize=10)
+    ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     if save_to:
         Path(save_to).parent.mkdir(parents=True, exist_ok=True)

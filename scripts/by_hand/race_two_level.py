@@ -6,7 +6,7 @@
 2. correct: flat, hierarchical, HSDP by hand and FSDP2's HSDP against torch's DDP, HSDP by hand against FSDP2's,
    weights compared after every step;
 3. compute: the step with no communication, every rank at once; rank 0 dials every link to the rate at which
-   hierarchical's bytes take --comm_over_compute x that step, at most MAX_MBIT (race_two_level.py in the library);
+   hierarchical's bytes take --comm_over_step x that step, at most MAX_MBIT (race_two_level.py in the library);
 4. fit: each level's alpha-beta at that rate (inside the nodes; across them);
 5. predict, then race: every contender's step and bytes over each node's link, predicted and written to the log
    BEFORE the timed rounds; then alternating rounds, each node's link counted (/sys/class/net/eth0/statistics);
@@ -49,9 +49,15 @@ def parse_args():
     p.add_argument("--timing_batch", type=int, default=4, help=timing)
     p.add_argument("--compute_steps", type=int, default=3, help="steps of the step with no communication")
     p.add_argument("--fast_steps", type=int, default=3, help="steps of each contender on the unshaped box (median)")
-    dial = "the link is dialed so that hierarchical's bytes over a node's link take this x the computation"
-    p.add_argument("--comm_over_compute", type=float, default=6.0, help=dial)
-    p.add_argument("--link", default=None, help="dial this rate instead (e.g. 300mbit); default: from the computation")
+    dial = (
+        "the link is dialed so that hierarchical's bytes over a node's link take this x the step with no communication"
+    )
+    p.add_argument("--comm_over_step", type=float, default=6.0, help=dial)
+    p.add_argument(
+        "--link",
+        default=None,
+        help="dial this rate instead (e.g. 300mbit); default: from the step with no communication",
+    )
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument(
         "--sweep",
@@ -107,24 +113,24 @@ def main():
     runners, batches = two.prepare(CONTENDERS, args, mods, rank, world)
     fast = two.fast_steps(runners, batches, args.fast_steps)
     # message sizes near the race's own (a block of 8 MiB inside a node, shards of 4 MiB across): the filter's burst
-    # (link.burst_bytes) lets a small message through at once, which a fit on small messages would take for a fast link
+    # (link.burst_bytes) lets a small message through at once, so the dialed link's fit times only those at least 4x it
     inter_sizes = [2**18, 2**19, 2**20, 2**21]
     fits = {"intra": two.fit_level("intra", nodes, lay, [2**20, 2**22, 2**23])}
     fits["inter_unshaped"] = two.fit_level("inter", nodes, lay, inter_sizes)
     # 4. the slow link, dialed by rank 0, and its fit
-    wanted = two.link_rate_mbit(lay, compute_s, args.comm_over_compute)
+    wanted = two.link_rate_mbit(lay, compute_s, args.comm_over_step)
     mbit = int(link.bits_per_s(args.link) / 1e6) if args.link else two.dialed_mbit(wanted)
     dist.barrier()
     if rank == 0:
         link.dial(f"{mbit}mbit")
     dist.barrier()
-    fits["inter"] = two.fit_level("inter", nodes, lay, inter_sizes)
+    fits["inter"] = two.fit_level("inter", nodes, lay, inter_sizes, bits=mbit * 1e6)
     res.update(compute=parts, link_mbit=mbit, link_mbit_wanted=wanted, timing_batch=args.timing_batch, fit=fits)
     f_in, f_out = fits["intra"], fits["inter"]
     capped = (
         ""
         if args.link or mbit == wanted
-        else f" (held to {two.MIN_MBIT}-{two.MAX_MBIT}: {args.comm_over_compute:g}x the step asks {wanted})"
+        else f" (held to {two.MIN_MBIT}-{two.MAX_MBIT}: {args.comm_over_step:g}x the step asks {wanted})"
     )
     say(rank, f"step with no communication: {1000 * compute_s:.0f} ms; every link dialed to {mbit} Mbit/s{capped}")
     say(
