@@ -38,6 +38,7 @@ LINKS = {
 # beside backward's). Fitted on resnet50's five points of PUBLIC_DDP_TABLE (the best at 0.05 steps: 0.45, at most
 # 0.9 points off there); the table's three other models are then predictions (tests/test_perf_model.py).
 INTERFERENCE = 0.45
+TENSOR_S = 20e-6  # ASSUMED: DDP's bookkeeping per gradient tensor (its hook and copy kernels), not fitted
 
 GPUS = {  # dense fp16/bf16 tensor-core peak, TFLOP/s (data sheets)
     "T4": 65.0,
@@ -102,7 +103,7 @@ def ddp_estimate(
     link: Link,
     *,
     backward_share: float = 2 / 3,
-    tensor_s: float = 20e-6,
+    tensor_s: float = TENSOR_S,
     interference: float = INTERFERENCE,
     cap_bytes: float = 25 * MIB,
 ) -> DDPEstimate:
@@ -220,7 +221,7 @@ LINKS["kaggle_t4"] = Link(
 )
 
 
-def public_table_predictions(tensor_s: float = 20e-6, interference: float = None) -> list[dict]:
+def public_table_predictions(tensor_s: float = TENSOR_S, interference: float = None) -> list[dict]:
     """The model fed published figures, against every point of PUBLIC_DDP_TABLE: overhead (DDP step / no-DDP
     step - 1) predicted and measured, in points."""
     t = PUBLIC_DDP_TABLE
@@ -298,14 +299,17 @@ def on_paper_table(tensors, rows) -> str:
     lines = [
         f"DistilBERT-base: {params / 1e6:.1f}M parameters, {len(tensors)} gradient tensors; the word and position "
         f"embeddings, made last by backward, are {100 * emb:.0f}% of the bytes",
-        f"{'ESTIMATE':<9} {'GPUs':>5} {'link':<28} {'step ms':>7} {'comm ms':>7} {'exposed':>7} {'efficiency':>10} "
-        f"{'speedup':>8}",
+        f"DDP's step = step + book (ASSUMED {1e6 * TENSOR_S:.0f} us per gradient tensor: hook and copies) + exposed "
+        f"comm + interf ({INTERFERENCE:.2f} x the overlapped comm, the constant fitted below); efficiency = step / "
+        "DDP's step",
+        f"{'ESTIMATE':<9} {'GPUs':>4} {'link':<28} {'step ms':>7} {'book':>5} {'comm ms':>7} {'exposed':>7} "
+        f"{'interf':>6} {'efficiency':>10} {'speedup':>7}",
     ]
     for r in rows:
         e, name = r["estimate"], f"{r['gpu']}, {r['link'].name.split(',')[0].split(' (')[0]}"
         lines.append(
-            f"{'':<9} {r['n']:>5} {name:<28} {e.compute_ms:>7.1f} {e.comm_ms:>7.1f} {e.exposed_ms:>7.1f} "
-            f"{100 * e.efficiency:>9.0f}% {e.speedup:>7.1f}x"
+            f"{'':<9} {r['n']:>4} {name:<28} {e.compute_ms:>7.1f} {e.bookkeeping_ms:>5.1f} {e.comm_ms:>7.1f} "
+            f"{e.exposed_ms:>7.1f} {e.interference_ms:>6.1f} {100 * e.efficiency:>9.0f}% {e.speedup:>6.1f}x"
         )
     lines.append(
         "sources: " + "; ".join(f"{lk.name}: {lk.source}" for lk in {r["link"].name: r["link"] for r in rows}.values())

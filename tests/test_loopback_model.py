@@ -88,11 +88,11 @@ def test_a_host_that_moves_runs_between_rounds_does_not_move_the_all_reduce(nois
     assert pts[0]["quiet"] and abs(pts[0]["ratio"] - 1) < 0.05, pts[0]["ratios"]
     old = dataclasses.replace(cost, transfer_rounds={64: [(diff, True)]})  # 8e1d6c5's model, which CI failed on
     assert points(rec, old)[0]["ratio"] < 0.8
-    # every round of this sweep but one at 64 ran quiet, while the host moved them by 23%: 16 and 256 are checked,
-    # within twice that, and hold; 64 is shown with a note
+    # every round of this sweep but one at 64 ran quiet, while the host moved them by up to 23%: 16 and 256 are
+    # checked, each within twice its own rounds' spread (16's agree within 5%: held to 15%), and hold; 64 is a NOTE
     verdicts = loopback.verdicts(pts)
     assert [c.split(" per process")[0] for _, c in verdicts] == ["at 16", "at 256"] and all(ok for ok, _ in verdicts)
-    assert all("within 46% of the measurement" in c for _, c in verdicts), verdicts
+    assert "within 15% of the measurement" in verdicts[0][1] and "within 39% of the measurement" in verdicts[1][1]
 
 
 def test_a_point_is_judged_on_the_median_of_its_quiet_rounds(sweep):
@@ -148,24 +148,43 @@ def slowed(rec, cost, factor):
     return pts, (max(speeds) - min(speeds)) / sorted(speeds)[1]
 
 
-def test_rounds_that_disagree_widen_the_check_to_twice_their_spread(sweep):
+def test_rounds_that_disagree_widen_that_batchs_check_to_twice_their_spread(sweep):
     rec, cost = sweep
     pts, widest = slowed(rec, cost, 1.25)
     assert loopback.BOUND < widest <= 2 * loopback.BOUND
     assert loopback.spread(pts) == pytest.approx(widest) and loopback.margin(pts) == pytest.approx(2 * widest)
     verdicts = loopback.verdicts(pts)
     assert len(verdicts) == len(rec["batches"])
-    assert all(f"within {200 * widest:.0f}% of the measurement" in claim for _, claim in verdicts), verdicts
+    # the slowed batch's own margin; the others' rounds still agree, and they are held to 15%
+    assert f"within {200 * widest:.0f}% of the measurement" in verdicts[-1][1], verdicts
+    assert all("within 15% of the measurement" in claim for _, claim in verdicts[:-1]), verdicts
 
 
-def test_rounds_that_disagree_by_over_twice_the_bound_are_shown_not_checked(sweep):
+def test_a_model_without_the_all_reduce_fails_at_a_tight_batch_beside_a_loose_one(sweep):
+    # one margin for the whole sweep (twice the widest spread) would let it pass: the loose batch must not loosen 16's
+    rec, cost = sweep
+    runs = json.loads(json.dumps(rec["runs"]))
+    runs[f"ddp_b{rec['batches'][-1]}_r1"]["seconds"] *= 1.4
+    bad = dataclasses.replace(
+        cost, transfer_rounds={b: [(0.0, q) for _, q in v] for b, v in cost.transfer_rounds.items()}
+    )
+    pts = loopback.points(runs, bad, rec["batches"], rec["rounds"])
+    off = abs(pts[0]["ratio"] - 1)
+    assert loopback.point_spread(pts[0]) < 0.075 and loopback.BOUND < off < loopback.margin(pts), "not the case"
+    failed = [claim for ok, claim in loopback.verdicts(pts) if not ok]
+    assert any(claim.startswith("at 16 per process") and "within 15%" in claim for claim in failed), failed
+
+
+def test_a_batch_whose_rounds_disagree_by_over_twice_the_bound_is_shown_not_checked(sweep):
     rec, cost = sweep
     pts, widest = slowed(rec, cost, 1.6)
     assert widest > 2 * loopback.BOUND
-    assert loopback.margin(pts) is None and loopback.verdicts(pts) == []
-    notes = loopback.speedup_claims(pts)
-    assert len(notes) == len(rec["batches"]) and not any(c.checked for c in notes)
-    assert all(f"speedups moved by {100 * widest:.0f}% from round to round" in c.unchecked for c in notes)
+    assert loopback.margin(pts) is None  # section 4, held to the widest, checks nothing on this sweep
+    claims = loopback.speedup_claims(pts)
+    assert [c.checked for c in claims] == [True, True, False] and all(c.holds for c in claims[:2])
+    assert claims[-1].unchecked == (
+        f"the host moved whole runs: this batch's measured speedups moved by {100 * widest:.0f}% from round to round"
+    )
 
 
 def test_a_point_with_a_busy_round_is_shown_not_checked(sweep):

@@ -112,9 +112,11 @@ def mutant(*, ring=True, factor=None, bits=8, share=PAYLOAD, ideal=False, own=Tr
 def test_break_even_reference_and_blank():
     assert px.grade_break_even(reference) is None
     assert px.reference_break_even_mbit(*px.BREAK_EVEN_CASES[-1]) is None  # a case where DDP never pays
-    blank = px.exercise_1(lambda *a: None, lambda *a: None, None, cost=None)
-    assert [c.unchecked for c in blank] == ["not attempted", "not attempted"]
+    blank = px.exercise_1(lambda *a: None, lambda *a: None, None, cost=None, after=object())
+    assert [c.unchecked for c in blank] == ["not attempted"] * 3  # MY_4_NODE_MS left None says so too
     assert all("not attempted yet" in c.text for c in blank)
+    no_box = px.exercise_1(lambda *a: None, lambda *a: None, 120.0, cost=None)
+    assert no_box[-1].unchecked == "the box did not run here" and "MY_4_NODE_MS" in no_box[-1].text
 
 
 @pytest.mark.parametrize(

@@ -218,3 +218,18 @@ def test_exercise_1_checker_names_each_mistake(name, fn, words):
         assert got is not None and words in got and got.count("\n") == 0, (name, got)
     if name == "no ring factor":  # at n = 2 alone the mistake is invisible: it is caught at n = 4
         assert pm.grade_allreduce_ms(fn, {2: fits[2]}, [2**24]) is None and "n=4" in got
+
+
+def test_each_on_paper_row_adds_up_from_its_own_columns():
+    # the efficiency a learner reads must follow from the row: step / (step + book + exposed + interf)
+    tensors = cm.distilbert_tensors()
+    table = cm.on_paper_table(tensors, cm.on_paper(tensors))
+    header = next(line for line in table.splitlines() if line.startswith("ESTIMATE"))
+    assert header.split()[-8:] == ["ms", "book", "comm", "ms", "exposed", "interf", "efficiency", "speedup"]
+    rows = [line.split() for line in table.splitlines() if line[:9].strip() == "" and line.strip()[:1].isdigit()]
+    assert len(rows) == len(cm.PAPER_CASES)
+    for r in rows:
+        step, book, _comm, exposed, interf = map(float, r[-7:-2])
+        efficiency = float(r[-2].rstrip("%"))
+        assert efficiency == pytest.approx(100 * step / (step + book + exposed + interf), abs=1.5), r
+    assert f"ASSUMED {1e6 * cm.TENSOR_S:.0f} us per gradient tensor" in table

@@ -20,6 +20,7 @@ from . import loopback, quiet
 HOOK_BYTES_BOUND = 0.02  # fp16 writes half the plain run's bytes within 2% (the rest: a few barriers and headers)
 POWERSGD_SHARE = 0.10  # rank-1 PowerSGD writes under a tenth of them (1.7% measured on this model)
 ACCURACY_POINTS = 0.03  # 16-bit gradients cost at most 3 points of accuracy on this short run
+LEARNED = 0.40  # both no_sync runs score above this on held-out texts (chance: 25%, four topics)
 NO_SYNC_WEIGHTS = 0.01  # no_sync's weights within 1% of how far training moved them: rounding, not a new result
 
 
@@ -205,9 +206,9 @@ class NoSync:
 
     def claims(self) -> list[Claim]:
         """Counted by the communication hook on every all-reduce DDP launched: no_sync syncs once per optimizer step,
-        without it once per micro-batch (accum x the bytes); both learn (above 40% on held-out texts, chance 25%); and
-        skipping the intermediate all-reduces changes nothing but rounding: the same loss to 1e-3, weights within
-        NO_SYNC_WEIGHTS of how far training moved them."""
+        without it once per micro-batch (accum x the bytes); both learn (above LEARNED on held-out texts, chance
+        25%); and skipping the intermediate all-reduces changes nothing but rounding: the same loss to 1e-3, weights
+        within NO_SYNC_WEIGHTS of how far training moved them."""
         on, off = self.on["ranks"][0], self.off["ranks"][0]
         steps, acc = self.on["steps"], [m["val_accuracy"] for m in self.metrics.values()]
         losses = [m["train_loss"] for m in self.metrics.values()]
@@ -218,7 +219,11 @@ class NoSync:
                 off["synced_backwards"] == self.accum * steps
                 and off["allreduce_bytes"] == self.accum * on["allreduce_bytes"],
             ),
-            Claim(f"both runs learned: at least {100 * min(acc):.1f}% on held-out texts (chance 25%)", min(acc) > 0.40),
+            Claim(
+                f"both runs learned: above {100 * LEARNED:.0f}% on held-out texts (chance 25%; the lower scored "
+                f"{100 * min(acc):.1f}%)",
+                min(acc) > LEARNED,
+            ),
             Claim(
                 f"skipping the intermediate all-reduces did not change the training: loss {losses[0]:.4f} vs "
                 f"{losses[1]:.4f}, weights within {100 * self.diff / self.moved:.2f}% of how far training moved them",

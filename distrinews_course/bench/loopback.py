@@ -236,32 +236,41 @@ def points(R: dict, model: Model, batches, rounds: int, gpus: bool = False) -> l
     return out
 
 
+def point_spread(p: dict) -> float:
+    """One batch's run-to-run spread: the range of its measured speedups over its quiet rounds, as a share of their
+    median (over every round where fewer than 2 ran quiet). Measured only, so a wrong model cannot widen it. A busy
+    host moves a whole run by 10-50% while this VM's other programs stay under the quiet bound (seen on a 2-core
+    machine): a prediction can be checked no closer than its own rounds agree with each other."""
+    speeds = [r["measured"] for r in p["rounds"] if r["quiet"]]
+    return rounds_spread(speeds if len(speeds) >= 2 else [r["measured"] for r in p["rounds"]])
+
+
 def spread(pts: list[dict]) -> float:
-    """The sweep's own run-to-run spread: the range of a batch's measured speedups over its quiet rounds, as a share
-    of their median, the widest over the batches that had 2 or more quiet rounds (over every round where none had).
-    Measured only, so a wrong model cannot widen it. A busy host moves a whole run by 10-50% while this VM's other
-    programs stay under the quiet bound (seen on a 2-core machine): a prediction can be checked no closer than the
-    rounds agree with each other."""
-    speeds = [[r["measured"] for r in p["rounds"] if r["quiet"]] for p in pts]
-    speeds = [x for x in speeds if len(x) >= 2] or [[r["measured"] for r in p["rounds"]] for p in pts]
-    return max((rounds_spread(x) for x in speeds if x), default=0.0)
+    """The sweep's widest point_spread: what the host did to a whole round (section 4 holds its dialed runs to it)."""
+    return max((point_spread(p) for p in pts if p["rounds"]), default=0.0)
+
+
+def point_margin(p: dict, bound: float = BOUND) -> float | None:
+    """The share one batch's prediction is checked within: `bound`, or SPREAD_TIMES its own rounds' spread where
+    wider; None where they disagree by more than NOISY_SPREAD (timing.checked_margin): the host moved whole runs more
+    than a model good to `bound` can be told from them, so the point is shown, not checked. Each batch's own: a batch
+    whose rounds agree is held to `bound`, whatever another batch's rounds did."""
+    return checked_margin(bound, point_spread(p), SPREAD_TIMES)
 
 
 def margin(pts: list[dict], bound: float = BOUND) -> float | None:
-    """The share each prediction is checked within: `bound`, or SPREAD_TIMES the sweep's own spread where wider;
-    None where the rounds disagree by more than NOISY_SPREAD: the host moved whole runs more than a model good to
-    `bound` can be told from them, so the points are shown, not checked."""
+    """checked_margin on the sweep's widest spread: for section 4's dialed runs, which the host moves as a round."""
     return checked_margin(bound, spread(pts), SPREAD_TIMES)
 
 
 def speedup_claims(pts: list[dict], bound: float = BOUND) -> list[Claim]:
-    """One claim per batch: the median over its rounds of predicted / measured is within `margin` of 1. Each round's
-    prediction and measurement ran back to back, and the median keeps one round the host slowed from deciding the
-    verdict either way. Checked where every round of the point ran quiet (a median of fewer rounds is not guarded
-    from the host) and the sweep's rounds agreed within NOISY_SPREAD."""
-    m = margin(pts, bound)
+    """One claim per batch: the median over its rounds of predicted / measured is within that batch's point_margin
+    of 1. Each round's prediction and measurement ran back to back, and the median keeps one round the host slowed
+    from deciding the verdict either way. Checked where every round of the point ran quiet (a median of fewer rounds
+    is not guarded from the host) and its rounds agreed within NOISY_SPREAD."""
     out = []
     for p in pts:
+        m = point_margin(p, bound)
         within = m if m is not None else bound
         which = "rounds" if len(p["ratios"]) == len(p["rounds"]) else "quiet rounds"
         ratios = f"model / measured {', '.join(f'{x:.2f}' for x in p['ratios'])} over its {len(p['ratios'])} {which}"
@@ -273,8 +282,8 @@ def speedup_claims(pts: list[dict], bound: float = BOUND) -> list[Claim]:
             )
         elif m is None:
             why = (
-                f"the host moved whole runs: a batch's measured speedups moved by {100 * spread(pts):.0f}% from round "
-                "to round"
+                f"the host moved whole runs: this batch's measured speedups moved by {100 * point_spread(p):.0f}% "
+                "from round to round"
             )
         else:
             why = None

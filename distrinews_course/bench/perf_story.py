@@ -42,18 +42,23 @@ def settle_section(conclusions: dict) -> None:
 
 
 BUSY = re.compile(r"^other programs used up to ([\d.]+) cores")
+MOVED = re.compile(r"^the host moved whole runs: this batch's measured speedups moved by (\d+)%")
 
 
 def reasons_once(reasons) -> list[str]:
     """The reasons, each said once. Several of quiet.busy_reason's 'other programs used up to X cores in K of its M
-    rounds' (one per point) say one thing to the learner: they become one line with the largest X."""
+    rounds' (one per point) say one thing to the learner: they become one line with the largest X; so do several of
+    loopback's 'the host moved whole runs: this batch's ... moved by X%', with the largest X."""
     reasons = list(dict.fromkeys(reasons))
-    busy = [r for r in reasons if BUSY.match(r)]
-    if len(busy) < 2:
-        return reasons
-    top = max(float(BUSY.match(r).group(1)) for r in busy)
-    merged = f"other programs used up to {top:.2f} cores during some of these runs"
-    return list(dict.fromkeys(merged if r in busy else r for r in reasons))
+    for pattern, said in (
+        (BUSY, "other programs used up to {:.2f} cores during some of these runs"),
+        (MOVED, "the host moved whole runs: a batch's measured speedups moved by up to {:.0f}% from round to round"),
+    ):
+        alike = [r for r in reasons if pattern.match(r)]
+        if len(alike) >= 2:
+            merged = said.format(max(float(pattern.match(r).group(1)) for r in alike))
+            reasons = list(dict.fromkeys(merged if r in alike else r for r in reasons))
+    return reasons
 
 
 def loopback_conclusions(sweep) -> dict:
