@@ -13,6 +13,7 @@ Inputs: the model's shape, the batch per rank, the sequence length, the precisio
 PyTorch; scripts/memory_footprint.py measures the same steps on a CPU):
 
     peak = weights + optimizer state + DDP's buckets + max(activations, gradients + AdamW's temporaries) + runtime
+           (+ one gathered unit under ZeRO-2/3, FSDP: see `estimate`)
 
 - forward ends with every activation saved for backward alive and no gradient yet (zero_grad(set_to_none=True));
   backward frees activations as it creates gradients; the optimizer step needs all gradients and AdamW's
@@ -245,9 +246,11 @@ def interactive() -> bool:
 
 
 def table(rows=GRID, precision: str = "fp32", overhead_mb: float = 0.0) -> str:
+    """The calculator's rows, each with every part its peak adds: peak = weights + optim + buckets + gather +
+    runtime (overhead_mb, one figure for every row) + max(activ, grads + temps)."""
     head = (
-        f"{'model':<16} {'batch':>5} {'seq':>4} {'ZeRO':>4} {'world':>5} {'recomp':>6} | {'weights':>8} {'grads':>7} "
-        f"{'optim':>7} {'buckets':>7} {'activ':>7} {'peak MiB':>8}"
+        f"{'model':<16} {'batch':>5} {'seq':>4} {'ZeRO':>4} {'world':>5} {'recomp':>6} | {'weights':>7} {'grads':>6} "
+        f"{'optim':>6} {'buckets':>7} {'temps':>6} {'gather':>6} {'activ':>6} {'peak MiB':>8}"
     )
     lines = [head, "-" * len(head)]
     for model, batch, seq, stage, world, rec in rows:
@@ -255,8 +258,8 @@ def table(rows=GRID, precision: str = "fp32", overhead_mb: float = 0.0) -> str:
         p = e.parts_mb
         lines.append(
             f"{model:<16} {batch:>5} {seq:>4} {stage:>4} {world:>5} {('yes' if rec else 'no'):>6} | "
-            f"{p['weights']:>8.0f} {p['gradients']:>7.0f} {p['optimizer state']:>7.0f} {p['DDP buckets']:>7.0f} "
-            f"{p['activations']:>7.0f} {e.peak_mb:>8.0f}"
+            f"{p['weights']:>7.0f} {p['gradients']:>6.0f} {p['optimizer state']:>6.0f} {p['DDP buckets']:>7.0f} "
+            f"{p['AdamW temporaries']:>6.0f} {p['gathered unit']:>6.0f} {p['activations']:>6.0f} {e.peak_mb:>8.0f}"
         )
     return "\n".join(lines)
 
@@ -265,7 +268,7 @@ def calculator(overhead_mb: float = 0.0):
     """The fixed table, printed everywhere; in a Jupyter front end with ipywidgets, sliders below it too.
     Returns the table's text."""
     text = table(overhead_mb=overhead_mb)
-    print(f"{precision_note()}\n{text}")
+    print(f"{precision_note(overhead_mb)}\n{text}")
     if not interactive():
         return text
     import ipywidgets as W
@@ -293,10 +296,11 @@ def calculator(overhead_mb: float = 0.0):
     return text
 
 
-def precision_note() -> str:
+def precision_note(overhead_mb: float = 0.0) -> str:
     return (
-        "fp32 AdamW (torch's CPU default, tensor by tensor); MiB per rank (the fullest rank); "
-        "runtime included in the peak"
+        "fp32 AdamW (torch's CPU default, tensor by tensor); MiB per rank (the fullest rank)\n"
+        f"peak = weights + optim + buckets + gather (one gathered unit, ZeRO-2/3) + runtime ({overhead_mb:.1f} MiB) + "
+        "max(activ, grads + temps)"
     )
 
 

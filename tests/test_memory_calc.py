@@ -75,6 +75,17 @@ def test_the_calculator_prints_a_table_without_a_front_end(capsys):
     assert "distilbert-base" in text and text in capsys.readouterr().out
 
 
+def test_every_calculator_row_adds_up_from_its_own_columns():
+    # the peak a learner reads follows from the row and the runtime printed above it, gathered unit included
+    runtime = 26.5
+    for line in M.table(overhead_mb=runtime).splitlines()[2:]:
+        w, g, opt, buckets, temps, gather, act, peak = map(float, line.split("|")[1].split())
+        assert peak == pytest.approx(w + opt + buckets + gather + runtime + max(act, g + temps), abs=3), line
+    assert "gather" in M.table().splitlines()[0] and "gather (one gathered unit" in M.precision_note()
+    (sharded,) = [ln for ln in M.table().splitlines() if ln.split("|")[0].split()[3:5] == ["3", "8"]]
+    assert float(sharded.split("|")[1].split()[5]) > 300, "the gathered unit: DistilBERT's embeddings and head"
+
+
 def test_run_specs_are_read_or_refused_with_the_grammar():
     assert memory_probe.parse_run("ddp@32x128+ckpt", 8, 64) == {
         "name": "ddp@32x128+ckpt",

@@ -14,7 +14,12 @@ import pytest
 from distrinews_course import memory as M
 from distrinews_course import memory_figures as F
 from distrinews_course import memory_runs as R
-from distrinews_course.memory_calculator_check import DistilbertPeak, calculator_check, distilbert_peak
+from distrinews_course.memory_calculator_check import (
+    DistilbertPeak,
+    calculator_check,
+    committed_facts,
+    distilbert_peak,
+)
 
 matplotlib.use("Agg")
 DATA = Path(__file__).parent / "data"
@@ -188,6 +193,13 @@ def test_the_distilbert_claims_fail_on_a_wrong_figure():
     base = distilbert_peak()
     assert _all_hold(base.claims()) and base.model == "distilbert-base"
     assert "optimizer step sets the peak" in base.summary()
+    # the summary's sum is the parts' sum, generated: the 8 x 64 peak is said apart from it
+    assert f"make **{sum(mb for _, mb in base.parts):.0f} MiB**" in base.summary()
+    assert f"step peaked at **{base.peak2:.0f} MiB**" in base.summary()
+    # the chapter prints these as facts of the committed file (every run reads the same), never as "checked:"
+    facts = committed_facts(base.claims())
+    assert all(f.startswith("the committed benchmark shows: ") for f in facts) and len(facts) == 2
+    assert committed_facts([(False, "x")]) == ["the committed benchmark does NOT show: x"]
     fields = {k: getattr(base, k) for k in DistilbertPeak.__dataclass_fields__}
     no_buckets = DistilbertPeak(**{**fields, "peak1": base.peak2 - 5})  # the second rank added no bucket copy
     assert not no_buckets.claims()[0][0]
