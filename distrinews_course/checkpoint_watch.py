@@ -3,7 +3,8 @@ checkpoint: one writer, the unwrapped model, an atomic save, a barrier, and map_
 
     apart = Apart()                       apart("at_wrap", ddp): how far this rank's weights are from rank 0's, noted
     train_a_little(ddp, opt, steps=3)     a few steps on each rank's own random data: the weights move
-    report(out, ctx, ckpt, apart, trained=ddp, loaded=fresh)   rank 0 writes every rank's figures (the notebook checks)
+    report(out, ctx, ckpt, apart, trained=ddp, loaded=fresh, optimizers=(opt, opt2))   rank 0 writes every rank's
+                                          figures (the notebook checks)
 """
 
 from __future__ import annotations
@@ -44,9 +45,31 @@ def train_a_little(ddp, opt, steps: int = 3, batch: int = 8) -> None:
         opt.zero_grad()
 
 
-def rank_report(ctx, ckpt: dict, apart: Apart, trained, loaded) -> dict:
+def optimizer_state(trained_opt, restored_opt) -> dict:
+    """How many steps each optimizer has taken (AdamW's per-parameter `step`), and whether the restored one holds
+    exactly the trained one's state (every step count and moment, exp_avg and exp_avg_sq, tensor for tensor). An
+    optimizer that was never restored has no state: 0 steps, not the same."""
+
+    def steps(opt) -> int:
+        return max((int(st["step"]) for st in opt.state_dict()["state"].values()), default=0)
+
+    a, b = trained_opt.state_dict()["state"], restored_opt.state_dict()["state"]
+    same = (
+        bool(a)
+        and a.keys() == b.keys()
+        and all(
+            a[i].keys() == b[i].keys()
+            and all(torch.equal(torch.as_tensor(a[i][k]), torch.as_tensor(b[i][k])) for k in a[i])
+            for i in a
+        )
+    )
+    return dict(opt_trained_steps=steps(trained_opt), opt_restored_steps=steps(restored_opt), opt_same=same)
+
+
+def rank_report(ctx, ckpt: dict, apart: Apart, trained, loaded, optimizers=None) -> dict:
     """This rank's figures: its device and where the loaded tensors landed (map_location), whether the loaded weights
-    equal the ones it trained (exactly), and how far apart the ranks were at each moment `apart` noted."""
+    equal the ones it trained (exactly), how far apart the ranks were at each moment `apart` noted, and (optimizers:
+    the trained one and the one restored from the file) whether the optimizer's state came back."""
     module = trained.module if hasattr(trained, "module") else trained
     same = all(torch.equal(a, b) for a, b in zip(loaded.parameters(), module.parameters()))
     first = next(iter(ckpt["model"].values()))
@@ -56,13 +79,14 @@ def rank_report(ctx, ckpt: dict, apart: Apart, trained, loaded) -> dict:
         device=str(ctx.device),
         loaded_on=str(first.device),
         identical=same,
+        **(optimizer_state(*optimizers) if optimizers else {}),
         **apart.seen,
     )
 
 
-def report(out, ctx, ckpt: dict, apart: Apart, trained, loaded) -> None:
+def report(out, ctx, ckpt: dict, apart: Apart, trained, loaded, optimizers=None) -> None:
     """Gather every rank's rank_report (with its PID); rank 0 writes them to `out` (JSON) with the checkpoint's keys,
     epoch and writer (the rank and PID the file itself records), and the keys of the DDP wrapper's own state_dict."""
-    ranks = gather(rank_report(ctx, ckpt, apart, trained, loaded))
+    ranks = gather(rank_report(ctx, ckpt, apart, trained, loaded, optimizers))
     data = {"keys": list(ckpt["model"]), "epoch": ckpt["epoch"], "writer": ckpt.get("writer"), "ranks": ranks}
     write_json(out, {**data, "ddp_keys": list(trained.state_dict())}, ctx.rank)

@@ -317,6 +317,21 @@ def exposed_tail_text(report: dict, backend: str) -> str:
             " The completion times are not in launch order: gloo works on more than one collective at a time (two "
             "threads by default), so a bucket can finish before one launched earlier."
         )
+    beside, alone = 1000 * (o.last_grad_s - o.first_launch_s), o.exposed_ms
+    share = beside / (beside + alone) if beside + alone > 0 else 0.0
+    text += (
+        f"\n\nIn all, on rank 0 communication ran beside computation for {beside:.1f} ms (first launch to last "
+        f"gradient) and alone for {alone:.1f} ms after it: the overlap hid "
+        f"{'most' if share > 0.5 else 'the smaller part'} of it on this run ({100 * share:.0f}%)."
+    )
+    if share <= 0.5:
+        params = sum(report["ranks"][0]["param_numel"])
+        text += (
+            f" NOTE: a {params / 1e6:.1f}M-parameter model computes its backward in a few ms, which leaves little "
+            "computation to hide the all-reduces behind"
+            + (", and gloo sends them over TCP between CPU processes" if backend == "gloo" else "")
+            + ". Chapter 05 returns to the overlap with the real model's buckets."
+        )
     return text
 
 
@@ -411,6 +426,14 @@ def checkpoint_claims(output: str, ck: dict, nproc: int) -> list[Claim]:
             f"all {nproc} ranks loaded it (after the barrier) and got exactly the trained weights, the same on every "
             f"rank before any wrap (largest difference from rank 0's: {max(r['loaded_apart'] for r in ranks):.2g})",
             all(r["identical"] for r in ranks) and all(r["loaded_apart"] == 0.0 for r in ranks),
+        ),
+        Claim(
+            f"every rank's resumed optimizer holds the trained one's state: {ranks[0].get('opt_restored_steps')} "
+            f"steps (trained: {ranks[0].get('opt_trained_steps')}), every moment (exp_avg, exp_avg_sq) equal",
+            all(
+                r.get("opt_same") is True and r.get("opt_restored_steps") == r.get("opt_trained_steps", 0) > 0
+                for r in ranks
+            ),
         ),
         Claim(
             "map_location put the tensors on each rank's own device",

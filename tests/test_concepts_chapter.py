@@ -188,6 +188,16 @@ def test_the_exposed_tail_is_said_in_the_runs_numbers(bwd):
     o = R.overlaps(bwd)[0]
     text = R.exposed_tail_text(bwd, "gloo")
     assert f"{o.in_flight} of the {o.buckets} all-reduces" in text and f"{o.exposed_ms:.1f} ms later" in text
+    beside = 1000 * (o.last_grad_s - o.first_launch_s)
+    hid = "most" if beside > o.exposed_ms else "the smaller part"
+    assert f"beside computation for {beside:.1f} ms" in text and f"the overlap hid {hid} of it" in text, text
+    assert ("NOTE:" in text) == (hid == "the smaller part")
+    hidden = copy.deepcopy(bwd)  # backward returns right after its last gradient: the overlap hid most of it
+    hidden["ranks"][0]["steps"][1]["backward_s"] = hidden["ranks"][0]["steps"][1]["grad_ready"][-1][0] + 1e-4
+    assert "the overlap hid most of it" in R.exposed_tail_text(hidden, "gloo")
+    exposed = copy.deepcopy(bwd)  # a long tail after the last gradient: the smaller part, with the NOTE
+    exposed["ranks"][0]["steps"][1]["backward_s"] = exposed["ranks"][0]["steps"][1]["grad_ready"][-1][0] + 1.0
+    assert "hid the smaller part" in (t := R.exposed_tail_text(exposed, "gloo")) and "over TCP" in t
     step = bwd["ranks"][0]["steps"][1]
     last = step["grad_ready"][-1][0]
     assert o.in_flight == sum(b["launched"] <= last < b["done"] for b in step["buckets"])
@@ -277,6 +287,8 @@ def test_the_checkpoint_launch_supports_every_claim(ck):
         (lambda c: c["ranks"][1].update(at_wrap=0.5), CK_OUTPUT, "broadcast rank 0's weights"),
         (lambda c: [r.update(before_wrap=0.0) for r in c["ranks"]], CK_OUTPUT, "its own seed"),
         (lambda c: c["ranks"][1].update(loaded_apart=1e-6), CK_OUTPUT, "the same on every rank before any wrap"),
+        (lambda c: c["ranks"][1].update(opt_same=False, opt_restored_steps=0), CK_OUTPUT, "resumed optimizer"),
+        (lambda c: c["ranks"][0].update(opt_restored_steps=2), CK_OUTPUT, "resumed optimizer"),
     ],
 )
 def test_a_wrong_checkpoint_figure_fails(ck, wrong, output, fails):

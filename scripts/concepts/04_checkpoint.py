@@ -38,7 +38,8 @@ fresh = make_model().to(ctx.device)
 fresh.load_state_dict(ckpt["model"])               # strict: every key must match
 apart("loaded_apart", fresh)                       # before any wrap: did every rank load the same weights?
 resumed = DDP(fresh, device_ids=ctx.device_ids)
-torch.optim.AdamW(resumed.parameters(), lr=1e-2).load_state_dict(ckpt["optimizer"])
-report("outputs/concepts/04_checkpoint.json", ctx, ckpt, apart, trained=ddp, loaded=fresh)
+opt2 = torch.optim.AdamW(resumed.parameters(), lr=1e-2)  # the optimizer training goes on with...
+opt2.load_state_dict(ckpt["optimizer"])            # ...gets back its step count and moments: resumed, not restarted
+report("outputs/concepts/04_checkpoint.json", ctx, ckpt, apart, trained=ddp, loaded=fresh, optimizers=(opt, opt2))
 del ddp, resumed  # free the DDP models (they hold the group and in-flight work) before the group goes
 finish()
