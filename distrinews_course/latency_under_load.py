@@ -78,7 +78,7 @@ class LoadLevel:
 async def _levels(port: int, clients, seconds: float, warmup: float) -> list[LoadLevel]:
     levels = []
     for n in clients:
-        await drive(port, n, warmup, 0)  # unrecorded: connections opened, the batcher at this load
+        await drive(port, n, warmup, 0)  # unrecorded: the server at this load (its connections close after)
         before = await server_batching(port)
         latencies, errors, elapsed = await drive(port, n, seconds, 0)
         after = await server_batching(port)
@@ -193,8 +193,8 @@ def load_paragraph(levels: list[LoadLevel], grew_at_least: float = 1.1) -> str:
         for x in (
             f"With one client a request took {first.p50_ms:.1f} ms (p50) and the server answered {first.per_s:,.0f} "
             f"a second. With {most.clients} clients it answered {most.per_s:,.0f} a second, "
-            f"{most.per_s / first.per_s:.1f}x as many, because it ran {most.mean_batch:.1f} requests per forward "
-            f"pass; each request waited {most.p50_ms:.1f} ms (p50), {most.p95_ms:.1f} ms at p95.",
+            f"{most.per_s / first.per_s:.1f}x as many, while it ran {most.mean_batch:.1f} requests per forward "
+            f"pass; each request took {most.p50_ms:.1f} ms (p50), {most.p95_ms:.1f} ms at p95.",
             first_step(levels),
             knee,
         )

@@ -78,3 +78,23 @@ def checkpoint_claims(checkpoint, outputs="outputs") -> list[tuple[bool, str]]:
             f"{run.get('backend')}: the file and its run disagree; {_redo(checkpoint)}"
         )
     return [keys, (holds, text)]
+
+
+def needs_stand_in(checkpoint) -> bool:
+    """True when `checkpoint` is missing or chapter 01's one-process script wrote it (no process-group backend)."""
+    from distrinews_lib.serving.inference import read_checkpoint
+
+    return not Path(checkpoint).is_file() or read_checkpoint(checkpoint)["metadata"].get("backend") is None
+
+
+def ensure_ddp_checkpoint(checkpoint, nproc, output="outputs/serving_ddp", timeout: float = 600) -> None:
+    """Keep a checkpoint a DDP run wrote; otherwise train a stand-in as chapter 02 does (train_ddp.py under torchrun,
+    one epoch of the CPU smoke preset) and say so in two lines."""
+    if not needs_stand_in(checkpoint):
+        return
+    from .launch import torchrun
+
+    print(f"{checkpoint} is missing or chapter 01 wrote it: training a stand-in, one DDP epoch of cpu_smoke")
+    args = ["--config", "cpu_smoke", "--epochs", 1, "--no-progress", "--output", output, "--checkpoint", checkpoint]
+    trained = torchrun("scripts/train_ddp.py", nproc, args, echo=False, timeout=timeout)
+    print(f"trained in {trained.seconds:.0f} s")

@@ -171,3 +171,13 @@ def news_to_classify(n: int = 1000):
 
     splits = load_dataset_splits("ag_news", resolve_source("auto", "ag_news", hub=False))
     return splits.test_texts[:n], splits.test_labels[:n], list(splits.label_names), splits.detail
+
+
+def judge_unbatched_fraction(predicted, fraction: float, tolerance: float = 0.15) -> bool | None:
+    """Exercise 3: the learner's guess of the unbatched server's answers per second as a fraction of the batched
+    one's, at the most clients: right within `tolerance`. The reason is printed after the run. None: no guess."""
+    from .attempt import judge_prediction
+
+    right = predicted is not None and abs(predicted - fraction) <= tolerance
+    why = "Without batching each request is a forward pass of its own, so more clients only queue."
+    return judge_prediction("the fraction", predicted, round(fraction, 2), right=right, why=why)

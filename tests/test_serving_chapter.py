@@ -403,3 +403,35 @@ def test_a_wrong_checkpoint_fails_its_claim_and_says_what_to_do(tmp_path, mutant
     ckpt, outputs = _saved_run(tmp_path, **mutant)
     holds, text = checkpoint_claims(ckpt, outputs)[claim]
     assert not holds and says in text and "run chapter 02 again" in text, text
+
+
+def test_a_stand_in_is_trained_only_for_a_missing_or_one_process_checkpoint(tmp_path, monkeypatch):
+    from distrinews_course import served_checkpoint as S
+    from distrinews_lib.serving import inference
+
+    assert S.needs_stand_in(tmp_path / "missing.pt")
+    ckpt = tmp_path / "m.pt"
+    ckpt.write_bytes(b"x")
+    backend = {"value": None}
+    monkeypatch.setattr(inference, "read_checkpoint", lambda path: {"metadata": {"backend": backend["value"]}})
+    assert S.needs_stand_in(ckpt)  # chapter 01's one-process script records no backend
+    backend["value"] = "gloo"
+    assert not S.needs_stand_in(ckpt)
+    from types import SimpleNamespace
+
+    from distrinews_course import launch
+
+    launched = []
+    monkeypatch.setattr(launch, "torchrun", lambda *a, **k: launched.append(a) or SimpleNamespace(seconds=1.0))
+    S.ensure_ddp_checkpoint(ckpt, 2)  # a DDP run's file: kept, nothing launched
+    assert launched == []
+    S.ensure_ddp_checkpoint(tmp_path / "missing.pt", 2)
+    assert launched and launched[0][1] == 2 and tmp_path / "missing.pt" in launched[0][2]
+
+
+def test_the_unbatched_fraction_guess_is_judged_within_its_tolerance(capsys):
+    from distrinews_course.serving_exercises import judge_unbatched_fraction
+
+    assert judge_unbatched_fraction(None, 0.22) is None
+    assert judge_unbatched_fraction(0.2, 0.22) is True and judge_unbatched_fraction(0.9, 0.22) is False
+    assert "only queue" in capsys.readouterr().out  # the reason comes after the run, not on the page
