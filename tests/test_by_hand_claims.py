@@ -82,6 +82,11 @@ def test_the_collective_counts_hold_and_a_rung_that_sends_more_or_another_kind_f
         t = kinds()
         t["collective_kinds"][rung] = calls
         assert not by_text(loopback_race.collectives_claims(t, 72), words).holds, (rung, calls)
+    for bucketed, ddp in ((5, 4), (3, 4), (1, 1)):  # a bucket rule off by one either way; one bucket cannot overlap
+        t = kinds()
+        t["collective_kinds"]["bucketed"] = {"all_reduce": bucketed}
+        t["collectives_per_step"].update(bucketed=bucketed, ddp=ddp)
+        assert not by_text(loopback_race.collectives_claims(t, 72), "bucketed called").holds, (bucketed, ddp)
 
 
 @pytest.fixture
@@ -366,3 +371,24 @@ def test_the_zero_picture_shards_one_more_part_per_stage():
     assert held["ZeRO-2"] == {"weights": 4.0, "gradients": 2.0, "adamw": 4.0}
     assert held["ZeRO-3"] == {"weights": 2.0, "gradients": 2.0, "adamw": 4.0}
     assert zero_report.held_mib(2**20, world=4)["ZeRO-3"]["adamw"] == 2.0
+
+
+def test_the_last_bucket_is_read_against_backwards_end():
+    """As the dialed race drew it: the embedding's bucket left 0.12 ms before backward ended and spent 67 ms on the
+    cable, all but that after backward; a bucket launched early, under backward, shows a small share after."""
+    from distrinews_course.by_hand import report
+
+    events = [
+        {"kind": "comm", "name": "bucket 5", "start": 0.1887, "end": 0.1962},
+        {"kind": "comm", "name": "bucket 6", "start": 0.19060, "end": 0.25783},
+        {"kind": "backward", "start": 0.0691, "end": 0.19072},
+    ]
+    got = report.last_bucket(events)
+    assert got["left_before_ms"] == pytest.approx(0.12, abs=1e-6) and got["wire_ms"] == pytest.approx(67.23)
+    assert got["after_ms"] == pytest.approx(67.11) and got["share_after"] > 0.99
+    early = copy.deepcopy(events)
+    early[1].update(start=0.1, end=0.2)  # launched mid-backward: 8.7 of its 100 ms after
+    assert report.last_bucket(early)["share_after"] == pytest.approx(0.0928)
+    late = copy.deepcopy(events)
+    late[1].update(start=0.2, end=0.25)  # left after backward: all of it after, left_before negative
+    assert report.last_bucket(late)["share_after"] == 1.0 and report.last_bucket(late)["left_before_ms"] < 0

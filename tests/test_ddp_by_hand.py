@@ -51,6 +51,20 @@ def test_the_bucket_rule_is_torch_ddps():
             assert [[id(p) for p in b] for b in got] == [[id(order[i]) for i in b] for b in want], (kind, cap_mb)
 
 
+def test_the_wide_models_sizes_before_the_prediction_list_every_tensor_in_reverse_order():
+    """Chapter 03 prints them before asking for the bucket count: the sizes, read in order, must be the model's own
+    (a layer folded into "the same" is one whose sizes match the first one's), so the rule gives DDP's buckets."""
+    wide = models.build_model("wide", 0)
+    text = models.reverse_sizes(wide)
+    lines = text.splitlines()
+    assert lines[0].startswith("72 tensors, 5.12 MiB of gradients")
+    rows = {line.split()[0]: line for line in lines[1:]}
+    assert set(rows) == {"head", "layer", "embeddings"} and "layers 2, 1, 0 the same" in rows["layer"]
+    kib = [p.numel() * 4 / 1024 for p in reversed(list(wide.parameters()))]
+    head, layer, emb = ([float(x.replace(",", "")) for x in r[13:].split("(")[0].split()] for r in rows.values())
+    assert head + layer * 4 + emb == kib
+
+
 def test_the_two_heads_complete_their_gradients_in_a_rank_dependent_order(monkeypatch):
     """The model behind the readiness-order case: rank 0 and rank 1 see head a's and head b's gradients in opposite
     orders (without it the case would not test the launch order)."""

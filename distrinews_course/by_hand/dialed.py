@@ -147,9 +147,8 @@ def table(o: dict, p: Plan, loopback_ratio: dict) -> str:
     rounds = ", ".join(f"{r:.2f}" for r in o["rounds_flat_over_bucketed"])
     lines.append(
         f"\nflat/bucketed, round by round: {rounds}; bucketing saved {1000 * o['saved_s']:.0f} ms of the "
-        f"{1000 * p.could_save:.0f} ms the model allows; sending made backward {1000 * o['send_cpu_s']:+.0f} ms "
-        "(bucketed's backward less flat's in each round, the median round: not the difference of the columns' medians)"
-    )
+        f"{1000 * p.could_save:.0f} ms the model allows; sending made backward {1000 * o['send_cpu_s']:+.0f} ms"
+    )  # bucketed's backward less flat's in each round, the median round (not the columns' medians' difference)
     return "\n".join(lines)
 
 

@@ -26,11 +26,7 @@ def timing_table(t: dict) -> str:
     lines = [f"{'':>10} {'median s/step':>13} {'vs DDP':>7}"]
     for n, s in t["median_step_s"].items():
         lines.append(f"{n:>10} {s:>13.4f} {(t['ratio_vs_ddp'].get(n) or 1.0):>6.2f}x")
-    lines.append(
-        f"\n{t['rounds']} rounds x {t['steps_per_round']} steps; other programs kept {t['foreign_cores']:.2f} cores "
-        "busy meanwhile"
-    )
-    return "\n".join(lines)
+    return "\n".join(lines)  # the rounds and the quiet cores: chapter 03's folded note, and timing_claims on a busy run
 
 
 def ddp_spread(t: dict) -> float:
@@ -71,8 +67,9 @@ def collectives_claims(t: dict, n_params: int) -> list:
     """What each rung launched in a step, counted from its calls to torch.distributed (race()'s warm-up step,
     watch.calls_per_step: t["collective_kinds"], {kind: calls}), against what its design sends on a model of
     `n_params` tensors: naive and overlapped an all-reduce per tensor, flat one all-reduce, ZeRO-1 one reduce-scatter
-    and one all-gather, bucketed all-reduces only, at least 4 (as DDP's buckets, read from their sizes: DDP reduces in
-    C++). A rung that sends more, fewer or another kind fails its claim; exact counts, since a call is a call."""
+    and one all-gather, bucketed all-reduces only, exactly as many as torch's DDP has buckets (read from their sizes:
+    DDP reduces in C++), and more than one. A rung that sends more, fewer or another kind fails its claim (a bucket
+    rule off by one too); exact counts, since a call is a call."""
     k, per = t["collective_kinds"], t["collectives_per_step"]
     each = {"all_reduce": n_params}
     return [
@@ -86,9 +83,9 @@ def collectives_claims(t: dict, n_params: int) -> list:
             k["flat"] == {"all_reduce": 1} and k["zero1"] == {"reduce_scatter": 1, "all_gather": 1},
         ),
         Claim(
-            f"with 1 MiB buckets bucketed called all_reduce {per['bucketed']:.0f} times (DDP has {per['ddp']:.0f} "
-            "buckets): enough to overlap",
-            set(k["bucketed"]) == {"all_reduce"} and per["bucketed"] >= 4 and per["ddp"] >= 4,
+            f"bucketed called all_reduce {per['bucketed']:.0f} times, once per bucket of torch's DDP "
+            f"({per['ddp']:.0f}): more than one, so they can overlap backward",
+            set(k["bucketed"]) == {"all_reduce"} and per["bucketed"] == per["ddp"] > 1,
         ),
     ]
 

@@ -167,3 +167,29 @@ def layers(model) -> list:
         if isinstance(module, torch.nn.ModuleList):
             return list(module)
     return []
+
+
+def reverse_sizes(model) -> str:
+    """The model's gradient tensors in reverse definition order (the order backward usually completes them, and the
+    one DDP's first buckets are cut in), their sizes in KiB, grouped into the head, each transformer layer and the
+    embeddings: what a learner needs to count the buckets before the race. Layers of identical sizes print once."""
+    groups: dict = {}
+    for name, p in reversed(list(model.named_parameters())):
+        parts = name.split(".")
+        at = [i for i, part in enumerate(parts[:-1]) if part in ("layer", "h") and parts[i + 1].isdigit()]
+        group = f"layer {parts[at[0] + 1]}" if at else ("embeddings" if "embeddings" in parts else "head")
+        groups.setdefault(group, []).append(p.numel() * p.element_size() / 1024)
+    n, total = sum(map(len, groups.values())), sum(map(sum, groups.values()))
+    rows: dict = {}  # (group, sizes) -> the later layers of the same sizes
+    for group, kib in groups.items():
+        first = next((k for k in rows if k[1] == tuple(kib) and k[0].startswith("layer")), None)
+        if first and group.startswith("layer"):
+            rows[first].append(group.split()[1])
+        else:
+            rows[(group, tuple(kib))] = []
+    out = [f"{n} tensors, {total / 1024:.2f} MiB of gradients; in reverse order (as backward completes them), KiB:"]
+    for (group, kib), same in rows.items():
+        also = f"; {'layers' if len(same) > 1 else 'layer'} {', '.join(same)} the same" if same else ""
+        sizes = " ".join(f"{k:,g}" for k in kib)
+        out.append(f"  {group:<10} {sizes}  ({len(kib)} tensors, {sum(kib):,.1f} KiB{also})")
+    return "\n".join(out)

@@ -99,6 +99,23 @@ def launched_during_backward(events: list) -> tuple[int, int]:
     return sum(e["start"] < end for e in comms), len(comms)
 
 
+def last_bucket(events: list) -> dict:
+    """When one step's last collective (a bucketed rung's last bucket: the word embedding's, whose gradient backward
+    makes last) ran against backward's end: how long before that end it left (`left_before_ms`, negative if after),
+    its time on the cable (`wire_ms`), how much of it came after backward (`after_ms`) and that share (`share_after`).
+    Chapter 03 reads it from the dialed race's timeline: most of that bucket's time cannot hide under backward."""
+    end = next(e["end"] for e in events if e["kind"] == "backward")
+    last = [e for e in events if e["kind"] == "comm"][-1]
+    wire = last["end"] - last["start"]
+    after = max(0.0, last["end"] - max(last["start"], end))
+    return {
+        "left_before_ms": 1000 * (end - last["start"]),
+        "wire_ms": 1000 * wire,
+        "after_ms": 1000 * after,
+        "share_after": after / wire if wire > 0 else 0.0,
+    }
+
+
 def rung_summary(res: dict, zero: dict | None = None) -> dict:
     """The benchmark's shape: {contender: {step_time_ratio_vs_ddp, max_weight_diff, collectives_per_step,
     peak_mb_per_rank, ...}} for every rung, and torch's FSDP2 when a race ran the zero section. `res` is a race's
