@@ -331,8 +331,9 @@ def sections(output: str) -> dict[str, str]:
 
 def failure_story(res, width: int = 200) -> str:
     """The few lines of a failed launch that tell its story - each rank's error (what it measured, e.g. how
-    long it waited), torchrun's verdict per rank (exit code, which failed first) and how the launch ended -
-    instead of every rank's traceback and torchrun's own."""
+    long it waited), torchrun's verdict per rank (exit code, and the rank its "Root Cause" heading names: the
+    earliest failure by a time stamp in whole seconds, so not always the rank that failed first) and how the launch
+    ended - instead of every rank's traceback and torchrun's own."""
     errors, measured, verdicts, root = {}, {}, [], False
     for line in (raw.rsplit("\r", 1)[-1].rstrip() for raw in res.output.splitlines()):
         if m := re.match(r"^\[rank ?(\d+)\]:? (\w+(?:Error|Exception)\b.*)", line):  # a rank's report, or the
@@ -357,7 +358,7 @@ def failure_story(res, width: int = 200) -> str:
         story.append(
             "torchrun: "
             + ", ".join(
-                f"rank {r} exit code {code}" + (" (first failure)" if first else "")
+                f"rank {r} exit code {code}" + (" (torchrun's Root Cause)" if first else "")
                 for r, code, first in sorted(verdicts)
             )
         )

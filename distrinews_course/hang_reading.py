@@ -224,6 +224,15 @@ def error_files(log_dir) -> dict:
     return out
 
 
+def error_stamps(log_dir) -> dict:
+    """{rank: its error file's time stamp, whole seconds since the epoch}: what torchrun orders failures by."""
+    out = {}
+    for path in sorted(Path(log_dir).glob("**/error.json")):
+        message = json.loads(path.read_text())["message"]
+        out[int(path.parent.name)] = int(message.get("extraInfo", {}).get("timestamp", 0))
+    return out
+
+
 def collective_error(message: str) -> bool:
     """Is this error a collective's failure (a timeout, a peer's closed connection): a consequence, not a cause?"""
     return any(sign in message.lower() for sign in COLLECTIVE_SIGNS)

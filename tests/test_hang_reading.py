@@ -165,6 +165,8 @@ def test_error_files_read_torchs_own_format(tmp_path):
     assert list(files) == [1]
     message, frames = files[1]
     assert "ValueError: a record cut short" in message and R.own_frame(frames)[2] == "read_batch"
+    stamps = R.error_stamps(tmp_path)  # torchrun orders failures by this whole-second stamp
+    assert list(stamps) == [1] and abs(stamps[1] - time.time()) < 600, stamps
 
 
 def test_arrivals_line_up_completed_collectives_by_sequence_number():

@@ -205,7 +205,7 @@ def test_failure_story_tells_rank_error_wait_and_exit_code_in_a_few_lines():
     assert story == [
         "rank 0: RuntimeError: Timed out waiting 3000ms for recv  [waited_s=3.1]",
         "rank 1: ValueError: SyncBatchNorm layers only work with GPU modules",
-        "torchrun: rank 0 exit code -15 (SIGTERM), rank 1 exit code 1 (first failure)",
+        "torchrun: rank 0 exit code -15 (SIGTERM), rank 1 exit code 1 (torchrun's Root Cause)",
         "launch ended by itself after 4.0 s with exit code 1",
     ]
     assert failure_story(_result("something else\nentirely")).splitlines()[0] == "something else"
