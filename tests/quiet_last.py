@@ -22,6 +22,7 @@ QUIET = (
     "notebooks/03_ddp_by_hand.ipynb",
     "notebooks/05_performance.ipynb",
     "notebooks/08_several_nodes.ipynb",
+    "tests/test_hang_doctor_quiet.py",
 )
 
 

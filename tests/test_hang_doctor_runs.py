@@ -32,7 +32,6 @@ def lab(tmp_path_factory):
                  planted=0),
         Scenario("rank1_killed", f"{H}/dies_mid_step.py", ["--mode", "broken", "--killed", *group], planted=1),
         Scenario("straggler", f"{H}/straggler.py", ["--mode", "broken", "--steps", 60, *group], planted=1),  # ~6 s
-        Scenario("healthy_straggler_fixed", f"{H}/straggler.py", ["--mode", "fixed", "--steps", 40, *group]),
         Scenario("healthy_save_fixed", f"{H}/slow_save.py", ["--mode", "fixed", *group, *save]),
         Scenario("healthy_counts_fixed", f"{H}/class_counts.py", ["--mode", "fixed", *group]),
     ]:  # fmt: skip
@@ -70,7 +69,9 @@ def test_the_straggler_is_named_with_the_time_it_adds(lab):
     assert 40 <= run.straggler["details"]["added_ms_per_step"] <= 160  # its reads take 80 ms longer
 
 
-@pytest.mark.parametrize("name", ["healthy_straggler_fixed", "healthy_save_fixed", "healthy_counts_fixed"])
+# The straggler script's fix is judged alone, in tests/test_hang_doctor_quiet.py: beside other runs a rank starved of
+# the shared cores is a true straggler.
+@pytest.mark.parametrize("name", ["healthy_save_fixed", "healthy_counts_fixed"])
 def test_a_healthy_run_hears_nothing_from_the_doctor(lab, name):
     run = lab.get(name)
     assert run.result.ok, run.output[-3000:]
