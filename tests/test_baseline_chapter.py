@@ -207,3 +207,19 @@ def test_the_stubs_are_not_written_yet(tmp_path, capsys):
     assert not try_exercise(resume_test(stub.save_state, tmp_path), stub.load_state)
     assert "not written yet" in capsys.readouterr().out
     assert not try_exercise(resume_test(_save_all, tmp_path), stub.load_state)  # half written: still not yet
+
+
+@pytest.mark.parametrize(
+    "predicted, right",
+    [
+        (100 * (64 - 50) / 64, True),  # the table's estimate: each random batch padded to the cut
+        (20, True),
+        (0.77, False),  # the grouped batches' figure from the table, not the random ones'
+        (50, False),  # half the tokens
+        (3, False),  # a ratio-sized guess
+        (None, False),
+    ],
+)
+def test_the_padding_guess_is_judged_against_the_measured_share(predicted, right):
+    """A random-batch padding share of about 22% is what cpu_smoke's 960 texts (mean 50 tokens, cut at 64) give."""
+    assert R.padding_guess_ok(predicted, 0.22) is right
