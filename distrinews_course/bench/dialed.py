@@ -327,7 +327,7 @@ class Dialed:
         elif not all(r["quiet"] for r in self.rows):
             why = quiet.busy_reason([x for r in self.rows for x in (r["run"], r["pair"])])
         elif margin is None:
-            why = "section 3's rounds moved by over 30%"
+            why = "section 3's rounds moved by over 30%: this host moves runs more than the model can be told from"
         else:
             why = None
         return Claim(text, ok, why)
