@@ -160,7 +160,7 @@ class ShortGroup:
         return "\n".join(lines)
 
     def claims(self) -> list[tuple]:
-        """train_ddp.py's grouping (its real epochs.accumulate) ends every epoch with the short group, so no step
+        """train_ddp.py's grouping (its real epochs.accumulate) ends every epoch with the short group, so no group
         spans two epochs; the real Accelerator steps at every grad_accum-th micro-batch counted over the epochs, each
         share 1/grad_accum, so a step spans the epoch boundary. Tolerance on the shares: float32's 1/3."""
         short = self.micro_batches % self.grad_accum  # 0: no short group, nothing to show
@@ -175,8 +175,8 @@ class ShortGroup:
                 and self.epochs > 1
                 and all(g == ddp for g in self.groups)
                 and len(self.groups) == self.epochs,
-                f"train_ddp.py's epochs.accumulate ends each epoch with its short group of {short}, and steps on it: "
-                "no optimizer step spans two epochs",
+                f"train_ddp.py's epochs.accumulate groups each epoch on its own, ending it with its short group of "
+                f"{short}: no group spans two epochs",
             ),
             (
                 short > 0

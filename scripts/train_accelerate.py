@@ -21,7 +21,9 @@ def main():
     cfg, launch = accelerate_run.parse()  # train_ddp.py's flags, backend and mixed precision
     accelerator = Accelerator(cpu=launch.cpu, mixed_precision=launch.mixed_precision,  # starts the process group
                               gradient_accumulation_steps=cfg.grad_accum,  # accumulate(): no_sync, loss division
-                              dataloader_config=DataLoaderConfiguration(split_batches=True),  # a batch is global
+                              # split_batches: a batch is global, and the prepared scheduler steps once per
+                              # optimizer step (else once per rank: the LR schedule would run N times as fast)
+                              dataloader_config=DataLoaderConfiguration(split_batches=True),
                               log_with=launch.log_with, project_dir=cfg.output)  # --report_to: TensorBoard, W&B
     run = accelerate_run.Run(cfg, launch, accelerator)  # data, model, loaders, optimizer: train_ddp.py's
     # DDP(model), the evaluation's sharding, the device: Accelerate's. Not the training loader: see the chapter.
