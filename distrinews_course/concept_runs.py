@@ -36,7 +36,9 @@ def _max_diff(a, b) -> float:
 
 
 def hello_claims(hello: dict, launched: int) -> list[Claim]:
-    """launched: the processes torchrun was asked for (--nproc_per_node); every one of them must have reported."""
+    """launched: the processes torchrun was asked for (--nproc_per_node); every one of them must have reported.
+    That each rank is its own process is not claimed: torchrun starts one process per rank, so no bug in the
+    course's code could fail it; hello_table prints the PIDs as a fact instead."""
     ranks = hello["ranks"]
     n = len(ranks)
     total = n * (n + 1) / 2  # rank r held r + 1
@@ -47,9 +49,6 @@ def hello_claims(hello: dict, launched: int) -> list[Claim]:
             f"WORLD_SIZE={launched}",
             sorted(r["rank"] for r in ranks) == list(range(launched))
             and all(r["world_size"] == launched for r in ranks),
-        ),
-        Claim(
-            f"each rank is its own operating-system process ({n} distinct PIDs)", len({r["pid"] for r in ranks}) == n
         ),
         Claim(f"all-reduce SUM gave every rank the same total, {total:.0f}", all(r["sum"] == total for r in ranks)),
         Claim(
@@ -451,8 +450,9 @@ def checkpoint_claims(output: str, ck: dict, nproc: int) -> list[Claim]:
     ]
 
 
-def interview_evidence(hello, calls, bwd, strag, ck, output_ck, epochs) -> str:
-    """One line of this run's evidence per interview question."""
+def interview_evidence(hello, calls, bwd, strag, ck, output_ck, epochs, n_gpus: int) -> str:
+    """One line of this run's evidence per interview question. DP's line shows its split only with 2+ GPUs (section
+    3 checks it there); with fewer, DP calls the model once by construction, which is no evidence, so it says so."""
     buckets = bwd["ranks"][0]["steps"][-1]["buckets"]
     sync = max(r["ddp_vs_mean_of_local"] for r in bwd["ranks"])
     fast_wait = min(r["backward_s"] for r in strag["ranks"] if not r["slow"])
@@ -461,7 +461,11 @@ def interview_evidence(hello, calls, bwd, strag, ck, output_ck, epochs) -> str:
         (
             "1. DP vs DDP",
             f"DDP: {len({r['pid'] for r in hello['ranks']})} processes with distinct PIDs; DP: "
-            f"{len(calls)} forward(s) of the model for one call of the wrapper",
+            + (
+                f"{len(calls)} forwards for one call of the wrapper, one per GPU (section 3's check)"
+                if n_gpus >= 2
+                else f"not shown on this run (its split needs 2 GPUs, this machine has {n_gpus}: section 3's NOTE)"
+            ),
         ),
         (
             "2. gradient sync",
@@ -470,7 +474,8 @@ def interview_evidence(hello, calls, bwd, strag, ck, output_ck, epochs) -> str:
         ),
         (
             "3. DistributedSampler",
-            f"10 samples -> {len(epochs[0][0])} + {len(epochs[0][1])} disjoint; epoch 1 in "
+            f"10 samples -> {len(epochs[0][0])} + {len(epochs[0][1])}, "
+            f"{'disjoint' if set(epochs[0][0]).isdisjoint(epochs[0][1]) else 'OVERLAPPING'}; epoch 1 in "
             f"another order: {epochs[0] != epochs[1]}",
         ),
         (

@@ -64,7 +64,6 @@ def test_the_hello_launch_supports_every_claim(hello):
         (lambda h: h["ranks"][1].update(rank=0), "ranks [0, 0]"),
         (lambda h: h["ranks"].pop(), "ranks [0]"),  # a rank that never reported
         (lambda h: [r.update(world_size=1) for r in h["ranks"]], "WORLD_SIZE=2"),
-        (lambda h: h["ranks"][1].update(pid=h["ranks"][0]["pid"]), "distinct PIDs"),
         (lambda h: h["ranks"][1].update(sum=2.0), "the same total, 3"),
         (lambda h: h["ranks"][1].update(local_grad=h["ranks"][0]["local_grad"]), "local gradient differs"),
         (lambda h: h["ranks"][0]["averaged_grad"].__setitem__(0, 9.0), "gradient of the whole batch"),
@@ -308,8 +307,14 @@ def test_map_location_is_a_note_on_the_cpu(ck):
 
 
 def test_the_interview_evidence_has_a_line_per_question(hello, bwd, strag, ck):
-    text = R.interview_evidence(hello, [object()], bwd, strag, ck, CK_OUTPUT, _runs()["shuffled"])
+    text = R.interview_evidence(hello, [object()], bwd, strag, ck, CK_OUTPUT, _runs()["shuffled"], 0)
     assert len(text.splitlines()) == 5 and "6 bucket all-reduces" in text and "1 writer (rank 0)" in text
+    assert "DP: not shown on this run" in text and "5 + 5, disjoint" in text  # one call without 2 GPUs is no evidence
+    assert "DP: 2 forwards" in R.interview_evidence(
+        hello, [object()] * 2, bwd, strag, ck, CK_OUTPUT, _runs()["shuffled"], 2
+    )
+    both_rank_0 = S.epochs_of([_samplers(10)[0]] * 2, epochs=2)  # a sampler built with rank 0 on both ranks
+    assert "5 + 5, OVERLAPPING" in R.interview_evidence(hello, [object()], bwd, strag, ck, CK_OUTPUT, both_rank_0, 0)
 
 
 def test_the_figures_draw(bwd, strag):
