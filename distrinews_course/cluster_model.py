@@ -311,6 +311,12 @@ def on_paper_table(tensors, rows) -> str:
             f"{'':<9} {r['n']:>4} {name:<28} {e.compute_ms:>7.1f} {e.bookkeeping_ms:>5.1f} {e.comm_ms:>7.1f} "
             f"{e.exposed_ms:>7.1f} {e.interference_ms:>6.1f} {100 * e.efficiency:>9.0f}% {e.speedup:>6.1f}x"
         )
+    many = [r["n"] for r in rows if r["n"] > 8]  # more than one 8-GPU machine
+    if many:
+        lines.append(
+            f"the {' and '.join(map(str, many))} GPU rows price a ring only (2(N-1) latency steps per bucket): across "
+            "that many machines NCCL picks tree algorithms, which this model does not price"
+        )
     lines.append(
         "sources: " + "; ".join(f"{lk.name}: {lk.source}" for lk in {r["link"].name: r["link"] for r in rows}.values())
     )

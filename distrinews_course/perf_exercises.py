@@ -4,7 +4,7 @@ the run measured. Each grader returns None when the answer holds, else one line 
 
     exercise_1(allreduce_ms, break_even_mbit, MY_4_NODE_MS, cost, after)   # lines to print: each function's verdict
     grade_break_even(break_even_mbit)                  # exercise 1's second function (the first: grade_allreduce_ms)
-    ex2 = straggler_run(plan, 100); grade_straggler({"added_ms": 100, "part": "forward"}, **ex2.grading)
+    ex2 = straggler_run(plan, 100); straggler_feedback({"added_ms": 100, "part": "forward"}, ex2)  # verdict + why
     ex3 = same_hardware_run(plan, cores); grade_same_hardware(1.2, **ex3.grading)
 """
 
@@ -19,6 +19,25 @@ from .link import PAYLOAD_SHARE
 from .perf_model import grade_allreduce_ms
 
 STRAGGLER_PARTS = ("data", "forward", "backward", "waiting", "transfer", "clip", "optimizer")
+
+
+STRAGGLER_WHERE = {  # why the fast rank's wait lands in the part that grew most
+    "forward": "DDP's forward starts with a collective (the buffers' broadcast from rank 0, broadcast_buffers=True by "
+    "default), where the fast rank meets the straggler first",
+    "waiting": "the first collective after the sleep is backward's all-reduce",
+}
+
+
+def straggler_feedback(guess: dict | None, run) -> str:
+    """Exercise 2's verdict, then, once the learner has predicted, where the run put the wait and why: the answer is
+    printed after the prediction, never on the page before it."""
+    verdict = grade_straggler(guess, **run.grading)
+    if not guess or guess.get("added_ms") is None or guess.get("part") is None:
+        return verdict
+    grew = run.grading["grew"]
+    top = max(grew, key=grew.get)
+    why = STRAGGLER_WHERE.get(top, "the part where this run's fast rank met the straggler")
+    return (verdict or "exercise 2: right") + f"\nwhy: the wait grew '{top}' most ({grew[top]:+.1f} ms): {why}"
 
 
 def straggler_tolerance_ms(sleep_ms: float, step_ms: float) -> float:
@@ -48,11 +67,7 @@ def grade_straggler(guess: dict | None, *, sleep_ms: float, added_ms: float, gre
         return f"exercise 2: you predicted +{ms:.1f} ms, the fast rank measured {added_ms:+.1f} ms: {why}"
     top = max(grew, key=grew.get)
     if where != top:
-        why = {
-            "forward": "DDP's forward starts with a collective (the buffers' broadcast), where the fast rank meets the "
-            "straggler first",
-            "waiting": "the first collective after the sleep is backward's all-reduce",
-        }.get(top, f"the run put it in '{top}'")
+        why = STRAGGLER_WHERE.get(top, f"the run put it in '{top}'")
         return (
             f"exercise 2: the time is right, the place is not: '{where}' grew {grew.get(where, 0.0):+.1f} ms, "
             f"'{top}' {grew[top]:+.1f} ms: {why}"

@@ -1,6 +1,8 @@
 """Chapter 05's exercises 2 and 3 (distrinews_course/perf_exercises.py): the reference prediction holds, a blank one
 is 'not attempted yet', and every mistake the graders claim to name is named on a wrong answer (a mutant) of its own."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from distrinews_course import perf_exercises as px
@@ -13,6 +15,21 @@ def test_straggler_reference_and_blank():
     assert px.grade_straggler({"added_ms": 20, "part": "forward"}, **STRAGGLER) is None
     assert "not attempted yet" in px.grade_straggler({"added_ms": None, "part": None}, **STRAGGLER)
     assert "not attempted yet" in px.grade_straggler(None, **STRAGGLER)
+
+
+def test_straggler_feedback_gives_the_reason_only_after_a_prediction():
+    run = SimpleNamespace(grading=STRAGGLER)
+    right = px.straggler_feedback({"added_ms": 20, "part": "forward"}, run)
+    assert right.startswith("exercise 2: right\nwhy: the wait grew 'forward' most (+19.8 ms)")
+    assert "the buffers' broadcast from rank 0" in right
+    wrong = px.straggler_feedback({"added_ms": 20, "part": "waiting"}, run)
+    assert "the place is not" in wrong and "why: the wait grew 'forward'" in wrong
+    blank = px.straggler_feedback({"added_ms": None, "part": None}, run)
+    assert "not attempted yet" in blank and "broadcast" not in blank  # no answer before a prediction
+    # a run whose wait landed in 'waiting' gets that reason, not the buffers' broadcast
+    late = SimpleNamespace(grading=dict(STRAGGLER, grew={"forward": 0.3, "waiting": 19.8}))
+    said = px.straggler_feedback({"added_ms": 20, "part": "waiting"}, late)
+    assert "backward's all-reduce" in said and "broadcast" not in said
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,7 @@ def small_buckets(sweep: loopback.Sweep, fit, emb_share: float) -> dict | None:
     return dict(
         ratios=ratios,
         ratio=statistics.median(ratios),
-        plain_ms=1000 * statistics.median(loopback.step_s(p) for p, _ in runs),
+        plain_ms=1000 * sweep.ddp_s,  # section 2's DDP step (the round of the median speedup): one figure, one value
         small_ms=1000 * statistics.median(loopback.step_s(s) for _, s in runs),
         allreduces=(per_step(runs[0][0]), per_step(runs[0][1])),
         exposed_ms={cap: 1000 * v for cap, v in exposed.items()},
@@ -100,7 +100,7 @@ def small_buckets_line(s: dict) -> str:
         f"  predicted by the bucket model: the step {predicted:+.1f} ms (exposed communication "
         f"{exposed[small_cap]:.1f} ms, against {exposed[plain_cap]:.1f})\n"
         f"  measured, small minus plain in each round: {rounds} ms "
-        f"(median {statistics.median(diffs):+.0f} ms on a {s['plain_ms']:.0f} ms step)\n"
+        f"(median {statistics.median(diffs):+.0f} ms; section 2's DDP step: {s['plain_ms']:.1f} ms)\n"
         f"  {tell}" + ("" if s["quiet"] else f" ({quiet.busy_reason(s['runs'])})")
     )
 

@@ -446,6 +446,10 @@ class Sweep:
         steps = {kind: [step_s(self.R[f"{kind}_b{b}_r{k}"]) for k in range(self.rounds)] for kind in (*KINDS, "solo")}
         return sum((max(s) - min(s)) / (self.n if kind == "single" else 1) for kind, s in steps.items())
 
+    def gap_bound_s(self) -> float:
+        """gap_claim's bound: GAP_BOUND of the DDP step, or what the runs behind the gap moved, whichever is more."""
+        return max(GAP_BOUND * self.ddp_s, self.gap_noise_s())
+
     def gap_claim(self) -> Claim:
         """The parts, each measured on its own, explain the DDP step: what is left ('rest') is within GAP_BOUND of the
         step, or within what the runs it rests on moved over the rounds, whichever is more. The rest is a difference
@@ -453,8 +457,7 @@ class Sweep:
         ranges over the rounds. Checked where those runs all ran quiet and that sum is under NOISY_SPREAD of the
         step: a bound wider than that would let any rest pass."""
         b, step, rest = self.large, self.ddp_s, self.gap()["rest"]
-        noise = self.gap_noise_s()
-        bound = max(GAP_BOUND * step, noise)
+        noise, bound = self.gap_noise_s(), self.gap_bound_s()
         left = f"{1000 * rest:+.1f} ms of the DDP step ({1000 * step:.1f} ms) are left unexplained"
         runs = [self.R[f"{kind}_b{b}_r{k}"] for kind in (*KINDS, "solo") for k in range(self.rounds)]
         if not quiet.all_quiet(runs, self.gpus):
