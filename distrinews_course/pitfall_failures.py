@@ -152,10 +152,11 @@ def nccl_backend(res, r: dict, refusals: dict, n_gpus: int, limit_s: float) -> S
     world = r["world_size"]
     errors = _rank_errors(res)
     expected = "nccl" if n_gpus >= world else "gloo"
-    first = errors[0].split(": ", 1)[-1][:60] if errors else "see the story above"
+    named = [e for e in errors if re.search(r"NCCL|CUDA|GPU", e)]  # a rank's own error line, not any launcher text
+    first = (named or errors)[0].split(": ", 1)[-1][:60] if errors else "see the story above"
     claims = [
         _failed_by_itself(res, limit_s, " at start-up"),
-        Claim(f"broken: hard-coded nccl fails: {first}", bool(re.search(r"NCCL|CUDA|GPU", res.output))),
+        Claim(f"broken: hard-coded nccl fails: {first}", bool(named)),
         *[
             Claim(
                 f"the library refuses {what} before any process starts, and names the fix (gloo)",

@@ -202,6 +202,10 @@ def test_nccl_fails_without_a_refusal_or_with_the_wrong_backend():
     assert not all(holds(failures.nccl_backend(res, r, {"x": "use gloo"}, 2, LIMIT)))  # 2 GPUs: nccl was expected
     passed = failed("10_nccl_backend.py", returncode=0)
     assert holds(failures.nccl_backend(passed, r, {"x": "use gloo"}, 0, LIMIT))[0] is False
+    # a rank that died of something else (its error line names no NCCL/CUDA/GPU) while the launcher's text mentions GPUs
+    other = res.output.replace("Distributed package doesn't have NCCL built in", "name 'x' is not defined")
+    other = failed("10_nccl_backend.py", output=other.replace("[rank 0] RuntimeError", "[rank 0] NameError") + "\nGPU")
+    assert holds(failures.nccl_backend(other, r, {"x": "use gloo"}, 0, LIMIT))[1] is False
 
 
 def test_unused_parameters_fail_without_the_error_or_the_warning():
