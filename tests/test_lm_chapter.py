@@ -197,15 +197,23 @@ def test_masking_claims_hold_for_the_collator_and_fail_for_a_wrong_one(vocab):
     voc, blocks = vocab
     first, again = claims.first_masks(blocks[:64], voc, seed=42)
     share = claims.mask_share(blocks[:64], voc, seed=42)
-    assert all(c.holds for c in claims.masking_claims(first, again, share)), share
-    same = {key: first[1, 0] for key in first}  # every rank and epoch masking alike
-    assert not claims.masking_claims(same, again, share)[1].holds
+    alike = claims.masks_alike(blocks[:64], voc, seed=42)
+    assert all(c.holds for c in claims.masking_claims(first, again, share, alike)), (share, alike)
+    special = [voc.cls_token_id, voc.sep_token_id, voc.pad_token_id]
+    for choose in (no_epoch, no_index):  # exercise 2's mutants, as the collator's mask_block: every block alike
+
+        def blind(ids, vocab, seed, epoch, index, choose=choose):
+            chosen = choose(ids, seed, epoch, index, special)
+            return ids, torch.where(chosen, ids, torch.full_like(ids, lm.IGNORE))
+
+        wrong = claims.masks_alike(blocks[:64], voc, seed=42, mask=blind)
+        assert not claims.masking_claims(first, again, share, wrong)[1].holds, (choose.__name__, wrong)
     _, again_other_epoch = claims.first_masks(blocks[:64], voc, seed=42, epochs=(2, 3))
-    assert not claims.masking_claims(first, again_other_epoch, share)[0].holds
-    assert not claims.masking_claims(first, again, (0.25, share[1]))[2].holds
+    assert not claims.masking_claims(first, again_other_epoch, share, alike)[0].holds
+    assert not claims.masking_claims(first, again, (0.25, share[1]), alike)[2].holds
     for rate in (0.13, 0.17):  # a collator 2 points off the 15% fails: the margin is counted over 40 epochs
         wrong = claims.mask_share(blocks[:64], voc, seed=42, mask=functools.partial(lm.mask_block, probability=rate))
-        assert not claims.masking_claims(first, again, wrong)[2].holds, (rate, wrong)
+        assert not claims.masking_claims(first, again, wrong, alike)[2].holds, (rate, wrong)
     shown = claims.shown_block(first[1, 0], voc)
     assert shown.count("<") == int((first[1, 0]["labels"][0] != lm.IGNORE).sum())
 
@@ -221,9 +229,9 @@ def test_a_collator_that_draws_from_the_global_generator_fails_the_resumed_check
             return ids, torch.where(chosen, ids, torch.full_like(ids, lm.IGNORE))
 
     voc, blocks = vocab
-    share = claims.mask_share(blocks[:64], voc, seed=42)
+    share, alike = claims.mask_share(blocks[:64], voc, seed=42), claims.masks_alike(blocks[:64], voc, seed=42)
     first, again = claims.first_masks(blocks[:64], voc, seed=42, task=GlobalMasking())
-    assert not claims.masking_claims(first, again, share)[0].holds
+    assert not claims.masking_claims(first, again, share, alike)[0].holds
     before = torch.random.get_rng_state()
     claims.first_masks(blocks[:64], voc, seed=42)
     assert torch.equal(before, torch.random.get_rng_state())  # the notebook's generator is left alone
