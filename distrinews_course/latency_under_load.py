@@ -73,6 +73,7 @@ class LoadLevel:
     p95_ms: float
     p99_ms: float
     mean_batch: float  # requests per forward pass while this level ran (/health's counters)
+    mean_ms: float = float("nan")  # the mean latency: Little's law's time in flight
 
 
 async def _levels(port: int, clients, seconds: float, warmup: float) -> list[LoadLevel]:
@@ -95,6 +96,7 @@ async def _levels(port: int, clients, seconds: float, warmup: float) -> list[Loa
                 s["latency_ms"]["p95"],
                 s["latency_ms"]["p99"],
                 round((after["texts_run"] - before["texts_run"]) / passes, 2) if passes else float("nan"),
+                s["latency_ms"]["mean"] if s["latency_ms"]["mean"] is not None else float("nan"),
             )
         )
     return levels
@@ -123,13 +125,24 @@ def requests_grouped(levels: list[LoadLevel], at_least: float = 2.0) -> bool:
     return most.mean_batch >= at_least
 
 
+def littles_law_holds(levels: list[LoadLevel], low: float = 0.75) -> bool:
+    """Little's law at every level: requests in flight = answered/s x mean latency, and in this closed loop each
+    client has one request in flight from its first send to its last answer (it sends the next at once), so the
+    product must be the number of clients, a little under. Under: after its last answer a client waits, idle, for
+    the level's slowest last request (one latency, 2-5% of a 0.8 s window here); low=0.75 leaves room for a straggler
+    of a quarter of the window. Over 1.02x the clients (rounding) the figures would hold more requests in flight than
+    there are clients: a wrong answered/s or a latency that misses part of a request's time fails either bound."""
+    return bool(levels) and all(low * x.clients <= x.per_s * x.mean_ms / 1000 <= 1.02 * x.clients for x in levels)
+
+
 def load_table(levels: list[LoadLevel]) -> str:
     rows = [
-        f"{'clients':>7} {'answered/s':>10} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} {'per pass':>8} {'errors':>6}"
+        f"{'clients':>7} {'answered/s':>10} {'mean ms':>7} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} "
+        f"{'per pass':>8} {'errors':>6}"
     ]
     rows += [
-        f"{x.clients:>7} {x.per_s:>10,.0f} {x.p50_ms:>7.1f} {x.p95_ms:>7.1f} {x.p99_ms:>7.1f} {x.mean_batch:>8.1f} "
-        f"{x.errors:>6}"
+        f"{x.clients:>7} {x.per_s:>10,.0f} {x.mean_ms:>7.1f} {x.p50_ms:>7.1f} {x.p95_ms:>7.1f} {x.p99_ms:>7.1f} "
+        f"{x.mean_batch:>8.1f} {x.errors:>6}"
         for x in levels
     ]
     return "\n".join(rows)

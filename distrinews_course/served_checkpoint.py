@@ -46,8 +46,9 @@ def metrics_for(checkpoint, meta: dict, outputs="outputs") -> Path | None:
 
 def checkpoint_claims(checkpoint, outputs="outputs") -> list[tuple[bool, str]]:
     """Two claims about the file: rank 0 saved model.module, the bare model DDP wraps (no weight name starts with
-    `module.`, or the server's plain model could not load it), and it records a process group of at least one rank
-    whose size and backend are those of its own run's metrics.json."""
+    `module.`, or the server's plain model could not load it), and it is the file its own run's metrics.json names
+    (same accuracy and held-out count), both recording the same process group of at least one rank. Both are written
+    from the run's one world size: the claim catches a stale or foreign file, not a wrongly recorded size."""
     saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
     names, meta = list(saved["state_dict"]), saved.get("metadata") or {}
     wrapped = [k for k in names if k.startswith(MODULE_PREFIX)]
@@ -66,7 +67,10 @@ def checkpoint_claims(checkpoint, outputs="outputs") -> list[tuple[bool, str]]:
     run = json.loads(path.read_text())["ddp"] if path else {}
     holds = isinstance(ws, int) and ws >= 1 and run.get("world_size") == ws and run.get("backend") == backend
     if holds:
-        text = f"it records a process group of {ws} {backend} rank(s), as its own run's {path} does"
+        text = (
+            f"it is the file its run's {path} names (same final accuracy and held-out count), and both record a "
+            f"process group of {ws} {backend} rank(s)"
+        )
     elif path is None:
         text = (
             f"{checkpoint} records world size {ws}, but no metrics.json under {outputs}/ names this file with its "

@@ -19,6 +19,7 @@ from distrinews_course.latency_under_load import (
     cost_per_text,
     first_step,
     latency_under_load,
+    littles_law_holds,
     load_paragraph,
     load_table,
     requests_grouped,
@@ -168,6 +169,17 @@ def test_throughput_grows_fails_on_a_flat_curve_or_errors():
 def test_requests_grouped_fails_at_one_request_per_pass():
     assert requests_grouped([level(1, 250), level(32, 1200, 20.6)])
     assert not requests_grouped([level(1, 250), level(32, 1200, 1.0)])
+
+
+def test_littles_law_fails_when_the_figures_hold_more_or_fewer_requests_than_clients():
+    def at(clients, per_s, mean_ms):
+        return LoadLevel(clients, int(per_s), 0, 1.0, per_s, mean_ms, mean_ms, mean_ms, 1.0, mean_ms)
+
+    assert littles_law_holds([at(1, 550, 1.8), at(32, 2366, 13.2)]), "0.99 and 31.2 in flight: one per client"
+    assert not littles_law_holds([at(1, 550, 1.8), at(32, 2366, 20.0)]), "47 in flight from 32 clients"
+    assert not littles_law_holds([at(1, 550, 1.8), at(32, 2366, 6.9)]), "a latency missing half: 16 of 32"
+    assert not littles_law_holds([at(1, 550, float("nan"))]), "no mean latency recorded"
+    assert not littles_law_holds([])
 
 
 def test_the_load_paragraph_names_a_first_step_that_gave_nothing():
