@@ -162,8 +162,8 @@ class DistilbertPeak:
         lines = [f"{self.model} ({self.n_params / 1e6:.1f}M parameters), {self.machine}, DDP on 2 ranks"]
         lines += [f"  {mb:7.0f} MiB  {what}" for what, mb in self.parts]
         lines.append(
-            f"  {sum(mb for _, mb in self.parts):7.0f} MiB  the parts: about the ddp@1x8 run's peak, the runtime "
-            "being its residual"
+            f"  {sum(mb for _, mb in self.parts):7.0f} MiB  the parts: the ddp@1x8 run's peak, by construction (the "
+            "runtime is its residual)"
         )
         lines.append(f"  {self.peak2:7.0f} MiB  the measured peak at 8 x 64 tokens")
         return "\n".join(lines)

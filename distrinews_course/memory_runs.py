@@ -278,6 +278,7 @@ class Recomputation:
     time_ratio: float
     quiet: bool
     foreign_cores: float | None
+    ckpt_set_by: str = "activations"  # what the calculator says sets the peak with recomputation (section 5's table)
 
     def table(self) -> str:
         return "\n".join(
@@ -311,7 +312,12 @@ class Recomputation:
                 0 < self.peak_mb[0] - self.peak_mb[1] < self.activations_mb[0] - self.activations_mb[1],
                 f"... and lowers the step's peak, by {self.peak_mb[0] - self.peak_mb[1]:.1f} MiB: less than the "
                 f"{self.activations_mb[0] - self.activations_mb[1]:.1f} MiB of activations it saved, since backward "
-                "still holds one recomputed layer, and the gradients plus AdamW's temporaries set a floor",
+                + (
+                    "still holds one recomputed layer's activations, which the calculator says still set the peak"
+                    if self.ckpt_set_by == "activations"
+                    else "still holds one recomputed layer, and the calculator says the optimizer step (gradients plus "
+                    "AdamW's temporaries) sets the peak"
+                ),
             ),
             (abs(self.flop_ratio - 4 / 3) < 0.05, f"... for 4/3 of the FLOPs (within 0.05: {self.flop_ratio:.3f}x)"),
             (self.cpu_ratio > 1.0, f"... and more CPU time per step ({self.cpu_ratio:.2f}x in the median pair)"),
@@ -326,6 +332,8 @@ class Recomputation:
 def recomputation(one: Launch, name: str = "ddp@64x128") -> Recomputation:
     """The run `name` against `name+ckpt` of the same launch; its wall time is checked if the launch was quiet."""
     full, ckpt = one.fullest(name), one.fullest(f"{name}+ckpt")
+    p = one.predicted(f"{name}+ckpt").parts  # section 5's 'peak set by', from the same calculator
+    sets = "activations" if p["activations"] > p["gradients"] + p["AdamW temporaries"] else "optimizer step"
     return Recomputation(
         activations_mb=(full["activations_saved"] / M.MiB, ckpt["activations_saved"] / M.MiB),
         peak_mb=(full["peak_rss_above_start_mb"], ckpt["peak_rss_above_start_mb"]),
@@ -335,6 +343,7 @@ def recomputation(one: Launch, name: str = "ddp@64x128") -> Recomputation:
         time_ratio=ckpt["seconds_per_step"] / full["seconds_per_step"],
         quiet=one.quiet,
         foreign_cores=one.foreign_cores,
+        ckpt_set_by=sets,
     )
 
 

@@ -5,6 +5,7 @@ and a wrong figure makes it fail. Fast: no launch."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -94,6 +95,17 @@ def test_the_recomputation_claims_fail_on_a_wrong_figure(one):
         _set(wrong, "ddp@64x128+ckpt", key, value)
         failed = [claim for ok, claim in R.recomputation(wrong).claims() if not ok]
         assert failed and words in failed[0], (key, failed)
+
+
+def test_the_recomputed_peaks_reason_is_what_section_5s_calculator_says_sets_it(one):
+    (row,) = [r for r in calculator_check(one).rows if r["name"] == "ddp@64x128+ckpt"]
+    rec = R.recomputation(one)
+    assert rec.ckpt_set_by == row["sets"] == "activations"
+    (peak,) = [claim for _, claim in rec.claims() if "lowers the step's peak" in claim]
+    assert peak.endswith("one recomputed layer's activations, which the calculator says still set the peak")
+    floor = dataclasses.replace(rec, ckpt_set_by="optimizer step")  # a calculator that put the peak at the optimizer
+    (peak,) = [claim for _, claim in floor.claims() if "lowers the step's peak" in claim]
+    assert "the calculator says the optimizer step (gradients plus AdamW's temporaries) sets the peak" in peak
 
 
 def test_wall_time_is_checked_only_on_a_quiet_machine(one):
@@ -209,6 +221,7 @@ def test_the_distilbert_claims_fail_on_a_wrong_figure():
     # prints that sum as the calibration's peak and checks nothing on it
     assert sum(mb for _, mb in base.parts) == pytest.approx(base.calibration2, rel=0.01)
     assert not any("add up" in claim for _, claim in base.claims())
+    assert "the parts: the ddp@1x8 run's peak, by construction" in base.table() and "about" not in base.table()
 
 
 def test_the_adamw_claim_fails_on_a_wrong_figure():
