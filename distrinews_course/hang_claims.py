@@ -4,7 +4,7 @@
     settle(mismatch_claims(wrong, right, waited, hang_s, ok))    # wrong counts on one rank, then a hang
     settle(detail_claims(found, detail.output, recorded))        # DETAIL names both shapes and numbers from 0
     settle(cause_from_error_files(files, planted))               # the error that is not a collective's failure
-    settle(root_cause_from_stamps(named, stamps))                # torchrun's heading: the earliest whole second
+    settle(root_cause_from_stamps(named, stamps, died))          # torchrun's heading: the earliest whole second
     settle(straggler_named(last, broken_ms, fixed_ms, read_ms))  # last to arrive, by about its slower reads
     settle(fixes_clean(fixes_ok, ran, saved_ok, waited, group_timeout_s))
 
@@ -49,8 +49,9 @@ def mismatch_claims(wrong: dict, right: dict, waited: float | None, hang_s: floa
     return [
         Claim(f"the fixed script: all {len(right)} ranks logged the same step-3 counts {right.get(0)}", alike),
         Claim(
-            f"the mismatched all-reduce gave rank 1 wrong counts ({wrong.get(1)}) and rank 0 none; then the ranks "
-            f"hung {waited or 0:.1f} s (the doctor's wait: {hang_s:g} s), and the launch failed",
+            f"the mismatched all-reduce gave rank 1 wrong counts ({wrong.get(1)}) and rank 0 none; then a hang: the "
+            f"hang doctor reported a rank that had waited {waited or 0:.1f} s in a collective (its threshold: "
+            f"{hang_s:g} s), and the launch failed",
             alike and wrong.get(1) not in (None, right.get(0)) and 0 not in wrong
             and waited is not None and waited >= hang_s and not launch_ok,
         ),
@@ -99,24 +100,24 @@ def cause_from_error_files(files: dict, planted: int, world: int = 2, raised_in:
     )
 
 
-def root_cause_from_stamps(named: list, stamps: dict) -> Claim:
+def root_cause_from_stamps(named: list, stamps: dict, died: int) -> Claim:
     """Section 4: torchrun's "Root Cause" heading names the failure with the smallest time stamp, in whole seconds
-    (torch.distributed.elastic's ProcessFailure.timestamp is an int); on a tie, the one it saw end first (its
-    `failures` dict keeps that order). `stamps`: {rank: its error file's time stamp}. The named rank must hold the
-    earliest stamp; a rank named with a later one fails. A rank that wrote no file is stamped when torchrun sees it
-    end, so this run cannot check it (a NOTE)."""
+    (torch.distributed.elastic's ProcessFailure.timestamp is an int), so it need not be `died`, the rank whose error
+    file holds the cause. `stamps`: {rank: its error file's time stamp}. When the stamps differ, the named rank must
+    hold the earliest; a rank named with a later one fails. On a tie, torchrun picks the failure it recorded first,
+    which this run cannot tell, nor a rank that wrote no file (torchrun stamps it when it sees it end): a NOTE."""
     first = min(stamps.values()) if stamps else None
     tied = [r for r, t in sorted(stamps.items()) if t == first]
-    text = (
-        f"torchrun's Root Cause is rank {named[0] if named else None}, whose error file has the earliest time stamp "
-        + (
-            f"(ranks {', '.join(map(str, tied))} tie in whole seconds: torchrun names the one it saw end first)"
-            if len(tied) > 1
-            else f"({first})"
-        )
+    who = named[0] if named else None
+    text = f"rank {died} died, and torchrun's Root Cause names rank {who}: " + (
+        f"the error files of ranks {', '.join(map(str, tied))} tie at the same whole second"
+        if len(tied) > 1
+        else f"the rank whose error file has the earliest time stamp ({first})"
     )
     if named and named[0] not in stamps and stamps:
-        return Claim(text, False, unchecked=f"rank {named[0]} wrote no error file, so its time stamp is torchrun's")
+        return Claim(text, False, unchecked=f"rank {who} wrote no error file, so its time stamp is torchrun's")
+    if named and len(tied) > 1:
+        return Claim(text, named[0] in tied, unchecked="a tie: this run cannot tell which rank torchrun names")
     return Claim(text, bool(named) and named[0] in tied)
 
 

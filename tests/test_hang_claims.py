@@ -49,13 +49,14 @@ def test_cause_from_error_files_names_the_rank_whose_error_is_not_a_collectives(
 
 
 def test_root_cause_from_stamps_is_the_earliest_whole_second():
-    assert H.root_cause_from_stamps([0], {0: 100, 1: 100}).holds  # a tie: either, though rank 1 died first
-    assert H.root_cause_from_stamps([1], {0: 100, 1: 100}).holds
-    assert "tie" in H.root_cause_from_stamps([0], {0: 100, 1: 100}).text
-    assert H.root_cause_from_stamps([1], {0: 101, 1: 100}).holds
-    assert not H.root_cause_from_stamps([0], {0: 101, 1: 100}).holds  # a later stamp named
-    assert not H.root_cause_from_stamps([], {0: 100}).holds
-    assert not H.root_cause_from_stamps([0], {1: 100}).checked  # rank 0 wrote no file: its stamp is torchrun's
+    for named in ([0], [1]):  # a tie: whichever rank torchrun names, this run cannot tell, so it is not a pass
+        tie = H.root_cause_from_stamps(named, {0: 100, 1: 100}, died=1)
+        assert not tie.checked and "tie" in tie.text and tie.text.startswith("rank 1 died")
+    assert H.root_cause_from_stamps([1], {0: 101, 1: 100}, died=1).holds
+    assert H.root_cause_from_stamps([1], {0: 101, 1: 100}, died=1).checked
+    assert not H.root_cause_from_stamps([0], {0: 101, 1: 100}, died=1).holds  # a later stamp named
+    assert not H.root_cause_from_stamps([], {0: 100}, died=0).holds
+    assert not H.root_cause_from_stamps([0], {1: 100}, died=1).checked  # rank 0 wrote no file: its stamp is torchrun's
 
 
 def test_straggler_named_fails_on_an_even_pair_a_small_lateness_or_a_fix_that_hides_little():
