@@ -109,7 +109,7 @@ def blocks_of(kind: str = "tiny") -> dict:
 
 # The fastest link the race dials, in Mbit/s. The model prices each collective on its level's fit and nothing else,
 # and the faster the link, the more what it leaves out weighs: measured in this box, hierarchical kept 79-95% of its
-# predicted saving over the flat ring at 150-160 Mbit/s, 62% at 300 (a CI machine with a faster CPU dialed about that
+# predicted saving over the flat rung at 150-160 Mbit/s, 62% at 300 (a CI machine with a faster CPU dialed about that
 # and got 38%) and none at 600. A machine whose step with no communication is short gets a link slower than
 # --comm_over_step asks.
 MAX_MBIT = 160

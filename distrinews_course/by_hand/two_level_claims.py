@@ -122,7 +122,7 @@ def _timed(holds: bool, text: str, why_not: str | None) -> Claim:
 
 def steps(rec: dict, quiet_cores: float) -> list[Claim]:
     """Each contender's step within STEP_BOUND of the model (or the rounds' spread where wider) at the race's rate;
-    hierarchical beating the flat ring and HSDP beating full sharding by at least SAVING_SHARE of the model's saving,
+    hierarchical beating the flat rung and HSDP beating full sharding by at least SAVING_SHARE of the model's saving,
     give or take half the range of the rounds' savings."""
     c = rec["contenders"]
     ok, busy = quiet(rec, quiet_cores)
@@ -144,7 +144,7 @@ def steps(rec: dict, quiet_cores: float) -> list[Claim]:
             )
         )
     for what, (slow, fast) in {
-        "hierarchical beats the flat ring": ("flat", "hierarchical"),
+        "hierarchical beats the flat rung": ("flat", "hierarchical"),
         "HSDP beats full sharding": ("fsdp2", "hsdp"),
     }.items():
         saved, rounds = per_round_saving(rec, slow, fast)
