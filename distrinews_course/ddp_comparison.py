@@ -97,8 +97,9 @@ def _without_docstring(hunk: str) -> str:
 
 def promise_claims(d: dict, base: dict, output: str, nproc: int, backend: str) -> list[Claim]:
     """What DDP promises, on the run it just made: bit-identical weights on every rank (the script's own all-reduce of
-    the largest difference, printed and recorded), the training set shared out once per epoch (the sampler pads it to
-    a multiple of N), the processes and backend asked for, and the baseline's texts."""
+    the largest difference, printed and recorded), the training set shared out per epoch (the ranks' summed count is
+    the set padded to a multiple of N, not N times it; the run records no per-rank indices, so the shards' being
+    disjoint is chapter 00's sampler check), the processes and backend asked for, and the baseline's texts."""
     seen = [e["train_samples"] for e in d["epochs"]]
     padded = -(-d["data"]["train_size"] // nproc) * nproc
     return [
@@ -109,9 +110,10 @@ def promise_claims(d: dict, base: dict, output: str, nproc: int, backend: str) -
             and d["aggregates"]["params_max_difference"] == 0.0,
         ),
         Claim(
-            f"the {nproc} ranks trained on {seen[0]:,} examples per epoch together: the {d['data']['train_size']:,} "
-            "training texts once between them, not once per rank (which rank got which texts: chapter 00's "
-            "sampler check)",
+            f"the {nproc} ranks trained on {seen[0]:,} examples per epoch together: the training set's "
+            f"{d['data']['train_size']:,} texts (padded to a multiple of {nproc}), not "
+            f"{nproc * d['data']['train_size']:,} (every rank on all of them); that no text went to two ranks is "
+            "chapter 00's sampler check (section 2), not this count's",
             all(s == padded for s in seen),
         ),
         Claim(

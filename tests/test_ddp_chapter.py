@@ -234,6 +234,7 @@ def test_the_difference_note_says_what_separates_the_runs():
     note = S.difference_note(0.877, 0.858, _control(), steps, 2)
     assert "246 of 250 steps" in note and "1.9 points apart" in note and "6e-05 apart" in note
     assert "first two reasons away together, so it cannot say" in note  # what the control shows, no more
+    assert "chapter 00's section 4 checks that DDP's .grad is the mean" in note  # where the mean is checked
     assert "would train" in S.difference_note(0.858, 0.858, _control(), steps, 1)
 
 
