@@ -454,6 +454,8 @@ def masking_claims(first: dict, again: dict, share: tuple[float, int], alike: tu
     is the rate within 4 standard errors of a binomial over the maskable tokens mask_share counts (about half a point
     over its ~80,000), so a collator masking 14% or 16% fails, while a right one strays past 4 standard errors about
     once in 16,000 runs. (The rule that every block predicts at least one token adds ~0.01 tokens a block.)"""
+    from distrinews_lib.lm import data as lm
+
     key = min(first)
     got, n = share
     se = math.sqrt(rate * (1 - rate) / max(n, 1))
@@ -474,6 +476,10 @@ def masking_claims(first: dict, again: dict, share: tuple[float, int], alike: tu
             f"{100 * got:.1f}% of the {n:,} maskable tokens are to be predicted: the {100 * rate:.0f}% BERT asks for, "
             f"within 4 binomial standard errors (±{400 * se:.1f} points)",
             abs(got - rate) < 4 * se,
+        ),
+        Claim(  # the training's own collator and sampler: masks_alike above calls mask_block directly
+            "the training's collator masks each rank's and each epoch's first batch otherwise",
+            lm.all_masks_differ([b["labels"] for b in first.values()]),
         ),
     ]
 

@@ -211,6 +211,8 @@ def test_masking_claims_hold_for_the_collator_and_fail_for_a_wrong_one(vocab):
     _, again_other_epoch = claims.first_masks(blocks[:64], voc, seed=42, epochs=(2, 3))
     assert not claims.masking_claims(first, again_other_epoch, share, alike)[0].holds
     assert not claims.masking_claims(first, again, (0.25, share[1]), alike)[2].holds
+    alike_batches = {k: {**b, "labels": first[min(first)]["labels"]} for k, b in first.items()}
+    assert not claims.masking_claims(alike_batches, again, share, alike)[3].holds  # one mask for every rank and epoch
     for rate in (0.13, 0.17):  # a collator 2 points off the 15% fails: the margin is counted over 40 epochs
         wrong = claims.mask_share(blocks[:64], voc, seed=42, mask=functools.partial(lm.mask_block, probability=rate))
         assert not claims.masking_claims(first, again, wrong, alike)[2].holds, (rate, wrong)
