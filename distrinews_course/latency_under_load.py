@@ -131,8 +131,11 @@ def littles_law_holds(levels: list[LoadLevel], low: float = 0.75) -> bool:
     product must be the number of clients, a little under. Under: after its last answer a client waits, idle, for
     the level's slowest last request (one latency, 2-5% of a 0.8 s window here); low=0.75 leaves room for a straggler
     of a quarter of the window. Over 1.02x the clients (rounding) the figures would hold more requests in flight than
-    there are clients: a wrong answered/s or a latency that misses part of a request's time fails either bound."""
-    return bool(levels) and all(low * x.clients <= x.per_s * x.mean_ms / 1000 <= 1.02 * x.clients for x in levels)
+    there are clients: a wrong answered/s or a latency that misses part of a request's time fails either bound.
+    A level with errors fails: a failed request was in flight too, but neither answered/s nor the mean counts it."""
+    return bool(levels) and all(
+        x.errors == 0 and low * x.clients <= x.per_s * x.mean_ms / 1000 <= 1.02 * x.clients for x in levels
+    )
 
 
 def load_table(levels: list[LoadLevel]) -> str:

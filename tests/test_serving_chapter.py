@@ -180,6 +180,8 @@ def test_littles_law_fails_when_the_figures_hold_more_or_fewer_requests_than_cli
     assert not littles_law_holds([at(1, 550, 1.8), at(32, 2366, 6.9)]), "a latency missing half: 16 of 32"
     assert not littles_law_holds([at(1, 550, float("nan"))]), "no mean latency recorded"
     assert not littles_law_holds([])
+    failed = LoadLevel(32, 2366, 5, 1.0, 2366, 13.2, 13.2, 13.2, 1.0, 13.2)
+    assert not littles_law_holds([at(1, 550, 1.8), failed]), "5 requests failed: the law is not measured on them"
 
 
 def test_the_load_paragraph_names_a_first_step_that_gave_nothing():
