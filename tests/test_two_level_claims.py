@@ -35,7 +35,7 @@ def test_the_recorded_run_holds_every_claim(rec):
     for cs in (claims.correct(rec), claims.link_bytes(rec), claims.steps(rec, QUIET), claims.memory(rec)):
         assert cs and not failing(cs) and all(c.checked for c in cs)
     sweep = claims.sweep(rec, QUIET)
-    assert len(sweep) == len(claims.sweep_points(rec)) + 1 and not failing(sweep)
+    assert len(sweep) == len(claims.sweep_points(rec)) and not failing(sweep)  # each faster rate, HSDP's saving
 
 
 def test_a_busy_machine_shows_the_timed_claims_with_the_reason(rec):
@@ -157,6 +157,11 @@ def test_the_tables_and_the_figure(rec, tmp_path):
             *(x / m for x in c["link_bytes_per_step"]["measured_per_node"]),
         ]
     assert drawn == sorted(round(w, 6) for w in want)
+    fig = figs.memory_bars(rec, save_to=tmp_path / "memory.png")
+    assert (tmp_path / "memory.png").stat().st_size > 10_000
+    drawn = sorted(round(p.get_width(), 6) for p in fig.axes[0].patches)  # each bar is a peak of the record
+    mem = rec["peak_mb_per_rank"].values()
+    assert drawn == sorted(round(x, 6) for m in mem for x in (m["measured"], m["calculator"]))
 
 
 def test_the_break_even_rate_is_where_the_models_saving_changes_sign(rec):
@@ -289,8 +294,8 @@ def test_a_wrong_byte_count_fails(mib):
 
 def test_the_measured_crossover_is_stated_from_the_signs_the_rounds_agree_on(rec):
     """The line beside the model's break-even says where the box measured hierarchical stop paying: a saving whose
-    rounds disagree on its sign is called even, never a gain or a loss; a saving that grows with the rate, or one that
-    is not clear on the slowest link, fails the sweep's claim."""
+    rounds disagree on its sign is called even, never a gain or a loss. It is an observation: the sweep's claims leave
+    hierarchical's saving out (a one-sided "does not grow" could not fail for a plausible bug)."""
     pts = claims.sweep_points(rec)
     rates = list(pts)
 
@@ -307,14 +312,13 @@ def test_the_measured_crossover_is_stated_from_the_signs_the_rounds_agree_on(rec
     line = claims.crossover_line(rec, "hierarchical over DDP", "ddp", "hierarchical")
     assert f"pays up to {rates[1]} Mbit/s and breaks even at {rates[2]}" in line
     assert not failing(claims.sweep(rec, QUIET))
-    set_rounds(rates[2], [40, 28])  # grows by 5 ms with the rounds 1 and 6 ms apart: within the spread, holds
-    assert not failing(claims.sweep(rec, QUIET))
-    set_rounds(rates[2], [60, 70])  # a saving that grows with the rate fails
-    assert any("hierarchical's saving over DDP" in t for t in failing(claims.sweep(rec, QUIET)))
+    set_rounds(rates[2], [60, 70])
     assert "paid at every rate measured" in claims.crossover_line(rec, "h", "ddp", "hierarchical")
+    set_rounds(rates[0], [150, -140])
+    set_rounds(rates[1], [-30, -28])
     set_rounds(rates[2], [-25, -20])
-    set_rounds(rates[0], [150, -140])  # not clear on the slowest link: fails
-    assert any("hierarchical's saving over DDP" in t for t in failing(claims.sweep(rec, QUIET)))
+    assert "it paid clearly at none of the rates measured" in claims.crossover_line(rec, "h", "ddp", "hierarchical")
+    assert not any("hierarchical's saving" in c.text for c in claims.sweep(rec, QUIET))  # shown, not checked
 
 
 def test_the_race_log_holds_back_the_bytes_per_link():

@@ -6,7 +6,7 @@ sweep of rates, and the peak memory against chapter 06's calculator.
     settle(two_level_claims.correct(rec))               # every hand-built rung within 1e-6 of torch
     settle(two_level_claims.link_bytes(rec))            # every link within 5% of the model's bytes
     settle(two_level_claims.steps(rec, QUIET_CORES))    # each step within its margin; the two savings
-    settle(two_level_claims.sweep(rec, QUIET_CORES))    # the model across the rates; both savings shrinking
+    settle(two_level_claims.sweep(rec, QUIET_CORES))    # the model across the rates; HSDP's saving shrinking
     settle(two_level_claims.memory(rec))                # each peak within 15% of the calculator
 
 A claim about time is checked only on a quiet machine (quiet()), and not where the rounds disagree by more than
@@ -91,8 +91,7 @@ def link_bytes(rec: dict) -> list[Claim]:
         got = ", ".join(f"{x / m:.3f}" for x in b["measured_per_node"])
         out.append(
             Claim(
-                f"{name}: each node's link carried {got} M per step, within 5% of the model's "
-                f"{b['predicted'] / m:.3f} M ({100 * worst:.1f}% off)",
+                f"{name}: each node's link carried {got} M a step, as the model says ({b['predicted'] / m:.3f} M)",
                 worst <= BYTES_BOUND,
             )
         )
@@ -138,8 +137,8 @@ def steps(rec: dict, quiet_cores: float) -> list[Claim]:
         out.append(
             _timed(
                 abs(err) <= bound,
-                f"{name}: {1000 * s['measured']:.0f} ms a step, within {100 * bound:.0f}% of the "
-                f"{1000 * s['predicted']:.0f} ms predicted ({100 * err:+.0f}%)",
+                f"{name}: {1000 * s['measured']:.0f} ms a step, as the model predicted "
+                f"({1000 * s['predicted']:.0f} ms, {100 * err:+.0f}%)",
                 why or noisy,
             )
         )
@@ -153,9 +152,7 @@ def steps(rec: dict, quiet_cores: float) -> list[Claim]:
         out.append(
             _timed(
                 saved >= SAVING_SHARE * could - half,
-                f"{what} by {1000 * saved:.0f} ms a step in the median round, {100 * saved / could:.0f}% of the "
-                f"{1000 * could:.0f} ms the model predicts: at least {100 * SAVING_SHARE:.0f}%, give or take half the "
-                f"range of the rounds' savings ({1000 * half:.0f} ms)",
+                f"{what} by {1000 * saved:.0f} ms a step (model: {1000 * could:.0f} ms)",
                 why,
             )
         )
@@ -207,7 +204,9 @@ def crossover_line(rec: dict, label: str, slow: str, fast: str) -> str:
 def sweep(rec: dict, quiet_cores: float) -> list[Claim]:
     """Across the sweep's rates: every measured step within SWEEP_BOUND of the model's curve (or its rounds' spread
     where wider), and HSDP's saving over full sharding shrinking as the link speeds up, as the model says (it saves
-    bytes on the link, and a faster link makes bytes cheaper)."""
+    bytes on the link, and a faster link makes bytes cheaper). Hierarchical's saving over DDP falls to within the
+    rounds' spread of zero at the faster rates, where "it does not grow" could not fail for a plausible bug: pays_line
+    (two_level_figures) prints it as an observation, unchecked."""
     pts = sweep_points(rec)
     if len(pts) < 2:
         return []
@@ -223,14 +222,9 @@ def sweep(rec: dict, quiet_cores: float) -> list[Claim]:
         held = [n for n, m in margins.items() if m is not None]
         shown = [n for n in at if n not in held]
         text = (
-            f"at {mbit} Mbit/s each step against the model's curve, held to {100 * SWEEP_BOUND:.0f}% or its rounds' "
-            "spread where wider: "
-            + ", ".join(
-                f"{n} {100 * e:+.0f}%"
-                + (f" (its spread: held to {100 * margins[n]:.0f}%)" if (margins[n] or 0) > SWEEP_BOUND else "")
-                for n, e in errs.items()
-            )
-            + (f"; {', '.join(shown)} shown only: its rounds moved by over 30%" if shown and held else "")
+            f"at {mbit} Mbit/s every step follows the model's curve: "
+            + ", ".join(f"{n} {100 * e:+.0f}%" for n, e in errs.items())
+            + (f" ({', '.join(shown)}: rounds too far apart to check)" if shown and held else "")
         )
         noisy = None if held else f"every design's rounds at {mbit} Mbit/s moved by over 30%"
         out.append(_timed(all(abs(errs[n]) <= margins[n] for n in held), text, why or noisy))
@@ -245,20 +239,6 @@ def sweep(rec: dict, quiet_cores: float) -> list[Claim]:
             why,
         )
     )
-    hier = measured_savings(rec, "ddp", "hierarchical")
-    if len(hier) >= 2:
-        rates = list(hier)
-        out.append(
-            _timed(
-                hier[rates[0]][2] > 0
-                and all(hier[b][0] - hier[a][0] <= hier[a][1] + hier[b][1] for a, b in zip(rates, rates[1:])),
-                "hierarchical's saving over DDP is clear on the slowest link and does not grow as the link speeds up "
-                "(beyond the rounds' spread): "
-                + ", ".join(f"{1000 * hier[m][0]:+.0f} ms at {m}" for m in rates)
-                + f" Mbit/s (half the rounds' range at {rates[0]}: {1000 * hier[rates[0]][1]:.0f} ms)",
-                why,
-            )
-        )
     return out
 
 
@@ -268,8 +248,7 @@ def memory(rec: dict) -> list[Claim]:
     mem = rec["peak_mb_per_rank"]
     out = [
         Claim(
-            f"{name}: peak {m['measured']:.1f} MiB per rank, within 15% of chapter 06's calculator "
-            f"({m['calculator']:.1f} MiB)",
+            f"{name}: peak {m['measured']:.1f} MiB a rank, as chapter 06's calculator says ({m['calculator']:.1f} MiB)",
             abs(m["measured"] / m["calculator"] - 1) <= MEMORY_BOUND,
         )
         for name, m in mem.items()

@@ -194,3 +194,30 @@ def link_bytes_bars(rec: dict, save_to=None):
         Path(save_to).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(save_to, dpi=110)
     return fig
+
+
+def memory_bars(rec: dict, save_to=None):
+    """Per design, its peak MiB per rank measured (a coloured bar) beside chapter 06's calculator (a grey bar), from
+    the record's numbers: nothing is run, the figure costs the drawing only (well under a second)."""
+    from ..plots import _pyplot
+
+    plt = _pyplot()
+    mem = rec["peak_mb_per_rank"]
+    names = list(mem)
+    fig, ax = plt.subplots(figsize=(9, 3.0))
+    height = 0.38
+    for i, n in enumerate(names):
+        ax.barh(
+            i - height / 2, mem[n]["calculator"], height, color="lightgray", label="06 calculator" if i == 0 else None
+        )
+        ax.barh(i + height / 2, mem[n]["measured"], height, color="tab:blue", label="measured peak" if i == 0 else None)
+    ax.set_yticks(range(len(names)), [NAMES.get(n, n) for n in names], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("peak MiB per rank")
+    ax.set_title("peak memory per rank: measured, beside chapter 06's calculator", fontsize=10)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    if save_to:
+        Path(save_to).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(save_to, dpi=110)
+    return fig
