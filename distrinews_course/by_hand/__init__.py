@@ -7,7 +7,8 @@ buckets, the sharded optimizer, the sharded weights) stays in the scripts, in si
 
 The course's side: models.py (the models and real texts the ladder trains on), measure.py (peak memory, bytes
 written), watch.py and check.py (the checker and its cases), exercises.py (the learner's side of it), race.py and
-race_memory.py (every rung against torch's DDP in one launch), report.py (the notebook's launcher and plots).
+race_memory.py (every rung against torch's DDP in one launch), report.py (the notebook's launcher and plots),
+ddp_facts.py (torch's DDP's facts and the interview questions, checked on the race's figures).
 
 Chapter 08's two levels of network (N nodes x g ranks): nodes.py (the layout and the two groups a two-level rung talks
 in), race_two_level.py (its race in the box, against torch's DDP and FSDP2, with the cost model's predictions) and

@@ -96,6 +96,50 @@ def plan(bucket_mb: float, batch: int, comm_over_backward: float) -> Plan:
     return p
 
 
+def race_args(p: Plan, out_json, rounds: int, sweep: str, sweep_rounds: int) -> list:
+    """scripts/by_hand/race.py's arguments for the dialed race: the bit check of rungs 1-5 on the tiny model (2
+    steps: the link changes when bytes arrive, never which), then flat, overlapped and bucketed timed on the wide model
+    at the plan's batch and bucket size, without dropout (its masks are CPU work that hides nothing), in `rounds`
+    alternating rounds, and the bucket sweep (`sweep`, MiB, comma-separated) in `sweep_rounds`; no facts, no DDP
+    sweep (the loopback race has them)."""
+    return [
+        *("--rungs", "naive,flat,overlapped,bucketed,zero1", "--sections", "check,timing", "--models", "tiny"),
+        *("--check_steps", 2, "--timing_rungs", "flat,overlapped,bucketed", "--bucket_mb", p.bucket_mb),
+        *("--timing_batch_size", p.batch, "--no-dropout", "--rounds", rounds, "--sweep", sweep),
+        *("--sweep_rounds", sweep_rounds, "--no-sweep_ddp", "--no-facts", "--out", out_json),
+    ]
+
+
+def run(
+    p: Plan,
+    out_json,
+    *,
+    dial: bool = True,
+    rounds: int = 5,
+    sweep: str = "",
+    sweep_rounds: int = 2,
+    timeout: float = 300,
+) -> tuple[dict | None, str]:
+    """Race on 2 network namespaces whose link the kernel holds to the plan's rate (scripts/cluster/box.py, through
+    link.run_in_box). Returns (the race's JSON, how the box was built), or (None, why not) where this machine cannot
+    build a box or `dial` is False; says which in one line."""
+    import json
+    from pathlib import Path
+
+    from .. import link
+
+    ok, why = link.usable() if dial else (False, "DIAL = False")
+    if not ok:
+        print(f"no dialed link here ({why}): the unshaped race above is this chapter's result")
+        return None, why
+    link.run_in_box(
+        SCRIPTS / "race.py", race_args(p, out_json, rounds, sweep, sweep_rounds), rate=f"{p.mbit}mbit", timeout=timeout
+    )
+    out = json.loads(Path(out_json).read_text())
+    print(f"dialed race: {out['seconds']:.1f} s inside the launch, links at {p.mbit} Mbit/s")
+    return out, why
+
+
 def comm_span(events) -> float | None:
     """Seconds of flat's one all-reduce in a step's timeline (its comm_sync span), or None if it has none."""
     spans = [e["end"] - e["start"] for e in events if e["kind"] == "comm_sync"]

@@ -275,6 +275,56 @@ def check_exercise(
     return v
 
 
+REFERENCE_RUNGS = ("overlapped", "bucketed", "zero1", "zero3")
+
+
+def reference_claims(verdicts: dict, rungs=REFERENCE_RUNGS) -> list:
+    """What the solutions show, from check_exercises' verdicts on the reference answers: each passes the checker (a
+    reference the checker rejects fails its claim); the all-reduce-in-the-hook rungs refuse a second backward before
+    the step on every rank; and a parameter without a gradient, on rank 1 only or on every rank, gets a clear error on
+    every rank from every rung probed. The probes' summaries are the race's own sentences (scripts/by_hand/race.py's
+    probes), so a probe that hung, crashed one rank or accumulated fails its claim."""
+    from ..claims import Claim
+
+    probes = (verdicts.get("_race") or {}).get("probes") or {}  # none: the launch crashed before its probes
+    out = [
+        Claim(f"the reference {r} passes the checker ({len(verdicts[r]['passed'])} checks)", verdicts[r]["ok"] is True)
+        for r in rungs
+    ]
+    refused = "two backward passes per step: refused on every rank"
+    out.append(
+        Claim(
+            "a second backward before the step: the all-reduce-in-the-hook rungs refuse it on every rank",
+            all(
+                probes.get(r, {}).get("accumulate", {}).get("summary", "").startswith(refused)
+                for r in ("overlapped", "bucketed")
+            ),
+        )
+    )
+    out.append(
+        Claim(
+            "a parameter without a gradient (on rank 1 only, or everywhere): a clear error on every rank, every rung",
+            bool(probes)
+            and all(
+                "clear error on every rank" in probes[r][c]["summary"]
+                for r in probes
+                for c in ("unused_rank1", "unused_all")
+            ),
+        )
+    )
+    return out
+
+
+def run_reference_solutions(write, out_dir="outputs/by_hand", rungs=REFERENCE_RUNGS) -> list:
+    """The solutions cell: write each exercise's reference answer (`write(rung, path)`, from notebooks/answers/), check
+    them all in ONE launch (the race's check, then every case), print what each passed, and return reference_claims."""
+    items = [(r, write(r, f"{out_dir}/solution_{r}.py"), r) for r in rungs]
+    verdicts = check_exercises(items, out_dir)
+    for r in rungs:
+        print(f"{r}:\n  " + "\n  ".join(verdicts[r]["passed"]))
+    return reference_claims(verdicts, rungs)
+
+
 def save_json(path, obj) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(obj, indent=1, default=str))

@@ -182,7 +182,71 @@ def sweep_claims(sweep: dict, chosen_mb: float, bound: float = 0.15) -> tuple[li
             gain >= 1 - m,
             f"about a bucket per gradient ({finest} MiB: {count[finest]} buckets) gains nothing over {chosen} MiB's "
             f"{count[chosen]} beyond the rounds' noise ({100 * m:.0f}%): {gain:.2f}x their step in the median round, "
-            "what its earlier start saves its messages' fixed costs spend",
+            "sending earlier saves about what its extra messages cost",
         ),
     ]
     return claims, margin, spread
+
+
+def ladder_sketch(sizes=(0.4,) * 7 + (2.2,), fixed=0.8, step=1.0) -> dict:
+    """The idea of rungs 1-5 as one step's timeline, sketched from assumed figures, not measured: backward makes one
+    gradient per time unit, the last (the word embedding) the largest; a message on the link costs `fixed` plus its
+    size and waits for the one before it. {rung: [(row, start, length, kind)]}: row 1 backward and the optimizer step,
+    row 0 the messages; kind backward, ready, all_reduce, reduce_scatter, all_gather or step."""
+    end = float(len(sizes))
+    ready = [i + 1.0 for i in range(len(sizes))]
+
+    def send(msgs):  # [(launch time, size)] -> the messages' bars, one after another on the link
+        bars, free = [], 0.0
+        for launch, size in msgs:
+            start = max(launch, free)
+            free = start + fixed + size
+            bars.append((start, fixed + size))
+        return bars
+
+    buckets = [(4.0, sum(sizes[:4])), (7.0, sum(sizes[4:7])), (end, sum(sizes[7:]))]  # 3 buckets: as DDP's rule cuts
+    plans = {
+        "naive": [(end, s) for s in sizes],
+        "flat": [(end, sum(sizes))],
+        "overlapped": list(zip(ready, sizes)),
+        "bucketed": buckets,
+    }
+    out = {}
+    for rung, msgs in plans.items():
+        bars = [(0, a, b, "all_reduce") for a, b in send(msgs)]
+        done = max(a + b for _, a, b, _ in bars)
+        out[rung] = [(1, 0.0, end, "backward"), *[(1, t, 0.0, "ready") for t in ready], *bars, (1, done, step, "step")]
+    rs = (0, end, fixed + sum(sizes) / 2, "reduce_scatter")  # a ring's: half an all-reduce's bytes each
+    ag = (0, end + rs[2] + step / 2, rs[2], "all_gather")
+    zero = [(1, end + rs[2], step / 2, "step")]  # AdamW on this rank's half only
+    out["ZeRO-1"] = [(1, 0.0, end, "backward"), *[(1, t, 0.0, "ready") for t in ready], rs, *zero, ag]
+    return out
+
+
+def plot_ladder(save_to=None):
+    """ladder_sketch() drawn as plot_gantt draws a measured step: a picture of the idea before the race measures it."""
+    from ..plots import _pyplot
+
+    plt = _pyplot()
+    sketch = ladder_sketch()
+    colors = {"backward": "tab:blue", "step": "tab:green", "all_reduce": "tab:orange"}
+    colors.update({"reduce_scatter": "tab:red", "all_gather": "tab:purple"})
+    fig, axes = plt.subplots(len(sketch), 1, figsize=(9, 1.05 * len(sketch) + 0.9), sharex=True)
+    for ax, (rung, bars) in zip(axes, sketch.items()):
+        for row, start, length, kind in bars:
+            if kind == "ready":
+                ax.plot([start], [row], "|", color="black", markersize=9)
+                continue
+            label = kind.replace("_", "-") if kind in ("reduce_scatter", "all_gather") else None
+            ax.barh(row, length, left=start, color=colors[kind], height=0.6, edgecolor="black", lw=0.3, label=label)
+        ax.set_yticks([0, 1], ["messages", "compute"])
+        ax.set_ylabel(rung, rotation=0, ha="right", va="center")
+        if rung == "ZeRO-1":
+            ax.legend(loc="lower right", fontsize=8)
+    axes[-1].set_xlabel("time in one step (a sketch: 8 gradients, one per unit; ticks: a gradient is ready)")
+    fig.suptitle("the ladder, sketched (not measured): blue backward, orange all-reduces, green optimizer step")
+    fig.tight_layout()
+    if save_to:
+        Path(save_to).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(save_to, dpi=110)
+    return fig
