@@ -300,7 +300,7 @@ def on_paper_table(tensors, rows) -> str:
         f"DistilBERT-base: {params / 1e6:.1f}M parameters, {len(tensors)} gradient tensors; the word and position "
         f"embeddings, made last by backward, are {100 * emb:.0f}% of the bytes",
         f"DDP's step = step + book (ASSUMED {1e6 * TENSOR_S:.0f} us per gradient tensor: hook and copies) + exposed "
-        f"comm + interf ({INTERFERENCE:.2f} x the overlapped comm, the constant fitted below); efficiency = step / "
+        f"comm + interf ({INTERFERENCE:.2f} x the overlapped comm, the constant fitted below)\nefficiency = step / "
         "DDP's step",
         f"{'ESTIMATE':<9} {'GPUs':>4} {'link':<28} {'step ms':>7} {'book':>5} {'comm ms':>7} {'exposed':>7} "
         f"{'interf':>6} {'efficiency':>10} {'speedup':>7}",
@@ -318,7 +318,8 @@ def on_paper_table(tensors, rows) -> str:
             "that many machines NCCL picks tree algorithms, which this model does not price"
         )
     lines.append(
-        "sources: " + "; ".join(f"{lk.name}: {lk.source}" for lk in {r["link"].name: r["link"] for r in rows}.values())
+        "sources:\n"
+        + "\n".join(f"  {lk.name}: {lk.source}" for lk in {r["link"].name: r["link"] for r in rows}.values())
     )
     return "\n".join(lines)
 

@@ -37,6 +37,8 @@ def straggler_feedback(guess: dict | None, run) -> str:
     grew = run.grading["grew"]
     top = max(grew, key=grew.get)
     why = STRAGGLER_WHERE.get(top, "the part where this run's fast rank met the straggler")
+    if verdict and why in verdict:  # the verdict already gave the place and its reason: said once
+        return verdict
     return (verdict or "exercise 2: right") + f"\nwhy: the wait grew '{top}' most ({grew[top]:+.1f} ms): {why}"
 
 
@@ -257,7 +259,7 @@ class StragglerRun:
     def line(self) -> str:
         return (
             f"rank 0 (fast): {self.step_ms:.1f} ms per step normally, {self.added_ms:+.1f} ms with a "
-            f"{self.sleep_ms:g} ms straggler; its parts grew by "
+            f"{self.sleep_ms:g} ms straggler\nits parts grew by "
             + ", ".join(f"{p} {v:+.1f} ms" for p, v in self.grew.items())
         )
 

@@ -1,11 +1,13 @@
 """Chapter 05's figures, one per claim, every axis labelled. Each takes the object its section's claims come from and
 returns the figure (saved to `save_to` where given); the notebook shows it.
 
+    perf_figures.ring_allreduce(4)             # the idea: a ring all-reduce's chunks, step by step
     perf_figures.allreduce_cost(cost)          # section 1: time against message size, the fit through it
     perf_figures.step_gap(sweep)               # section 2: from the ideal step to DDP's, part by part
     perf_figures.speedup_by_batch(sweep)       # section 3: the model against the measured speedup
     perf_figures.dialed_allreduce(after)       # section 4: the link's all-reduce, predicted before the run
     perf_figures.dialed_speedup(after)         # section 4: the speedup against the link, and the break-even
+    perf_figures.paper_efficiency(paper)       # section 5: the ESTIMATE's efficiency against the GPU count
 
 Only values computed before a launch started are labelled "predicted before the run".
 """
@@ -14,7 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .bench.loopback import GAP_LABELS
+from .bench import perf_story
+from .perf_model import ring_schedule
 from .plots import _pyplot
 
 
@@ -27,6 +30,35 @@ def _done(fig, save_to):
     if save_to:
         fig.savefig(save_to, dpi=110)
     return fig
+
+
+def ring_allreduce(n: int = 4, save_to=None):
+    """The idea of section 1, drawn before any run: perf_model.ring_schedule(n) as a grid, one column per step and one
+    row per rank; each box (gid 'chunk') is the chunk that rank sends to the next one in that step, coloured by chunk.
+    No data: drawing it costs a few tens of milliseconds."""
+    plt = _pyplot()
+    steps = ring_schedule(n)
+    fig, ax = plt.subplots(figsize=(6.4, 0.5 + 0.55 * n))
+    colors = plt.get_cmap("tab10").colors
+    for x, step in enumerate(steps):
+        for src, dst, chunk, _ in step:
+            box = plt.Rectangle((x + 0.08, src - 0.38), 0.84, 0.76, color=colors[chunk % 10], alpha=0.75, gid="chunk")
+            ax.add_patch(box)
+            ax.text(x + 0.5, src, f"c{chunk}\u2192r{dst}", ha="center", va="center", fontsize=7)
+    half = n - 1
+    ax.axvline(half, color="k", lw=1)
+    top = -0.75
+    ax.text(half / 2, top, "reduce-scatter: the receiver adds", ha="center", va="bottom", fontsize=8)
+    ax.text(half * 1.5, top, "all-gather: the receiver keeps", ha="center", va="bottom", fontsize=8)
+    ax.set(xlim=(0, len(steps)), ylim=(n - 0.5, -1.0), xlabel="step (each rank sends one chunk of S/N bytes)")
+    ax.set_xticks([x + 0.5 for x in range(len(steps))], [str(x + 1) for x in range(len(steps))])
+    ax.set_yticks(range(n), [f"rank {r}" for r in range(n)])
+    ax.set_title(
+        f"ring all-reduce on {n} ranks: {len(steps)} steps of S/{n}, {2 * (n - 1)}/{n} = "
+        f"{2 * (n - 1) / n:.2f}x the message per rank",
+        fontsize=9,
+    )
+    return _done(fig, save_to)
 
 
 def allreduce_cost(cost, save_to=None):
@@ -54,10 +86,10 @@ def step_gap(sweep, save_to=None):
     """A waterfall from the even split (1 process's step / N) to the measured one: each part, measured on its own,
     a bar that adds time (red) or saves it (green), and what none explains."""
     plt = _pyplot()
-    gap = sweep.gap()
+    gap = perf_story.gap_short(sweep)
     start, rows = 1000 * sweep.ideal_s, []
     for key, v in gap.items():
-        rows.append((GAP_LABELS[key], start, 1000 * v))
+        rows.append((perf_story.GAP_SHORT[key][0], start, 1000 * v))
         start += 1000 * v
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     labels = [f"even split: 1 process / {sweep.n}", *(r[0] for r in rows), "DDP step, measured"]
@@ -138,4 +170,29 @@ def dialed_speedup(after, save_to=None):
     ax.xaxis.set_minor_formatter(plt.NullFormatter())
     ax.set_title(f"DDP on 2 nodes, {after.before.large} per process, the link dialed", fontsize=10)
     ax.legend(fontsize=7)
+    return _done(fig, save_to)
+
+
+def paper_efficiency(paper, save_to=None):
+    """Section 5's ESTIMATE rows as a picture: DDP's efficiency (the 1-GPU step over DDP's step) against the GPU count,
+    one labelled point per row of cluster_model.on_paper, from the numbers already computed (well under a second)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    for r in paper:
+        e = r["estimate"]
+        ax.plot(r["n"], 100 * e.efficiency, "o", color="C0")
+        link = r["link"].name.split(",")[0].split(" (")[0]
+        ax.annotate(
+            f"{r['gpu']}, {link}\n{e.speedup:.1f}x",
+            (r["n"], 100 * e.efficiency),
+            fontsize=7,
+            xytext=(5, 4),
+            textcoords="offset points",
+        )
+    ax.axhline(100, color="gray", lw=0.8, ls=":", label="100%: N GPUs, N times as fast")
+    ax.set(xscale="log", ylim=(0, 110), xlabel="GPUs (log scale)", ylabel="efficiency (%)")
+    ax.set_xticks([r["n"] for r in paper], [str(r["n"]) for r in paper])
+    ax.xaxis.set_minor_formatter(plt.NullFormatter())
+    ax.set_title("ESTIMATE, not measured: DistilBERT's DDP efficiency (speedup beside each point)", fontsize=9)
+    ax.legend(fontsize=7, loc="upper right")
     return _done(fig, save_to)

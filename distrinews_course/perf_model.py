@@ -32,6 +32,18 @@ def ring_bytes_per_rank(nbytes: float, n: int) -> float:
     return wire_bytes("all_reduce", nbytes, n)
 
 
+def ring_schedule(n: int) -> list[list[tuple[int, int, int, str]]]:
+    """A ring all-reduce of N chunks over N ranks, step by step: 2(N-1) steps, in each of which every rank sends ONE
+    chunk (S/N bytes) to the next rank, as (sender, receiver, chunk, phase). In the reduce-scatter (the first N-1
+    steps) rank r sends chunk r - s and the receiver adds it to its own, so that rank r ends owning the sum of chunk
+    r + 1; in the all-gather (N-1 more) it passes the summed chunks on, which the receiver keeps."""
+    if n < 2:
+        raise ValueError(f"a ring needs at least 2 ranks, not {n}")
+    reduce = [[(r, (r + 1) % n, (r - s) % n, "reduce-scatter") for r in range(n)] for s in range(n - 1)]
+    gather = [[(r, (r + 1) % n, (r + 1 - s) % n, "all-gather") for r in range(n)] for s in range(n - 1)]
+    return reduce + gather
+
+
 def _timed(op, reps: int) -> tuple[list[float], float | None]:
     """Seconds of each of `reps` calls of `op` (the slowest rank's, each time) and the bytes this rank wrote a call."""
     op()  # connect and warm up

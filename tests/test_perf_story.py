@@ -69,8 +69,9 @@ def test_a_checked_sweep_states_each_point_and_its_explanations(quiet_sweep):
     big = dict(s.gap(), cache=-2 * s.gap_bound_s())
     with mock.patch.object(loopback.Sweep, "gap", lambda self: big):
         told = perf_story.story(s, 0.95)
-    label = loopback.GAP_LABELS["cache"]
-    assert f"only *{label}* ({1000 * big['cache']:+.1f} ms a step) is larger than the" in told
+        compute = perf_story.gap_short(s)["compute"]
+    label = perf_story.GAP_SHORT["compute"][0]
+    assert f"only *{label}* ({1000 * compute:+.1f} ms a step) is larger than the" in told
     assert "the others are within it, and this run cannot rank them" in told
     assert "95% of them the input embeddings" in story
 
@@ -167,11 +168,21 @@ def test_a_point_a_model_without_ddp_would_pass_too_says_so_and_names_the_points
     free = perf_story.ddp_free_ratio(quiet_sweep.pts[-1])
     assert abs(free - 1) < 0.15
     assert large.text.endswith(
-        f"so would a model where DDP costs nothing ({free:.2f}): at 256 per process the check cannot tell them apart, "
-        "16 and 64 per process can"
+        f"a model where DDP costs nothing gives {free:.2f} of the measurement, inside the same margin: at 256 per "
+        "process the check cannot tell them apart, 16 and 64 per process can"
     )
     assert not any("costs nothing" in c.text for c in small)  # there, leaving DDP's terms out fails the check
     assert all(abs(perf_story.ddp_free_ratio(p) - 1) >= 0.15 for p in quiet_sweep.pts[:-1])
+
+
+def test_the_ddp_free_clause_is_true_whether_the_check_passes_or_fails(quiet_sweep, monkeypatch):
+    # the clause states the DDP-free model's ratio and the margin, never that the check passed: on a failing model
+    # (every predicted speedup 30% high) the same line still reads true, and the claim itself fails
+    failing = [Claim(c.text, False, c.unchecked) for c in quiet_sweep.speedup_claims()]
+    monkeypatch.setattr(type(quiet_sweep), "speedup_claims", lambda self: failing)
+    large = list(perf_story.loopback_conclusions(quiet_sweep).values())[0][-1]
+    assert not large.holds and "a model where DDP costs nothing gives" in large.text
+    assert "so would" not in large.text and "passes" not in large.text
 
 
 def test_kaggles_two_figures_are_reconciled_from_the_models_numbers():
@@ -215,3 +226,17 @@ def test_a_sweep_busy_in_every_point_says_so_once_in_its_story():
     assert not any(c.checked for c in s.speedup_claims())
     story = perf_story.story(s, 0.95)
     assert story.count("other programs used up to") == 1 and "during some of these runs" in story.split(". ")[0]
+
+
+def test_the_short_gap_adds_every_part_once_and_the_fold_keeps_all_nine(quiet_sweep):
+    s = quiet_sweep
+    grouped = [k for _, parts in perf_story.GAP_SHORT.values() for k in parts]
+    assert sorted(grouped) == sorted(loopback.GAP_LABELS)  # every one of the nine parts in exactly one group
+    short, gap = perf_story.gap_short(s), s.gap()
+    assert sum(short.values()) == pytest.approx(s.ddp_s - s.ideal_s)
+    assert short["compute"] == pytest.approx(gap["repeated"] + gap["cache"] + gap["sharing"])
+    assert short["ddp_own"] == pytest.approx(s.model.overhead_s)  # the same figure section 3 calls DDP's own work
+    table = perf_story.gap_short_table(s)
+    assert table.count("\n") == len(short) + 1 and f"{1000 * s.ddp_s:.1f} ms" in table
+    fold = perf_story.gap_fold(s)
+    assert fold.startswith("<details>") and s.gap_table() in fold and s.gap_rest_line() in fold

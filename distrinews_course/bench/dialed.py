@@ -249,18 +249,15 @@ class Dialed:
         held = bool(before and now) and abs(before / now - 1) < COMM_BOUND
         return (
             f"break-even: predicted before the run {mbit(before)}; the model on this launch's own runs {mbit(now)}"
-            + (f", and the measured speedups cross 1x at about {cross / 1e6:.0f} Mbit/s" if cross else "")
+            + (f"\nthe measured speedups cross 1x at about {cross / 1e6:.0f} Mbit/s" if cross else "")
             + (
-                f". The prediction held (within {100 * COMM_BOUND:.0f}%), though the 1-process step it took from "
-                f"section 3 ({1000 * self.before.single_s:.0f} ms) took {1000 * self.single_s:.0f} ms in this launch"
+                f"\nthe prediction held (within {100 * COMM_BOUND:.0f}%), though the 1-process step it took from "
+                f"section 3 ({1000 * self.before.single_s:.0f} ms) took {1000 * self.single_s:.0f} ms here"
                 if held
-                else f". The prediction did not hold. It took the compute from section 3, a 1-process step of "
-                f"{1000 * self.before.single_s:.0f} ms and a pair's of {1000 * self.before.pair_s:.0f} ms; in this "
-                f"launch they took {1000 * self.single_s:.0f} ms and {1000 * pair:.0f} ms (the pairs' mean), and the "
-                "break-even moves with both"
+                else f"\nthe prediction did not hold: it took a 1-process step of {1000 * self.before.single_s:.0f} ms "
+                f"and a pair's of {1000 * self.before.pair_s:.0f} ms from section 3;\nin this launch they took "
+                f"{1000 * self.single_s:.0f} ms and {1000 * pair:.0f} ms (pairs' mean): the 'model' column uses them"
             )
-            + ". The all-reduce's time, predicted from the link alone, is checked below; the 'model' column puts this "
-            "launch's own steps in place"
         )
 
     def comm_claims(self) -> list[Claim]:
@@ -272,8 +269,8 @@ class Dialed:
         for r in [*self.rows, self.fp16]:
             what = "fp16's all-reduce" if r is self.fp16 else "the all-reduce"
             text = (
-                f"at {r['rate']} {what} predicted before the run ({1000 * r['comm_before']:.0f} ms) is within "
-                f"{100 * COMM_BOUND:.0f}% of the one DDP's steps measured ({1000 * r['transfer']:.0f} ms)"
+                f"{r['rate']}: {what} predicted before the run, within {100 * COMM_BOUND:.0f}% "
+                f"({1000 * r['comm_before']:.0f} vs {1000 * r['transfer']:.0f} ms measured)"
             )
             ok = abs(r["comm_before"] / r["transfer"] - 1) < COMM_BOUND
             out.append(Claim(text, ok, None if r["quiet"] else quiet.busy_reason([r["run"], r["pair"]])))
@@ -291,8 +288,8 @@ class Dialed:
             if why is None and margin is None:
                 why = "section 3's rounds moved by over 30%: this host moves runs more than the model can be told from"
             text = (
-                f"at {r['rate']} the model ({r['model']:.2f}x) is within {100 * within:.0f}% of the measured speedup "
-                f"({r['measured']:.2f}x)"
+                f"{r['rate']}: the model's speedup within {100 * within:.0f}% ({r['model']:.2f}x vs "
+                f"{r['measured']:.2f}x measured)"
                 if why is None
                 else f"at {r['rate']} the model says {r['model']:.2f}x, the run {r['measured']:.2f}x"
             )

@@ -237,8 +237,7 @@ def amp(R: dict, gpu_names) -> tuple[str, Claim | None]:
     measured."""
     if "amp_fp16" not in R:
         return (
-            "skipped: no GPU here. fp16 autocast pays off on GPUs with fp16 tensor cores (a T4 has them); a CPU has "
-            "none, so there is nothing honest to measure.",
+            "skipped: fp16 autocast, measured on GPUs only (a T4 has fp16 tensor cores; a CPU has none).",
             None,
         )
     speedup = R["amp_off"]["seconds"] / R["amp_fp16"]["seconds"]

@@ -149,9 +149,9 @@ class Model:
     def terms_line(self, batches) -> str:
         """The model's terms, measured, in one line."""
         return (
-            f"DDP's own work {1000 * self.overhead_s:.1f} ms per step; the all-reduce of "
+            f"DDP's own work {1000 * self.overhead_s:.1f} ms per step\nthe all-reduce of "
             f"{self.grad_bytes / 2**20:.1f} MiB of gradients in {self.buckets} bucket(s) as training ran it: "
-            + ", ".join(f"{1000 * self.comm_for(b):.1f} ms for the point at {b}" for b in batches)
+            + ", ".join(f"{1000 * self.comm_for(b):.1f} ms at {b}" for b in batches)
             + f" (the alpha-beta fit says {1000 * self.comm_s:.1f} ms)"
         )
 
