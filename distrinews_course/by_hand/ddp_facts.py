@@ -78,7 +78,8 @@ def interview_lines(f: dict, t: dict) -> str:
         lines += [
             f"5. ZeRO-1's bytes? on the wire (both ranks) for a {cb['buffer_bytes'] / MiB:.1f} MiB buffer: all-reduce "
             f"{cb['all_reduce'] / MiB:.1f} MiB, reduce-scatter {rs:.2f}x, all-gather {ag:.2f}x: ZeRO-1 {ag + rs:.2f}x "
-            "DDP's here. A ring all-reduce IS a reduce-scatter then an all-gather, 0.5x each (chapter 05 builds it): "
+            "DDP's here, as gloo's reduce-scatter is not a ring's. A ring all-reduce IS a reduce-scatter then an "
+            "all-gather, 0.5x each (chapter 05 builds it): "
             "on a ring ZeRO-1 costs DDP's volume"
         ]
     return "\n".join(lines)
