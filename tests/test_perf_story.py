@@ -168,10 +168,10 @@ def test_a_point_a_model_without_ddp_would_pass_too_says_so_and_names_the_points
     free = perf_story.ddp_free_ratio(quiet_sweep.pts[-1])
     assert abs(free - 1) < 0.15
     assert large.text.endswith(
-        f"a model where DDP costs nothing gives {free:.2f} of the measurement, inside the same margin: at 256 per "
-        "process the check cannot tell them apart, 16 and 64 per process can"
+        f"(a model where DDP is free gives {free:.2f}, inside the margin: this point cannot test DDP's terms; "
+        "16 and 64 per process can)"
     )
-    assert not any("costs nothing" in c.text for c in small)  # there, leaving DDP's terms out fails the check
+    assert not any("DDP is free" in c.text for c in small)  # there, leaving DDP's terms out fails the check
     assert all(abs(perf_story.ddp_free_ratio(p) - 1) >= 0.15 for p in quiet_sweep.pts[:-1])
 
 
@@ -181,7 +181,7 @@ def test_the_ddp_free_clause_is_true_whether_the_check_passes_or_fails(quiet_swe
     failing = [Claim(c.text, False, c.unchecked) for c in quiet_sweep.speedup_claims()]
     monkeypatch.setattr(type(quiet_sweep), "speedup_claims", lambda self: failing)
     large = list(perf_story.loopback_conclusions(quiet_sweep).values())[0][-1]
-    assert not large.holds and "a model where DDP costs nothing gives" in large.text
+    assert not large.holds and "a model where DDP is free gives" in large.text
     assert "so would" not in large.text and "passes" not in large.text
 
 
@@ -240,3 +240,18 @@ def test_the_short_gap_adds_every_part_once_and_the_fold_keeps_all_nine(quiet_sw
     assert table.count("\n") == len(short) + 1 and f"{1000 * s.ddp_s:.1f} ms" in table
     fold = perf_story.gap_fold(s)
     assert fold.startswith("<details>") and s.gap_table() in fold and s.gap_rest_line() in fold
+
+
+def test_the_storys_gap_bound_is_the_constant_the_gate_uses(quiet_sweep):
+    # where the rounds moved less than GAP_BOUND of the step, the story quotes that share: from the constant, not typed
+    ok = Claim("the parts explain the step", True)
+    for share in (loopback.GAP_BOUND, 0.2):
+        with (
+            mock.patch.object(loopback, "GAP_BOUND", share),
+            mock.patch.object(perf_story, "GAP_BOUND", share),
+            mock.patch.object(loopback.Sweep, "gap_noise_s", lambda self: 0.001),
+            mock.patch.object(loopback.Sweep, "gap_claim", lambda self: ok),
+        ):
+            told = perf_story.story(quiet_sweep, 0.95)
+            bound = quiet_sweep.gap_bound_s()
+        assert f"{1000 * bound:.0f} ms of {100 * share:.0f}% of the DDP step" in told, told

@@ -77,12 +77,12 @@ def loopback_conclusions(sweep) -> dict:
     claims = sweep.speedup_claims()
     blind = [c.checked and abs(ddp_free_ratio(p) - 1) < (point_margin(p) or BOUND) for p, c in zip(sweep.pts, claims)]
     told = [str(p["b"]) for p, c, b in zip(sweep.pts, claims, blind) if c.checked and not b]
-    can = f", {' and '.join(told)} per process can" if told else ", and no batch here can"
+    can = f"; {' and '.join(told)} per process can" if told else "; no batch here can"
     out = [
         Claim(
             c.text
-            + f"\n  a model where DDP costs nothing gives {ddp_free_ratio(p):.2f} of the measurement, inside the "
-            f"same margin: at {p['b']} per process the check cannot tell them apart" + can,
+            + f"\n  (a model where DDP is free gives {ddp_free_ratio(p):.2f}, inside the margin: this point cannot "
+            "test DDP's terms" + can + ")",
             c.holds,
             c.unchecked,
         )
