@@ -98,7 +98,7 @@ GAP_SHORT = {  # section 2's four parts a learner needs (and the rest): label, a
     "ddp_own": ("DDP's own work", ("ddp_own",)),
     "transfer": ("the all-reduce's transfer", ("transfer",)),
     "waiting": ("waiting for the slower rank", ("waiting",)),
-    "rest": ("the rest (the folded table below)", ("gloo", "others", "rest")),
+    "rest": ("everything else (split in the folded table)", ("gloo", "others", "rest")),
 }
 
 
