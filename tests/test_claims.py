@@ -49,3 +49,39 @@ def test_a_run_without_a_reading_is_not_quiet():
     assert "no /proc/stat" in quiet.busy_reason([run(None)])
     assert quiet.busy_reason([run(0.1), run(None)]) == "1 of its 2 runs have no reading of what other programs used"
     assert quiet.others({"others_cores": 0.05}) == 0.05  # a collectives run records its own figure
+
+
+def test_settle_folded_shows_one_line_where_all_hold_and_fails_unfolded_where_one_does(capsys, monkeypatch):
+    from distrinews_course import claims
+
+    shown = []
+    monkeypatch.setattr(claims, "show", shown.append)
+    facts = [Claim("the link reads back 383 Mbit/s", True), Claim("the 4-rank ring sends 1.5x", True)]
+    claims.settle_folded(facts + [Claim("busy run", False, "other programs used 0.6 cores")], "facts of the box")
+    assert capsys.readouterr().out == "NOTE: not checked on this run (other programs used 0.6 cores): busy run\n"
+    (fold,) = shown
+    visible, body = fold.split("<details>")
+    assert visible.strip() == "checked: 2 of 2 facts of the box - details folded"
+    assert "checked: the link reads back 383 Mbit/s\nchecked: the 4-rank ring sends 1.5x" in body
+    shown.clear()
+    with pytest.raises(AssertionError, match="claim failed: the 4-rank ring sends 1.5x"):
+        claims.settle_folded([facts[0], Claim("the 4-rank ring sends 1.5x", False)], "facts of the box")
+    assert capsys.readouterr().out == "checked: the link reads back 383 Mbit/s\n"  # unfolded, as settle prints it
+    assert shown == []  # nothing folded
+    with pytest.raises(ValueError):
+        claims.checked_fold([Claim("false", False)], "facts")
+
+
+def test_a_folded_section_fails_on_a_false_claim_unfolded(capsys, monkeypatch):
+    from distrinews_course import claims
+    from distrinews_course.bench import perf_story
+
+    shown = []
+    monkeypatch.setattr(claims, "show", shown.append)
+    groups = {"a": [Claim("one", True)], "b": Claim("two", True)}
+    perf_story.settle_section(groups, fold="checks of the box's runs")
+    assert capsys.readouterr().out == "" and shown[0].startswith("checked: 2 of 2 checks of the box's runs")
+    shown.clear()
+    with pytest.raises(AssertionError, match="claim failed: two"):
+        perf_story.settle_section({"a": [Claim("one", True)], "b": Claim("two", False)}, fold="checks")
+    assert capsys.readouterr().out == "checked: one\n" and shown == []

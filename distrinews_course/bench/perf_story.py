@@ -17,22 +17,28 @@ import re
 import statistics
 
 from .. import cluster_model as cm
-from ..claims import Claim
+from ..claims import Claim, settle_folded
 from ..notebook import check
 from .loopback import BOUND, GAP_BOUND, point_margin, step_s
 
 
-def settle_section(conclusions: dict) -> None:
+def settle_section(conclusions: dict, fold: str | None = None) -> None:
     """Settle a section's claims, grouped by what each group would let the learner conclude ({conclusion: claims}).
-    Every checked claim is checked (a failed one fails the notebook). Where the run could not decide some, the section
-    prints ONE NOTE that says what the learner cannot conclude from this run (with how many of a group's points, where
-    only some), and each reason once: the figures themselves are in the section's table, not repeated."""
-    cannot, reasons = [], []
-    for conclusion, claims in conclusions.items():
-        claims = [claims] if isinstance(claims, Claim) else list(claims)
-        for c in claims:
+    Every checked claim is checked (a failed one fails the notebook). With `fold` (what the claims are about) and every
+    checked claim holding, their lines fold under ONE visible line (claims.checked_fold); a failed one is never folded.
+    Where the run could not decide some, the section prints ONE NOTE that says what the learner cannot conclude from
+    this run (with how many of a group's points, where only some), and each reason once: the figures themselves are in
+    the section's table, not repeated."""
+    groups = {k: [v] if isinstance(v, Claim) else list(v) for k, v in conclusions.items()}
+    every = [c for claims in groups.values() for c in claims]
+    if fold and all(c.holds for c in every if c.checked):
+        settle_folded([c for c in every if c.checked], fold)
+    else:
+        for c in every:
             if c.checked:
                 check(c.holds, c.text)
+    cannot, reasons = [], []
+    for conclusion, claims in groups.items():
         undecided = [c for c in claims if not c.checked]
         if undecided:
             some = f" (at {len(undecided)} of its {len(claims)} points)" if len(undecided) < len(claims) else ""
