@@ -264,18 +264,22 @@ class TwoNodeRun:
         restarted its rank: 1; the replacement node1 is a new agent: 0)."""
         r = self.rendezvous()
         n0, n1 = r.get("node0", []), r.get("node1", [])
-        if len(n0) != 2 or len(n1) != 2:
-            return [Claim(f"each node took part in two rendezvous rounds (node0 {len(n0)}, node1 {len(n1)})", False)]
+        rounds = Claim(
+            f"each node took part in two rendezvous rounds (node0 {len(n0)}, node1 {len(n1)})", len(n0) == len(n1) == 2
+        )
+        if not rounds.holds:
+            return [rounds]  # the port and the counts are read from both rounds of both nodes
         ports = [x.get("master_port") for x in (n0[0], n0[1], n1[1])]
         counts = [n0[0].get("restart_count"), n0[1].get("restart_count"), n1[1].get("restart_count")]
         return [
-            Claim("each node took part in two rendezvous rounds", True),
+            rounds,
             Claim(
                 f"round two gave the ranks a new master_port ({ports[0]} -> {ports[1]}), the same on both nodes",
                 ports[0] != ports[1] and ports[1] == ports[2],
             ),
             Claim(
-                "restart counts are per agent: node0 counts 1 after its restart, the replacement node1 counts 0",
+                f"restart counts are per agent: node0 counts {counts[1]} after its restart, the replacement node1 "
+                f"counts {counts[2]}",
                 counts == ["0", "1", "0"],
             ),
         ]
@@ -303,9 +307,10 @@ class TwoNodeRun:
         return "\n".join(rows)
 
     def traffic_claims(self, params: int, steps: int) -> list[Claim]:
-        """node1 sent one copy of the gradients per all-reduce, within -3% / +10% (the headers TCP and Ethernet add,
-        the barriers and the weight check: 2.7% in the recorded runs); node0 at least as much (it also broadcasts the
-        weights); loopback next to nothing. No namespaces (loopback fallback): nothing to count per interface."""
+        """node1 sent one copy of the gradients per all-reduce, within -3% / +5%: the headers TCP and Ethernet add,
+        the barriers and the weight check came to +1.0% to +2.7% in the recorded runs, and one copy is 2.4% of the
+        total, so a resume from an older snapshot (3 steps more: +7%) fails. node0 at least as much (it also
+        broadcasts the weights); loopback next to nothing. No namespaces (loopback fallback): nothing to count."""
         t = self.record.get("traffic") or {}
         if not self.netns or "node1/veth0" not in t:
             return []
@@ -315,7 +320,7 @@ class TwoNodeRun:
             Claim(
                 f"node1 sent {n1 / 2**20:.1f} MiB over veth0, {100 * (n1 / expected - 1):+.1f}% from one copy of the "
                 f"gradients per step ({expected / 2**20:.1f} MiB)",
-                0.97 < n1 / expected < 1.10,
+                0.97 < n1 / expected < 1.05,
             ),
             Claim(
                 f"node0 sent {n0 / 2**20:.1f} MiB: at least a copy of the gradients per step too", n0 > 0.97 * expected

@@ -278,12 +278,14 @@ def test_the_payload_with_its_headers_passes(mib):
     """The link carries the ring's payload plus the packets' headers and ACKs (more of them under load)."""
     c = _carried(mib)
     assert c.holds and "headers and ACKs" in c.text
+    assert "4 MiB (4.00 MiB), 8.00 MiB a node" in c.text  # each rank sent half the node's bytes, not all of them
 
 
 @pytest.mark.parametrize(
     "mib",
     [
         7.5,  # less than the ring's payload: a rank sent only part of its message
+        9.6,  # a fifth more than the ring needs: more than the headers of any run seen (12% at most)
         12.0,  # half as much again as the ring needs
         16.0,  # twice the ring's bytes
     ],

@@ -83,6 +83,9 @@ def test_a_reused_port_or_a_shared_restart_count_fails_the_rounds(tmp_path):
     assert held(counted.rounds_claims()) == [True, True, False]
     one_round = run_with(tmp_path, log=lambda s: s.replace("Rendezvous complete for workers", "Rendezvous done", 1))
     assert held(one_round.rounds_claims()) == [False]
+    assert "(node0 2, node1 1)" in one_round.rounds_claims()[0].text  # the counts it checked, on the visible line
+    assert "(node0 2, node1 2)" in run_with(tmp_path).rounds_claims()[0].text
+    assert "node0 counts 0 after its restart" in counted.rounds_claims()[2].text  # the counts read, not assumed
 
 
 def test_swapped_ranks_fail_the_identities(tmp_path):
@@ -94,7 +97,13 @@ def test_swapped_ranks_fail_the_identities(tmp_path):
 
 @pytest.mark.parametrize(
     "node, factor, which",
-    [("node1/veth0", 1.2, 0), ("node1/veth0", 0.9, 0), ("node0/veth0", 0.5, 1), ("node0/lo", 1e4, 2)],
+    [
+        ("node1/veth0", 1.2, 0),
+        ("node1/veth0", 44 / 41, 0),  # a resume from the snapshot before the newest: 3 steps more than the 41
+        ("node1/veth0", 0.9, 0),
+        ("node0/veth0", 0.5, 1),
+        ("node0/lo", 1e4, 2),
+    ],
 )
 def test_bytes_off_the_count_fail_the_traffic(tmp_path, node, factor, which):
     def scale(r):
