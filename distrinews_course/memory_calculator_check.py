@@ -64,9 +64,9 @@ class CalculatorCheck:
     def claims(self, margin: float = 0.15) -> list[Claim]:
         """Where a part other than the calibration's sets the peak (the prediction moves more than 5% away from the
         calibration's), the calculator is within 15% of the measured peak: it leaves out the allocator's rounding
-        and the runtime's growth with the batch (a few MiB on 70). And it predicts at least half of how far the peak
-        moved from its twin (plain DDP at the same batch and length, else the calibration), give or take two of a
-        peak's run-to-run spreads, since a move is a difference of two measured peaks. The plain DDP runs it
+        and the runtime's growth with the batch (a few MiB on 70). And it predicts how far the peak moved from its
+        twin (plain DDP at the same batch and length, else the calibration) within half that move, give or take two
+        of a peak's run-to-run spreads, since a move is a difference of two measured peaks. The plain DDP runs it
         predicts at the calibration's peak must measure within 5% of the calibration: the optimizer step set them.
         With fewer than 4 checked runs the first claim fails: a calculator checked on almost nothing is not checked."""
         checked, same = self.checked, [x for x in self.rows if x["kind"] == "= calibration"]
@@ -80,7 +80,7 @@ class CalculatorCheck:
             ),
             (
                 moves_ok,
-                "... and at least half of how far each peak moved from its twin's, give or take twice a peak's "
+                "... and how far each peak moved from its twin's, within half that move, give or take twice a peak's "
                 f"run-to-run spread ({self.spread_mb:.2f} MiB here)",
             ),
             (

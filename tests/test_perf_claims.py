@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from distrinews_course import link
 from distrinews_course.bench import dialed, levers, loopback
 from distrinews_course.bench.allreduce_cost import AllreduceCost
 
@@ -196,7 +197,18 @@ def test_a_link_read_back_wrong_fails(rec):
     for r in B2["collectives"]["rows"]:  # a link that ran at 300 Mbit/s when 400 were set
         r["seconds"] *= 4 / 3
     ceiling, _ = after_of(rec, B2).link_claims()
-    assert not ceiling.holds and "within 10% of TCP's ceiling" in ceiling.text
+    assert not ceiling.holds and "within 3% of TCP's ceiling" in ceiling.text
+
+
+def test_a_link_read_as_if_headers_were_payload_fails(rec):
+    """The payload share section 4 teaches (95.6%) is held by the read-back: a link whose fit carried the whole rate
+    (1514 bytes of payload per frame, 4.6% more) fails, which the old 10% bound passed."""
+    assert dialed.LINK_BOUND < 1 / link.PAYLOAD_SHARE - 1
+    B2 = fresh(rec)["B2"]
+    for r in B2["collectives"]["rows"]:
+        r["seconds"] *= link.PAYLOAD_SHARE
+    ceiling, _ = after_of(rec, B2).link_claims()
+    assert not ceiling.holds, ceiling.text
 
 
 def test_four_nodes_not_at_1_5x_fail(rec):

@@ -28,7 +28,10 @@ FACTORS = (3.0, 1.6, 0.7, 0.45)  # x the break-even rate: two links above it, tw
 FALLBACK_RATES = ("2000mbit", "1000mbit", "400mbit", "200mbit")  # where DDP loses to 1 process on any link
 BOX_SIZES = [2**16 * 4**k for k in range(5)]  # 64 KiB .. 16 MiB: a third of a second at 400 Mbit/s
 STEPS = 3  # timed steps of each dialed run, at least; more where a step is short (2 s timed at least)
-LINK_BOUND = 0.10  # the fit reads the link's payload rate back within 10% (tc's token bucket meters it closely)
+# the fit reads the link's payload rate back within 3%: tc's token bucket meters it closely (0.3% off on the course's
+# runs, under 1% on a machine slowed to half its speed: tests/test_cluster_box.py), and 3% still fails a link read as
+# if TCP's headers were payload (100% of the rate against 95.6%: 4.6% off), which 10% would pass
+LINK_BOUND = 0.03
 RING_BOUND = 0.15  # 4 nodes take 1.5x the 2 nodes' time within 15% (latency and the kernel's work add a little)
 COMM_BOUND = 0.15  # the all-reduce predicted before the run is within 15% of the one each DDP step measured
 CLOCK_BOUND = 0.15  # the step clock's comm part agrees with the all-reduces' own in-flight time within 15%
@@ -173,7 +176,8 @@ class Dialed:
         return "\n".join(lines)
 
     def link_claims(self) -> list[Claim]:
-        """The fit reads back TCP's payload ceiling of the rate tc set, within LINK_BOUND; and the link, not the CPU,
+        """The fit reads back TCP's payload ceiling of the rate tc set, within LINK_BOUND (tight enough to tell TCP's
+        95.6% payload share from the whole rate); and the link, not the CPU,
         now sets the all-reduce's time (its bandwidth under half the loopback's). Unconditional: a busy CPU slows the
         loopback, not a link metered by the kernel's token bucket, at rates a 2-core machine carries easily."""
         return [

@@ -147,12 +147,15 @@ class Model:
         return single_step / self.step(pair_step, b)
 
     def terms_line(self, batches) -> str:
-        """The model's terms, measured, in one line."""
+        """The model's terms, in two lines that say where each was measured: DDP's own work at the smallest batch only
+        (the nocomm run), used at every batch; each batch's all-reduce from training at the OTHER batches (comm_for)."""
+        own = ", ".join(f"{1000 * s:.1f} at {b}" for b, s in sorted(self.transfer_s.items()))
         return (
-            f"DDP's own work {1000 * self.overhead_s:.1f} ms per step\nthe all-reduce of "
-            f"{self.grad_bytes / 2**20:.1f} MiB of gradients in {self.buckets} bucket(s) as training ran it: "
-            + ", ".join(f"{1000 * self.comm_for(b):.1f} ms at {b}" for b in batches)
-            + f" (the alpha-beta fit says {1000 * self.comm_s:.1f} ms)"
+            f"DDP's own work {1000 * self.overhead_s:.1f} ms per step: measured at {min(batches)} per process only "
+            f"(the nocomm run), used at every batch\nthe all-reduce of {self.grad_bytes / 2**20:.1f} MiB of gradients "
+            f"in {self.buckets} bucket(s), each batch's taken from training at the others: "
+            + ", ".join(f"{1000 * self.comm_for(b):.1f} ms for {b}" for b in batches)
+            + f"\n  (training's own: {own} ms; the alpha-beta fit says {1000 * self.comm_s:.1f} ms)"
         )
 
     @classmethod
