@@ -109,15 +109,17 @@ def root_cause_from_stamps(named: list, stamps: dict, died: int) -> Claim:
     first = min(stamps.values()) if stamps else None
     tied = [r for r, t in sorted(stamps.items()) if t == first]
     who = named[0] if named else None
-    text = f"rank {died} died, and torchrun's Root Cause names rank {who}: " + (
-        f"the error files of ranks {', '.join(map(str, tied))} tie at the same whole second"
+    text = f"rank {died} died, and torchrun's Root Cause names rank {who}" + (
+        "; on a tie torchrun names the rank it saw end first, which need not be the one that died: the cause is in "
+        "the messages above, not in the heading"
         if len(tied) > 1
-        else f"the rank whose error file has the earliest time stamp ({first})"
+        else f": the rank whose error file has the earliest time stamp ({first})"
     )
     if named and named[0] not in stamps and stamps:
         return Claim(text, False, unchecked=f"rank {who} wrote no error file, so its time stamp is torchrun's")
     if named and len(tied) > 1:
-        return Claim(text, named[0] in tied, unchecked="a tie: this run cannot tell which rank torchrun names")
+        ranks = " and ".join(map(str, tied))
+        return Claim(text, named[0] in tied, unchecked=f"ranks {ranks} failed in the same whole second")
     return Claim(text, bool(named) and named[0] in tied)
 
 
