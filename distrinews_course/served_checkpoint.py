@@ -44,24 +44,27 @@ def metrics_for(checkpoint, meta: dict, outputs="outputs") -> Path | None:
     return max(found)[1] if found else None
 
 
-def checkpoint_claims(checkpoint, outputs="outputs") -> list[tuple[bool, str]]:
-    """Two claims about the file: rank 0 saved model.module, the bare model DDP wraps (no weight name starts with
-    `module.`, or the server's plain model could not load it), and it is the file its own run's metrics.json names
-    (same accuracy and held-out count), both recording the same process group of at least one rank. Both are written
-    from the run's one world size: the claim catches a stale or foreign file, not a wrongly recorded size."""
+def saved_names(checkpoint) -> str:
+    """What the file's weight names show, printed as a fact of the library's save, not checked: train_ddp.py hands
+    save_checkpoint the DDP wrapper, and the library saves the bare model inside it (checkpoint.unwrap); the format
+    refuses a `module.` name, so load_checkpoint would already have raised on a wrapped file."""
     saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    names, meta = list(saved["state_dict"]), saved.get("metadata") or {}
-    wrapped = [k for k in names if k.startswith(MODULE_PREFIX)]
-    keys = (
-        bool(names) and not wrapped,
-        f"rank 0 saved model.module, the bare model, not the DDP wrapper: none of its {len(names)} weight names "
-        "starts with "
-        f"`{MODULE_PREFIX}`"
-        if names and not wrapped
-        else f"{checkpoint}: {len(wrapped)} of its {len(names)} weight names start with `{MODULE_PREFIX}` "
-        f"(e.g. {(wrapped or ['none'])[0]}): it was saved from the DDP wrapper, which the server cannot load; "
-        f"save model.module instead, then {_redo(checkpoint)}",
+    names, backend = list(saved["state_dict"]), (saved.get("metadata") or {}).get("backend")
+    first = names[0] if names else "none"
+    how = (
+        "its DDP run handed save_checkpoint the wrapper, and the library saved the bare model inside it"
+        if backend
+        else "a one-process run saved it: there was no DDP wrapper to strip"
     )
+    return f"{len(names)} weight names, the first `{first}` where DDP's state_dict says `{MODULE_PREFIX}{first}`: {how}"
+
+
+def checkpoint_claims(checkpoint, outputs="outputs") -> list[tuple[bool, str]]:
+    """One claim about the file: it is the file its own run's metrics.json names (same accuracy and held-out count),
+    both recording the same process group of at least one rank. Both are written from the run's one world size: the
+    claim catches a stale or foreign file, not a wrongly recorded size."""
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    meta = saved.get("metadata") or {}
     ws, backend = meta.get("world_size"), meta.get("backend")
     path = metrics_for(checkpoint, meta, outputs)
     run = json.loads(path.read_text())["ddp"] if path else {}
@@ -81,7 +84,7 @@ def checkpoint_claims(checkpoint, outputs="outputs") -> list[tuple[bool, str]]:
             f"{checkpoint} records {ws} {backend} rank(s), its run's {path} {run.get('world_size')} "
             f"{run.get('backend')}: the file and its run disagree; {_redo(checkpoint)}"
         )
-    return [keys, (holds, text)]
+    return [(holds, text)]
 
 
 def needs_stand_in(checkpoint) -> bool:

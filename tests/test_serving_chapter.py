@@ -398,17 +398,29 @@ def test_the_checkpoint_claims_hold_on_a_file_and_its_own_run(tmp_path):
 
     ckpt, outputs = _saved_run(tmp_path)
     claims = checkpoint_claims(ckpt, outputs)
-    assert [holds for holds, _ in claims] == [True, True], claims
-    assert "2 gloo rank(s)" in claims[1][1]
+    assert [holds for holds, _ in claims] == [True], claims
+    assert "2 gloo rank(s)" in claims[0][1]
+
+
+def test_the_saved_names_line_shows_the_prefix_ddp_would_add(tmp_path):
+    from distrinews_course.served_checkpoint import saved_names
+
+    ckpt, _ = _saved_run(tmp_path, names=("distilbert.embeddings.weight", "classifier.bias"))
+    line = saved_names(ckpt)
+    assert line.startswith(
+        "2 weight names, the first `distilbert.embeddings.weight` where DDP's state_dict "
+        "says `module.distilbert.embeddings.weight`: its DDP run handed"
+    ), line
+    one, _ = _saved_run(tmp_path / "one", backend=None)
+    assert "no DDP wrapper to strip" in saved_names(one)
 
 
 @pytest.mark.parametrize(
     "mutant, claim, says",
     [
-        ({"names": ("module.distilbert.embeddings.weight",)}, 0, "saved from the DDP wrapper"),
-        ({"run_ws": 4}, 1, "the file and its run disagree"),
-        ({"ws": 0, "run_ws": 0}, 1, "the file and its run disagree"),
-        ({"acc": 0.25}, 1, "no metrics.json"),  # another run's metrics.json named the same path
+        ({"run_ws": 4}, 0, "the file and its run disagree"),
+        ({"ws": 0, "run_ws": 0}, 0, "the file and its run disagree"),
+        ({"acc": 0.25}, 0, "no metrics.json"),  # another run's metrics.json named the same path
     ],
 )
 def test_a_wrong_checkpoint_fails_its_claim_and_says_what_to_do(tmp_path, mutant, claim, says):
