@@ -76,6 +76,30 @@ _PARENT_DEATH_SHIM = (
 )
 
 
+# How the course's launchers start what a learner would type: the module run as `python -m X`, and its typed name.
+_TYPED = {"torch.distributed.run": "torchrun", "accelerate.commands.launch": "accelerate launch"}
+
+
+def typed_command(command) -> str:
+    """The command a learner types for a launch's `result.command`: without the parent-death shim and its pid, the
+    interpreter's path and `-m distrinews_course.harden` (the course's wrapper around each rank), with `python -m
+    torch.distributed.run` as `torchrun`, `python -m accelerate.commands.launch` as `accelerate launch`, and paths
+    relative to the working directory."""
+    cmd = [str(c) for c in command]
+    if cmd[1:3] == ["-c", _PARENT_DEATH_SHIM]:
+        cmd = cmd[4:]
+    if cmd[1:2] == ["-m"] and cmd[2] in _TYPED:
+        cmd = [_TYPED[cmd[2]], *cmd[3:]]
+    else:
+        cmd = ["python", *cmd[1:]]
+    for i in range(len(cmd) - 1):
+        if cmd[i : i + 2] == ["-m", HARDEN]:
+            cmd = cmd[:i] + cmd[i + 2 :]
+            break
+    here = f"{Path.cwd()}/"
+    return " ".join(c.replace(here, "") for c in cmd)
+
+
 def default_nproc() -> int:
     """Every GPU when there are any; else 2 CPU processes (enough to show real DDP)."""
     return D.gpu_count() or 2

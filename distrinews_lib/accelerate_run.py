@@ -31,6 +31,17 @@ from .training.classify import CLASSIFY
 from .training.tracking import RunTracker
 
 
+def run_and_end(main) -> None:
+    """The script's entry point: main() under torchrun's @record (a crashing rank's traceback is reported as the root
+    cause) and main_guard (a mistake in the flags: one paragraph and exit code 2, not a traceback), then the end
+    without the interpreter's teardown (distributed.run_and_end), where gloo's threads can abort a finished rank."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from .errors import main_guard
+
+    D.run_and_end(record(main_guard(main)))
+
+
 @dataclass(frozen=True)
 class Launch:
     """What Accelerator(...) is told, decided as train_ddp.py decides it."""

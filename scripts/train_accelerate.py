@@ -8,15 +8,10 @@ What is not the lesson (flags, data, snapshots, metrics.json) is in distrinews_l
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator, DataLoaderConfiguration
-from torch.distributed.elastic.multiprocessing.errors import record
 
 from distrinews_lib import accelerate_run
-from distrinews_lib import distributed as D
-from distrinews_lib.errors import main_guard
 
 
-@record  # under torchrun, a crashing rank's traceback is reported as the root cause
-@main_guard  # a mistake in the flags: one paragraph and exit code 2, not a traceback
 def main():
     cfg, launch = accelerate_run.parse()  # train_ddp.py's flags, backend and mixed precision
     accelerator = Accelerator(cpu=launch.cpu, mixed_precision=launch.mixed_precision,  # starts the process group
@@ -69,4 +64,4 @@ def main():
 
 
 if __name__ == "__main__":
-    D.run_and_end(main)  # end without the interpreter's teardown, where gloo's threads can abort a finished rank
+    accelerate_run.run_and_end(main)  # @record, main_guard, and an end gloo's teardown cannot abort

@@ -213,3 +213,37 @@ def test_the_wandb_upload_command_is_judged(capsys):
     assert "wandb sync out/wandb/offline-run-1" in capsys.readouterr().out
     assert judge_wandb_upload("wandb sync out/wandb/offline-run-1", "out/wandb/offline-run-1") is True
     assert judge_wandb_upload("wandb upload out", "out/wandb/offline-run-1") is False
+
+
+def test_the_typed_command_drops_the_course_plumbing():
+    import sys
+    from pathlib import Path
+
+    from distrinews_course.launch import _PARENT_DEATH_SHIM, HARDEN, typed_command
+
+    def shimmed(*cmd):
+        return [sys.executable, "-c", _PARENT_DEATH_SHIM, "4242", sys.executable, *cmd]
+
+    acc = shimmed(
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        f"{Path.cwd()}/configs/a.yaml",
+        "--num_processes",
+        "2",
+        "-m",
+        HARDEN,
+        "scripts/train_accelerate.py",
+        "--epochs",
+        "2",
+    )
+    assert typed_command(acc) == (
+        "accelerate launch --config_file configs/a.yaml --num_processes 2 scripts/train_accelerate.py --epochs 2"
+    )
+    tr = shimmed("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", HARDEN, "scripts/t.py")
+    assert typed_command(tr) == "torchrun --standalone --nproc_per_node=2 scripts/t.py"
+    assert typed_command([sys.executable, "-m", "distrinews_lib.serving", "--port", "1"]) == (
+        "python -m distrinews_lib.serving --port 1"
+    )
+    for shown in (typed_command(acc), typed_command(tr)):
+        assert "prctl" not in shown and "4242" not in shown and HARDEN not in shown and sys.executable not in shown
