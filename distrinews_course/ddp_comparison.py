@@ -231,8 +231,7 @@ def speed_note(rows, d: dict, env, load: OtherPrograms) -> str:
     grad_mib = 4 * d["model"]["num_parameters"] / 2**20  # fp32 gradients; 1 MiB = 2^20 bytes
     per = d["config"]["batch_size"]
     published = (
-        " (What two T4s on Kaggle would give is estimated in chapter 05, from the rate measured between them: not "
-        "measured here.)"
+        " (Chapter 05 estimates what two T4s on Kaggle would give, from their measured link: not measured here.)"
     )
     if env.nproc == 1:
         return (
@@ -247,14 +246,39 @@ def speed_note(rows, d: dict, env, load: OtherPrograms) -> str:
         text += f", while other programs kept the machine quiet{busy}"
     else:
         text += f", on a machine where other programs were busy meanwhile{busy}, so take the figure with salt"
+    split = step_split(rows, d)
     text += (
         f". Per optimizer step each process computed {per} examples and all-reduced {grad_mib:.1f} MiB of gradients "
-        + ("over TCP. " if not env.n_gpus else "between GPUs. ")
-        + "The size of that all-reduce is set by the model, not by the batch. NOTE: this run does not time the "
-        "all-reduce on its own, so it cannot say what share of the step it took; chapter 05 times it and sweeps the "
-        "per-process batch on the same cores."
+        + ("over TCP" if not env.n_gpus else "between GPUs")
+        + f". A DDP step took {split['step_ms']:.1f} ms, of which {per} examples at one process's rate take "
+        f"{split['compute_ms']:.1f} ms"
     )
+    if split["other_ms"] > 0:
+        text += (
+            f": the other {split['other_ms']:.1f} ms ({100 * split['other_share']:.0f}%) did not shrink with the "
+            "examples. That is the all-reduce, sized by the model and not by the batch, and the optimizer step on "
+            "every weight; the more examples per process per step, the smaller their share and the larger the "
+            "speedup. NOTE: this run does not time the all-reduce on its own; chapter 05 does, and sweeps the "
+            "per-process batch."
+        )
+    else:
+        text += ": the all-reduce and the optimizer step added nothing visible to it."
     return text + published
+
+
+def step_split(rows, d: dict) -> dict:
+    """A DDP step's time, in the run's own figures: `step_ms` (the steady epoch's time over its optimizer steps, from
+    DDP's samples/s), `compute_ms` (one process's examples of that step at the baseline's samples/s: what the step
+    would take if splitting the examples were all DDP did) and `other_ms`, the rest, which did not shrink with the
+    examples (the all-reduce and the per-step work such as the optimizer step), with its share of the step."""
+    single, ddp = rows
+    last = d["epochs"][-1]
+    step_s = last["train_samples"] / ddp["sps"] / last["optimizer_steps"]
+    compute_s = last["train_samples"] / ddp["procs"] / single["sps"] / last["optimizer_steps"]
+    other_s = step_s - compute_s
+    return dict(
+        step_ms=1000 * step_s, compute_ms=1000 * compute_s, other_ms=1000 * other_s, other_share=other_s / step_s
+    )
 
 
 def speed_figure(rows, title: str = ""):

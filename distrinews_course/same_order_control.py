@@ -190,16 +190,25 @@ class Control:
             )
         return "\n".join(lines)
 
-    def claims(self, one_steps: list, many_steps: list) -> list[Claim]:
-        """one_steps / many_steps: steps_of() for the control's two samplers. Rounding alone (a mean of means summed
-        in another order) leaves the weights ~1e-5 apart after tens of steps: 1% of how far training moved them
-        separates that from training on other examples, which moves them apart by as much as training itself."""
-        e1, e2 = self.single["epochs"][-1], self.ddp["epochs"][-1]
-        n = self.ddp["ddp"]["world_size"]
+    def claims(self) -> list[Claim]:
+        """Both runs' own records must say the setting in which every DDP step holds one process's examples (the
+        same texts, seed and global batch, no length grouping: StepComposition counts that rule) and the same number
+        of steps. Rounding alone (a mean of means summed in another order) leaves the weights ~1e-5 apart after tens
+        of steps: 1% of how far training moved them separates that from training on other examples, which moves them
+        apart by as much as training itself."""
+        m1, m2 = self.single, self.ddp
+        e1, e2 = m1["epochs"][-1], m2["epochs"][-1]
+        n = m2["ddp"]["world_size"]
         return [
             Claim(
-                f"the control's {len(one_steps)} steps have the same examples in both runs",
-                one_steps == many_steps and e1["optimizer_steps"] == e2["optimizer_steps"] == len(one_steps),
+                f"both control runs recorded the same texts ({m1['data']['fingerprint']}), seed "
+                f"{m1['config']['seed']}, global batch {m1['ddp']['global_batch_size']}, no length grouping and "
+                f"{e1['optimizer_steps']} steps: the setting in which every DDP step holds one process's examples",
+                m1["data"]["fingerprint"] == m2["data"]["fingerprint"]
+                and m1["config"]["seed"] == m2["config"]["seed"]
+                and m1["ddp"]["global_batch_size"] == m2["ddp"]["global_batch_size"]
+                and not (m1["config"]["group_by_length"] or m2["config"]["group_by_length"])
+                and e1["optimizer_steps"] == e2["optimizer_steps"],
             ),
             Claim("training moved the weights (the comparison is not of two untouched models)", self.moved > 0.01),
             Claim(

@@ -122,6 +122,16 @@ def test_the_speed_note_uses_the_runs_numbers(base, d):
     note = C.speed_note(rows, d, Env(), Load(0.1))
     assert "**slower than** one process (0.93x the samples/s)" in note and "16 examples" in note and "8.0 MiB" in note
     assert "(0.1 of a core)" in note and "NOTE: this run does not time the all-reduce" in note
+    # 8,000 examples in 250 steps: a DDP step is 8000 / 897.998 / 250 s; its 16 examples at 962.663/s, the rest other
+    step, compute = 1000 * 8000 / 897.998 / 250, 1000 * 4000 / 962.663 / 250
+    assert f"step took {step:.1f} ms, of which 16 examples at one process's rate take {compute:.1f} ms" in note, note
+    assert f"the other {step - compute:.1f} ms ({100 * (1 - compute / step):.0f}%) did not shrink" in note
+    perfect = copy.deepcopy(rows)
+    perfect[1]["sps"] = 2 * rows[0]["sps"]  # twice one process's rate: nothing but the examples' own time
+    assert C.step_split(perfect, d)["other_ms"] == pytest.approx(0, abs=1e-9)
+    faster = copy.deepcopy(rows)
+    faster[1]["sps"] = 2.2 * rows[0]["sps"]
+    assert "added nothing visible" in C.speed_note(faster, d, Env(), Load(0.1))
     assert "salt" in C.speed_note(rows, d, Env(), Load(0.9)) and "(0.9 of a core)" in C.speed_note(
         rows, d, Env(), Load(0.9)
     )
@@ -217,15 +227,31 @@ def test_the_control_table_says_when_the_model_is_still_near_an_even_guess():
     assert "training loss 1.3800 is still near ln 4" in c.table()
 
 
+def _recorded(path, value):
+    """_control() with one field of the DDP run's record set to `value` (path: keys down to it)."""
+    c = _control()
+    *keys, last = path
+    node = c.ddp
+    for k in keys:
+        node = node[k]
+    node[last] = value
+    return c
+
+
 def test_the_control_claims_hold_and_fail():
-    steps = S.steps_of([0] * 1600, 1, 32, False, seed=0)
-    dealt = S.steps_of([0] * 1600, 2, 16, False, seed=0)
-    assert _failing(_control().claims(steps, dealt)) == []
-    assert "under 1% of how far" in _failing(_control(gap=2e-3).claims(steps, dealt))[0]
-    assert "same training loss" in _failing(_control(loss=1.38).claims(steps, dealt))[0]
-    assert "moved the weights" in _failing(_control(moved=0.001, gap=0.0).claims(steps, dealt))[0]
-    grouped = S.steps_of([i % 40 for i in range(1600)], 2, 16, True, seed=0)
-    assert "same examples in both runs" in _failing(_control().claims(steps, grouped))[0]
+    assert _failing(_control().claims()) == []
+    assert "under 1% of how far" in _failing(_control(gap=2e-3).claims())[0]
+    assert "same training loss" in _failing(_control(loss=1.38).claims())[0]
+    assert "moved the weights" in _failing(_control(moved=0.001, gap=0.0).claims())[0]
+    for path, value in [
+        (("config", "group_by_length"), True),  # one run grouped its examples by length
+        (("config", "seed"), 7),  # another shuffle
+        (("data", "fingerprint"), "0123456789abcdef"),  # other texts
+        (("ddp", "global_batch_size"), 64),  # another global batch
+        (("epochs", -1, "optimizer_steps"), 25),
+    ]:
+        failing = _failing(_recorded(path, value).claims())
+        assert failing and "both control runs recorded the same texts" in failing[0], path
     assert "6.5e-05" in _control().table()
 
 

@@ -26,7 +26,9 @@ def _reference():
 def _shard(n, rank, world, epoch, seed=0, *, seeded=None, shuffle="torch", pad="start", take="strided", sort=False):
     """The reference with one thing changed: the mutants below."""
     g = torch.Generator()
-    g.manual_seed({"epoch": seed + epoch, "no_epoch": seed, "rank": seed + epoch + rank}[seeded or "epoch"])
+    g.manual_seed(
+        {"epoch": seed + epoch, "no_epoch": seed, "rank": seed + epoch + rank, "no_seed": epoch}[seeded or "epoch"]
+    )
     if shuffle == "torch":
         order = torch.randperm(n, generator=g).tolist()
     elif shuffle == "python":
@@ -46,6 +48,7 @@ def _shard(n, rank, world, epoch, seed=0, *, seeded=None, shuffle="torch", pad="
 MUTANTS = {
     "no_padding": (dict(pad="none"), "the length is wrong: without padding"),
     "seed_without_epoch": (dict(seeded="no_epoch"), "that is epoch 0's shard"),
+    "seed_ignored": (dict(seeded="no_seed"), "that is seed 0's shard: the seed argument is ignored"),
     "not_shuffled": (dict(shuffle="none"), "not shuffled"),
     "contiguous_block": (dict(take="block"), "a contiguous block"),
     "sorted_shard": (dict(sort=True), "the right indices in another order"),
@@ -84,6 +87,7 @@ def test_the_stub_is_not_written_yet(capsys):
     assert "not written yet" in capsys.readouterr().out
 
 
-def test_the_cases_need_padding_and_later_epochs():
-    """The cases can catch what the mutants do: some sizes do not divide, some epochs are not 0."""
-    assert any(n % world for n, world, _ in CASES) and any(epoch for _, _, epoch in CASES)
+def test_the_cases_need_padding_later_epochs_and_seeds():
+    """The cases can catch what the mutants do: some sizes do not divide, some epochs and some seeds are not 0."""
+    assert any(n % world for n, world, _, _ in CASES) and any(epoch for _, _, epoch, _ in CASES)
+    assert any(seed for *_, seed in CASES)
