@@ -1,7 +1,7 @@
 """Chapter 01's exercise 1: save and resume by hand. The learner writes save_state(path, model, optimizer, epoch)
 and load_state(path, model, optimizer) -> the epoch to continue with; the test trains a small model for 4 epochs
-straight, and again with a save after epoch 1 and a resume into new objects, and the two must end bit for bit
-equal. One line names the first mistake.
+straight, and again with a save after epoch 1 (then after epoch 2) and a resume into new objects, and the two must
+end bit for bit equal. One line names the first mistake.
 
     try_exercise(resume_test(save_state, folder), load_state)
 """
@@ -17,7 +17,7 @@ import torch
 
 from .attempt import NotYet
 
-EPOCHS, SAVED_AFTER = 4, 1  # train epochs 0..3; "crash" after epoch 1 is finished
+EPOCHS, SAVED_AFTER = 4, (1, 2)  # train epochs 0..3; "crash" after epoch 1, then after epoch 2: a constant fails
 
 
 def _is_stub(fn) -> bool:
@@ -67,11 +67,15 @@ def resume_test(save_state, folder="outputs/exercises"):
         data = _data()
         straight = _build()
         _train(*straight, data, range(EPOCHS))
+        for saved in SAVED_AFTER:
+            _resumes(load_state, data, straight, saved)
+
+    def _resumes(load_state, data, straight, saved: int) -> None:
         first = _build()
-        _train(*first, data, range(SAVED_AFTER + 1))  # epochs 0 and 1, then "the crash"
+        _train(*first, data, range(saved + 1))  # epochs 0..saved, then "the crash"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)
-        save_state(path, *first, SAVED_AFTER)
+        save_state(path, *first, saved)
         if not path.is_file():
             raise AssertionError(f"save_state wrote nothing at the path it was given ({path})")
         second = _build()  # a new process: a fresh model, a fresh optimizer
@@ -85,10 +89,10 @@ def resume_test(save_state, folder="outputs/exercises"):
                 "the optimizer came back empty: AdamW keeps two moments per parameter; save optimizer.state_dict() "
                 "and load it into the optimizer load_state is given"
             )
-        if start != SAVED_AFTER + 1:
+        if start != saved + 1:
             raise AssertionError(
-                f"load_state returned {start!r}: epoch {SAVED_AFTER} was finished, so the run continues with epoch "
-                f"{SAVED_AFTER + 1}"
+                f"load_state returned {start!r}: epoch {saved} was finished, so the run continues with epoch "
+                f"{saved + 1}"
             )
         _train(*second, data, range(start, EPOCHS))
         gap = float((_weights(second[0]) - _weights(straight[0])).abs().max())

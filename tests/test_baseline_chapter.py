@@ -41,6 +41,15 @@ def test_the_recorded_run_supports_every_claim(m):
     assert "50.0 tokens on average (spread 9.9, cut at 64); 0.77% of the tokens in the batches of 32" in R.run_table(m)
 
 
+def test_the_epochs_are_counted_against_the_preset_not_the_record(m):
+    """A run that trained 1 epoch and recorded epochs=1 in its own config still fails: the preset asks for 2."""
+    m["epochs"].pop()
+    m["config"]["epochs"] = 1
+    failing = _failing(R.run_claims(m, preset="cpu_smoke"))
+    assert failing and "all 2 epochs the cpu_smoke preset asks for" in failing[0], failing
+    assert not any("epochs" in f for f in _failing(R.run_claims(m, epochs_asked=1)))  # EPOCHS=1 asked for it
+
+
 @pytest.mark.parametrize(
     "wrong, fails",
     [
@@ -105,7 +114,8 @@ def test_a_stale_or_foreign_checkpoint_is_not_this_launchs(tmp_path):
 def test_the_reload_and_confusion_claims(m):
     acc = m["aggregates"]["final_val_accuracy"]
     assert _failing(R.reload_claims(m["data"]["fingerprint"], acc, m)) == []
-    assert "same fingerprint" in _failing(R.reload_claims("0" * 16, acc, m))[0]
+    with pytest.raises(ValueError, match="are not the run's"):
+        R.reload_claims("0" * 16, acc, m)  # other texts: the comparison means nothing
     assert "reproduces the run's accuracy" in _failing(R.reload_claims(m["data"]["fingerprint"], acc - 0.006, m))[0]
     labels = [0] * 10 + [1] * 10 + [2] * 10 + [3] * 10
     pred = labels[:]
@@ -160,14 +170,14 @@ def _save_nothing(path, model, optimizer, epoch):
     return {"model": model.state_dict()}
 
 
-def _load(path, model, optimizer, *, weights=True, opt=True, into_new=False, ahead=1):
+def _load(path, model, optimizer, *, weights=True, opt=True, into_new=False, ahead=1, constant=None):
     state = torch.load(path, weights_only=True)
     if weights:
         model.load_state_dict(state["model"])
     if opt:
         target = torch.optim.AdamW(model.parameters(), lr=0.05) if into_new else optimizer
         target.load_state_dict(state["optimizer"])
-    return state["epoch"] + ahead
+    return state["epoch"] + ahead if constant is None else constant  # constant: right only for one save epoch
 
 
 MUTANTS = {
@@ -176,6 +186,7 @@ MUTANTS = {
     "weights_not_loaded": (_save_all, dict(weights=False), "the model's weights are not the saved ones"),
     "returns_the_finished_epoch": (_save_all, dict(ahead=0), "load_state returned 1: epoch 1 was finished"),
     "returns_two_ahead": (_save_all, dict(ahead=2), "load_state returned 3"),
+    "returns_a_constant": (_save_all, dict(constant=2), "load_state returned 2: epoch 2 was finished"),
     "moments_saved_in_half_precision": (_save_half_precision, {}, "away from the uninterrupted one"),
     "nothing_written": (_save_nothing, {}, "save_state wrote nothing"),
 }
