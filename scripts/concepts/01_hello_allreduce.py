@@ -5,15 +5,14 @@ the process group, and takes part in collectives: an all-reduce adds up a tensor
 every rank the total. Dividing by the world size gives the mean: exactly how DDP averages gradients.
 """
 
-import json
 import os
 import sys
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from distrinews_course.demo import gather, write_json
 from distrinews_lib.distributed import choose_backend, end_process
 
 rank = int(os.environ["RANK"])              # 0 .. WORLD_SIZE-1, unique over all machines
@@ -45,15 +44,11 @@ try:
     torch.nn.functional.mse_loss(X @ w, y).backward()           # one process, the whole batch
 
     sys.stdout.write(f"[rank {rank}] holds {mine.item():.0f}; all-reduce SUM -> {total.item():.0f}\n")
-    info = {"rank": rank, "local_rank": local_rank, "world_size": world, "pid": os.getpid(), "device": str(device),
-            "value": mine.item(), "sum": total.item(), "local_grad": local_grad.tolist(),
-            "averaged_grad": averaged.tolist(), "full_batch_grad": w.grad.tolist()}
-    everyone = [None] * world
-    dist.all_gather_object(everyone, info)                      # every rank's facts, on every rank
-    if rank == 0:
-        out = Path("outputs/concepts/01_hello_allreduce.json")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"backend_reason": why, "ranks": everyone}, indent=1))
+    everyone = gather({"rank": rank, "local_rank": local_rank, "world_size": world, "pid": os.getpid(),
+                       "device": str(device), "value": mine.item(), "sum": total.item(),
+                       "local_grad": local_grad.tolist(), "averaged_grad": averaged.tolist(),
+                       "full_batch_grad": w.grad.tolist()})        # every rank's facts (all_gather_object)
+    write_json("outputs/concepts/01_hello_allreduce.json", {"backend_reason": why, "ranks": everyone}, rank)
 finally:
     dist.destroy_process_group()
 end_process(0)  # end without the interpreter's teardown, where gloo's threads can abort a finished rank
