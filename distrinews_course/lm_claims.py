@@ -468,8 +468,7 @@ def masking_claims(first: dict, again: dict, share: tuple[float, int], alike: tu
         ),
         Claim(
             f"every epoch masks anew: of {alike[2]} blocks, {alike[0]} mask alike in epochs 1 and 2; and a block's "
-            f"index, not its rank or its tokens, picks its mask: the same tokens at another index mask alike in "
-            f"{alike[1]}",
+            f"index enters its mask: the same tokens at another index mask alike in {alike[1]}",
             max(alike[:2]) <= alike[2] // 16,
         ),
         Claim(
