@@ -17,9 +17,10 @@ from .claims import Claim
 SCRIPT = ROOT / "scripts" / "multinode" / "node_groups.py"
 MESSAGE_MIB = 4.0  # what the script all-reduces in each group (2**20 float32)
 # The link counts more than the ring's payload: TCP/IP's headers and ACKs, the barriers, and whatever else crossed it
-# in the window: 0.3% more on a quiet box, 2-12% more in one CI run under load. At least the payload, at most 15%
-# more (the most seen, with room): a link that carried part of a message, or a fifth more than the ring needs, fails.
-OVERHEAD = 0.15
+# in the window: 0.3% more on a quiet box, 2-12% more in one CI run under load. At least the payload, at most a
+# quarter more (twice the most seen: a tighter bound would fail some day under load, as the box shares 2 cores): a
+# link that carried part of a message, or half as much again as the ring needs (a group across the world), fails.
+OVERHEAD = 0.25
 TAG = "[groups] "  # what starts each rank's row in the script's output
 
 
