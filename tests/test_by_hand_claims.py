@@ -27,6 +27,13 @@ TIMING = {
 }
 
 
+def test_the_per_message_cost_is_naive_less_flat_over_the_extra_messages():
+    t = {**TIMING, "collectives_per_step": {"naive": 72, "flat": 1}}
+    assert "about 0.92 ms" in loopback_race.per_message_line(t)  # (0.19 - 0.125) / 71 s
+    t["median_step_s"] = {**TIMING["median_step_s"], "naive": 0.196}
+    assert "about 1.00 ms" in loopback_race.per_message_line(t)
+
+
 def test_the_timing_claims_hold_on_a_quiet_run_and_fail_on_a_wrong_figure():
     claims = loopback_race.timing_claims(TIMING, 1.10, 0.3)
     assert all(c.checked and c.holds for c in claims)
@@ -251,6 +258,8 @@ def test_the_zero_claims_hold_and_each_fails_on_its_wrong_figure():
         (("zero2", "calculator_mb"), 50.0, "zero2: measured peak"),
         (("zero3", "peak_mb_per_rank"), [75.0, 75.0], "each stage holds less"),
         (("zero3", "bytes_per_step"), 16.0, "ZeRO-3 sends"),
+        (("zero2", "bytes_per_step"), 12.0, "ZeRO-1 and ZeRO-2 send"),
+        (("zero1", "bytes_per_step"), 4.0, "ZeRO-1 and ZeRO-2 send"),
         (("zero3", "collectives_per_step"), 6, "collectives per step"),
     ):
         z = zres()

@@ -114,6 +114,22 @@ def test_the_interview_speed_claim_stands_down_on_a_busy_machine_and_bytes_witho
     assert "1 of 8 differ" not in text and "2 of 8 differ" in text
 
 
+def test_the_no_broadcast_drift_is_checked_on_the_moves_and_fails_a_rung_that_never_averaged():
+    line = (
+        "no broadcast: the ranks started 0.142301 apart and end 0.142294 apart; their moves differ by 7.1e-06 | "
+        "lr 0.001, weight decay 0.01"
+    )
+    d = ddp_facts.drift(line, 5)
+    assert d == {"before": 0.142301, "after": 0.142294, "moved": 7.1e-06, "lr": 0.001, "wd": 0.01, "steps": 5}
+    assert ddp_facts.drift_claims(d)[0].holds
+    for key, value in (("moved", 2e-3), ("before", 0.0), ("after", 0.0)):  # no average; broadcast anyway; converged
+        assert not ddp_facts.drift_claims(dict(d, **{key: value}))[0].holds, key
+    with pytest.raises(ValueError, match="no drift figures"):
+        ddp_facts.drift("after 5 steps: max weight difference between the ranks 0.142", 5)
+    text = ddp_facts.interview_lines(facts(), TIMING)
+    assert "4. What does gradient_as_bucket_view save? a second copy of the gradients per rank: 0.0 MiB" in text
+
+
 # ------------------------------------------------------------------------------------------------ the dialed launch
 
 
@@ -195,3 +211,11 @@ def test_the_ladder_sketch_sends_when_each_rung_says_it_does():
     done = {r: max(b[1] + b[2] for b in bars) for r, bars in s.items()}
     assert done["naive"] > done["flat"] > done["overlapped"] > done["bucketed"]
     assert len(report.plot_ladder().axes) == 5
+
+
+def test_the_given_block_class_is_shown_whole_before_exercise_4():
+    block = exercises.given_class("zero3", "Block")
+    assert block.startswith("class Block:") and "self.full = " in block and "self.shard = " in block
+    assert "class Zero3DP" not in block
+    with pytest.raises(ValueError, match="no class Nope"):
+        exercises.given_class("zero3", "Nope")

@@ -8,6 +8,8 @@ the lines a learner reads or the claims those figures support; the margins live 
 
 from __future__ import annotations
 
+import re
+
 from ..claims import Claim
 from .loopback_race import quiet
 
@@ -70,7 +72,8 @@ def interview_lines(f: dict, t: dict) -> str:
         f"3. Why does DDP's first step differ? its buckets in steps 1, 2, 3 (gradient storages): {seen}; the ready "
         f"order against reverse definition order: {sum(a != b for a, b in zip(ready, reversed(defined)))} of "
         f"{len(ready)} differ",
-        "4. What does gradient_as_bucket_view save? a storage per gradient (counted below)",
+        f"4. What does gradient_as_bucket_view save? a second copy of the gradients per rank: "
+        f"{sum(f['ddp_buckets_wide']) / MiB:.1f} MiB on the wide model (the gradients ARE the buckets, not copied in)",
     ]
     cb = f["collective_bytes"]
     if cb.get("all_reduce"):
@@ -136,3 +139,36 @@ def interview_claims(f: dict, t: dict, quiet_cores: float) -> list:
     else:
         out.append(Claim("5. an all-gather moves half an all-reduce's bytes", False, "no /proc/self/io to count bytes"))
     return out
+
+
+DRIFT = re.compile(
+    r"started (?P<before>\S+) apart and end (?P<after>\S+) apart; their moves differ by (?P<moved>\S+) \| "
+    r"lr (?P<lr>\S+), weight decay (?P<wd>\S+)"
+)
+ROUNDING = 1e-5  # fp32 rounding of two copies' different weights: at most ~2.4e-7 a step each, over a few steps
+
+
+def drift(line: str, steps: int) -> dict:
+    """harness.train's no-broadcast line, as figures: the ranks' difference before step 1 and after `steps`, and how
+    much their moves (weights after less weights before) differ."""
+    m = DRIFT.search(line)
+    if m is None:
+        raise ValueError(f"no drift figures in {line!r}")
+    return {k: float(v) for k, v in m.groupdict().items()} | {"steps": steps}
+
+
+def drift_claims(d: dict) -> list:
+    """Without the broadcast, averaged gradients give both ranks the same update, so both copies move by the same
+    amount and their initial difference stays. The moves may differ by AdamW's weight decay only, which shrinks each
+    copy by lr x weight decay of itself a step: at most steps x lr x wd x the initial difference, plus ROUNDING. A rung
+    that never averaged moves the ranks by their own gradients, about lr a step apart (1e-3, a hundred times the
+    bound); a broadcast that ran anyway starts them 0 apart."""
+    bound = d["steps"] * d["lr"] * d["wd"] * d["before"] + ROUNDING
+    return [
+        Claim(
+            f"without the broadcast the ranks start {d['before']:.3g} apart and still differ after {d['steps']} steps "
+            f"({d['after']:.3g}): averaged gradients move both copies by the same amount (their moves differ by "
+            f"{d['moved']:.2g}, at most weight decay's {bound:.2g}), so the initial difference never goes away",
+            d["before"] > 0 and d["after"] > 0 and d["moved"] <= bound,
+        )
+    ]

@@ -146,6 +146,15 @@ def call_sites(rung: str) -> str:
     return "\n".join(out)
 
 
+def given_class(rung: str, name: str) -> str:
+    """The source of class `name` in exercise `rung`'s skeleton: given code the learner's functions use."""
+    text = skeleton(rung)
+    node = next((n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == name), None)
+    if node is None:
+        raise ValueError(f"no class {name} in the {rung} skeleton")
+    return ast.get_source_segment(text, node)
+
+
 def verdict(res: dict, label: str) -> dict:
     """The first mistake the race found for contender `label` (its check on the tiny and tied models, then each
     probe in order), or PASS; with what passed."""

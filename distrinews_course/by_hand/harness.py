@@ -47,6 +47,11 @@ def init(timeout_s: float = 30, store=None) -> tuple[int, int]:
     return rank, world
 
 
+def weights_of(dp, model) -> list:
+    """Every rank's full weights: ZeRO-3 gathers them (full_weights), the other rungs hold them."""
+    return dp.full_weights() if hasattr(dp, "full_weights") else list(model.parameters())
+
+
 def train(rung_cls, doc: str, argv=None) -> float:
     """Train `rung_cls` as its script's command line says; returns the largest weight difference between ranks."""
     args = parse_args(doc, argv)
@@ -55,14 +60,24 @@ def train(rung_cls, doc: str, argv=None) -> float:
     batches = models.batches(args.model, rank, world, args.steps, args.batch_size)  # its own share of the texts
     dp = rung_cls(model, args.bucket_mb, args.broadcast)
     optimizer = dp.optimizer(args.lr, args.weight_decay)
+    if not args.broadcast:  # where each rank starts, to tell the initial difference from the moves the steps make
+        start = [w.detach().clone() for w in weights_of(dp, model)]
+        before = max_param_difference(start)
     for step, batch in enumerate(batches, 1):
         loss = model(**batch).loss
         loss.backward()
         dp.step(optimizer)
         if step in (1, args.steps) and rank == 0:
             print(f"step {step:3d} | loss {loss.item():.4f}")
-    weights = dp.full_weights() if hasattr(dp, "full_weights") else list(model.parameters())  # ZeRO-3 gathers them
+    weights = weights_of(dp, model)
     diff = max_param_difference(weights)
+    if not args.broadcast:
+        moved = max_param_difference([w.detach() - s for w, s in zip(weights, start)])
+        if rank == 0:
+            print(
+                f"no broadcast: the ranks started {before:.6g} apart and end {diff:.6g} apart; their moves differ by "
+                f"{moved:.3g} | lr {args.lr:g}, weight decay {args.weight_decay:g}"
+            )
     if rank == 0:
         print(
             f"after {args.steps} steps: max weight difference between the ranks {diff:.3g} | "

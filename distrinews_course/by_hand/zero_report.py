@@ -38,9 +38,9 @@ def table(zres: dict) -> str:
 
 def claims(zres: dict, blocks: int) -> list:
     """ZeRO-2 and ZeRO-3 end within WEIGHT_TOLERANCE of FSDP2; every sharded peak within PEAK_MARGIN of the calculator;
-    each stage holds less at its peak than the one before, from torch's DDP (not from
-    the hand-built unsharded rungs, which peak lower); ZeRO-3 sends 1.5x DDP's ring bytes, as FSDP2 does, in
-    3 collectives per block (`blocks`: the tiny model's)."""
+    each stage holds less at its peak than the one before, from torch's DDP (not from the hand-built unsharded rungs,
+    which peak lower); ZeRO-1 and ZeRO-2 send DDP's ring bytes, ZeRO-3 1.5x them as FSDP2 does, in 3 collectives per
+    block (`blocks`: the tiny model's)."""
     s = zres["sharding"]
     zero, steps = s["contenders"], s["steps"]
     peaks = {n: max(zero[n]["peak_mb_per_rank"]) for n in zero}
@@ -68,6 +68,12 @@ def claims(zres: dict, blocks: int) -> list:
             + ", ".join(f"{peaks[n]:.1f}" for n in ("zero3", "zero2", "zero1", "ddp"))
             + " MiB; the hand-built unsharded rungs: next cell)",
             peaks["zero3"] < peaks["zero2"] < peaks["zero1"] < peaks["ddp"],
+        ),
+        Claim(
+            "ZeRO-1 and ZeRO-2 send DDP's ring bytes ("
+            + ", ".join(f"{zero[n]['bytes_per_step'] / zero['ddp']['bytes_per_step']:.2f}x" for n in ("zero1", "zero2"))
+            + "): a reduce-scatter then an all-gather are a ring all-reduce's two halves",
+            all(abs(zero[n]["bytes_per_step"] / zero["ddp"]["bytes_per_step"] - 1) < 0.01 for n in ("zero1", "zero2")),
         ),
         Claim(
             f"ZeRO-3 sends {r3:.3f}x DDP's ring bytes, as FSDP2 does: every weight gathered twice (forward, backward) "
