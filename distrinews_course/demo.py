@@ -225,6 +225,17 @@ def pitfall_failing(hang_timeout_s: float):
     ]
 
 
+def pitfall_launches(
+    nproc: int, timeout_s: float | None, hang_timeout_s: float, folder="scripts/pitfalls", out="outputs/pitfalls"
+):
+    """Chapter 04's set-up in one call: (NP, the scripts' folder, their outputs' folder, the SharedLaunch of every run
+    that finishes, the FailingRuns of those that must fail). Nothing starts until a section asks for its run. NP is
+    one rank per GPU and at least 2: with one rank there is nothing to get wrong."""
+    np_, folder, out = max(nproc, 2), Path(folder), Path(out)
+    finished = SharedLaunch([(folder / s, a, o) for s, a, o in pitfall_finishing(out)], np_, timeout_s or 600)
+    return np_, folder, out, finished, FailingRuns(folder, pitfall_failing(hang_timeout_s), np_, timeout_s)
+
+
 def failing_limit(startup_s: float | None, launches: int, hang_timeout_s: float) -> float:
     """How long a run that must fail may take before the launcher stops it, from this machine's own start-up time.
 

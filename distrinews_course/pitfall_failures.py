@@ -148,7 +148,7 @@ def _rank_errors(res) -> list[str]:
 
 
 def nccl_backend(res, r: dict, refusals: dict, n_gpus: int, limit_s: float) -> Symptom:
-    """Pitfall 10: a hard-coded nccl fails where a rank has no GPU of its own; the library refuses before a launch."""
+    """Pitfall 10: a hard-coded nccl fails where a rank has no GPU of its own; the library refuses, naming gloo."""
     world = r["world_size"]
     errors = _rank_errors(res)
     expected = "nccl" if n_gpus >= world else "gloo"
@@ -159,7 +159,7 @@ def nccl_backend(res, r: dict, refusals: dict, n_gpus: int, limit_s: float) -> S
         Claim(f"broken: hard-coded nccl fails: {first}", bool(named)),
         *[
             Claim(
-                f"the library refuses {what} before any process starts, and names the fix (gloo)",
+                f"the library refuses {what} with an error that names the fix (gloo)",
                 message is not None and "gloo" in message,
             )
             for what, message in refusals.items()

@@ -167,7 +167,10 @@ def save_wrapper(r: dict) -> Symptom:
             "broken: a bare model refuses the file (missing and unexpected keys)",
             not b["loads_into_bare_model"] and "Missing key" in (b["error"] or ""),
         ),
-        Claim("rescue: with the prefix stripped, the old file loads", bool(b.get("loads_after_stripping_prefix"))),
+        Claim(
+            "rescue: with the prefix stripped, the old file loads strictly, and its weights are the trained model's",
+            bool(b.get("loads_after_stripping_prefix")) and bool(b.get("rescued_weights_match")),
+        ),
         Claim(
             "fixed: no 'module.' key; it loads strictly, and its weights are the trained model's",
             f["module_prefixed"] == 0 and f["loads_into_bare_model"] and f["weights_match"],

@@ -113,6 +113,10 @@ def test_save_wrapper_fails_on_unprefixed_keys_or_a_loadable_file():
     r = data("04_save_wrapper.py")
     r["fixed"]["weights_match"] = False
     assert holds(symptoms.save_wrapper(r))[3] is False
+    for key in ("loads_after_stripping_prefix", "rescued_weights_match"):  # the rescue failed, or loaded other weights
+        r = data("04_save_wrapper.py")
+        r["broken"][key] = False
+        assert holds(symptoms.save_wrapper(r)) == [True, True, False, True], key
 
 
 def test_shared_file_fails_on_a_readable_summary_or_extra_rows():

@@ -85,6 +85,21 @@ def test_chapter_04_shows_each_pitfalls_fix_read_from_its_script():
         assert len(lines) <= 16, f"{path.name}: the fix should read as a few lines, not {len(lines)}"
 
 
+def test_chapter_04s_set_up_builds_both_launchers_and_starts_nothing():
+    from distrinews_course.demo import pitfall_launches
+
+    np_, folder, out, finished, failing = pitfall_launches(1, None, 3)
+    assert np_ == 2 and folder == PITFALLS.relative_to(ROOT) and out.name == "pitfalls"
+    assert len(finished.runs) == 13 and finished.timeout == 600 and not finished.done and finished.nproc == 2
+    assert [s for s, _ in failing.runs] == [
+        "07_uneven_inputs.py",
+        "09_one_rank_collective.py",
+        "10_nccl_backend.py",
+        "11_unused_parameters.py",
+    ]
+    assert pitfall_launches(4, 90, 3)[0] == 4 and pitfall_launches(4, 90, 3)[3].timeout == 90
+
+
 def test_show_fix_marks_bug_and_fix_lines_with_their_numbers(tmp_path):
     script = tmp_path / "x.py"
     script.write_text(

@@ -60,8 +60,14 @@ for mode in (["broken", "fixed"] if args.mode == "both" else [args.mode]):
         # Rescue for an old file: strip the prefix, then it loads.
         from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
         consume_prefix_in_state_dict_if_present(state, "module.")
-        bare.load_state_dict(state)
-        report[mode]["loads_after_stripping_prefix"] = True
+        rescued = make_model().to(ctx.device)
+        try:
+            rescued.load_state_dict(state)  # strict: every key must match
+            loads = all(torch.equal(a, b) for a, b in zip(rescued.parameters(), unwrap(ddp).parameters()))
+            report[mode].update(loads_after_stripping_prefix=True, rescued_weights_match=loads)
+        except RuntimeError as err:
+            report[mode].update(loads_after_stripping_prefix=False, rescued_weights_match=False,
+                                rescue_error=" ".join(str(err).split())[:200])
     dist.barrier()
 write_json(args.out, {"world_size": ctx.world, **report}, ctx.rank)
 del ddp  # free the DDP model before the process group goes (see distrinews_course.demo.finish)

@@ -60,17 +60,17 @@ class Variant:
     def step(self, record: bool) -> None:
         t0, calls0, bytes0 = time.perf_counter(), self.state.calls, self.state.bytes
         self.per_micro = []  # all-reduces each micro-batch's backward made
-        for micro in range(args.accum):
+        for micro in range(args.accum):  # BOTH MODES: K micro-batches, one optimizer step
             x, y = torch.randn(8, 64, generator=self.g), torch.randint(0, 4, (8,), generator=self.g)
             last = micro == args.accum - 1
             ctx_mgr = self.ddp.no_sync() if (self.use_no_sync and not last) else contextlib.nullcontext()  # THE FIX
             before = self.state.calls
-            with ctx_mgr:
+            with ctx_mgr:  # BOTH MODES
                 loss = torch.nn.functional.cross_entropy(self.ddp(x.to(ctx.device)), y.to(ctx.device))
-                (loss / args.accum).backward()
+                (loss / args.accum).backward()  # BOTH MODES: / K, so the sum is the big batch's mean
             self.per_micro.append(self.state.calls - before)
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
+        self.opt.step()  # BOTH MODES
+        self.opt.zero_grad(set_to_none=True)  # BOTH MODES
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
         if record:
