@@ -58,7 +58,7 @@ def main():
 
     run.check_same_weights(model)  # DDP's promise: every rank holds the same weights
     if accelerator.is_main_process:  # one writer: N ranks writing one file would corrupt it
-        run.save(accelerator.unwrap_model(model), val)  # the bare model, out of DDP: chapter 10 serves it
+        run.save(accelerator.unwrap_model(model), val)  # the bare model, out of DDP: the format chapter 10 serves
     accelerator.wait_for_everyone()  # nobody exits before rank 0 has saved
     accelerator.end_training()  # closes the trackers and the process group
 
