@@ -66,16 +66,18 @@ def padding_guess_ok(predicted_percent, measured_fraction: float) -> bool:
 def run_claims(m: dict, epochs_asked: int | None = None, preset: str | None = None) -> list[Claim]:
     """What the chapter says about its run: every epoch asked for recorded (epochs_asked, else the preset file's
     epochs: not the record's own config, which a run that dropped the flag would agree with), real AG News, the
-    held-out texts the preset asked for, an accuracy floor (accuracy_floor: 80% from random weights, 90% pretrained;
-    chance is 25%), and a training loss that went down."""
+    held-out texts the preset file asks for (eval_samples, read from the file for the same reason), an accuracy
+    floor (accuracy_floor: 80% from random weights, 90% pretrained; chance is 25%), and a training loss that went
+    down."""
     from distrinews_lib.training.config import read_preset
 
     epochs = m["epochs"]
     preset = preset or m["config"]["preset"]
-    want = epochs_asked or read_preset(preset)[1]["epochs"]
+    preset_values = read_preset(preset)[1]
+    want = epochs_asked or preset_values["epochs"]
     asked_by = "asked for" if epochs_asked else f"the {preset} preset asks for"
     held_out, test_split = m["data"]["test_size"], m["data"]["full_sizes"]["test"]
-    asked = min(m["config"]["eval_samples"] or test_split, test_split)
+    asked = min(preset_values.get("eval_samples") or test_split, test_split)
     acc, floor = m["aggregates"]["final_val_accuracy"], accuracy_floor(m)
     return [
         Claim(
@@ -86,8 +88,8 @@ def run_claims(m: dict, epochs_asked: int | None = None, preset: str | None = No
             not m["data"]["is_synthetic"] and m["data"]["source"] in ("embedded", "folder", "hub"),
         ),
         Claim(
-            f"every epoch was evaluated on the {held_out:,} held-out texts the preset asked for (of the test split's "
-            f"{test_split:,})",
+            f"every epoch was evaluated on the {held_out:,} held-out texts the {preset} preset asks for (of the test "
+            f"split's {test_split:,})",
             held_out == asked and all(e["val_examples"] == held_out for e in epochs),
         ),
         Claim(f"accuracy {100 * acc:.1f}% on those texts, at least {100 * floor:.0f}% (chance is 25%)", acc >= floor),

@@ -50,13 +50,25 @@ def test_the_epochs_are_counted_against_the_preset_not_the_record(m):
     assert not any("epochs" in f for f in _failing(R.run_claims(m, epochs_asked=1)))  # EPOCHS=1 asked for it
 
 
+def test_the_held_out_count_is_held_against_the_preset_not_the_record(m):
+    """A run that ignored the preset's eval_samples (2,000) and evaluated on 1,000 texts, recording 1,000 in its own
+    config, still fails: the record agrees with itself, the preset file does not."""
+    m["config"]["eval_samples"] = m["data"]["test_size"] = 1000
+    for e in m["epochs"]:
+        e["val_examples"] = 1000
+    failing = _failing(R.run_claims(m))
+    assert failing == [
+        "every epoch was evaluated on the 1,000 held-out texts the cpu_smoke preset asks for (of the "
+        "test split's 7,600)"
+    ], failing
+
+
 @pytest.mark.parametrize(
     "wrong, fails",
     [
         (lambda m: m["epochs"].pop(), "holds all 2 epochs"),
         (lambda m: m["data"].update(is_synthetic=True), "real AG News"),
-        (lambda m: m["epochs"][0].update(val_examples=1999), "held-out texts the preset asked for"),
-        (lambda m: m["config"].update(eval_samples=1000), "held-out texts the preset asked for"),
+        (lambda m: m["epochs"][0].update(val_examples=1999), "held-out texts the cpu_smoke preset asks for"),
         (lambda m: m["aggregates"].update(final_val_accuracy=0.79), "at least 80%"),
         (lambda m: m["epochs"][1].update(train_loss=0.95), "loss went down"),
     ],
