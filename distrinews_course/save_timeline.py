@@ -95,11 +95,27 @@ def write_slowdown_ms(result: dict) -> float:
     return extra / len(result["ranks"])
 
 
+def slowdown_spread_ms(result: dict) -> float:
+    """How far write_slowdown_ms can move from step-to-step noise alone: the interquartile range of the steps that
+    did not overlap a write, times the steps per rank that did (the slowdown sums that many steps' excess over the
+    median). 0 when no step overlapped a write or fewer than two others ran."""
+    during, other = [], []
+    for r in result["ranks"]:
+        writes = [(s["returned"], s["committed"]) for s in r["saves"] if s["mode"] == "async" and s["committed"]]
+        for _, a, b in r["steps"]:
+            (during if any(a < w1 and b > w0 for w0, w1 in writes) else other).append(1000 * (b - a))
+    if not during or len(other) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(other, n=4)
+    return (q3 - q1) * len(during) / len(result["ranks"])
+
+
 def totals_line(result: dict, saves: list[Save], cores: int, gpu: bool) -> str:
     """The async save's whole cost to the training (the time it blocked plus write_slowdown_ms) against the fastest
-    sync save's blocked time, and one sentence on what to take from it. On CPU ranks the background write competes
-    with the training for the same cores, so it can give back what it saved in blocking; on GPU ranks the steps run
-    on the GPU and the write on the CPU beside them."""
+    sync save's blocked time, and one sentence on what to take from it. When the two differ by no more than
+    slowdown_spread_ms, the run cannot tell which costs more, and the sentence says so. On CPU ranks the background
+    write competes with the training for the same cores, so it can give back what it saved in blocking; on GPU ranks
+    the steps run on the GPU and the write on the CPU beside them."""
     sync_ms = min(s.blocked_ms for s in saves if s.mode == "sync")
     async_ms = max(s.blocked_ms for s in saves if s.mode == "async")
     slow_ms = write_slowdown_ms(result)
@@ -109,6 +125,13 @@ def totals_line(result: dict, saves: list[Save], cores: int, gpu: bool) -> str:
         f"it blocked, the async save cost the training {total:.0f} ms, "
         f"{'more' if total > sync_ms else 'less'} than the fastest sync save's {sync_ms:.0f} ms"
     )
+    spread = slowdown_spread_ms(result)
+    if abs(total - sync_ms) <= spread:
+        return (
+            f"{head}.\ntoo close to call on this run: the {abs(round(total) - round(sync_ms))} ms between them is "
+            f"inside the steps' own spread ({spread:.0f} ms: the other steps' interquartile range times the steps per "
+            "rank beside the write)."
+        )
     if total <= sync_ms:
         return f"{head}.\nasync paid here: the steps beside its background write lost less than a sync save blocks."
     if gpu:

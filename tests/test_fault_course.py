@@ -65,6 +65,25 @@ def test_steps_beside_an_async_write_are_told_from_the_others():
     assert save_timeline.write_slowdown_ms(result) == 0
 
 
+def test_a_gap_inside_the_steps_spread_is_too_close_to_call():
+    # the other steps alternate 70 and 90 ms (interquartile range 20 ms); 3 steps per rank overlap the async write
+    result = _result(120, 50)
+    for r in result["ranks"]:
+        r["steps"] = [(i, a, a + (0.1 if 20 <= i <= 22 else 0.07 if i % 2 else 0.09)) for i, a, _ in r["steps"]]
+    spread = save_timeline.slowdown_spread_ms(result)
+    assert spread == pytest.approx(3 * 20)
+    total = 50 + save_timeline.write_slowdown_ms(result)
+
+    def saves(sync_ms):
+        return [save_timeline.Save(10, "sync", sync_ms, 0), save_timeline.Save(20, "async", 50, 200)]
+
+    close = save_timeline.totals_line(result, saves(total + 3), cores=2, gpu=False)  # 3 ms: noise, not a finding
+    assert "too close to call on this run: the 3 ms between them" in close and "paid" not in close
+    assert "async paid here" in save_timeline.totals_line(result, saves(total + 200), cores=2, gpu=False)
+    assert "did not pay" in save_timeline.totals_line(result, saves(total - 200), cores=2, gpu=False)
+    assert save_timeline.slowdown_spread_ms(_result(120, 50)) == 0  # steady steps: any gap is a verdict
+
+
 def test_the_median_of_an_even_count_is_the_mean_of_the_middle_two():
     # chapter 07's run: 2 steps per rank beside the write (102.05-102.25 s), 176, 68 ms (rank 0) and 181, 65 ms
     # (rank 1). The upper middle value (176 ms, what sorted(xs)[n // 2] gives) is not their median: 122 ms
