@@ -197,7 +197,10 @@ PUBLIC_DDP_TABLE = {
 # A published Kaggle measurement (2x T4): a 4M-parameter nanoGPT, one GPU against DDP on both. No address of the
 # notebook is recorded in this repository, and nothing here re-runs it: the figures are PUBLISHED, not measured here.
 KAGGLE_NANOGPT = {
-    "source": "a public Kaggle notebook, not run here: 2x T4, nanoGPT with 4M parameters (fp32 gradients)",
+    "source": (
+        "UNSOURCED, one figure: a public Kaggle notebook whose address, author and date this repository does not "
+        "record, not run here: 2x T4, nanoGPT with 4M parameters (fp32 gradients)"
+    ),
     "params": 4e6,
     "one_gpu_ms": 22.03,
     "ddp_ms": 26.36,
@@ -207,13 +210,14 @@ KAGGLE_NANOGPT = {
 
 def kaggle_gb_s() -> float:
     """The rate Kaggle's two T4s all-reduce at, from KAGGLE_NANOGPT: the ring's bytes per rank over the measured
-    communication time (about 1.4 GB/s, a tenth of PCIe 3.0's data sheet: no peer-to-peer path between them)."""
+    communication time (about 1.4 GB/s, a tenth of PCIe 3.0's data sheet; that they have no peer-to-peer path is
+    stated, not checked here)."""
     k = KAGGLE_NANOGPT
     return ring_bytes_per_rank(k["params"] * 4, 2) / (k["comm_ms"] / 1000) / 1e9
 
 
 LINKS["kaggle_t4"] = Link(
-    "Kaggle's host path (2x T4, published: no peer-to-peer)",
+    "Kaggle's host path (2x T4; no peer-to-peer: stated, not checked here)",
     kaggle_gb_s(),
     LINKS["pcie3"].alpha_us,
     f"{KAGGLE_NANOGPT['source']}: {KAGGLE_NANOGPT['params'] * 4 / 1e6:.0f} MB all-reduced in "

@@ -163,9 +163,16 @@ def test_the_box_claims_hold(rec):
     for claim in [*after.link_claims(), after.ring_claim(), *after.comm_claims(), after.clock_claim()]:
         assert claim.checked and claim.holds, claim
     assert all(c.holds for c in after.speedup_claims(0.15)), after.speedup_claims(0.15)
+    bw, loop = after.fit.bandwidth / 1e6, after.loopback_fit.bandwidth / 1e6  # the fact, from the same two fits
+    assert after.link_fact() == (
+        f"the dialed link, not the CPU, now sets the all-reduce's time: {bw:.0f} MB/s against {loop:.0f} MB/s over "
+        "loopback"
+    )
     crossing = after.crossing_claim(0.15)
     assert crossing.checked and crossing.holds, crossing
     assert after.measured_crossing_bits() / after.model_break_even_bits() == pytest.approx(1, abs=0.15)
+    after.fit = dataclasses.replace(after.fit, beta_s_per_byte=1 / (0.6 * after.loopback_fit.bandwidth))  # CPU-bound
+    assert after.link_fact().endswith("the CPU may share the time"), after.link_fact()
 
 
 def test_the_break_even_predicted_before_is_set_against_this_launchs(rec):
@@ -196,7 +203,7 @@ def test_a_link_read_back_wrong_fails(rec):
     B2 = fresh(rec)["B2"]
     for r in B2["collectives"]["rows"]:  # a link that ran at 300 Mbit/s when 400 were set
         r["seconds"] *= 4 / 3
-    ceiling, _ = after_of(rec, B2).link_claims()
+    [ceiling] = after_of(rec, B2).link_claims()
     assert not ceiling.holds and "within 3% of TCP's ceiling" in ceiling.text
 
 
@@ -207,7 +214,7 @@ def test_a_link_read_as_if_headers_were_payload_fails(rec):
     B2 = fresh(rec)["B2"]
     for r in B2["collectives"]["rows"]:
         r["seconds"] *= link.PAYLOAD_SHARE
-    ceiling, _ = after_of(rec, B2).link_claims()
+    [ceiling] = after_of(rec, B2).link_claims()
     assert not ceiling.holds, ceiling.text
 
 
@@ -265,3 +272,19 @@ def test_no_sync_prints_the_accuracy_bound_it_checks():
     assert "the lower scored 58.0%" in learned.text
     ns.metrics[levers.NoSync.RUNS[1]]["val_accuracy"] = 0.38  # a run that did not learn: under the printed bound
     assert not ns.claims()[2].holds
+
+
+def test_the_byte_counts_say_what_they_tell_apart_and_no_more(rec):
+    """1.5x at 4 ranks tells a bandwidth-optimal all-reduce from a naive one (3x), not a ring from halving-doubling;
+    gloo's reduce_scatter is said from its own count, the ring's half or not."""
+    R = fresh(rec)["R"]
+    cost = cost_of(R)
+    assert "from a naive one" in cost.two_ranks_fact() and "tell a ring apart" not in cost.two_ranks_fact()
+    (ring,) = cost.ring_claims()
+    assert "halving-doubling" in ring.text and "a naive one sends 3x" in ring.text
+    rs = cost.halves["reduce_scatter"]
+    whole = cost.gloo_reduce_scatter()  # the committed run: gloo sent the whole tensor
+    assert f"sent {rs['sent'] / rs['bytes']:.2f}x, not the ring's half" in whole and "bytes cannot tell which" in whole
+    assert "is the ring" not in whole
+    rs["sent"] = rs["bytes"] / 2  # a gloo that sends the ring's half says so
+    assert cost.gloo_reduce_scatter() == "gloo's reduce_scatter sent 0.50x: the ring's half."

@@ -192,11 +192,15 @@ def test_kaggles_two_figures_are_reconciled_from_the_models_numbers():
     line = perf_story.kaggle_reconciled(paper, tensors)
     k = cm.KAGGLE_NANOGPT
     assert f"{k['comm_ms']} ms, {k['comm_ms'] / k['one_gpu_ms']:.2f} of its {k['one_gpu_ms']} ms step" in line
-    assert f"{est.comm_ms:.0f} ms, {est.comm_ms / est.compute_ms:.1f}x its {est.compute_ms:.0f} ms step" in line
+    assert f"{est.comm_ms:.1f} ms, {est.comm_ms / est.compute_ms:.1f}x its {est.compute_ms:.0f} ms step" in line
+    comm, exposed = round(est.comm_ms, 1), round(est.exposed_ms, 1)  # the same row as the on-paper table prints
+    assert f"overlaps {comm - exposed:.1f} ms of them with backward and leaves {exposed:.1f} ms exposed" in line
+    assert f"{comm:.1f}" in cm.on_paper_table(tensors, paper) and f"{exposed:.1f}" in cm.on_paper_table(tensors, paper)
+    assert "no backward can hide" not in line
     assert f"ESTIMATE: {est.speedup:.1f}x" in line and f"{2 * k['one_gpu_ms'] / k['ddp_ms']:.2f}x on 2 GPUs" in line
     # no verdict the figures cannot give: both rest on one published all-reduce, and the line says so
     assert "agree" not in line
-    assert f"nobody here checked: that {4 * k['params'] / 1e6:.0f} MB all-reduce's rate" in line
+    assert f"does not record: that {4 * k['params'] / 1e6:.0f} MB all-reduce's rate" in line
     assert f"applied to {sum(b for b, _ in tensors) / 1e6:.0f} MB." in line
     many = [r["n"] for r in paper if r["n"] > 8]  # the rows that price a ring where NCCL would pick trees say so
     assert f"the {' and '.join(map(str, many))} GPU rows price a ring only" in cm.on_paper_table(tensors, paper)

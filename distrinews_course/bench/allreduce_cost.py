@@ -77,13 +77,15 @@ class AllreduceCost:
 
     def two_ranks_fact(self) -> str:
         """A printed fact, not a check: at 2 ranks every all-reduce (a ring, a tree, each sending the other the whole
-        message) sends 1x the message per rank, so the count cannot tell a ring apart; the 4-rank count can."""
+        message) sends 1x the message per rank, so the count cannot tell a ring apart; the 4-rank count tells a
+        bandwidth-optimal all-reduce (1.5x: a ring, or recursive halving-doubling) from a naive one (3x), not which."""
         row = self.rows2[-1]
         if self.gpus or not row["sent"]:
             return ""
         return (
             f"\nWith 2 ranks each rank sent {row['sent'] / row['bytes']:.3f}x the message, as any all-reduce does at 2 "
-            "ranks: only the 4-rank count below can tell a ring apart."
+            "ranks: only the 4-rank count below can tell a bandwidth-optimal all-reduce (a ring, or halving-doubling) "
+            "from a naive one."
         )
 
     def fit_claim(self) -> Claim:
@@ -112,13 +114,18 @@ class AllreduceCost:
 
     def ring_claims(self) -> list[Claim]:
         """Each rank sent 2(N-1)/N of the largest message, counted, within BYTES_BOUND, at 4 ranks: 1.5x, where a naive
-        all-reduce, everyone sending everyone the whole message, would send N-1 = 3x. At 2 ranks every all-reduce sends
-        1x, so that count is printed as a fact (two_ranks_fact), not claimed."""
+        all-reduce, everyone sending everyone the whole message, would send N-1 = 3x. Recursive halving-doubling also
+        sends 1.5x at 4 ranks, so the count tells a bandwidth-optimal all-reduce from a naive one, not a ring from
+        halving-doubling. At 2 ranks every all-reduce sends 1x, so that count is printed as a fact (two_ranks_fact),
+        not claimed."""
         row = self.rows4.get(max(self.rows4)) if self.rows4 else None
         if row is None:
             return []
         ring = ring_bytes_per_rank(1, 4)
-        text = f"with 4 ranks each rank sent 2(N-1)/N = {ring:.2f}x the message: the ring's bytes"
+        text = (
+            f"with 4 ranks each rank sent 2(N-1)/N = {ring:.2f}x the message: a bandwidth-optimal all-reduce's bytes "
+            "(a ring's or halving-doubling's; a naive one sends 3x)"
+        )
         if self.gpus or not row["sent"]:
             return [Claim(text, False, "nothing here counts the bytes a GPU sends (NCCL)")]
         got = row["sent"] / row["bytes"]
@@ -155,5 +162,6 @@ class AllreduceCost:
             return f"gloo's reduce_scatter sent {got:.2f}x: the ring's half."
         return (
             f"gloo's reduce_scatter sent {got:.2f}x, not the ring's half: gloo runs a whole all-reduce and keeps your "
-            "chunk. Its all_reduce, the one DDP uses, is the ring (the table above)."
+            "chunk. Its all_reduce, the one DDP uses, sent a bandwidth-optimal all-reduce's bytes at 4 ranks (section "
+            "1's table): a ring's, or halving-doubling's; bytes cannot tell which."
         )
