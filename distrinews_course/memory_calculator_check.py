@@ -194,7 +194,8 @@ class DistilbertPeak:
         return [
             (
                 abs((self.peak2 - self.peak1) - buckets) < 0.1 * buckets,
-                f"the second rank's extra peak ({self.peak2 - self.peak1:.0f} MiB) is DDP's bucket copy of the "
+                f"the fullest rank's 2-rank peak minus the 1-process peak ({self.peak2 - self.peak1:.0f} MiB) is DDP's "
+                "bucket copy of the "
                 f"gradients (4 bytes per parameter: {buckets:.0f} MiB), within 10%",
             ),
             (

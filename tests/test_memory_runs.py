@@ -213,6 +213,9 @@ def test_the_distilbert_claims_fail_on_a_wrong_figure():
     assert all(f.startswith("the committed benchmark shows: ") for f in facts) and len(facts) == 2
     assert committed_facts([(False, "x")]) == ["the committed benchmark does NOT show: x"]
     fields = {k: getattr(base, k) for k in DistilbertPeak.__dataclass_fields__}
+    extra = base.peak2 - base.peak1  # named as what it is: a difference of two peaks, not one rank's own
+    assert f"the fullest rank's 2-rank peak minus the 1-process peak ({extra:.0f} MiB)" in base.claims()[0][1]
+    assert "second rank" not in base.claims()[0][1]
     no_buckets = DistilbertPeak(**{**fields, "peak1": base.peak2 - 5})  # the second rank added no bucket copy
     assert not no_buckets.claims()[0][0]
     by_activations = DistilbertPeak(**{**fields, "calibration2": base.peak2 * 0.9})
