@@ -41,11 +41,15 @@ def _hang_ended(res, hang_timeout_s: float, limit_s: float) -> list:
     """The claims of a run that hangs on purpose: it failed by itself, of a collective's timeout, after at least the
     timeout. 0.8 x the timeout: gloo's clock and the script's start apart by scheduling, and a shorter wait would mean
     another error; the launcher's limit bounds the rest (the default timeout is 30 minutes). The output's words say
-    that a collective timed out, not which one: the claim names none."""
+    that a collective timed out on some rank, not which one nor on every rank: the claim says no more."""
     w = waited(res)
     return [
         _failed_by_itself(res, limit_s, ""),
-        Claim("broken: the ranks died of a collective's timeout", bool(TIMEOUT_WORDS.search(res.output))),
+        Claim(
+            "broken: a rank's collective timed out (its error says so; a rank still waiting may instead see its "
+            "peer close)",
+            bool(TIMEOUT_WORDS.search(res.output)),
+        ),
         Claim(
             f"broken: the ranks that reported gave up after {_span(w)} s: no sooner than 0.8 x the "
             f"{hang_timeout_s:g} s timeout ({0.8 * hang_timeout_s:.1f} s: the script's clock and gloo's start apart) "

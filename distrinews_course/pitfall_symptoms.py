@@ -164,7 +164,7 @@ def save_wrapper(r: dict) -> Symptom:
     claims = [
         Claim(f"broken: all {n} keys start with 'module.'", b["module_prefixed"] == n > 0),
         Claim(
-            "broken: a bare model refuses the file (missing and unexpected keys)",
+            "broken: a bare model refuses the file: its error names the missing keys",
             not b["loads_into_bare_model"] and "Missing key" in (b["error"] or ""),
         ),
         Claim(
