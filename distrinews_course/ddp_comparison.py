@@ -256,13 +256,13 @@ def speed_note(rows, d: dict, env, load: OtherPrograms) -> str:
     if split["other_ms"] > 0:
         text += (
             f": the other {split['other_ms']:.1f} ms ({100 * split['other_share']:.0f}%) did not shrink with the "
-            "examples. That is the all-reduce, sized by the model and not by the batch, and the optimizer step on "
-            "every weight; the more examples per process per step, the smaller their share and the larger the "
-            "speedup. NOTE: this run does not time the all-reduce on its own; chapter 05 does, and sweeps the "
+            "examples: the all-reduce (sized by the model, not the batch), DDP's own work and "
+            f"{env.nproc} processes sharing one machine, together (one process's rate already includes its optimizer "
+            "steps). NOTE: this run does not time these apart; chapter 05 times the all-reduce and sweeps the "
             "per-process batch."
         )
     else:
-        text += ": the all-reduce and the optimizer step added nothing visible to it."
+        text += ": what DDP adds per step (the all-reduce, its own work) added nothing visible to it."
     return text + published
 
 
@@ -270,7 +270,8 @@ def step_split(rows, d: dict) -> dict:
     """A DDP step's time, in the run's own figures: `step_ms` (the steady epoch's time over its optimizer steps, from
     DDP's samples/s), `compute_ms` (one process's examples of that step at the baseline's samples/s: what the step
     would take if splitting the examples were all DDP did) and `other_ms`, the rest, which did not shrink with the
-    examples (the all-reduce and the per-step work such as the optimizer step), with its share of the step."""
+    examples (the all-reduce, DDP's own work and the processes' sharing of the cores, not told apart; the baseline's
+    rate already includes its optimizer steps), with its share of the step."""
     single, ddp = rows
     last = d["epochs"][-1]
     step_s = last["train_samples"] / ddp["sps"] / last["optimizer_steps"]

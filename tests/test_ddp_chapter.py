@@ -121,7 +121,9 @@ def test_the_speed_note_uses_the_runs_numbers(base, d):
     rows = C.comparison_rows(base, d)
     note = C.speed_note(rows, d, Env(), Load(0.1))
     assert "**slower than** one process (0.93x the samples/s)" in note and "16 examples" in note and "8.0 MiB" in note
-    assert "(0.1 of a core)" in note and "NOTE: this run does not time the all-reduce" in note
+    assert "(0.1 of a core)" in note and "NOTE: this run does not time these apart" in note
+    assert "optimizer step on every weight" not in note and "already includes its optimizer steps" in note
+    assert "2 processes sharing one machine" in note
     # 8,000 examples in 250 steps: a DDP step is 8000 / 897.998 / 250 s; its 16 examples at 962.663/s, the rest other
     step, compute = 1000 * 8000 / 897.998 / 250, 1000 * 4000 / 962.663 / 250
     assert f"step took {step:.1f} ms, of which 16 examples at one process's rate take {compute:.1f} ms" in note, note
