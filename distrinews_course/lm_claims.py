@@ -310,7 +310,8 @@ def seen_prompt(vocab, prompt: str) -> str:
 
 @torch.no_grad()
 def text_perplexity(model, vocab, text: str, block_size: int) -> float:
-    """The perplexity a causal LM gives one text: its tokens after [CLS], the first block_size of them."""
+    """The perplexity a causal LM gives one text: one block of block_size tokens, [CLS] and the text's first
+    block_size - 1 tokens."""
     from distrinews_lib.lm.task import CLM, token_losses
 
     words = vocab.tokenizer(text, add_special_tokens=False)["input_ids"]
