@@ -104,14 +104,15 @@ def root_cause_from_stamps(named: list, stamps: dict, died: int) -> Claim:
     """Section 4: torchrun's "Root Cause" heading names the failure with the smallest time stamp, in whole seconds
     (torch.distributed.elastic's ProcessFailure.timestamp is an int), so it need not be `died`, the rank whose error
     file holds the cause. `stamps`: {rank: its error file's time stamp}. When the stamps differ, the named rank must
-    hold the earliest; a rank named with a later one fails. On a tie, torchrun picks the failure it recorded first,
-    which this run cannot tell, nor a rank that wrote no file (torchrun stamps it when it sees it end): a NOTE."""
+    hold the earliest; a rank named with a later one fails. On a tie, torchrun's min() keeps the order its polling found
+    the failures in (the earlier poll first, ascending local rank within one poll), which this run cannot tell, nor a
+    rank that wrote no file (torchrun stamps it when it sees it end): a NOTE."""
     first = min(stamps.values()) if stamps else None
     tied = [r for r, t in sorted(stamps.items()) if t == first]
     who = named[0] if named else None
     text = f"rank {died} died, and torchrun's Root Cause names rank {who}" + (
-        "; on a tie torchrun names the rank it saw end first, which need not be the one that died: the cause is in "
-        "the messages above, not in the heading"
+        "; on a tie torchrun names the failure its polling found first (the lowest rank, when one poll found both), "
+        "which need not be the one that died: the cause is in the messages above, not in the heading"
         if len(tied) > 1
         else f": the rank whose error file has the earliest time stamp ({first})"
     )
@@ -149,8 +150,9 @@ def straggler_named(last: float, broken_ms: float, fixed_ms: float, read_ms: flo
 
 def fixes_clean(fixes_ok: bool, ran: list, saved_ok: bool, waited: dict, group_timeout_s: float, world: int = 2):
     """Section 6. The fixed scripts of sections 1, 3 and 4 ran in one launch (`ran`: their names) and ended cleanly;
-    the fixed slow save ended cleanly with every rank (`waited`: {rank: seconds it waited for the save}) waiting
-    longer than the default group timeout that stopped the broken run: a fix that did not outlast it proves nothing."""
+    the fixed slow save ended cleanly with every rank (`waited`: {rank: seconds from before the save to past the
+    barrier}) past the default group timeout that stopped the broken run. Rank 0's figure is its own save; rank 1's,
+    its wait in the barrier, is the test of the fix: a fix whose wait did not outlast the timeout proves nothing."""
     return [
         Claim(f"the {len(ran)} fixed runs ended cleanly", fixes_ok and len(ran) == 3),
         Claim(

@@ -130,8 +130,13 @@ def doctor_cost(folder="benchmarks") -> DoctorCost:
     path = (mine or records)[-1]
     rec = json.loads(path.read_text())
     s = rec["summary"]
+    load = rec.get("load_average_at_start")
+    made = f"recorded at commit {rec.get('git_commit') or '?'}" + (
+        " with uncommitted changes" if rec.get("git_dirty") else ""
+    )
+    made += f", load average {load[0]:g} at its start" if load else ""
     text = (
-        f"the recorded benchmark ({path.parent.name}/{path.name}; not measured by this run): {rec['machine']}, "
+        f"the recorded benchmark ({path.parent.name}/{path.name}; not measured by this run; {made}): {rec['machine']}, "
         f"{rec['nproc']} ranks, train_ddp.py --config cpu_smoke: {s['plain_step_ms_median']:.0f} ms a step; "
         f"with --debug_hangs {100 * s['overhead']:+.1f}% (median of {s['pairs']} pairs, "
         f"{100 * (s['min_ratio'] - 1):+.1f}% to {100 * (s['max_ratio'] - 1):+.1f}%)"
