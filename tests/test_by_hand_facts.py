@@ -26,9 +26,7 @@ def embedding(share=0.934, position=40, tensors=40, buckets=(7.98,)):
 
 def test_the_embedding_claims_hold_as_on_a_run_and_fail_on_each_wrong_figure():
     assert all(c.checked and c.holds for c in ddp_facts.embedding_claims(embedding()))
-    assert by_text(ddp_facts.embedding_claims(embedding(position=38)), "among the last 3").holds  # 3rd from last
-    for e in (embedding(share=0.6), embedding(position=1), embedding(position=37)):
-        assert not by_text(ddp_facts.embedding_claims(e), "among the last 3").holds
+    assert "93.4% of the gradient bytes, ready 40th of 40: a constant" in ddp_facts.embedding_lines(embedding())
     assert not by_text(ddp_facts.embedding_claims(embedding(buckets=(4.0, 2.0, 1.98))), "bucket(s)").holds
     assert not by_text(ddp_facts.embedding_claims(embedding(buckets=())), "bucket(s)").holds
 
