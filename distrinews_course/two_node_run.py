@@ -301,8 +301,9 @@ class TwoNodeRun:
         snap = self.kill_step // self.every * self.every
         n = self.node1_allreduces(steps)
         rows.append(
-            f"node1's rank made {n} optimizer steps ({self.kill_step} before dying, {steps - snap} after resuming at "
-            f"step {snap}): {n * params * 4 / 2**20:.1f} MiB of gradients expected"
+            f"by the plan's arithmetic, not a count, node1's rank makes {n} optimizer steps ({self.kill_step} before "
+            f"dying, {steps} - {snap} = {steps - snap} after resuming at step {snap}, the newest snapshot of one every "
+            f"{self.every}): {n * params * 4 / 2**20:.1f} MiB of gradients expected"
         )
         return "\n".join(rows)
 

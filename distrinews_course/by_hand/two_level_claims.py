@@ -56,18 +56,14 @@ def load_line(rec: dict, quiet_cores: float) -> str:
 
 
 def correct(rec: dict) -> list[Claim]:
-    """Every hand-built rung and FSDP2 within WEIGHTS_BOUND of torch's DDP after every step; hierarchical not bit for
-    bit (it adds a node's pair first, gloo's ring the four in turn: fp32 addition is not associative); HSDP by hand
-    within the bound of FSDP2's HSDP (bit-identical where it adds in the same order)."""
+    """Every hand-built rung and FSDP2 within WEIGHTS_BOUND of torch's DDP after every step; HSDP by hand within the
+    bound of FSDP2's HSDP (bit-identical where it adds in the same order). Hierarchical need not be bit for bit (it
+    adds a node's pair first, gloo's ring the four in turn: fp32 addition is not associative); the line says which it
+    was on this run, and a correct answer that happens to match DDP exactly is not a failure."""
     c = rec["correct"]
     h, gap = c["hierarchical vs ddp"], c["hsdp vs fsdp2_hsdp"]
-    out = [
-        Claim(
-            f"hierarchical ends within 1e-6 of torch's DDP ({h:.3g}), not bit for bit: the same average, added in "
-            "another order",
-            0 < h <= WEIGHTS_BOUND,
-        )
-    ]
+    how = "not bit for bit: the same average, added in another order" if h else "bit for bit on this run"
+    out = [Claim(f"hierarchical ends within 1e-6 of torch's DDP ({h:.3g}), {how}", h <= WEIGHTS_BOUND)]
     for pair in ("flat vs ddp", "hsdp vs ddp", "fsdp2_hsdp vs ddp", "fsdp2 vs ddp"):
         out.append(Claim(f"{pair}: within 1e-6 ({c[pair]:.3g})", c[pair] <= WEIGHTS_BOUND))
     out.append(
