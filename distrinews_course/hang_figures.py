@@ -4,9 +4,7 @@ straggler shows as the rank the others wait for."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from .plots import _pyplot
+from .plots import _pyplot, finish
 
 COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple")
 
@@ -54,11 +52,7 @@ def skipped_collective_picture(batches: dict, save_to=None):
     ax.set_xticks([])
     ax.set_xlabel("time (diamonds: a step's all-reduce, which every rank must join; dotted: the ranks meet there)")
     ax.set_title("A rank that skips a collective: the others wait in a different one", fontsize=10)
-    fig.tight_layout()
-    if save_to:
-        Path(save_to).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(save_to, dpi=110)
-    return fig
+    return finish(fig, save_to)
 
 
 def collective_timeline(fr: dict, probed_ns: int, save_to=None, title: str = ""):
@@ -91,11 +85,7 @@ def collective_timeline(fr: dict, probed_ns: int, save_to=None, title: str = "")
     ax.set_xlabel("seconds since the first collective (dots: completed, bars: still waiting when read)")
     ax.set_title(title, fontsize=10)
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    if save_to:
-        Path(save_to).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(save_to, dpi=110)
-    return fig
+    return finish(fig, save_to)
 
 
 def arrival_plot(runs: dict, save_to=None):
@@ -118,8 +108,4 @@ def arrival_plot(runs: dict, save_to=None):
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("arrived after the first rank (ms)")
     axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    if save_to:
-        Path(save_to).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(save_to, dpi=110)
-    return fig
+    return finish(fig, save_to)

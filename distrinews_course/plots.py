@@ -23,6 +23,15 @@ def _pyplot():
     return plt
 
 
+def finish(fig, save_to=None):
+    """Every course figure ends alike: laid out, saved where asked (folders made), returned for the notebook."""
+    fig.tight_layout()
+    if save_to:
+        Path(save_to).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(save_to, dpi=110)
+    return fig
+
+
 def integer_epochs(ax) -> None:
     """Epochs are whole numbers: no 1.5 on the axis."""
     from matplotlib.ticker import MaxNLocator

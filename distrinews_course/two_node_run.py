@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from . import ROOT
 from .claims import Claim
+from .plots import finish
 
 if TYPE_CHECKING:
     from .one_machine import OneMachine
@@ -476,8 +477,4 @@ def plot_timeline(run: TwoNodeRun, save_to=None):
     ax.set_xlabel("seconds since the job started")
     ax.legend(loc="lower right", fontsize=7, ncol=5)
     ax.set_title(f"2 nodes: node1 killed after step {run.kill_step}, a replacement joins, the run resumes")
-    fig.tight_layout()
-    if save_to:
-        Path(save_to).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(save_to, dpi=110)
-    return fig
+    return finish(fig, save_to)

@@ -10,10 +10,10 @@ bucket-size sweep's table and figure.
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 
 from ..bench.timing import NOISY_SPREAD
 from ..claims import Claim
+from ..plots import finish
 
 
 def quiet(t: dict, quiet_cores: float) -> bool:
@@ -126,8 +126,4 @@ def plot_sweep(sw: dict, save_to=None):
     ax.set_xscale("log")
     ax.set(xlabel="bucket size (MiB)", ylabel="s / step (median round)", title="the wide model on loopback")
     ax.legend()
-    fig.tight_layout()
-    if save_to:
-        Path(save_to).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(save_to, dpi=110)
-    return fig
+    return finish(fig, save_to)

@@ -8,9 +8,8 @@ its figure, and the claims its figures support.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..claims import Claim
+from ..plots import finish
 
 MiB = 2**20
 # Chapter 06's calculator predicts the fp32 ZeRO rungs' peaks within 15% (chapter 03's zero section); its mode for
@@ -172,8 +171,4 @@ def plot(m: dict, save_to=None):
     bx.set_xticks(range(len(labels)), labels, fontsize=8)
     bx.set(ylabel="MiB per rank", title="peak during a block's compute")
     bx.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    if save_to:
-        Path(save_to).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(save_to, dpi=110)
-    return fig
+    return finish(fig, save_to)

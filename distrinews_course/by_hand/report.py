@@ -8,6 +8,7 @@ import re
 import statistics
 from pathlib import Path
 
+from ..plots import finish
 from . import SCRIPTS
 
 
@@ -72,11 +73,7 @@ def plot_gantt(timelines: dict, save_to=None):
         ax.set_ylabel(name, rotation=0, ha="right", va="center")
     axes[-1, 0].set_xlabel("seconds since the step began (rank 0; ticks: a gradient is ready; green: optimizer step)")
     fig.suptitle("backward compute vs all-reduces, one step of the wide model")
-    fig.tight_layout()
-    if save_to:
-        Path(save_to).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(save_to, dpi=110)
-    return fig
+    return finish(fig, save_to)
 
 
 def overlap_fraction(events: list) -> float:
@@ -245,8 +242,4 @@ def plot_ladder(save_to=None):
             ax.legend(loc="lower right", fontsize=8)
     axes[-1].set_xlabel("time in one step (a sketch: 8 gradients, one per unit; ticks: a gradient is ready)")
     fig.suptitle("the ladder, sketched (not measured): blue backward, orange all-reduces, green optimizer step")
-    fig.tight_layout()
-    if save_to:
-        Path(save_to).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(save_to, dpi=110)
-    return fig
+    return finish(fig, save_to)

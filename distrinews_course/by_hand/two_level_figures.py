@@ -10,9 +10,8 @@ what hierarchical and HSDP save, by rate.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from .. import two_level as tl
+from ..plots import finish
 from .report_two_level import NAMES
 from .two_level_claims import crossover_line, measured_savings, sweep_points
 
@@ -158,11 +157,7 @@ def step_vs_rate(rec: dict, save_to=None):
         f"{rec['layout']['nodes']} nodes x {rec['layout']['ranks_per_node']} ranks: step time against the link's rate",
         fontsize=11,
     )
-    fig.tight_layout()
-    if save_to:
-        Path(save_to).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(save_to, dpi=110)
-    return fig
+    return finish(fig, save_to)
 
 
 def link_bytes_bars(rec: dict, save_to=None):
@@ -189,11 +184,7 @@ def link_bytes_bars(rec: dict, save_to=None):
     ax.set_xlabel(f"over each node's link per step, in M ({m / 2**20:.2f} MiB: one rank's gradients)")
     ax.set_title("what crossed each node's link: the model's bytes, the counted ones", fontsize=10)
     ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    if save_to:
-        Path(save_to).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(save_to, dpi=110)
-    return fig
+    return finish(fig, save_to)
 
 
 def memory_bars(rec: dict, save_to=None):
@@ -216,8 +207,4 @@ def memory_bars(rec: dict, save_to=None):
     ax.set_xlabel("peak MiB per rank")
     ax.set_title("peak memory per rank: measured, beside chapter 06's calculator", fontsize=10)
     ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    if save_to:
-        Path(save_to).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(save_to, dpi=110)
-    return fig
+    return finish(fig, save_to)
