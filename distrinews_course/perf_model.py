@@ -337,7 +337,12 @@ def grade_allreduce_ms(fn, fits: dict, sizes: list[int]) -> str | None:
             except Exception as err:  # noqa: BLE001  (a learner's bug: named, not a traceback)
                 return f"exercise 1: allreduce_ms raised {type(err).__name__}: {err}"
             want = 1000 * f.seconds(nbytes)
-            if yours is None or abs(yours - want) <= 0.01 * want + 1e-6:
+            if yours is None:  # a branch without a return: a mistake, never a pass
+                return (
+                    f"exercise 1: allreduce_ms({nbytes} bytes, n={n}) returned None: every input needs its time in ms "
+                    "(a path through the function without a return?)"
+                )
+            if abs(yours - want) <= 0.01 * want + 1e-6:
                 continue
             alpha_ms, bytes_ms = 1000 * f.alpha_s, 1000 * (f.seconds(nbytes) - f.alpha_s)
             close = lambda a, b: abs(a - b) <= 0.02 * abs(b) + 1e-6  # noqa: E731

@@ -207,6 +207,7 @@ def test_collectives_on_real_gloo_processes(tmp_path):
         ("alpha per rank", lambda s, n, a, g: n * a + 2 * (n - 1) / n * s / (g * 1e9) * 1000, "not once per rank"),
         ("bytes 3x", lambda s, n, a, g: a + 6 * (n - 1) / n * s / (g * 1e9) * 1000, "take it apart"),
         ("raises", lambda s, n, a, g: 1 / 0, "raised ZeroDivisionError"),
+        ("None at n = 4", lambda s, n, a, g: a + s / (g * 1e9) * 1000 if n == 2 else None, "n=4) returned None"),
     ],
 )
 def test_exercise_1_checker_names_each_mistake(name, fn, words):
