@@ -61,6 +61,41 @@ def _timed(op, reps: int) -> tuple[list[float], float | None]:
     return slowest.tolist(), (statistics.median(written) if written else None)
 
 
+def interleaved_order(reps: dict) -> list:
+    """The order in which to time the repetitions of several messages ({key: reps}): round r times one call of every
+    key that still needs a repetition, so a burst of other programs lands on several sizes, never on all of one
+    size's repetitions (the spread guard then sees it), e.g. {a: 2, b: 1} -> [a, b, a]."""
+    left, order = dict(reps), []
+    while any(left.values()):
+        for key in left:
+            if left[key]:
+                order.append(key)
+                left[key] -= 1
+    return order
+
+
+def _timed_interleaved(ops: dict, reps: dict) -> dict:
+    """{key: (seconds of each repetition, the slowest rank's; the bytes this rank wrote a call)} of each op in `ops`
+    ({key: callable}), their repetitions interleaved (interleaved_order). Every rank runs the same order."""
+    for op in ops.values():
+        op()  # connect and warm up
+    times, written = {k: [] for k in ops}, {k: [] for k in ops}
+    for key in interleaved_order(reps):
+        dist.barrier()
+        w0, t0 = bytes_written(), time.perf_counter()
+        ops[key]()
+        t1, w1 = time.perf_counter(), bytes_written()
+        times[key].append(t1 - t0)
+        if w0 is not None and w1 is not None:
+            written[key].append(w1 - w0)
+    out = {}
+    for key in ops:
+        slowest = torch.tensor(times[key], dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a collective is over when its last rank is done
+        out[key] = slowest.tolist(), (statistics.median(written[key]) if written[key] else None)
+    return out
+
+
 def reps_for(nbytes: int) -> int:
     """More repetitions of small messages (cheap, noisy); at least 5 of the largest (cheap next to a training run), so
     that their median outlasts one burst of other programs and their spread says how much the run moved."""
@@ -72,14 +107,15 @@ def _row(op: str, nbytes: int, times: list[float], sent: float | None) -> dict:
 
 
 def time_collectives(sizes, halves_at: int | None = None) -> list[dict]:
-    """On every rank: time all_reduce of each size (bytes of fp32), and, at `halves_at` bytes, the ring's two halves
+    """On every rank: time all_reduce of each size (bytes of fp32; the sizes' repetitions interleaved, round by round,
+    so that one burst of load spreads over sizes), and, at `halves_at` bytes, the ring's two halves
     (reduce_scatter and all_gather). Returns rows {op, bytes, seconds, times, sent}: the median of the repetitions'
     times, each repetition's time, and the bytes this rank wrote per call."""
     n = dist.get_world_size()
-    rows = []
-    for size in sizes:
-        x = torch.ones(max(1, size // 4))
-        rows.append(_row("all_reduce", x.numel() * 4, *_timed(lambda: dist.all_reduce(x), reps_for(size))))
+    xs = {size: torch.ones(max(1, size // 4)) for size in sizes}
+    ops = {size: (lambda x=x: dist.all_reduce(x)) for size, x in xs.items()}
+    timed = _timed_interleaved(ops, {size: reps_for(size) for size in sizes})  # sizes' repetitions interleaved
+    rows = [_row("all_reduce", xs[size].numel() * 4, *timed[size]) for size in sizes]
     if halves_at:
         x = torch.ones(halves_at // 4 // n * n)
         part = torch.empty(x.numel() // n)

@@ -165,6 +165,38 @@ def test_transformer_tensors_put_the_embeddings_last():
     assert 0.3 < emb < 0.4 and tensors[-1][1] == 1.0 and all(r <= 1.0 for _, r in tensors)
 
 
+def test_the_sizes_repetitions_are_interleaved_round_by_round():
+    assert pm.interleaved_order({"a": 2, "b": 1}) == ["a", "b", "a"]
+    reps = {size: pm.reps_for(size) for size in (4096, 1 << 20, 1 << 24, 1 << 26)}
+    order = pm.interleaved_order(reps)
+    assert {k: order.count(k) for k in reps} == reps
+    # round r holds one call of every size still needing reps: the 5 of 16 MiB are never back to back
+    big = [i for i, k in enumerate(order) if k == 1 << 24]
+    assert all(b - a >= 2 for a, b in zip(big, big[1:])) and order[: len(reps)] == list(reps)
+
+
+def test_time_collectives_times_in_the_interleaved_order(monkeypatch):
+    calls = []
+
+    class FakeDist:
+        ReduceOp = type("R", (), {"MAX": "max"})
+
+        @staticmethod
+        def all_reduce(x, op=None):
+            if op is None:
+                calls.append(x.numel() * 4)
+
+        barrier = staticmethod(lambda: None)
+        get_world_size = staticmethod(lambda: 2)
+
+    monkeypatch.setattr(pm, "dist", FakeDist)
+    sizes = [4096, 1 << 24]
+    rows = pm.time_collectives(sizes)
+    timed = calls[len(sizes) :]  # after one warm-up call of each
+    assert timed == pm.interleaved_order({s: pm.reps_for(s) for s in sizes})
+    assert [len(r["times"]) for r in rows] == [pm.reps_for(s) for s in sizes]
+
+
 def test_collectives_on_real_gloo_processes(tmp_path):
     """2 gloo processes: every all_reduce is timed, and each rank writes the ring's 2(N-1)/N bytes."""
     script = tmp_path / "coll.py"
