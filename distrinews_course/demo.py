@@ -302,13 +302,20 @@ def results(output: str) -> list[dict]:
 FIX_MARK = re.compile(r"#\s*(BUG|THE FIX|FIX\b|BOTH MODES)")
 
 
-def show_fix(script, context: int = 1, echo: bool = True) -> str | None:
+def show_fix(script, context: int = 1, echo: bool = True, exercise: str = "") -> str | None:
     """The lines of a pitfall script that make it broken or fixed: those whose comment says BUG (shown with
     '-') or FIX (shown with '+'), each with `context` lines before it, numbered as in the file; a line whose comment
     says BOTH MODES is shown unmarked (it runs either way: the fix is around it). Read from the file itself, so what
-    the notebook shows is what runs."""
+    the notebook shows is what runs. With `exercise` (e.g. "exercise 1"), the fix is that exercise's answer: only the
+    BUG and FIX lines are shown, no context, and of a FIX line only its comment, which names the API."""
     lines = Path(script).read_text().splitlines()
     marked = [i for i, line in enumerate(lines) if FIX_MARK.search(line) and not line.lstrip().startswith(('"', "'"))]
+    if exercise:
+        marked, context = [i for i in marked if FIX_MARK.search(lines[i])[1] != "BOTH MODES"], 0
+        for i in marked:
+            if FIX_MARK.search(lines[i])[1] != "BUG":
+                code = lines[i]
+                lines[i] = code[: len(code) - len(code.lstrip())] + f"... ({exercise})  " + code[code.index("#") :]
     keep = sorted({j for i in marked for j in range(max(0, i - context), i + 1)})
     out, last = [f"{Path(script).as_posix()}"], None
     for i in keep:

@@ -37,19 +37,57 @@ def waited(res) -> list[float]:
     return [float(x["waited_s"]) for x in results(res.output) if "waited_s" in x]
 
 
-def _hang_ended(res, hang_timeout_s: float, limit_s: float) -> list:
-    """The claims of a run that hangs on purpose: it failed by itself, of a collective's timeout, after at least the
-    timeout. 0.8 x the timeout: gloo's clock and the script's start apart by scheduling, and a shorter wait would mean
-    another error; the launcher's limit bounds the rest (the default timeout is 30 minutes). The output's words say
-    that a collective timed out on some rank, not which one nor on every rank: the claim says no more."""
+# A rank whose partner's process exited (after its own timeout) while it still waited, as gloo words it.
+PEER_GONE = re.compile(r"(?i)closed by peer|reset by peer|broken pipe")
+
+
+def rank_outcomes(res) -> dict[int, str]:
+    """What ended each rank, from its own error line: 'timed out' (its collective's timeout fired), 'lost its peer'
+    (a partner's process exited first, so the connection closed), or 'other: <the error>'."""
+    out = {}
+    for line in res.output.splitlines():
+        if m := re.match(r"^\[rank ?(\d+)\]:? (\w+(?:Error|Exception)\b.*)", line.rsplit("\r", 1)[-1]):
+            err = m[2]
+            out[int(m[1])] = (
+                "timed out"
+                if TIMEOUT_WORDS.search(err)
+                else "lost its peer"
+                if PEER_GONE.search(err)
+                else f"other: {err[:60]}"
+            )
+    return out
+
+
+def _each_rank_saw(res, world: int) -> Claim:
+    """Every rank reported; at least one timed out, and each other rank timed out too or lost its peer (the rank that
+    timed out had exited). Which rank's timer fires first is a race between processes: the claim names what each saw."""
+    seen = rank_outcomes(res)
+    words = "; ".join(
+        f"rank {k} "
+        + (
+            "timed out in its collective"
+            if v == "timed out"
+            else v + (" when a timed-out rank exited" if v == "lost its peer" else "")
+        )
+        for k, v in sorted(seen.items())
+    )
+    return Claim(
+        f"broken: each rank's error: {words or 'none found'}",
+        sorted(seen) == list(range(world))
+        and "timed out" in seen.values()
+        and all(v in ("timed out", "lost its peer") for v in seen.values()),
+    )
+
+
+def _hang_ended(res, hang_timeout_s: float, limit_s: float, world: int) -> list:
+    """The claims of a run that hangs on purpose: it failed by itself; each of its `world` ranks ended of a
+    collective's timeout or of its peer leaving after one (rank_outcomes); after at least the timeout. 0.8 x the
+    timeout: gloo's clock and the script's start apart by scheduling, and a shorter wait would mean another error; the
+    launcher's limit bounds the rest (the default timeout is 30 minutes)."""
     w = waited(res)
     return [
         _failed_by_itself(res, limit_s, ""),
-        Claim(
-            "broken: a rank's collective timed out (its error says so; a rank still waiting may instead see its "
-            "peer close)",
-            bool(TIMEOUT_WORDS.search(res.output)),
-        ),
+        _each_rank_saw(res, world),
         Claim(
             f"broken: the ranks that reported gave up after {_span(w)} s: no sooner than 0.8 x the "
             f"{hang_timeout_s:g} s timeout ({0.8 * hang_timeout_s:.1f} s: the script's clock and gloo's start apart) "
@@ -82,7 +120,7 @@ def uneven_inputs(res, r: dict, hang_timeout_s: float, limit_s: float) -> Sympto
             f"broken: ranks 0..{len(batches) - 1} had {batches} batches: uneven, rank 0 one more",
             len(batches) > 1 and batches[0] == max(batches) == min(batches) + 1,
         ),
-        *_hang_ended(res, hang_timeout_s, limit_s),
+        *_hang_ended(res, hang_timeout_s, limit_s, len(batches)),
         Claim(
             f"fix (a) even shards: {even['batches_per_rank']} batches per rank; it finished, parameters identical",
             len(set(even["batches_per_rank"])) == 1 and even["max_param_diff"] == 0.0,
@@ -105,7 +143,7 @@ def one_rank_collective(res, r: dict, hang_timeout_s: float, limit_s: float) -> 
     timeout (under 0.8 x): a run that waited for it would not show the fix."""
     world, w = r["world_size"], waited(res)
     claims = [
-        *_hang_ended(res, hang_timeout_s, limit_s),
+        *_hang_ended(res, hang_timeout_s, limit_s, world),
         Claim(
             f"fixed: every rank joined the all-reduce: global val loss {r['global_val_loss']:.3f}, the mean of "
             f"1..{world}",

@@ -149,7 +149,7 @@ def test_a_hang_must_end_by_its_own_timeout():
         .replace("timed out", "broken"),
     )
     assert [
-        c.holds for c in failures.uneven_inputs(no_timeout, r, HANG, LIMIT).claims if "collective timed out" in c.text
+        c.holds for c in failures.uneven_inputs(no_timeout, r, HANG, LIMIT).claims if "each rank's error" in c.text
     ] == [False]
     swapped = failed(
         "07_uneven_inputs.py",
@@ -166,6 +166,26 @@ def test_a_hang_must_end_by_its_own_timeout():
     )
     r["join"]["max_param_diff"] = 1e-3
     assert holds(failures.uneven_inputs(failed("07_uneven_inputs.py"), r, HANG, LIMIT))[-1] is False
+
+
+def test_each_ranks_error_is_named_a_timeout_or_a_lost_peer_from_its_own_line():
+    out = RUN["failing"]["09_one_rank_collective.py"]["output"]
+    at = out.index("[rank 1] RuntimeError")
+    gone = out[:at] + "[rank 1] RuntimeError: Connection closed by peer [127.0.0.1]:49549." + out[out.index("\n", at) :]
+    assert failures.rank_outcomes(failed("09_one_rank_collective.py", output=gone)) == {
+        0: "timed out",
+        1: "lost its peer",
+    }
+    claim = failures._each_rank_saw(failed("09_one_rank_collective.py", output=gone), 2)
+    assert claim.holds and "rank 0 timed out in its collective; rank 1 lost its peer when a timed-out rank exited" in (
+        claim.text
+    )
+    both_gone = gone.replace("Timed out waiting 3000ms for recv", "Connection reset by peer in recv")
+    assert not failures._each_rank_saw(failed("09_one_rank_collective.py", output=both_gone), 2).holds  # no timeout
+    other = gone.replace("Connection closed by peer", "CUDA error: out of memory")
+    assert failures.rank_outcomes(failed("09_one_rank_collective.py", output=other))[1].startswith("other: ")
+    assert not failures._each_rank_saw(failed("09_one_rank_collective.py", output=other), 2).holds
+    assert not failures._each_rank_saw(failed("09_one_rank_collective.py"), 3).holds  # rank 2 never reported
 
 
 def test_a_hang_row_says_the_timeout_and_the_time_from_the_start_apart():

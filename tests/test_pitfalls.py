@@ -83,6 +83,23 @@ def test_chapter_04_shows_each_pitfalls_fix_read_from_its_script():
         lines = show_fix(path, echo=False).splitlines()
         assert any(line.startswith("+") for line in lines), f"{path.name}: no line marked FIX"
         assert len(lines) <= 16, f"{path.name}: the fix should read as a few lines, not {len(lines)}"
+    for script, n in (("06_eval_padding.py", 1), ("08_no_sync.py", 2)):  # an exercise's answer is not on the page
+        lesson = f'show_fix(PITFALLS / "{script}", exercise="exercise {n}")'
+        assert lesson in code, f"04 shows {script}'s fix code, which is exercise {n}'s answer"
+        solutions = "\n".join(c.source for c in nb.cells if "solution" in c.metadata.get("tags", []))
+        assert f'show_fix(PITFALLS / "{script}")' in solutions, f"exercise {n}'s solution does not show {script}'s fix"
+        shown = show_fix(PITFALLS / script, echo=False, exercise=f"exercise {n}")
+        assert "gather(" not in shown and ".backward()" not in shown and "no_sync() if" not in shown
+
+
+def test_show_fix_for_an_exercise_shows_the_bug_and_only_the_fixs_comment(tmp_path):
+    script = tmp_path / "x.py"
+    script.write_text("x = 1\ny = 2  # BUG: wrong\nz = 3  # BOTH MODES\n    w = f(x)  # THE FIX: call f\n")
+    assert show_fix(script, echo=False, exercise="exercise 9").splitlines()[1:] == [
+        "-   2 y = 2  # BUG: wrong",
+        "     ...",
+        "+   4     ... (exercise 9)  # THE FIX: call f",
+    ]
 
 
 def test_chapter_04s_set_up_builds_both_launchers_and_starts_nothing():

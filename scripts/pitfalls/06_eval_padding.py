@@ -69,8 +69,9 @@ for mode in (["broken", "fixed"] if args.mode == "both" else [args.mode]):
         dist.all_reduce(counts)                      # BUG: sums the padded duplicates too
         n_counted, acc = int(counts[1]), float(counts[0] / counts[1])
     else:
-        pairs = dict(p for rank_pairs in gather(list(zip(idx, correct))) for p in rank_pairs)  # THE FIX: gather all
-        n_counted, acc = len(pairs), sum(pairs.values()) / len(pairs)  # THE FIX: one vote per index
+        every = gather(list(zip(idx, correct)))  # THE FIX: gather every rank's (index, correct) pairs
+        pairs = dict(p for rank_pairs in every for p in rank_pairs)  # THE FIX: one vote per index
+        n_counted, acc = len(pairs), sum(pairs.values()) / len(pairs)  # THE FIX: accuracy over the indices
         report["library_evaluate_accuracy"] = evaluate(model, loader, device=dev, task=CLASSIFY).accuracy
     result(ctx, mode=mode, counted=n_counted, accuracy=f"{acc:.4f}", truth=f"{truth:.4f}", my_indices=idx)
     report[mode] = {"counted": n_counted, "accuracy": acc}

@@ -63,7 +63,8 @@ class Variant:
         for micro in range(args.accum):  # BOTH MODES: K micro-batches, one optimizer step
             x, y = torch.randn(8, 64, generator=self.g), torch.randint(0, 4, (8,), generator=self.g)
             last = micro == args.accum - 1
-            ctx_mgr = self.ddp.no_sync() if (self.use_no_sync and not last) else contextlib.nullcontext()  # THE FIX
+            skip_sync = self.use_no_sync and not last
+            ctx_mgr = self.ddp.no_sync() if skip_sync else contextlib.nullcontext()  # THE FIX: no_sync() till the last
             before = self.state.calls
             with ctx_mgr:  # BOTH MODES
                 loss = torch.nn.functional.cross_entropy(self.ddp(x.to(ctx.device)), y.to(ctx.device))
