@@ -4,6 +4,7 @@ DDP and its communication hook:
     clock = GradClock(params)         seconds since backward() started; notes when each gradient is computed
     clock.not_ready()                 how many gradients backward has still to compute (each .grad None until then)
     steps.append(clock.backward(loss, buckets))   loss.backward(), timed; that step's bucket events and gradients
+    timed_allreduce(bucket, event, clock)   the hook's all-reduce (DDP's default), noting event["done"] at its end
     compare_with_local(ddp, params, loss_fn, world)   DDP's .grad against this rank's own gradient (no_sync)
 """
 
@@ -13,6 +14,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 
 class GradClock:
@@ -39,6 +41,18 @@ class GradClock:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return {"backward_s": self(), "buckets": [dict(b) for b in buckets], "grad_ready": sorted(self.ready)}
+
+
+def timed_allreduce(bucket, event: dict, clock: GradClock) -> torch.futures.Future:
+    """All-reduce a DDP bucket exactly as DDP does without a hook (default_hooks.allreduce_hook: sum, then divide by
+    the world size), and note in event["done"] the clock's time when that all-reduce completed. The future it returns
+    is what a communication hook hands back to DDP: the bucket's averaged gradients."""
+
+    def done(fut: torch.futures.Future) -> torch.Tensor:
+        event["done"] = clock()
+        return fut.value()
+
+    return default_hooks.allreduce_hook(None, bucket).then(done)
 
 
 def compare_with_local(ddp, params, loss_fn, world: int) -> dict:  # loss_fn(ddp): the step's loss again

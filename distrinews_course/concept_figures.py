@@ -4,7 +4,7 @@ one figure from the numbers it is given (the JSON the concept scripts wrote) and
 
 from __future__ import annotations
 
-from .plots import _pyplot
+from .plots import _pyplot, finish
 
 
 def ddp_step_figure(n_ranks: int):
@@ -144,3 +144,59 @@ def straggler_figure(report: dict):
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     return fig
+
+
+def overlap_schedule(layers: int = 6, per_bucket: int = 2, compute: float = 1.0, comm: float = 1.5) -> dict:
+    """The idea of section 4 as numbers, not a measurement: backward computes `layers` gradients, the last layer's
+    first, `compute` time units each; every `per_bucket` of them fill a bucket, whose all-reduce takes `comm` units
+    and starts once the bucket is full and the all-reduce before it is done (one at a time). `overlapped`: DDP's
+    schedule; `after`: the same all-reduces started only when backward is over. Intervals are (start, end)."""
+    ready = [compute * per_bucket * (b + 1) for b in range(layers // per_bucket)]
+    overlapped, after, end_o, end_a = [], [], 0.0, compute * layers
+    for t in ready:
+        start = max(t, end_o)
+        overlapped.append((start, start + comm))
+        after.append((end_a, end_a + comm))
+        end_o, end_a = start + comm, end_a + comm
+    backward = compute * layers
+    return {
+        "backward": (0.0, backward),
+        "grads": [compute * (i + 1) for i in range(layers)],
+        "overlapped": overlapped,
+        "after": after,
+        "exposed_overlapped": end_o - backward,
+        "exposed_after": end_a - backward,
+    }
+
+
+def overlap_schematic(**sizes):
+    """Two rows over one time axis: backward with the buckets' all-reduces started as each bucket fills (DDP), and
+    the same all-reduces started after backward. The part of an all-reduce past backward's end is exposed: the GPU
+    waits. `sizes`: overlap_schedule's arguments."""
+    plt = _pyplot()
+    s = overlap_schedule(**sizes)
+    fig, ax = plt.subplots(figsize=(10, 2.6))
+    rows = (
+        ("DDP: all-reduce\nduring backward", 1.0, s["overlapped"], s["exposed_overlapped"]),
+        ("all-reduce\nafter backward", 0.0, s["after"], s["exposed_after"]),
+    )
+    for label, y, comms, exposed in rows:
+        ax.broken_barh([(0, s["backward"][1])], (y + 0.05, 0.35), color="tab:blue")
+        ax.plot(s["grads"], [y + 0.225] * len(s["grads"]), "|", color="white", ms=12)
+        ax.broken_barh([(a, b - a) for a, b in comms], (y - 0.4, 0.35), color="tab:orange", ec="black", lw=0.5)
+        ax.text(comms[-1][1] + 0.1, y - 0.22, f"exposed: {exposed:g}", va="center", fontsize=8)
+    ax.axvline(s["backward"][1], color="black", ls="--", lw=0.8)
+    ax.set_yticks([1.0, 0.0], [rows[0][0], rows[1][0]], fontsize=8)
+    ax.set(
+        xlabel="time, in units of one layer's backward (made-up sizes: the idea, not a measurement)",
+        xlim=(0, max(s["after"][-1][1], s["overlapped"][-1][1]) + 1.5),
+        ylim=(-0.6, 1.6),
+        title="Overlap: each bucket's all-reduce starts while backward computes the earlier layers",
+    )
+    handles = [
+        plt.Rectangle((0, 0), 1, 1, color="tab:blue", label="backward, a tick per layer's gradient"),
+        plt.Rectangle((0, 0), 1, 1, color="tab:orange", label="one bucket's all-reduce"),
+        plt.Line2D([], [], color="black", ls="--", label="backward's compute ends"),
+    ]
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return finish(fig)

@@ -293,14 +293,12 @@ def exposed_tail_text(report: dict, backend: str) -> str:
     o = overlaps(report)[0]
     beside, alone = 1000 * (o.last_grad_s - o.first_launch_s), o.exposed_ms
     share = beside / (beside + alone) if beside + alone > 0 else 0.0
-    left = o.in_flight + o.not_launched
     text = (
-        f"On rank 0 communication ran beside computation for {beside:.1f} ms, from the first all-reduce's launch to "
-        f"the last gradient. Then {o.in_flight} of the {o.buckets} all-reduces were still in flight"
+        f"**On this run the overlap hid {100 * share:.0f}% of rank 0's communication.** All-reduces ran beside "
+        f"backward's computation for {beside:.1f} ms, from the first launch to the last gradient. Then "
+        f"{o.in_flight} of the {o.buckets} all-reduces were still in flight"
         + (f" and {o.not_launched} not launched yet" if o.not_launched else "")
-        + (" (more than the last bucket's)" if left > 1 else " (only the last bucket's)")
-        + f", and `backward()` returned {alone:.1f} ms later: communication alone. The overlap hid "
-        f"{'most' if share > 0.5 else 'the smaller part'} of it on this run ({100 * share:.0f}%)."
+        + f", and `backward()` returned {alone:.1f} ms later: communication alone, exposed."
     )
     if share <= 0.5:
         params = sum(report["ranks"][0]["param_numel"])

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import re
 import runpy
 import sys
@@ -96,6 +97,18 @@ def gather(obj) -> list:
 def write_json(path, data, rank: int) -> None:
     if rank == 0:
         atomic_write_json(path, data, indent=1)
+
+
+def report(path, backend_reason: str, **facts) -> None:
+    """Chapter 00's hello script hands its facts to the notebook: every rank's `facts` (a tensor as a list, a device
+    as its name) and its PID are gathered, and rank 0 writes {"backend_reason", "ranks": [one dict per rank]} to
+    `path` (JSON)."""
+
+    def plain(v):
+        return v.tolist() if isinstance(v, torch.Tensor) else str(v) if isinstance(v, torch.device) else v
+
+    ranks = gather({**{k: plain(v) for k, v in facts.items()}, "pid": os.getpid()})
+    write_json(path, {"backend_reason": backend_reason, "ranks": ranks}, dist.get_rank())
 
 
 def finish() -> None:

@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from distrinews_course.bucket_watch import GradClock, compare_with_local
+from distrinews_course.bucket_watch import GradClock, compare_with_local, timed_allreduce
 
 
 def _model():
@@ -47,3 +47,23 @@ def test_ddp_against_the_local_gradient(group):
     params[0].grad.add_(1.0)  # a .grad that is not the gradient of the loss: the figure must show it
     bad = compare_with_local(ddp, params, loss, 1)
     assert bad["ddp_vs_local"] == pytest.approx(1.0) and bad["ddp_vs_mean_of_local"] == pytest.approx(1.0)
+
+
+def test_the_timed_allreduce_averages_as_ddp_does_and_notes_its_end(group):
+    ddp = DDP(_model())
+    params, events = list(ddp.module.parameters()), []
+    clock = GradClock(params)
+
+    def hook(state, bucket):
+        events.append({"launched": clock()})
+        return timed_allreduce(bucket, events[-1], clock)
+
+    ddp.register_comm_hook(None, hook)
+    x = torch.randn(5, 4)
+    step = clock.backward(ddp(x).pow(2).mean(), events)
+    assert step["buckets"] and all(0 <= e["launched"] <= e["done"] <= step["backward_s"] for e in step["buckets"])
+    mine = [p.grad.clone() for p in params]
+    with ddp.no_sync():  # the same loss, not all-reduced: with one rank the average is the gradient itself
+        ddp.zero_grad(set_to_none=True)
+        ddp(x).pow(2).mean().backward()
+    assert all(torch.equal(a, p.grad) for a, p in zip(mine, params))

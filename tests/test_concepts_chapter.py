@@ -188,15 +188,17 @@ def test_the_exposed_tail_is_said_in_the_runs_numbers(bwd):
     assert f"{o.in_flight} of the {o.buckets} all-reduces" in text and f"{o.exposed_ms:.1f} ms later" in text
     beside = 1000 * (o.last_grad_s - o.first_launch_s)
     hid = "most" if beside > o.exposed_ms else "the smaller part"
-    assert f"beside computation for {beside:.1f} ms" in text and f"The overlap hid {hid} of it" in text, text
+    share = f"hid {100 * beside / (beside + o.exposed_ms):.0f}% of rank 0's communication"
+    assert text.startswith("**On this run") and share in text, text  # the outcome first
+    assert f"beside backward's computation for {beside:.1f} ms" in text, text
     assert "launch order" not in text  # gloo's two threads: methodology, in the chapter's fold
     assert ("NOTE:" in text) == (hid == "the smaller part")
     hidden = copy.deepcopy(bwd)  # backward returns right after its last gradient: the overlap hid most of it
     hidden["ranks"][0]["steps"][1]["backward_s"] = hidden["ranks"][0]["steps"][1]["grad_ready"][-1][0] + 1e-4
-    assert "The overlap hid most of it" in R.exposed_tail_text(hidden, "gloo")
+    assert "NOTE" not in (t := R.exposed_tail_text(hidden, "gloo")) and "hid 99% of" in t, t
     exposed = copy.deepcopy(bwd)  # a long tail after the last gradient: the smaller part, with the NOTE
     exposed["ranks"][0]["steps"][1]["backward_s"] = exposed["ranks"][0]["steps"][1]["grad_ready"][-1][0] + 1.0
-    assert "hid the smaller part" in (t := R.exposed_tail_text(exposed, "gloo")) and "over TCP" in t
+    assert "NOTE: a" in (t := R.exposed_tail_text(exposed, "gloo")) and "over TCP" in t
     step = bwd["ranks"][0]["steps"][1]
     last = step["grad_ready"][-1][0]
     assert o.in_flight == sum(b["launched"] <= last < b["done"] for b in step["buckets"])
@@ -214,7 +216,7 @@ def test_the_exposed_tail_is_said_in_the_runs_numbers(bwd):
     buckets[-1]["done"] = ordered["ranks"][0]["steps"][1]["backward_s"]
     buckets[-1]["launched"] = ordered["ranks"][0]["steps"][1]["grad_ready"][-1][0] - 1e-5  # in flight at the last
     text = R.exposed_tail_text(ordered, "gloo")
-    assert "1 of the 6" in text and "only the last bucket's" in text
+    assert "1 of the 6 all-reduces were still in flight," in text
 
 
 def test_bigger_buckets(bwd):
@@ -324,3 +326,30 @@ def test_the_figures_draw(bwd, strag):
     assert fig.axes[0].get_xlabel().startswith("ms since")
     fig = F.straggler_figure(strag)
     assert len(fig.axes[0].patches) == 2 * len(strag["ranks"])
+
+
+def test_the_overlap_schematic_hides_all_but_the_last_buckets_all_reduce():
+    s = F.overlap_schedule()  # 6 layers, 2 per bucket, 1 unit each; 1.5 per all-reduce
+    assert s["overlapped"] == [(2.0, 3.5), (4.0, 5.5), (6.0, 7.5)]  # each starts when its bucket is full
+    assert s["after"][0][0] == 6.0 and s["exposed_after"] == 4.5 and s["exposed_overlapped"] == 1.5
+    slow = F.overlap_schedule(comm=3.0)  # all-reduces longer than a bucket's compute queue behind each other
+    assert [a for a, _ in slow["overlapped"]] == [2.0, 5.0, 8.0] and slow["exposed_overlapped"] == 5.0
+    ax = F.overlap_schematic().axes[0]
+    assert len(ax.collections) == 4 and ax.get_xlabel().startswith("time")  # 2 rows x (backward, all-reduces)
+
+
+def test_the_hello_report_writes_every_ranks_facts_as_plain_numbers(tmp_path):
+    import torch.distributed as dist
+
+    from distrinews_course.demo import report
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already up in this process")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        report(tmp_path / "hello.json", "no GPU", rank=0, device=torch.device("cpu"), grad=torch.tensor([1.5, 2.0]))
+    finally:
+        dist.destroy_process_group()
+    data = json.loads((tmp_path / "hello.json").read_text())
+    assert data["backend_reason"] == "no GPU" and len(data["ranks"]) == 1
+    assert {k: v for k, v in data["ranks"][0].items() if k != "pid"} == {"rank": 0, "device": "cpu", "grad": [1.5, 2.0]}

@@ -5,10 +5,9 @@ carries on. A communication hook (the function DDP calls with each bucket) lets 
 import argparse
 
 import torch
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from distrinews_course.bucket_watch import GradClock, compare_with_local
+from distrinews_course.bucket_watch import GradClock, compare_with_local, timed_allreduce
 from distrinews_course.demo import finish, gather, start, write_json
 
 p = argparse.ArgumentParser()
@@ -29,7 +28,7 @@ def watching_allreduce(state, bucket):
     event = {"index": bucket.index(), "numel": bucket.buffer().numel(), "launched": clock(),
              "not_ready": clock.not_ready()}   # gradients backward has still to compute
     buckets.append(event)
-    return default_hooks.allreduce_hook(None, bucket).then(lambda f: event.update(done=clock()) or f.value())
+    return timed_allreduce(bucket, event, clock)  # DDP's own all-reduce of the bucket; notes event["done"] at its end
 
 
 ddp.register_comm_hook(None, watching_allreduce)
