@@ -2,6 +2,7 @@
 the page cannot drift from the code its runs ran.
 
     print(shown_code.lines_of(shown_code.SHARDING_WRAPPERS))  # chapter 06: the four memory wrappers
+    print(shown_code.lines_of(shown_code.ZERO2_CHANGES))  # chapter 03: what ZeRO-2 changes in the bucketed rung
 """
 
 from __future__ import annotations
@@ -18,6 +19,17 @@ SHARDING_WRAPPERS = [
     ("scripts/memory_footprint.py", "fully_shard(layer, mesh=mesh, reshard_after_forward="),
     ("scripts/memory_footprint.py", "fully_shard(model, mesh=mesh, reshard_after_forward="),
     ("distrinews_course/memory_probe.py", "model.gradient_checkpointing_enable("),
+]
+
+# chapter 03: ZeRO-2 as the lines it changes in the bucketed rung: bucketed's all-reduce, then what zero2.py does
+ZERO2_CHANGES = [
+    ("scripts/by_hand/bucketed.py", "work = dist.all_reduce(flat, async_op=True)"),
+    ("scripts/by_hand/zero2.py", "return torch.optim.AdamW(self.shards"),
+    ("scripts/by_hand/zero2.py", "for p in self.buckets[i]:"),
+    ("scripts/by_hand/zero2.py", "p.grad = None  # from now on"),
+    ("scripts/by_hand/zero2.py", "mine = torch.empty(self.shard_sizes[i]"),
+    ("scripts/by_hand/zero2.py", "work = dist.reduce_scatter_tensor(mine, flat"),
+    ("scripts/by_hand/zero2.py", "dist.all_gather_into_tensor(everyone, mine)"),
 ]
 
 

@@ -269,9 +269,8 @@ def point_claim(o: dict) -> Claim:
     off = pt["comm_s"] / pt["predicted_comm_s"] - 1
     side = lambda comm: "below" if comm <= pt["compute_s"] else "above"  # noqa: E731
     return Claim(
-        f"the cable carries the model's bytes at the model's rate: flat's all-reduce at 2 ranks took "
-        f"{1000 * pt['comm_s']:.0f} ms against the {1000 * pt['predicted_comm_s']:.0f} ms scaling_limits gives its "
-        f"ring's bytes at the dialed rate ({100 * off:+.0f}%, within {100 * POINT_MARGIN:.0f}%): "
+        f"flat's all-reduce at 2 ranks took {1000 * pt['comm_s']:.0f} ms, the cost model's "
+        f"{1000 * pt['predicted_comm_s']:.0f} ms ({100 * off:+.0f}%, within {100 * POINT_MARGIN:.0f}%): "
         f"{side(pt['comm_s'])} the {1000 * pt['compute_s']:.0f} ms of computation (the model: "
         f"{side(pt['predicted_comm_s'])})",
         abs(off) <= POINT_MARGIN,

@@ -43,16 +43,15 @@ def timing_claims(t: dict, target: float, quiet_cores: float) -> list:
     """The hand-built bucketed rung runs at most `target` x torch's DDP's step, give or take DDP's own spread;
     bucketed beats naive. Overlapped is not claimed faster: on loopback its one async all-reduce per tensor can cost
     more than it hides (a CPU's backward leaves little to overlap). Checked on a quiet machine, the first only where
-    DDP's rounds agree within NOISY_SPREAD."""
+    DDP's rounds agree within NOISY_SPREAD. The first catches a rung far slower than DDP; on loopback it cannot tell
+    overlap from none (flat is as fast): the dialed link's checks do."""
     med, ratio, spread = t["median_step_s"], t["ratio_vs_ddp"], ddp_spread(t)
     busy = None if quiet(t, quiet_cores) else f"other programs kept {t['foreign_cores']:.2f} cores busy"
     noisy = None if spread <= NOISY_SPREAD else f"DDP's own rounds moved by {100 * spread:.0f}%"
     return [
         Claim(
-            f"the hand-built bucketed DDP runs at {ratio['bucketed']:.2f}x torch's DDP step time (target <= {target}, "
-            f"give or take DDP's own spread over the rounds, {100 * spread:.0f}%: <= {target + spread:.2f}). This "
-            "catches a rung far slower than DDP; on loopback it cannot tell overlap from none (flat is as fast): the "
-            "dialed link's checks below do",
+            f"the hand-built bucketed DDP runs at {ratio['bucketed']:.2f}x torch's DDP step time (<= {target}, "
+            f"{target + spread:.2f} with DDP's own spread)",
             ratio["bucketed"] <= target + spread,
             busy or noisy,
         ),

@@ -26,7 +26,8 @@ def table(m: dict) -> str:
     and the peak per rank during a block's compute against chapter 06's calculator ('-': not measured)."""
     c, mem = m["collectives"], m["memory"] or {}
     batch = f" ({m['memory_batch']} texts per rank)" if m.get("memory_batch") else ""
-    head = ("ZeRO-3 by hand", "max |w - w_FSDP2|", "largest gather", "largest reduce", "peak MiB/rank", "calculator")
+    first = f"ZeRO-3, {m['memory_batch']} texts/rank" if mem and m.get("memory_batch") else "ZeRO-3 by hand"
+    head = (first, "max |w - w_FSDP2|", "largest gather", "largest reduce", "peak MiB/rank", "calculator")
     widths = (22, 17, 14, 14, 13, 10)
     lines = [" ".join(f"{h:<{w}}" if i == 0 else f"{h:>{w}}" for i, (h, w) in enumerate(zip(head, widths)))]
     for label in ("float32", "float16"):  # (bfloat16 moves float16's bytes: the claims below name its FSDP2 check)
@@ -53,7 +54,10 @@ def table(m: dict) -> str:
 
 
 def claims(m: dict) -> list:
-    """FSDP2's arithmetic, fp32 reduce-scatters, and the peak against the calculator. (The gathers' halved bytes are
+    """FSDP2's arithmetic (the same casts, the same sums in the same order: bit-identical), fp32 reduce-scatters
+    (the gradients summed in reduce_dtype), and the peak against the calculator: float16 lowers it far from half, as the
+    gathered block, its gradient and the activations take 2 bytes a number instead of 4 while the fp32 master shards,
+    AdamW's state and the runtime do not shrink. (The gathers' halved bytes are
     table()'s printed fact: zero3.py's Block, given code, allocates the gathered block in param_dtype.)"""
     c, vs = m["collectives"], m["vs_fsdp2"]
     reduces = {label: [e["bytes"] for e in c[label] if e["name"].startswith("grads")] for label in c}
@@ -61,7 +65,7 @@ def claims(m: dict) -> list:
         Claim(
             f"with param_dtype float16 and bfloat16, ZeRO-3 by hand ends {m['steps']} steps of AdamW bit-identical to "
             f"torch's FSDP2 with the same MixedPrecisionPolicy (max difference {vs['float16']:.3g}, "
-            f"{vs['bfloat16']:.3g}): the same casts, the same sums in the same order",
+            f"{vs['bfloat16']:.3g})",
             vs["float16"] == 0.0 and vs["bfloat16"] == 0.0,
         ),
         Claim(
@@ -95,8 +99,7 @@ def claims(m: dict) -> list:
             Claim(
                 f"param_dtype float16 lowers that peak on every rank, by {min(gaps):.1f} MiB at least of "
                 f"{max(hi):.1f} ({100 * min(gaps) / max(hi):.0f}%; the calculator predicts {saving:.1f}): far from "
-                "half. The gathered block, its gradient and the activations take 2 bytes a number instead of 4; the "
-                "fp32 master shards, AdamW's state and the runtime do not shrink",
+                "half",
                 min(gaps) > 0 and all(low > h / 2 for h, low in zip(hi, lo)),
                 None
                 if saving > 2 * spread

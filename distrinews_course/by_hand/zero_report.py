@@ -72,15 +72,14 @@ def claims(zres: dict, blocks: int) -> list:
     ]
     out += [
         Claim(
-            "each stage holds less at its peak than the one before, from torch's DDP: ZeRO-3 < ZeRO-2 < ZeRO-1 < "
-            "torch's DDP ("
+            "each stage holds less at its peak than the one before: ZeRO-3 < ZeRO-2 < ZeRO-1 < torch's DDP ("
             + ", ".join(f"{peaks[n]:.1f}" for n in ("zero3", "zero2", "zero1", "ddp"))
-            + " MiB; the hand-built unsharded rungs: next cell)",
+            + " MiB)",
             peaks["zero3"] < peaks["zero2"] < peaks["zero1"] < peaks["ddp"],
         ),
         Claim(
-            f"ZeRO-3's calls come to {r3:.3f}x DDP's ring bytes, as FSDP2's do: every weight gathered twice (forward, "
-            "backward) and every gradient reduce-scattered once, 3 halves against DDP's 2",
+            f"ZeRO-3's calls come to {r3:.3f}x DDP's ring bytes, as FSDP2's do (weights gathered twice, gradients "
+            "reduce-scattered once)",
             abs(r3 - 1.5) < 0.01 and zero["fsdp2"]["bytes_per_step"] == zero["zero3"]["bytes_per_step"],
         ),
         Claim(
