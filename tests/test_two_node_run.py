@@ -18,6 +18,7 @@ def run_with(tmp_path, log=None, record=None) -> TwoNodeRun:
     """The recorded run, its log and record edited by the given functions (a wrong figure planted)."""
     shutil.copy(DATA / "all_nodes.log", tmp_path)
     shutil.copy(DATA / "cluster.json", tmp_path)
+    shutil.copytree(DATA / "shared", tmp_path / "shared", dirs_exist_ok=True)  # the run's metrics.json
     if log:
         p = tmp_path / "all_nodes.log"
         p.write_text(log(p.read_text()))
@@ -111,14 +112,47 @@ def test_bytes_off_the_count_fail_the_traffic(tmp_path, node, factor, which):
         return r
 
     claims = run_with(tmp_path, record=scale).traffic_claims(PARAMS, STEPS)
-    assert [i for i, c in enumerate(claims) if not c.holds] == [which]
+    assert [i for i, c in enumerate(claims) if not c.holds] == [which + 1]  # claim 0: the step count
 
 
-def test_node1s_steps_are_counted_from_the_snapshot(tmp_path):
+def test_node1s_steps_are_counted_from_the_run(tmp_path):
     r = run_with(tmp_path)
-    assert r.node1_allreduces(STEPS) == 7 + (40 - 6)
-    assert "plan's arithmetic" in r.traffic_table(PARAMS, STEPS)
-    assert "40 - 6 = 34 after resuming at step 6" in r.traffic_table(PARAMS, STEPS)
+    assert r.node1_steps() == {"before": 7, "resumed_at": 6, "total": 40, "after": 34, "steps": 41}
+    assert r.node1_allreduces(STEPS) == 41  # the plan
+    assert "made 41 optimizer steps, counted: 7 before it died" in r.traffic_table(PARAMS, STEPS)
+    assert "40 - 6 = 34 after the resume" in r.traffic_table(PARAMS, STEPS)
+
+
+def _set_total(total):
+    def edit(tmp_path):
+        p = tmp_path / "shared" / "run" / "metrics.json"
+        m = json.loads(p.read_text())
+        m["epochs"][-1]["optimizer_steps"] = total
+        p.write_text(json.dumps(m))
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "log, metrics",
+    [
+        (lambda t: t.replace("after step 7:", "after step 6:"), None),  # the hook counted a step fewer
+        (lambda t: t.replace("step 6)", "step 3)"), None),  # a resume from the snapshot before the newest
+        (None, _set_total(39)),  # the run stopped a step short
+    ],
+)
+def test_a_wrong_step_count_fails_the_traffic(tmp_path, log, metrics):
+    r = run_with(tmp_path, log=log)
+    if metrics:
+        metrics(tmp_path)
+        r = TwoNodeRun.read(tmp_path, KILL)
+    assert not r.traffic_claims(PARAMS, STEPS)[0].holds
+
+
+def test_a_run_without_its_metrics_fails_the_step_count(tmp_path):
+    run_with(tmp_path)
+    (tmp_path / "shared" / "run" / "metrics.json").unlink()
+    assert not TwoNodeRun.read(tmp_path, KILL).traffic_claims(PARAMS, STEPS)[0].holds
 
 
 def test_the_loopback_fallback_counts_no_interfaces(tmp_path):

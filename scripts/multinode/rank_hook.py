@@ -74,7 +74,7 @@ def kill_node_after(step: int) -> None:
         done[0] += 1
         if done[0] == step:
             print(
-                f"[node {socket.gethostname()}] RANK {os.environ.get('RANK')}: pulling the plug after step {step}: "
+                f"[node {socket.gethostname()}] RANK {os.environ.get('RANK')}: pulling the plug after step {done[0]}: "
                 f"SIGKILL to this node's torchrun agent (pid {agent}) and its ranks",
                 flush=True,
             )
