@@ -56,6 +56,23 @@ def test_weights_apart_fail_correctness(rec):
     assert any("hierarchical ends" in t for t in failing(claims.correct(rec)))
 
 
+@pytest.mark.parametrize("scale, fails", [(1 + 2e-7, False), (4.0, True), (2.0, True), (0.25, True)])
+def test_a_gradient_not_divided_by_the_world_fails_correctness(rec, scale, fails):
+    # the step-1 norms a live race records (the recorded benchmark predates them): 4x = no divide, 2x = by a node only
+    rec["grad_norm"] = {n: 0.8125 for n in ("ddp", "flat", "hierarchical", "hsdp", "fsdp2_hsdp", "fsdp2")}
+    rec["grad_norm"]["hierarchical"] *= scale
+    bad = [t for t in failing(claims.correct(rec)) if "gradient norm" in t]
+    assert bad == ([next(c.text for c in claims.correct(rec) if c.text.startswith("hierarchical's"))] if fails else [])
+    assert f"hierarchical             |gradient| at step 1 {0.8125 * scale:.6g} ({scale - 1:+.1e} from ddp's)" in (
+        claims.gradient_line(rec)
+    )
+
+
+def test_a_record_without_gradient_norms_shows_no_gradient_line(rec):
+    rec.pop("grad_norm", None)
+    assert claims.gradient_line(rec) == "" and not [c for c in claims.correct(rec) if "gradient norm" in c.text]
+
+
 def test_bytes_off_the_model_fail(rec):
     c = rec["contenders"]["hierarchical"]["link_bytes_per_step"]
     c["measured_per_node"][1] *= 1.08
@@ -331,3 +348,7 @@ def test_the_race_log_holds_back_the_bytes_per_link():
     line = "predicted hierarchical:    564 ms/step,   7.98 MiB/step per link"
     assert two.without_link_bytes(line) == "predicted hierarchical:    564 ms/step"
     assert two.without_link_bytes("fit: inside a node alpha 2.14 ms") == "fit: inside a node alpha 2.14 ms"
+    capped = (
+        "step with no communication: 64 ms; every link dialed to 160 Mbit/s (held to 100-160: 6x the step asks 180)"
+    )
+    assert two.without_link_bytes(capped) == "step with no communication: 64 ms; every link dialed to 160 Mbit/s"

@@ -25,7 +25,7 @@ from ..bench.timing import cpu_busy_seconds
 from ..perf_model import fit_alpha_beta
 from . import models
 from .check import compare
-from .nodes import Nodes
+from .nodes import Nodes, layout
 from .race import Runner, names_of
 from .race_memory import estimate
 from .rung import agreement_group
@@ -68,9 +68,10 @@ def across(x: float, op=dist.ReduceOp.MAX) -> float:
 
 def correct(args, mods, rank: int, world: int) -> dict:
     """Every contender of PAIRS trained on the same seed and texts (tiny model, dropout on, the same masks): per pair,
-    the largest weight difference over the steps and ranks, and where it first appeared."""
+    the largest weight difference over the steps and ranks, and where it first appeared; and under "grad_norm" each
+    contender's step-1 gradient norm (grad_norm()): AdamW barely sees a gradient's scale, its norm does."""
     batches = models.batches("tiny", rank, world, args.check_steps, args.batch_size)
-    weights, names = {}, None
+    weights, names, norms, per_node = {}, None, {}, layout(world, args.ranks_per_node)
     for name in dict.fromkeys(n for pair in PAIRS for n in pair):
         r = Runner(name, "tiny", args, mods, rank)
         names = names or names_of(r)
@@ -79,12 +80,23 @@ def correct(args, mods, rank: int, world: int) -> dict:
         for b in batches:
             r.step(b)
             weights[name].append(r.weights())
+        norms[name] = grad_norm(r, world, per_node)
         del r
-    out = {}
+    out = {"grad_norm": norms}
     for a, b in PAIRS:
         first, worst = compare(weights[a], weights[b], names)
         out[f"{a} vs {b}"] = {"max_weight_diff": worst, "first_diff": first}
     return out
+
+
+def grad_norm(runner, world: int, per_node: int) -> float:
+    """The L2 norm of the whole gradient the optimizer stepped with at step 1 (Runner.first_grad, each rank's own or
+    its shard's sum of squares), summed over the ranks and divided by the copies of it they hold: every rank one
+    (DDP, flat, hierarchical), each node one (HSDP: sharded inside the node), one in all (FSDP2, sharded over all)."""
+    copies = {"fsdp2": 1, "hsdp": world // per_node, "fsdp2_hsdp": world // per_node}.get(runner.name, world)
+    t = torch.tensor([(runner.first_grad or (0.0, 0))[0]], dtype=torch.float64)
+    dist.all_reduce(t, group=agreement_group())
+    return float(t[0] / copies) ** 0.5
 
 
 def compute(args, rank: int) -> dict:
@@ -394,7 +406,8 @@ def summary(res: dict) -> dict:
         "calibration_foreign_cores": res.get("calibration_foreign_cores"),
         "contenders": out,
         "peak_mb_per_rank": memory,
-        "correct": {k: v["max_weight_diff"] for k, v in res["correct"].items()},
+        "correct": {k: v["max_weight_diff"] for k, v in res["correct"].items() if k != "grad_norm"},
+        "grad_norm": res["correct"]["grad_norm"],
         "terms": {n: {k: res["predicted"][n][k] for k in MODEL_TERMS} for n in res["contenders"]},
         "sweep": sweep_summary(res),
     }

@@ -144,8 +144,9 @@ def race_or_recorded(enabled: bool, why_not: str, *, args=(), timeout: float = 3
 
 def without_link_bytes(line: str) -> str:
     """A line of the race's log without its bytes per link ("..., 11.96 MiB/step per link"): chapter 08 grades the
-    learner's prediction of those after the race, beside the counters."""
-    return re.sub(r",\s*[0-9.]+ MiB/step per link", "", line)
+    learner's prediction of those after the race, beside the counters. Nor the rate's cap (" (held to 100-160: ...)"):
+    the chapter's folded note says how the rate is dialed."""
+    return re.sub(r",\s*[0-9.]+ MiB/step per link| \(held to [^)]*\)", "", line)
 
 
 def embedding_share(rec: dict, dim: int | None = None, vocab: int | None = None) -> float | None:
