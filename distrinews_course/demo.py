@@ -191,8 +191,8 @@ class SharedLaunch:
         own = sum(float(t) for t in re.findall(rf"^{MARKER}done in ([\d.]+) s", res.output, re.M))
         self.startup_s = max(0.0, res.seconds - own)
         print(
-            f"[one launch ran {len(names)} script(s) on {self.nproc} ranks in {res.seconds:.1f} s, "
-            f"{self.startup_s:.1f} s of it starting up]"
+            f"[one launch ran {len(names)} script{'s' * (len(names) != 1)} on {self.nproc} ranks in "
+            f"{res.seconds:.1f} s, {self.startup_s:.1f} s of it starting up]"
         )
         outputs = sections(res.output)
         self.done.update({name: (texts[name], outputs.get(name, "")) for name in names})
