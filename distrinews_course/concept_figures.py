@@ -1,6 +1,7 @@
 """Chapter 00's figures: one DDP training step as a picture, how a sampler deals a dataset out over the ranks, the
-bucketed all-reduce of one backward on a timeline, and what a straggler costs the other ranks. Each function draws
-one figure from the numbers it is given (the JSON the concept scripts wrote) and returns it."""
+idea of overlapping all-reduces with backward (a schematic, from overlap_schedule's arithmetic), the bucketed
+all-reduce of one backward on a timeline, and what a straggler costs the other ranks. Each measured figure is drawn
+from the numbers it is given (the JSON the concept scripts wrote) and returned."""
 
 from __future__ import annotations
 
