@@ -84,7 +84,8 @@ def allreduce_cost(cost, save_to=None):
 
 def step_gap(sweep, save_to=None):
     """A waterfall from the even split (1 process's step / N) to the measured one: each part, measured on its own,
-    a bar that adds time (red) or saves it (green), and what none explains."""
+    a bar that adds time (red) or saves it (green), and what none explains; a grey band as wide as the runs moved
+    (gap_bound_s), under which no part can be ranked."""
     plt = _pyplot()
     gap = perf_story.gap_short(sweep)
     start, rows = 1000 * sweep.ideal_s, []
@@ -99,10 +100,14 @@ def step_gap(sweep, save_to=None):
         ax.barh(yi, width, left=left, color="tab:red" if width > 0 else "tab:green")
         ax.text(max(left, left + width) + 3, yi, f"{width:+.1f}", va="center", fontsize=7)
     ax.barh(y[-1], 1000 * sweep.ddp_s, color="tab:blue")
+    bound = 1000 * sweep.gap_bound_s()  # what a part must pass to be ranked (perf_story.rankable_parts)
+    ax.axvspan(1000 * sweep.ddp_s - bound / 2, 1000 * sweep.ddp_s + bound / 2, color="k", alpha=0.12,
+               label=f"{bound:.0f} ms, how far these runs moved:\na narrower part cannot be ranked")  # fmt: skip
+    ax.legend(fontsize=7, loc="center left")
     ax.set_yticks(y, labels, fontsize=7)
     ax.set_xlim(0, 1.15 * max(1000 * sweep.ideal_s, 1000 * sweep.ddp_s, *(max(r[1], r[1] + r[2]) for r in rows)))
     ax.set_xlabel(f"ms per step, {sweep.large} examples per process")
-    ax.set_title(f"DDP's step against the even split, part by part ({sweep.n} processes)", fontsize=10)
+    ax.set_title(f"DDP's step against the even split, part by part ({sweep.n} procs)", fontsize=10)
     return _done(fig, save_to)
 
 

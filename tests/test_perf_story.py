@@ -63,16 +63,7 @@ def test_a_checked_sweep_states_each_point_and_its_explanations(quiet_sweep):
     r = s.pts[0]["rounds"][s.pts[0]["kept"]]  # the half-batch figure: with the two step times it rests on
     assert f"{1000 * r['pair']:.1f} ms, {r['pair'] / r['single']:.2f} of the 1-process step" in story
     assert f"({1000 * r['single']:.1f} ms)" in story
-    # the gap's parts: all within what section 2's runs moved, so none is ranked; a part past that bound is named
-    assert f"every part of section 2's gap is within the {1000 * s.gap_noise_s():.0f} ms" in story
-    assert "largest" not in story
-    big = dict(s.gap(), cache=-2 * s.gap_bound_s())
-    with mock.patch.object(loopback.Sweep, "gap", lambda self: big):
-        told = perf_story.story(s, 0.95)
-        compute = perf_story.gap_short(s)["compute"]
-    label = perf_story.GAP_SHORT["compute"][0]
-    assert f"only *{label}* ({1000 * compute:+.1f} ms a step) is larger than the" in told
-    assert "the others are within it, and this run cannot rank them" in told
+    assert "section 2's gap" not in story  # which parts can be ranked is section 2's own sentence (gap_sentence)
     assert "95% of them the input embeddings" in story
 
 
@@ -86,9 +77,10 @@ def test_an_unchecked_point_carries_its_caveat_and_hides_nothing_else(noisy_swee
         f"run: {c.unchecked})" in story
     )
     assert story.count(c.unchecked) == 1, "a reason is given once"
-    # section 2's check could not decide here: no "largest saving" is stated, the sentence says why
+    # section 2's check could not decide here: the story names no part of its gap, section 2's sentence says why
     assert not s.gap_claim().checked
-    assert "largest saving" not in story and f"not measurable on this run ({s.gap_claim().unchecked})" in story
+    assert "largest saving" not in story and "section 2's gap" not in story
+    assert s.gap_claim().unchecked in perf_story.gap_sentence(s)
     rows = [perf_story.summary_speedup(s, p, c) for p, c in zip(s.pts, claims)]
     assert [("not checked" in r) for r in rows] == [not c.checked for c in claims]
 
@@ -155,55 +147,45 @@ def test_a_section_prints_one_note_saying_what_cannot_be_concluded_each_reason_o
 
 
 def test_sections_group_their_claims_by_what_they_let_the_learner_conclude(quiet_sweep):
-    (said,) = perf_story.loopback_conclusions(quiet_sweep).values()
-    claims = quiet_sweep.speedup_claims()
-    assert [(c.holds, c.unchecked) for c in said] == [(c.holds, c.unchecked) for c in claims]
-    assert all(c.text.startswith(d.text) for c, d in zip(said, claims))
+    speedups, terms = perf_story.loopback_conclusions(quiet_sweep).values()
+    claims, blind, _ = perf_story.blind_points(quiet_sweep)
+    assert speedups == [c for c, b in zip(claims, blind) if not b] and len(terms) == 1
     assert list(perf_story.gap_conclusions(quiet_sweep).values())[0] == quiet_sweep.gap_claim()
 
 
-def test_a_point_a_model_without_ddp_would_pass_too_says_so_and_names_the_points_that_tell(quiet_sweep):
-    # at 256 per process DDP's two terms are inside the 15% margin: leaving both out still passes, and the line says
-    (*small, large) = list(perf_story.loopback_conclusions(quiet_sweep).values())[0]
+def test_a_point_a_model_without_ddp_would_pass_too_is_a_fact_not_a_check(quiet_sweep):
+    # at 256 per process DDP's two terms are inside the 15% margin: leaving both out still passes, so that point is
+    # printed as a fact; 16 and 64 per process stay checks, and the visible line names them
     free = perf_story.ddp_free_ratio(quiet_sweep.pts[-1])
     assert abs(free - 1) < 0.15
-    assert large.text.endswith(
-        f"(a model where DDP is free gives {free:.2f}, inside the margin: this point cannot test DDP's terms; "
-        "16 and 64 per process can)"
+    speedups, _ = perf_story.loopback_conclusions(quiet_sweep).values()
+    assert [c.text.split(" per process")[0] for c in speedups] == ["at 16", "at 64"]
+    assert perf_story.loopback_facts(quiet_sweep) == (
+        f"fact, not a check: at 256 per process the model says {quiet_sweep.pts[-1]['predicted']:.2f}x, the run "
+        f"{quiet_sweep.pts[-1]['measured']:.2f}x; a model where DDP is free gives model / measured {free:.2f}, inside "
+        "the margin, so this point cannot test DDP's terms"
     )
-    assert not any("DDP is free" in c.text for c in small)  # there, leaving DDP's terms out fails the check
+    assert perf_story.loopback_fold(quiet_sweep).startswith("the speedup at 16 and 64 per process")
     assert all(abs(perf_story.ddp_free_ratio(p) - 1) >= 0.15 for p in quiet_sweep.pts[:-1])
 
 
-def test_the_ddp_free_clause_is_true_whether_the_check_passes_or_fails(quiet_sweep, monkeypatch):
-    # the clause states the DDP-free model's ratio and the margin, never that the check passed: on a failing model
-    # (every predicted speedup 30% high) the same line still reads true, and the claim itself fails
-    failing = [Claim(c.text, False, c.unchecked) for c in quiet_sweep.speedup_claims()]
-    monkeypatch.setattr(type(quiet_sweep), "speedup_claims", lambda self: failing)
-    large = list(perf_story.loopback_conclusions(quiet_sweep).values())[0][-1]
-    assert not large.holds and "a model where DDP is free gives" in large.text
-    assert "so would" not in large.text and "passes" not in large.text
-
-
-def test_kaggles_two_figures_are_reconciled_from_the_models_numbers():
+def test_the_t4_row_line_agrees_with_its_table_row_and_names_no_unsourced_figure():
     tensors = cm.distilbert_tensors()
     paper = cm.on_paper(tensors)
-    est = paper[0]["estimate"]
-    line = perf_story.kaggle_reconciled(paper, tensors)
-    k = cm.KAGGLE_NANOGPT
-    assert f"{k['comm_ms']} ms, {k['comm_ms'] / k['one_gpu_ms']:.2f} of its {k['one_gpu_ms']} ms step" in line
-    assert f"{est.comm_ms:.1f} ms, {est.comm_ms / est.compute_ms:.1f}x its {est.compute_ms:.0f} ms step" in line
+    row = next(r for r in paper if r["gpu"] == "T4")
+    est, table = row["estimate"], cm.on_paper_table(tensors, paper)
+    line = perf_story.t4_row_line(paper)
     comm, exposed = round(est.comm_ms, 1), round(est.exposed_ms, 1)  # the same row as the on-paper table prints
-    assert f"overlaps {comm - exposed:.1f} ms of them with backward and leaves {exposed:.1f} ms exposed" in line
-    assert f"{comm:.1f}" in cm.on_paper_table(tensors, paper) and f"{exposed:.1f}" in cm.on_paper_table(tensors, paper)
-    assert "no backward can hide" not in line
-    assert f"ESTIMATE: {est.speedup:.1f}x" in line and f"{2 * k['one_gpu_ms'] / k['ddp_ms']:.2f}x on 2 GPUs" in line
-    # no verdict the figures cannot give: both rest on one published all-reduce, and the line says so
-    assert "agree" not in line
-    assert f"does not record: that {4 * k['params'] / 1e6:.0f} MB all-reduce's rate" in line
-    assert f"applied to {sum(b for b, _ in tensors) / 1e6:.0f} MB." in line
+    assert f" {comm:.1f} " in table and f" {exposed:.1f} " in table
+    assert f"takes {comm:.1f} ms" in line and f"the model hides {comm - exposed:.1f} ms behind backward" in line
+    assert f"hides {comm - exposed:.1f} ms behind backward" in table  # the table's own T4 line says the same
+    # the row rests on data sheets only, and says so; the learner gets the command that measures it
+    assert row["link"] is cm.LINKS["pcie3"] and "PREDICTION" in line and "PREDICTION" in table
+    assert "15.75 GB/s" in line and f"{cm.GPUS['T4']:.0f} TFLOP/s" in table
+    assert "--preset kaggle_t4x2 --only 05" in line
+    assert "Kaggle notebook" not in line + table and "peer-to-peer" not in line + table
     many = [r["n"] for r in paper if r["n"] > 8]  # the rows that price a ring where NCCL would pick trees say so
-    assert f"the {' and '.join(map(str, many))} GPU rows price a ring only" in cm.on_paper_table(tensors, paper)
+    assert f"the {' and '.join(map(str, many))} GPU rows price a ring only" in table
 
 
 def test_busy_reasons_of_several_points_are_said_once_with_the_largest_load():
@@ -232,6 +214,30 @@ def test_a_sweep_busy_in_every_point_says_so_once_in_its_story():
     assert story.count("other programs used up to") == 1 and "during some of these runs" in story.split(". ")[0]
 
 
+def test_the_visible_gap_shows_only_the_parts_this_run_can_rank(quiet_sweep):
+    s = quiet_sweep
+    # all within what section 2's runs moved: none ranked, the table shows their sum, the sentence says why
+    assert perf_story.rankable_parts(s) == {}
+    table, said = perf_story.gap_short_table(s), perf_story.gap_sentence(s)
+    assert table.count("\n") == 2 and "all parts together" in table
+    assert f"{1000 * (s.ddp_s - s.ideal_s):+.1f}" in table
+    assert f"every part of the gap is within the {1000 * s.gap_noise_s():.0f} ms" in said and "cannot rank" in said
+    # a part past the bound is ranked, shown on its own line and named; the others are summed
+    big = dict(s.gap(), cache=-2 * s.gap_bound_s())
+    with mock.patch.object(loopback.Sweep, "gap", lambda self: big):
+        ranked, table, said = perf_story.rankable_parts(s), perf_story.gap_short_table(s), perf_story.gap_sentence(s)
+        compute = perf_story.gap_short(s)["compute"]
+    label = perf_story.GAP_SHORT["compute"][0]
+    assert list(ranked) == ["compute"] and f"  {label}" in table and "the other parts" in table
+    assert f"only {label} ({1000 * compute:+.1f} ms a step) is larger than the" in said
+
+
+def test_an_undecided_gap_ranks_nothing_and_says_why(noisy_sweep):
+    claim = noisy_sweep.gap_claim()
+    assert not claim.checked and perf_story.rankable_parts(noisy_sweep) == {}
+    assert perf_story.gap_sentence(noisy_sweep).endswith(f"cannot rank the gap's parts: {claim.unchecked}.")
+
+
 def test_the_short_gap_adds_every_part_once_and_the_fold_keeps_all_nine(quiet_sweep):
     s = quiet_sweep
     grouped = [k for _, parts in perf_story.GAP_SHORT.values() for k in parts]
@@ -240,10 +246,10 @@ def test_the_short_gap_adds_every_part_once_and_the_fold_keeps_all_nine(quiet_sw
     assert sum(short.values()) == pytest.approx(s.ddp_s - s.ideal_s)
     assert short["compute"] == pytest.approx(gap["repeated"] + gap["cache"] + gap["sharing"])
     assert short["ddp_own"] == pytest.approx(s.model.overhead_s)  # the same figure section 3 calls DDP's own work
-    table = perf_story.gap_short_table(s)
-    assert table.count("\n") == len(short) + 1 and f"{1000 * s.ddp_s:.1f} ms" in table
+    assert f"{1000 * s.ddp_s:.1f} ms" in perf_story.gap_short_table(s)
     fold = perf_story.gap_fold(s)
     assert fold.startswith("<details>") and s.gap_table() in fold and s.gap_rest_line() in fold
+    assert all(f"  {perf_story.GAP_SHORT[k][0]:<48} {1000 * v:>+7.1f}" in fold for k, v in short.items())
 
 
 def test_the_storys_gap_bound_is_the_constant_the_gate_uses(quiet_sweep):
@@ -256,6 +262,6 @@ def test_the_storys_gap_bound_is_the_constant_the_gate_uses(quiet_sweep):
             mock.patch.object(loopback.Sweep, "gap_noise_s", lambda self: 0.001),
             mock.patch.object(loopback.Sweep, "gap_claim", lambda self: ok),
         ):
-            told = perf_story.story(quiet_sweep, 0.95)
+            told = perf_story.gap_sentence(quiet_sweep)
             bound = quiet_sweep.gap_bound_s()
         assert f"{1000 * bound:.0f} ms of {100 * share:.0f}% of the DDP step" in told, told

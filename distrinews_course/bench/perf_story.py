@@ -1,10 +1,10 @@
 """Chapter 05's generated sentences: what the sweep showed (section 3), the summary's speedup rows, the one NOTE a
-section prints where its run cannot decide its checks, and the two Kaggle figures of section 5 set side by side.
+section prints where its run cannot decide its checks, and section 5's 2x T4 row in words.
 
     display(Markdown(perf_story.story(sweep, emb_share)))   # each point with its caveats; only checked figures explain
     perf_story.settle_section(perf_story.loopback_conclusions(sweep))  # 'checked: ...', at most ONE 'NOTE: ...'
-    print(perf_story.kaggle_reconciled(paper, tensors))      # Kaggle's 0.5x ESTIMATE against its measured 1.67x
-    print(perf_story.gap_short_table(sweep)); display(Markdown(perf_story.gap_fold(sweep)))  # section 2's gap
+    print(perf_story.t4_row_line(paper))                     # the 2x T4 row: a PREDICTION from data sheets
+    print(perf_story.gap_short_table(sweep)); print(perf_story.gap_sentence(sweep))  # section 2: rankable parts only
 
 A sentence states a figure only where the page shows it (it prints the figures it rests on) and where the run could
 check it: a speedup the checker could not decide says so in the same sentence, and a speedup above N (the number of
@@ -16,9 +16,9 @@ from __future__ import annotations
 import re
 import statistics
 
-from .. import cluster_model as cm
 from ..claims import Claim, settle_folded
 from ..notebook import check
+from . import ddp_terms
 from .loopback import BOUND, GAP_BOUND, point_margin, step_s
 
 
@@ -85,33 +85,32 @@ def blind_points(sweep) -> tuple[list, list, list]:
 
 
 def loopback_conclusions(sweep) -> dict:
-    """Section 3's one claim group: the model against the measured speedup at each batch. A checked point whose margin
-    a model without DDP's two terms would pass too says so in its line, and names the points that can tell them apart:
-    there DDP's terms are larger than the margin (at 256 per process they are 13 ms of a 290 ms step, inside 15%)."""
-    claims, blind, told = blind_points(sweep)
-    can = f"; {' and '.join(told)} per process can" if told else "; no batch here can"
-    out = [
-        Claim(
-            c.text
-            + f"\n  (a model where DDP is free gives {ddp_free_ratio(p):.2f}, inside the margin: this point cannot "
-            "test DDP's terms" + can + ")",
-            c.holds,
-            c.unchecked,
-        )
-        if b
-        else c
-        for p, c, b in zip(sweep.pts, claims, blind)
-    ]
-    return {"whether the model predicts DDP's speedup at a batch size": out}
+    """Section 3's checks, each able to catch a model missing DDP's terms: the model against the measured speedup at
+    each batch where a DDP-free model falls outside the margin, and DDP's step at the smallest batch from nocomm's step
+    plus section 1's fitted all-reduce (ddp_terms.terms_claim: an all-reduce timed apart from training). The points a
+    DDP-free model passes too are not here: loopback_facts prints them as facts."""
+    claims, blind, _ = blind_points(sweep)
+    return {
+        "whether the model predicts DDP's speedup at a batch size": [c for c, b in zip(claims, blind) if not b],
+        "whether DDP's own work and the fitted all-reduce make DDP's step": [ddp_terms.terms_claim(sweep)],
+    }
+
+
+def loopback_facts(sweep) -> str:
+    """The speedup points whose check a model where DDP is free passes too, printed as facts (ddp_terms.blind_facts)."""
+    _, blind, _ = blind_points(sweep)
+    return ddp_terms.blind_facts(sweep, ddp_free_ratio, blind)
 
 
 def loopback_fold(sweep) -> str:
-    """Section 3's visible line (what its folded checks are): which batches can catch a model missing DDP's terms,
-    those whose margin a DDP-free model falls outside (loopback_conclusions), so a headline never hides that."""
+    """Section 3's visible line (what its folded checks are): the batches whose speedup check a DDP-free model fails
+    (loopback_conclusions), and the DDP step rebuilt from nocomm and section 1's fit."""
     told = blind_points(sweep)[2]
-    who = f"only {' and '.join(told)} per process" if 0 < len(told) < len(sweep.pts) else "no batch here"
-    who = "each batch" if len(told) == len(sweep.pts) else who
-    return f"model-vs-measured speedups, one a batch; {who} can catch a model missing DDP's own work and all-reduce"
+    who = f"the speedup at {' and '.join(told)} per process" if told else "no speedup point"
+    return (
+        f"{who} (where a model with DDP free fails), and DDP's step at {sweep.batches[0]} per process from nocomm's "
+        "step + section 1's fitted all-reduce"
+    )
 
 
 GAP_SHORT = {  # section 2's four parts a learner needs (and the rest): label, and the fold's parts each adds up
@@ -119,7 +118,7 @@ GAP_SHORT = {  # section 2's four parts a learner needs (and the rest): label, a
     "ddp_own": ("DDP's own work (measured at the smallest batch)", ("ddp_own",)),
     "transfer": ("the all-reduce's transfer", ("transfer",)),
     "waiting": ("waiting for the slower rank", ("waiting",)),
-    "rest": ("everything else (split in the folded table)", ("gloo", "others", "rest")),
+    "rest": ("everything else (the nine-part table splits it)", ("gloo", "others", "rest")),
 }
 
 
@@ -129,22 +128,65 @@ def gap_short(sweep) -> dict:
     return {key: sum(gap[k] for k in parts) for key, (_, parts) in GAP_SHORT.items()}
 
 
+def rankable_parts(sweep) -> dict:
+    """The parts of section 2's gap (GAP_SHORT's, less the rest) this run can rank: those larger than gap_claim's bound
+    (GAP_BOUND of the DDP step, or what the runs behind the gap moved over the rounds, whichever is more), largest
+    first; none where gap_claim could not decide (a busy or moved run). A part within the bound could be any size the
+    noise allows, so no order among such parts is shown."""
+    if not sweep.gap_claim().checked:
+        return {}
+    parts, bound = {k: v for k, v in gap_short(sweep).items() if k != "rest"}, sweep.gap_bound_s()
+    return {k: parts[k] for k in sorted(parts, key=lambda k: -abs(parts[k])) if abs(parts[k]) > bound}
+
+
+def _within(sweep) -> str:
+    """What a part must pass to be ranked, in words: the runs' movement, or GAP_BOUND of the step where larger."""
+    bound, noise = sweep.gap_bound_s(), sweep.gap_noise_s()
+    if bound <= noise:
+        return f"{1000 * noise:.0f} ms by which section 2's runs moved"
+    return f"{1000 * bound:.0f} ms of {100 * GAP_BOUND:.0f}% of the DDP step (its runs moved {1000 * noise:.0f} ms)"
+
+
 def gap_short_table(sweep) -> str:
-    """Section 2's gap in GAP_SHORT's parts, from the even split to the measured DDP step."""
+    """Section 2's visible gap: the even split, the parts this run can rank (rankable_parts), the others added up in
+    one line, and the measured DDP step. Every part is in gap_fold's tables."""
     single, ddp = step_s(sweep.run("single")), sweep.ddp_s
+    ranked, short = rankable_parts(sweep), gap_short(sweep)
     lines = [
         f"{f'even split: 1 process / {sweep.n} ({1000 * single:.1f} / {sweep.n})':<50} {1000 * sweep.ideal_s:>7.1f} ms"
     ]
-    lines += [f"  {GAP_SHORT[k][0]:<48} {1000 * v:>+7.1f}" for k, v in gap_short(sweep).items()]
+    lines += [f"  {GAP_SHORT[k][0]:<48} {1000 * v:>+7.1f}" for k, v in ranked.items()]
+    rest = sum(v for k, v in short.items() if k not in ranked)
+    label = "the other parts (folded: none rankable alone)" if ranked else "all parts together (each in the fold)"
+    lines.append(f"  {label:<48} {1000 * rest:>+7.1f}")
     lines.append(f"{f'DDP step, measured ({single / ddp:.2f}x)':<50} {1000 * ddp:>7.1f} ms")
     return "\n".join(lines)
 
 
-def gap_fold(sweep) -> str:
-    """The nine-part table and the rest's line, as folded Markdown (the learner opens it on purpose)."""
+def gap_sentence(sweep) -> str:
+    """One generated sentence under section 2's table: which parts this run can rank, or that it can rank none, and
+    why (gap_claim's reason where it could not decide)."""
+    claim, ranked = sweep.gap_claim(), rankable_parts(sweep)
+    if not claim.checked:
+        return f"At {sweep.large} per process this run cannot rank the gap's parts: {claim.unchecked}."
+    if not ranked:
+        return (
+            f"At {sweep.large} per process every part of the gap is within the {_within(sweep)}: this run cannot "
+            "rank them, so the table shows their sum (the parts are folded below)."
+        )
+    named = ", ".join(f"{GAP_SHORT[k][0]} ({1000 * v:+.1f} ms a step)" for k, v in ranked.items())
     return (
-        "<details><summary>The gap in nine parts, and how far its runs moved</summary>\n\n```\n"
-        f"{sweep.gap_table()}\n{sweep.gap_rest_line()}\n```\n</details>"
+        f"At {sweep.large} per process only {named} {'is' if len(ranked) == 1 else 'are'} larger than the "
+        f"{_within(sweep)}; the other parts are within it, and this run cannot rank them (folded below)."
+    )
+
+
+def gap_fold(sweep) -> str:
+    """Every part, folded: GAP_SHORT's five, then the nine, and the rest's line (the learner opens it on purpose)."""
+    short = "\n".join(f"  {GAP_SHORT[k][0]:<48} {1000 * v:>+7.1f}" for k, v in gap_short(sweep).items())
+    return (
+        "<details><summary>The gap's parts, unranked, and how far their runs moved</summary>\n\n```\n"
+        f"the parts, in five:\n{short}\nand in nine:\n{sweep.gap_table()}\n{sweep.gap_rest_line()}\n```\n</details>"
     )
 
 
@@ -209,10 +251,9 @@ def point_text(sweep, p: dict, claim: Claim, caveat: bool = True) -> str:
 
 
 def story(sweep, emb_share: float) -> str:
-    """What the sweep showed, as short generated Markdown bullets: each point (with its caveats), why small
-    batches pay little (only where that point was checked, with the figures it rests on), and which parts of the gap
-    at the largest batch this run can tell apart: those larger than gap_claim's bound (only where that check could
-    decide); the others it cannot rank. A reason already given is not repeated."""
+    """What the sweep showed, as short generated Markdown bullets: each point (with its caveats), and why small
+    batches pay little (only where that point was checked, with the figures it rests on). Which parts of section 2's
+    gap this run can rank is section 2's own sentence (gap_sentence). A reason already given is not repeated."""
     claims = sweep.speedup_claims()
     reasons = {c.unchecked for c in claims}
     once = reasons_once(sorted(reasons)) if None not in reasons else []
@@ -247,34 +288,6 @@ def story(sweep, emb_share: float) -> str:
             f"({1000 * r['single']:.1f} ms). The processes share the machine, and every call of forward and backward "
             "has fixed costs (Python, operator dispatch) that a larger batch spreads over more examples."
         )
-    gap_claim = sweep.gap_claim()
-    if not gap_claim.checked:
-        out.append(
-            f"- Which part of section 2's gap saved or cost the most at {sweep.large} per process was not measurable "
-            f"on this run ({again(gap_claim.unchecked)})."
-        )
-        return "\n".join(out)
-    parts = {k: v for k, v in gap_short(sweep).items() if k != "rest"}
-    bound = sweep.gap_bound_s()  # the figure gap_claim checks the rest against: a part within it cannot be ranked
-    clear = sorted((k for k in parts if abs(parts[k]) > bound), key=lambda k: -abs(parts[k]))
-    noise = sweep.gap_noise_s()
-    within = (
-        f"{1000 * noise:.0f} ms by which section 2's runs moved"
-        if bound <= noise
-        else f"{1000 * bound:.0f} ms of {100 * GAP_BOUND:.0f}% of the DDP step (its runs moved {1000 * noise:.0f} ms)"
-    )
-    if clear:
-        named = ", ".join(f"*{GAP_SHORT[k][0]}* ({1000 * parts[k]:+.1f} ms a step)" for k in clear)
-        out.append(
-            f"- At {sweep.large} per process, of section 2's parts only {named} "
-            f"{'is' if len(clear) == 1 else 'are'} larger than the {within}; the others are within it, and this run "
-            "cannot rank them."
-        )
-    else:
-        out.append(
-            f"- At {sweep.large} per process every part of section 2's gap is within the {within}: the table shows "
-            "them, and this run cannot rank them."
-        )
     return "\n".join(out)
 
 
@@ -296,25 +309,16 @@ def headline_point(sweep, p: dict, claim: Claim) -> str:
     return f"{p['measured']:.2f}x (model {p['predicted']:.2f}" + "".join(f", {m}" for m in marks) + ")"
 
 
-def kaggle_reconciled(paper: list[dict], tensors) -> str:
-    """Section 5's two Kaggle figures side by side: the ESTIMATE for DistilBERT on 2 T4s and the published nanoGPT run
-    on the same machine, each as gradient bytes against one step's compute over the same host path. Nothing here checks
-    either: both rest on one published all-reduce time, which the line says."""
-    k, gb_s = cm.KAGGLE_NANOGPT, cm.kaggle_gb_s()
-    est = next(r["estimate"] for r in paper if r["gpu"] == "T4" and r["n"] == 2)
-    nano_mb, bert_mb = 4 * k["params"] / 1e6, sum(b for b, _ in tensors) / 1e6
-    nano, bert = k["comm_ms"] / k["one_gpu_ms"], est.comm_ms / est.compute_ms
-    measured, hidden = 2 * k["one_gpu_ms"] / k["ddp_ms"], 1 - (k["ddp_ms"] - k["one_gpu_ms"]) / k["comm_ms"]
+def t4_row_line(paper: list[dict]) -> str:
+    """Section 5's 2x T4 row in words, from the same rounded figures the table prints: a PREDICTION from two data
+    sheets (the T4's peak, PCIe 3.0 x16's nominal rate), and the command that measures the real rate on Kaggle."""
+    row = next(r for r in paper if r["gpu"] == "T4")
+    est, link = row["estimate"], row["link"]
     comm, exposed = round(est.comm_ms, 1), round(est.exposed_ms, 1)  # the table's row, as it prints them
-    verdict = (
-        f"Both rest on one published figure nobody here checked, from a notebook whose address this repository does "
-        f"not record: that {nano_mb:.0f} MB all-reduce's rate, timed while it overlapped backward, applied to "
-        f"{bert_mb:.0f} MB"
-    )
     return (
-        f"Kaggle's two figures, over the same {gb_s:.1f} GB/s host path: nanoGPT's {nano_mb:.0f} MB of gradients take "
-        f"{k['comm_ms']} ms, {nano:.2f} of its {k['one_gpu_ms']} ms step,\nand {100 * hidden:.0f}% of that hid behind "
-        f"backward (PUBLISHED, not run here: {measured:.2f}x on 2 GPUs);\nDistilBERT's {bert_mb:.0f} MB take "
-        f"{comm:.1f} ms, {bert:.1f}x its {est.compute_ms:.0f} ms step:\nthe model overlaps {comm - exposed:.1f} ms of "
-        f"them with backward and leaves {exposed:.1f} ms exposed (ESTIMATE: {est.speedup:.1f}x).\n{verdict}."
+        f"PREDICTION, {row['n']}x T4: DistilBERT's all-reduce takes {comm:.1f} ms a step over "
+        f"{link.name.split(' (')[0]}'s nominal {link.gb_s} GB/s, of which the model hides {comm - exposed:.1f} ms "
+        f"behind backward ({est.speedup:.1f}x).\nMeasured, on Kaggle's 2x T4: `python scripts/run_course.py "
+        "--preset kaggle_t4x2 --only 05`; section 1's fit there is the two T4s' real all-reduce rate,\n"
+        "to put in the place of the data sheet's."
     )
