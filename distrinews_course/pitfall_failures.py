@@ -115,11 +115,7 @@ def uneven_inputs(res, r: dict, hang_timeout_s: float, limit_s: float) -> Sympto
     batches = [per_rank[k] for k in sorted(per_rank)]  # in rank order: rank 0 first
     even, join = r["even"], r["join"]
     w = waited(res)
-    claims = [
-        Claim(
-            f"broken: ranks 0..{len(batches) - 1} had {batches} batches: uneven, rank 0 one more",
-            len(batches) > 1 and batches[0] == max(batches) == min(batches) + 1,
-        ),
+    claims = [  # the batches per rank are the script's set-up (one sample too many), shown in the row, not checked
         *_hang_ended(res, hang_timeout_s, limit_s, len(batches)),
         Claim(
             f"fix (a) even shards: {even['batches_per_rank']} batches per rank; it finished, parameters identical",

@@ -2,10 +2,12 @@
 
     epoch_orders(r)        pitfall 1: which samples each rank saw, epoch by epoch
     allreduces_per_micro(r)  pitfall 8: the all-reduces each micro-batch's backward made
+    who_waits(res, timeout_s)  pitfall 9: where each rank of the broken launch waited, how long, and how it ended
     running_means(r)       pitfall 12: BatchNorm's running means per channel, per rank, and one process's
     lr_curves(r)           pitfall 13: test accuracy against the samples seen
 
-Each returns the figure (shown in a notebook, saved with save_to).
+Each but who_waits reads the JSON; who_waits reads the broken launch's output. Each returns the figure (shown in a
+notebook, saved with save_to).
 """
 
 from __future__ import annotations
@@ -121,4 +123,29 @@ def lr_curves(r: dict, save_to=None):
         title=f"Pitfall 13 on synthetic data (4 classes, {r['n_train']:,} training samples, linear model, SGD)",
     )
     ax.legend(loc="lower right", fontsize=8)
+    return _done(fig, save_to)
+
+
+def who_waits(res, timeout_s: float, save_to=None):
+    """Pitfall 9, from the broken launch: each rank's wait in the collective it was in (rank 0 in its lone
+    all_reduce, the others in the next one, the script's barrier), as long as the rank measured it (waited_s), and
+    how it ended, read from the rank's own error line (pitfall_failures.rank_outcomes); the timeout dashed."""
+    from .demo import results
+    from .pitfall_failures import rank_outcomes
+
+    waited = {int(x["rank"]): float(x["waited_s"]) for x in results(res.output) if "waited_s" in x}
+    ends = rank_outcomes(res)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(waited) + 1.4))
+    for rank, w in sorted(waited.items()):
+        ax.barh(rank, w, height=0.5, color=BROKEN if rank == 0 else "#e67e22", alpha=0.75)
+        where = "in its all_reduce, alone" if rank == 0 else "in the next collective (barrier)"
+        ax.text(0.05, rank, where, va="center", fontsize=8, color="white")
+        ax.text(w, rank, f"  {ends.get(rank, 'no error line')} after {w:.1f} s", va="center", fontsize=8)
+    ax.axvline(timeout_s, color="grey", ls="--", lw=1, label=f"--ddp_timeout {timeout_s:g} s")
+    ax.set_yticks(sorted(waited), [f"rank {k}" for k in sorted(waited)])
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.6 * max([timeout_s, *waited.values()]))
+    ax.set(xlabel="seconds a rank waited (its own clock)", title="Pitfall 9: who waits where, and how it ends")
+    ax.legend(fontsize=8, loc="lower right")
     return _done(fig, save_to)
