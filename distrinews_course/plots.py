@@ -39,8 +39,26 @@ def integer_epochs(ax) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
+def step_curve(m: dict, window: int = 20) -> tuple[list, list]:
+    """The training loss of every optimizer step metrics.json records (rank 0's share under DDP; only the steps this
+    launch ran, after a resume), smoothed over `window` steps, at x = its place in epochs (step i of n in epoch e:
+    e - 1 + i / n). ([], []) for a record without per-step losses."""
+    xs, ys = [], []
+    for e in m["epochs"]:
+        losses = e.get("step_losses") or []
+        n = e.get("optimizer_steps") or len(losses)
+        first = n - len(losses)  # steps before a resume are not in this launch's list
+        for i, loss in enumerate(losses):
+            xs.append(e["epoch"] - 1 + (first + i + 1) / n)
+            ys.append(loss)
+    smooth = [sum(ys[max(0, i - window + 1) : i + 1]) / len(ys[max(0, i - window + 1) : i + 1]) for i in range(len(ys))]
+    return xs, smooth
+
+
 def plot_metrics(runs: dict, save_to=None, chance: float | None = 0.25):
-    """Loss and accuracy per epoch for one or more runs ({label: metrics.json path or dict}); returns the figure.
+    """Loss and accuracy for one or more runs ({label: metrics.json path or dict}); returns the figure. The training
+    loss is drawn per optimizer step (step_curve) where the record has it, per epoch otherwise; the held-out loss
+    and accuracy once per epoch, at the epoch's end.
 
     The accuracy axis starts at chance (25% for AG News' four classes), not at whatever the runs reached,
     so a 0.5-point wiggle does not look like a cliff; the title names the data."""
@@ -51,10 +69,14 @@ def plot_metrics(runs: dict, save_to=None, chance: float | None = 0.25):
         m = m if isinstance(m, dict) else load_metrics(m)
         titles.add(m["data"].get("title", m["data"]["source"]))
         ep = [e["epoch"] for e in m["epochs"]]
-        ax_loss.plot(ep, [e["train_loss"] for e in m["epochs"]], "o-", label=f"{label} train")
-        ax_loss.plot(ep, [e["val_loss"] for e in m["epochs"]], "s--", label=f"{label} val")
+        xs, ys = step_curve(m)
+        if xs:
+            (line,) = ax_loss.plot(xs, ys, "-", lw=1.0, label=f"{label} train (per step, mean of the last 20)")
+        else:
+            (line,) = ax_loss.plot(ep, [e["train_loss"] for e in m["epochs"]], "o-", label=f"{label} train")
+        ax_loss.plot(ep, [e["val_loss"] for e in m["epochs"]], "s--", color=line.get_color(), label=f"{label} val")
         ax_acc.plot(ep, [100 * e["val_accuracy"] for e in m["epochs"]], "o-", label=label)
-    ax_loss.set(xlabel="epoch", ylabel="cross-entropy", title="loss")
+    ax_loss.set(xlabel="epoch", ylabel="cross-entropy", title="loss", xlim=(0, None))
     ax_acc.set(xlabel="epoch", ylabel="accuracy (%)", title="validation accuracy", ylim=(100 * (chance or 0), 100))
     if chance:
         ax_acc.axhline(100 * chance, color="grey", lw=0.8, ls=":", label="chance")

@@ -246,3 +246,44 @@ def test_the_stubs_are_not_written_yet(tmp_path, capsys):
 def test_the_padding_guess_is_judged_against_the_measured_share(predicted, right):
     """A random-batch padding share of about 22% is what cpu_smoke's 960 texts (mean 50 tokens, cut at 64) give."""
     assert R.padding_guess_ok(predicted, 0.22) is right
+
+
+# exercises 2 and 3's claims (distrinews_course.baseline_exercises): a wrong figure fails them
+def test_padding_claim_holds_only_for_more_than_twice_the_grouped_padding():
+    from distrinews_course.baseline_exercises import padding_claims
+
+    def runs(random_pad, grouped_pad):
+        return {"not grouped": {"aggregates": {"padding_fraction": random_pad}},
+                "grouped": {"aggregates": {"padding_fraction": grouped_pad}}}  # fmt: skip
+
+    assert [c.holds for c in padding_claims(runs(0.22, 0.008))] == [True]
+    assert "27.5x" in padding_claims(runs(0.22, 0.008))[0].text
+    assert [c.holds for c in padding_claims(runs(0.22, 0.11))] == [False]  # exactly twice is not more
+    assert [c.holds for c in padding_claims(runs(0.008, 0.22))] == [False]  # the two runs swapped
+
+
+def test_continue_claims_fail_on_a_fresh_start_a_retrained_epoch_or_a_lost_epoch():
+    from distrinews_course.baseline_exercises import continue_claims
+
+    resumed = "resumed from outputs/x/snapshots/snap_e002_b000000.pt\nepoch 2/2 | loss 0.5\nsaved m.pt"
+    both = {"epochs": [{}, {}]}
+    assert [c.holds for c in continue_claims(resumed, both)] == [True, True, True]
+    fresh = "epoch 1/2 | loss 0.9\nepoch 2/2 | loss 0.5"  # --resume ignored: both epochs again
+    assert [c.holds for c in continue_claims(fresh, both)] == [False, False, True]
+    mid = resumed.replace("snap_e002_b000000", "snap_e001_b000020")  # resumed from a mid-epoch snapshot
+    assert [c.holds for c in continue_claims(mid, both)] == [False, True, True]
+    assert [c.holds for c in continue_claims(resumed, {"epochs": [{}]})] == [True, True, False]  # epoch 1 lost
+
+
+def test_step_curve_places_each_step_in_its_epoch_and_skips_a_resumed_epochs_earlier_steps():
+    from distrinews_course.plots import plot_metrics, step_curve
+
+    m = {"epochs": [{"epoch": 1, "optimizer_steps": 4, "step_losses": [4.0, 3.0, 2.0, 1.0]},
+                    {"epoch": 2, "optimizer_steps": 4, "step_losses": [0.5, 0.25]}]}  # fmt: skip
+    xs, ys = step_curve(m, window=1)
+    assert xs == [0.25, 0.5, 0.75, 1.0, 1.75, 2.0] and ys == [4.0, 3.0, 2.0, 1.0, 0.5, 0.25]
+    assert step_curve(m, window=2)[1] == [4.0, 3.5, 2.5, 1.5, 0.75, 0.375]
+    assert step_curve({"epochs": [{"epoch": 1, "optimizer_steps": 4}]}) == ([], [])  # an older record: per epoch
+    epochs = [{**e, "train_loss": 1.0, "val_loss": 1.0, "val_accuracy": 0.5} for e in m["epochs"]]
+    rec = {"data": {"title": "t", "source": "s"}, "epochs": epochs}
+    assert len(plot_metrics({"run": rec}).axes[0].lines[0].get_xdata()) == 6

@@ -386,6 +386,16 @@ def parse(description: str, argv=None, ddp: bool = False) -> RunConfig:
     return finish(cfg, ddp, preset_path(auto_preset() if given == "auto" else given))
 
 
+def setup(description: str, argv=None, ddp: bool = False) -> RunConfig:
+    """parse(), then apply what holds for the whole process: --threads (torch's CPU threads per process)."""
+    cfg = parse(description, argv, ddp)
+    if cfg.threads:
+        import torch  # here, not at the top: reading the flags needs no torch
+
+        torch.set_num_threads(cfg.threads)
+    return cfg
+
+
 def scaled_lr(lr: float, batch_size: int, base_batch: int) -> float:
     """The square-root rule for Adam-type optimizers (Malladi et al., 2022): k times the batch, sqrt(k) times the
     rate. The linear rule (k times) is SGD's; with AdamW it overshoots (BERT fine-tuning diverges at 8 x 5e-5)."""

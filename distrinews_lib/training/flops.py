@@ -118,6 +118,14 @@ def epoch_mfu(stats, shape: ModelShape, peak: float | None, n_devices: int = 1) 
     return mfu(training_flops_from_sums(shape, stats.tokens, stats.sum_sq_len) / stats.seconds, peak, n_devices)
 
 
+def model_mfu(stats, model, amp, n_devices: int = 1) -> float | None:
+    """An epoch's MFU for `model` (bare, DDP- or compile-wrapped; amp: precision.AmpSettings): model FLOPs per second
+    over the peak of the device its weights are on. None on a CPU or an unknown GPU. Counting the parameters takes
+    well under a millisecond."""
+    device = next(unwrap(model).parameters()).device
+    return epoch_mfu(stats, model_shape(model), device_peak(device, amp.mode), n_devices)
+
+
 def mfu_percent(mfu: float) -> str:
     """'34.5%', or four decimals below 1% (a tiny model on an H200 runs at 0.003%, which one decimal shows as 0.0)."""
     return f"{100 * mfu:.{1 if mfu >= 0.01 else 4}f}%"

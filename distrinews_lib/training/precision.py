@@ -83,3 +83,8 @@ def resolve_amp(mode: str, device: torch.device) -> AmpSettings:
 
 def make_grad_scaler(amp: AmpSettings, device: torch.device):
     return torch.amp.GradScaler(device.type, enabled=amp.use_scaler)
+
+
+def compile_if_asked(model, cfg):
+    """--compile: the model under torch.compile (--compile_mode reduce-overhead: CUDA graphs); otherwise as it is."""
+    return torch.compile(model, mode=cfg.compile_mode) if cfg.compile else model

@@ -119,6 +119,7 @@ class RunTracker:
                 "sum_sq_len": train.sum_sq_len,
                 "optimizer_steps": train.optimizer_steps,
                 "val_examples": val.n,
+                "step_losses": [round(x, 5) for x in train.step_losses or []],  # this rank's, this launch's steps
             }
         )
         self._write()
