@@ -8,7 +8,7 @@ from .plots import _pyplot
 # (what the script calls, what it is for, how chapter 02's DDP script treats it: same, changed or new)
 PARTS = [
     ("torchrun_env, init_process_group", "who am I? join the process group", "new"),
-    ("config.parse", "flags and a preset", "changed"),
+    ("config.setup", "flags and a preset", "changed"),
     ("resolve_device, resolve_amp", "the device, the precision", "changed"),
     ("plan.decide, plan.prepare", "data and model, decided once", "changed"),
     ("sampler + DataLoader", "which examples, in which order", "changed"),

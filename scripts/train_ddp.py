@@ -22,9 +22,7 @@ from distrinews_lib.training.tracking import RunTracker
 @record  # under torchrun, a crashing rank's traceback is reported as the root cause
 @main_guard
 def main():
-    cfg = config.parse("Train the AG News classifier with DDP (launch with torchrun).", ddp=True)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    cfg = config.setup("Train the AG News classifier with DDP (launch with torchrun).", ddp=True)  # and set --threads
     rank, local_rank, world_size, init_method = D.torchrun_env()  # who am I? (plain `python`: a world of one)
     backend, why = D.choose_backend(cfg.backend)
     device = D.device_for(backend, local_rank)  # nccl: this rank's own GPU, cuda:LOCAL_RANK
@@ -39,7 +37,6 @@ def main():
         run_plan, cfg = run_plan[0], run_plan[0].cfg
         run = plan.prepare(run_plan)  # texts, model and tokenizer as planned; tokenized once and cached
         model = run.model.to(device)
-        shape, peak = flops.model_shape(model), flops.device_peak(device, amp.mode)  # for MFU (GPUs)
 
         # The sampler decides which examples this process sees, in which order.
         sampler = DistributedSampler(run.train_ds, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed)
@@ -59,8 +56,7 @@ def main():
         start = snap.resume(run_plan.resume)  # --resume auto: continue from the newest good snapshot
         model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,  # rank 0's weights to all
                     bucket_cap_mb=cfg.bucket_cap_mb, gradient_as_bucket_view=cfg.gradient_as_bucket_view)
-        if cfg.compile:
-            model = torch.compile(model, mode=cfg.compile_mode)  # reduce-overhead: CUDA graphs
+        model = precision.compile_if_asked(model, cfg)  # --compile: torch.compile
 
         val = None
         for epoch in range(start.epoch, cfg.epochs + 1):
@@ -77,7 +73,7 @@ def main():
                         with amp.autocast(device):
                             out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                         labels=batch["labels"])
-                        loss = out.loss  # the model's own: over the classes, the next token (clm), the masked ones
+                        loss = out.loss  # the model's own cross-entropy against the batch's labels
                         scaler.scale(loss / len(micro_batches)).backward()  # gradients add up over the micro-batches
                     meter.add(loss, cpu_batch)
                 scaler.unscale_(optimizer)  # clip the real gradients, not the fp16-scaled ones
@@ -93,7 +89,7 @@ def main():
             train = meter.finish(lr=scheduler.get_last_lr()[0])
             val = evaluation.evaluate(model, val_loader, device=device, amp=amp, task=run.task)
             tracker.log_epoch(epoch, train, val)
-            D.print0(epochs.epoch_line(epoch, cfg.epochs, train, val, flops.epoch_mfu(train, shape, peak, world_size)))
+            D.print0(epochs.epoch_line(epoch, cfg.epochs, train, val, flops.model_mfu(train, model, amp, world_size)))
             snap.epoch_end(epoch)
         val = val or evaluation.evaluate(model, val_loader, device=device, amp=amp, task=run.task)  # resumed at the end
 

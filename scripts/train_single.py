@@ -15,9 +15,7 @@ from distrinews_lib.training.tracking import RunTracker
 @record  # under torchrun, a crashing rank's traceback is reported as the root cause
 @main_guard
 def main():
-    cfg = config.parse("Train the AG News classifier in one process.")
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    cfg = config.setup("Train the AG News classifier in one process.")  # and set --threads
     device = precision.resolve_device()
     amp = precision.resolve_amp(cfg.amp, device)
     print(f"preset {cfg.preset} | 1 process | device {device} | {amp.reason}")
@@ -26,7 +24,6 @@ def main():
     cfg = run_plan.cfg  # as the plan settled it (a model from random weights gets its own learning rate)
     run = plan.prepare(run_plan)  # texts, model and tokenizer as planned; tokenized once and cached
     model = run.model.to(device)
-    shape, peak = flops.model_shape(model), flops.device_peak(device, amp.mode)  # for MFU (GPUs)
 
     # The sampler decides which examples this process sees, in which order.
     sampler = batching.ShuffleSampler(run.train_ds, seed=cfg.seed)
@@ -43,8 +40,7 @@ def main():
     snap = snapshot.Snapshotter(cfg, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                                 tracker=tracker, label_names=run.label_names)
     start = snap.resume(run_plan.resume)  # --resume auto: continue from the newest good snapshot
-    if cfg.compile:
-        model = torch.compile(model, mode=cfg.compile_mode)  # reduce-overhead: CUDA graphs
+    model = precision.compile_if_asked(model, cfg)  # --compile: torch.compile
 
     val = None
     for epoch in range(start.epoch, cfg.epochs + 1):
@@ -59,7 +55,7 @@ def main():
                 with amp.autocast(device):
                     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                 labels=batch["labels"])
-                loss = out.loss  # the model's own: over the classes, the next token (clm), the masked ones
+                loss = out.loss  # the model's own cross-entropy against the batch's labels
                 scaler.scale(loss / len(micro_batches)).backward()  # gradients add up over the micro-batches
                 meter.add(loss, cpu_batch)
             scaler.unscale_(optimizer)  # clip the real gradients, not the fp16-scaled ones
@@ -75,7 +71,7 @@ def main():
         train = meter.finish(lr=scheduler.get_last_lr()[0])
         val = evaluation.evaluate(model, val_loader, device=device, amp=amp, task=run.task)
         tracker.log_epoch(epoch, train, val)
-        print(epochs.epoch_line(epoch, cfg.epochs, train, val, flops.epoch_mfu(train, shape, peak)))
+        print(epochs.epoch_line(epoch, cfg.epochs, train, val, flops.model_mfu(train, model, amp)))
         snap.epoch_end(epoch)
     val = val or evaluation.evaluate(model, val_loader, device=device, amp=amp, task=run.task)  # resumed at the end
 
