@@ -4,6 +4,7 @@ the events the fault wrapper notes (faults.timeline: each process's start, each 
     story = kill_story(faults.timeline(run_dir), total_steps=100, every=16)
     story.resumed_step, story.lost_s, story.restart_s, story.back_s, story.step_s, story.redone
     plot_kill_and_resume(story)
+    plot_resume_plan(plan)   # before run B: the kill, the restart and the resume from a snapshot, as planned
 
 The step attempt 1 resumed at is measured, not given: the run's total steps less the steps attempt 1 trained.
 """
@@ -122,3 +123,49 @@ def plot_kill_and_resume(story: KillStory):
     ax.grid(alpha=0.2)
     fig.tight_layout()
     return fig
+
+
+def resume_plan(steps_per_epoch: int, epochs: int, every: int, kill_step: int) -> dict:
+    """Run B's plan in optimizer steps, for the picture drawn before it runs: attempt 0 trains steps 1..kill_step,
+    writing a snapshot after every `every`-th and at each epoch's end; the restarted attempt 1 loads the newest
+    snapshot before the kill and trains from it to the end, so the steps between that snapshot and the kill are
+    trained twice."""
+    total = steps_per_epoch * epochs
+    snapshots = sorted({*range(every, total + 1, every), *range(steps_per_epoch, total + 1, steps_per_epoch)})
+    snap = max((s for s in snapshots if s <= kill_step), default=0)  # none yet: from the beginning
+    return {
+        "attempt 0": (0, kill_step),
+        "attempt 1": (snap, total),
+        "redone": (snap, kill_step),
+        "snapshots": snapshots,
+        "epoch ends": [steps_per_epoch * e for e in range(1, epochs + 1)],
+    }
+
+
+def plot_resume_plan(plan):
+    """The schematic before run B (plan: a resume_demo.DemoPlan): two bars of optimizer steps, attempt 0 killed and
+    attempt 1 resumed from the newest snapshot before the kill, with the snapshots and the steps trained twice."""
+    from distrinews_course.plots import _pyplot, finish
+
+    p = resume_plan(plan.steps, plan.epochs, plan.every, plan.kill_step)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(10, 2.6))
+    for y, name in ((1, "attempt 0"), (0, "attempt 1")):
+        lo, hi = p[name]
+        ax.barh(y, hi - lo, left=lo, height=0.35, color=f"C{y ^ 1}", alpha=0.7)
+        snaps = [s for s in p["snapshots"] if lo < s <= hi]
+        ax.plot(snaps, [y] * len(snaps), "D", color="black", ms=5, label="snapshot written" if y else None)
+    lo, hi = p["redone"]
+    ax.barh(0, hi - lo, left=lo, height=0.35, fill=False, hatch="///", edgecolor="tab:orange", label="trained twice")
+    ax.plot(plan.kill_step, 1, "x", color="tab:red", ms=9, mew=2, label=f"rank 1 killed after step {plan.kill_step}")
+    ax.annotate("", xy=(lo, 0.19), xytext=(lo, 0.81), arrowprops={"arrowstyle": "->"})
+    ax.text(
+        lo + 1.5, 0.5, "torchrun restarts every rank; --resume auto loads the newest snapshot", va="center", fontsize=8
+    )
+    for end in p["epoch ends"]:
+        ax.axvline(end, color="grey", lw=0.8, ls="--")
+    ax.set_yticks([1, 0], ["attempt 0", "attempt 1"])
+    ax.set(ylim=(-0.5, 1.6), xlim=(0, p["attempt 1"][1] + 1), xlabel="optimizer step (dashed: an epoch ends)",
+           title="run B, as planned: kill, restart, resume")  # fmt: skip
+    ax.legend(fontsize=7, loc="upper right")
+    return finish(fig)
