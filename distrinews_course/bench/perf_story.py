@@ -106,10 +106,10 @@ def loopback_fold(sweep) -> str:
     """Section 3's visible line (what its folded checks are): the batches whose speedup check a DDP-free model fails
     (loopback_conclusions), and the DDP step rebuilt from nocomm and section 1's fit."""
     told = blind_points(sweep)[2]
-    who = f"the speedup at {' and '.join(told)} per process" if told else "no speedup point"
+    who = f"the speedup at {' and '.join(told)} per process, and " if told else ""
     return (
-        f"{who} (where a model with DDP free fails), and DDP's step at {sweep.batches[0]} per process from nocomm's "
-        "step + section 1's fitted all-reduce"
+        f"checks that fail a model with DDP free: {who}DDP's step at {sweep.batches[0]} per process rebuilt from "
+        "nocomm's step + section 1's fitted all-reduce"
     )
 
 
