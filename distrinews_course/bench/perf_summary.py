@@ -113,7 +113,7 @@ def record(env, cost, sweep, *, seconds, no_sync=None, after=None, box_why=""):
             },
             "box_why": box_why,
         },
-        headline=f"alpha {1000 * cost.fit.alpha_s:.1f} ms, {cost.fit.bandwidth / 1e9:.1f} GB/s; speedup "
+        headline=f"alpha {1000 * cost.fit.alpha_s:.2f} ms, {cost.fit.bandwidth / 1e9:.2f} GB/s; speedup "
         + " / ".join(perf_story.headline_point(sweep, p, c) for p, c in zip(sweep.pts, sweep.speedup_claims()))
         + f" at {' / '.join(str(p['b']) for p in sweep.pts)} per process",
     )
