@@ -63,9 +63,19 @@ def test_sigkill_one_rank_then_restart_ends_bit_identical(tmp_path):
     # The resumed epoch's metrics cover the whole epoch (its counters travel in the snapshot), marked as resumed.
     ma, mb = (json.loads((d / "metrics.json").read_text())["epochs"] for d in (a, b))
     untimed = lambda e: {
-        k: v for k, v in e.items() if k not in ("epoch_time_s", "samples_per_s", "tokens_per_s", "resumed")
+        k: v
+        for k, v in e.items()
+        if k not in ("epoch_time_s", "samples_per_s", "tokens_per_s", "resumed", "step_losses")
     }
     assert [untimed(e) for e in ma] == [untimed(e) for e in mb]
+    # Each step's loss: a launch records its own steps, so the resumed epoch holds those after the snapshot, and
+    # they are the uninterrupted run's last ones, exactly.
+    resumed_steps = mb[0]["step_losses"]
+    assert (
+        0 < len(resumed_steps) < len(ma[0]["step_losses"])
+        and ma[0]["step_losses"][-len(resumed_steps) :] == resumed_steps
+    )
+    assert ma[1]["step_losses"] == mb[1]["step_losses"]
     assert [e["resumed"] for e in mb] == [True, False] and not any(e["resumed"] for e in ma)
 
 
