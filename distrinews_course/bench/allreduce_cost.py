@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ..claims import Claim
 from ..perf_model import Fit, fit_alpha_beta, ring_bytes_per_rank
 from . import quiet
-from .timing import NOISY_SPREAD, checked_margin, rounds_spread
+from .timing import NOISY_SPREAD, checked_margin, middle_spread
 
 FIT_BOUND = (
     0.30  # a fit without it predicts the 16 MiB message within this share (a NOTE where its repetitions moved more)
@@ -94,10 +94,11 @@ class AllreduceCost:
         line that bends to reach it cannot pass by construction. 30%, because the fit weighs every size alike
         (relative error) and a 2-core machine's small messages move by more than that. Checked where other programs
         were quiet during the all-reduces and that message's repetitions agreed within timing.NOISY_SPREAD
-        (timing.checked_margin): where they moved more, the host moved whole repetitions, and the point is shown
-        with a NOTE, not checked within its own spread."""
+        (timing.checked_margin on timing.middle_spread: the repetitions that set the median, since one stray one does
+        not move it): where they moved more, the host moved whole repetitions, and the point is shown with a NOTE,
+        not checked within its own spread."""
         held = self.rows2[-2]
-        spread = rounds_spread(held["times"])
+        spread = middle_spread(held["times"])
         within = checked_margin(FIT_BOUND, spread)
         fit = fit_alpha_beta([r for r in self.rows2 if r is not held])
         model = fit.seconds(held["bytes"])
@@ -109,7 +110,9 @@ class AllreduceCost:
         q = quiet.all_quiet([{"others_cores": self.others}], self.gpus)
         why = None if q else quiet.busy_reason([{"others_cores": self.others}])
         if why is None and within is None:
-            why = f"its {len(held['times'])} repetitions moved by {100 * spread:.0f}%, over {100 * NOISY_SPREAD:.0f}%"
+            n = len(held["times"])
+            middle = f"the middle {n - 2} of its {n}" if n >= 5 else f"its {n}"
+            why = f"{middle} repetitions moved by {100 * spread:.0f}%, over {100 * NOISY_SPREAD:.0f}%"
         return Claim(text, self.fit.alpha_s > 0 and abs(model / held["seconds"] - 1) < (within or FIT_BOUND), why)
 
     def ring_claims(self) -> list[Claim]:

@@ -192,6 +192,14 @@ def rounds_spread(values) -> float:
     return (max(vals) - min(vals)) / statistics.median(vals)
 
 
+def middle_spread(values) -> float:
+    """How far the repetitions that set a median disagree: rounds_spread of the middle ones, the fastest and the
+    slowest dropped where there are 5 or more. A median of 5 lies between the 2nd and 4th (62% of the time for any
+    distribution), so one stray repetition, which cannot move the median, does not decide whether it is checked."""
+    vals = sorted(float(v) for v in values)
+    return rounds_spread(vals[1:-1] if len(vals) >= 5 else vals)
+
+
 def checked_margin(bound: float, spread: float, times: float = 1.0) -> float | None:
     """The share a measurement is checked within: `bound`, or `times` the rounds' own spread where wider; None (shown,
     not checked) where the spread is above NOISY_SPREAD."""
