@@ -14,7 +14,8 @@ from pathlib import Path
 
 from . import ROOT
 from . import memory as M
-from .memory_runs import STAGE, Claim, Launch
+from .memory_runs import STAGE, Claim, Launch, held_rows, zero1_state_mb
+from .records import write_record
 
 # ---------------------------------------------------------------------------------------------------------------
 # Section 5: the calculator against the measured peaks
@@ -230,3 +231,28 @@ def distilbert_peak(path=None) -> DistilbertPeak:
         bench["model"], bench["machine"], bench["n_params"], peak1, peak2, cal2, parts,
         two.fullest("ddp")["activations_saved"] / M.MiB, e,
     )  # fmt: skip
+
+
+def write_chapter_record(calc: CalculatorCheck, one: Launch, two: Launch, adamw, rec, saved_mb: float, base) -> dict:
+    """Chapter 06's record (records.write_record): the calculator's errors, the runtimes, AdamW's temporaries,
+    recomputation's price, the bucket view's saving, what each rank holds, and DistilBERT's parts; returns it."""
+    figures = {
+        "calculator_rel_errors": calc.rel_errors,
+        "runtime_mib": {"1": round(one.runtime_mb, 1), str(two.world): round(two.runtime_mb, 1)},
+        "adamw_temporaries_mib": {"measured": adamw.median_mb, "calculator": adamw.calculator_mb()},
+        "recompute": {
+            "activations_mib": rec.activations_mb,
+            "peak_mib": rec.peak_mb,
+            **{k: round(getattr(rec, k), 3) for k in ("flop_ratio", "cpu_ratio", "time_ratio")},
+        },
+        "bucket_view_saves_mib": round(saved_mb, 1),
+        "zero1_optimizer_mib": zero1_state_mb(two),
+        "held_bytes_per_param": {x["name"]: round(x["per_param"], 2) for x in held_rows(two)},
+        "distilbert_ddp": {"peak_mib": round(base.peak2), "parts_mib": {w: round(mb) for w, mb in base.parts}},
+    }
+    headline = (
+        f"calculator within {100 * max(calc.rel_errors.values()):.0f}% of {len(calc.rel_errors)} measured peaks; "
+        f"recomputation: peak {rec.peak_mb[0]:.0f} -> {rec.peak_mb[1]:.0f} MiB for {rec.flop_ratio:.2f}x FLOPs; "
+        f"bucket view saves {saved_mb:.1f} MiB/rank"
+    )
+    return write_record("06_memory_and_sharding", figures, headline)

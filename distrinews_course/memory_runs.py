@@ -165,8 +165,7 @@ class AdamwTemporaries:
         ok = all(abs(med[k] - calc[k]) <= margin * calc[k] + self.spread_mb for k in M.ADAMW)
         return ok, (
             "each implementation's step allocates what the calculator says: two of the largest tensor (for-loop), "
-            f"one of every tensor (foreach), none (fused); within {100 * margin:.0f}% and the spread of three "
-            f"measurements ({self.spread_mb:.2f} MiB)"
+            f"one of every tensor (foreach), none (fused), within {100 * margin:.0f}% give or take their spread"
         )
 
     def summary(self, other: str = "distilbert-base") -> str:
@@ -472,10 +471,12 @@ def sharding_claims(two: Launch) -> list[Claim]:
                 f"({', '.join(f'{v:.2f}' for v in ds.values())})",
             )
         )
+        above = [two.peak(k) - two.peak("ddp") for k in ds]  # measured; what that memory is, is not
         out.append(
             (
-                all(two.peak(k) > two.peak("ddp") for k in ds),
-                "... and yet each DeepSpeed run peaked above plain DDP's: its own buffers are none of these tensors",
+                min(above) > 0,
+                f"... and yet each DeepSpeed run peaked above plain DDP's (+{min(above):.1f} to +{max(above):.1f} "
+                "MiB): memory outside these tensors, which this run does not break down",
             )
         )
     return out

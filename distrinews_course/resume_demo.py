@@ -8,6 +8,7 @@ graded on.
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import re
@@ -16,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from distrinews_lib.training import snapshot
+from distrinews_lib.training import resume, snapshot
 
 AGENT = re.compile(r"^[IWE]\d{4} [\d:.]+ +\d+ \S+\] ")  # torchrun's own log lines (glog format)
 STORY = ("restart_count=", "will restart", "exitcode", "closing signal", "Root Cause", "successfully finished")
@@ -261,12 +262,30 @@ def snapshot_contents(path) -> list[str]:
     return [
         f"position       : epoch {snap['epoch']}, batch {snap['batches_done']}, global step {snap['global_step']}, "
         f"world size {snap['world_size']}",
+        *(  # an epoch-end snapshot is named after where training resumes: the next epoch's batch 0
+            [f"                 (written at the end of epoch {snap['epoch'] - 1}: named by where a resume starts)"]
+            if snap["batches_done"] == 0 and snap["meters"] is None
+            else []
+        ),
         f"model tensors  : {len(snap['model'])}",
         f"optimizer state: {len(opt_state)} parameters x {sorted(next(iter(opt_state.values())))}",
         f"scheduler      : last_epoch {snap['scheduler']['last_epoch']}",
         f"RNG states     : {len(snap['rng'])} ranks x {sorted(snap['rng'][0])}",
         f"epoch counters : {'none (an epoch-end snapshot)' if snap['meters'] is None else sorted(snap['meters'][0])}",
     ]
+
+
+def snapshot_code() -> str:
+    """The code behind the chapter's snapshot table, read from the library: `Snapshotter.save`, which every rank
+    calls, then the lines of `ResumeChoice.load_into` that give each rank its position, counters and RNG back."""
+    load = inspect.getsource(resume.ResumeChoice.load_into).splitlines()
+    first = next(i for i, line in enumerate(load) if "snap.global_step = payload" in line)
+    last = next(i for i, line in enumerate(load) if "set_rng_state(rngs[snap.rank])" in line)
+    return (
+        inspect.getsource(snapshot.Snapshotter.save)
+        + "\n    # ... ResumeChoice.load_into (resume.py), on every rank, once the model and optimizer are loaded:\n"
+        + "\n".join(load[first : last + 1])
+    )
 
 
 def pick_snapshot_cases(run_a, root):

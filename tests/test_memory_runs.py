@@ -20,6 +20,7 @@ from distrinews_course.memory_calculator_check import (
     calculator_check,
     committed_facts,
     distilbert_peak,
+    write_chapter_record,
 )
 
 matplotlib.use("Agg")
@@ -251,3 +252,15 @@ def test_each_figure_draws_what_it_is_given(one, two):
     assert len(F.held_figure(R.held_rows(two), 2).axes[0].patches) == 3 * len(R.held_rows(two))
     base = distilbert_peak()
     assert len(F.parts_figure(base.parts, base.peak2, "x").axes[0].patches) == len(base.parts) + 1
+
+
+def test_the_chapter_record_holds_the_runs_figures(one, two, tmp_path, monkeypatch):
+    monkeypatch.setenv("DISTRINEWS_COURSE_RECORDS", str(tmp_path))
+    calc, rec = calculator_check(one, two), R.recomputation(one)
+    want = {k: M.estimate("tiny", adamw=k).parts["AdamW temporaries"] for k in M.ADAMW}
+    adamw = R.AdamwTemporaries({k: [v] * 3 for k, v in want.items()})
+    record = write_chapter_record(calc, one, two, adamw, rec, 8.0, distilbert_peak())
+    assert json.loads((tmp_path / "06_memory_and_sharding.json").read_text())["headline"] == record["headline"]
+    assert record["runtime_mib"] == {"1": round(one.runtime_mb, 1), "2": round(two.runtime_mb, 1)}
+    assert record["held_bytes_per_param"]["ddp"] == 16.0 and record["bucket_view_saves_mib"] == 8.0
+    assert f"of {len(calc.rel_errors)} measured peaks" in record["headline"]

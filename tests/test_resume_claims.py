@@ -140,3 +140,17 @@ def test_the_plan_picture_resumes_from_the_newest_snapshot_before_the_kill():
     bars = [(b.get_x(), b.get_width()) for b in fig.axes[0].patches]
     k, snap = PLAN.kill_step, PLAN.snap_step
     assert bars[:3] == [(0, k), (snap, PLAN.steps * PLAN.epochs - snap), (snap, k - snap)]  # drawn as planned
+
+
+def test_the_snapshot_look_names_an_epoch_end_by_the_epoch_it_ends(tmp_path):
+    end = tmp_path / "snap_e003_b000000.pt"
+    torch.save({"snapshot_version": SNAPSHOT_VERSION, "global_step": 100, "batches_done": 0, "world_size": 2,
+                "epoch": 3, "scheduler": {"last_epoch": 100}, "rng": [{"torch": 0}, {"torch": 0}], "meters": None,
+                "model": {"w": torch.zeros(2)}, "optimizer": {"state": {0: {"step": 1}}}}, end)  # fmt: skip
+    lines = resume_demo.snapshot_contents(end)
+    assert "epoch 3, batch 0" in lines[0] and "at the end of epoch 2" in lines[1]
+    mid = tmp_path / "snap_e002_b000046.pt"
+    torch.save({**torch.load(end, weights_only=False), "epoch": 2, "batches_done": 46, "meters": [{}, {}]}, mid)
+    assert not any("end of epoch" in line for line in resume_demo.snapshot_contents(mid))  # a mid-epoch one
+    code = resume_demo.snapshot_code()  # the library's own lines, from the save to the RNG states' return
+    assert "def save(" in code and code.rstrip().endswith("set_rng_state(rngs[snap.rank])")
