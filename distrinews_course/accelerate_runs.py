@@ -48,15 +48,39 @@ STEP_DDP = ("for micro_batches in epochs.accumulate", "snap.step(")  # train_ddp
 STEP_ACCELERATE = ("for batch in run.train_batches", "run.record(")  # train_accelerate.py's
 
 
+BLOCKS = ("for ", "while ", "if ", "elif ", "else:", "with ", "try:", "except", "finally:")
+
+
+def _blocks(lines: list[str], k: int) -> list[str]:
+    """The block headers line k sits under, innermost first: each earlier, less indented line opening a block."""
+    out, indent = [], len(lines[k]) - len(lines[k].lstrip())
+    for line in reversed(lines[:k]):
+        code, depth = line.split("  # ")[0].rstrip(), len(line) - len(line.lstrip())
+        if code.lstrip().startswith(BLOCKS) and depth < indent:
+            out.append(code.strip())
+            indent = depth
+    return out
+
+
+def _header(code: str) -> str:
+    """A block header as a short name: a header whose brackets open onto the next lines ends '(...):'."""
+    return code if code.count("(") == code.count(")") else code.split("(")[0] + "(...):"
+
+
 def step_diff(ddp="scripts/train_ddp.py", accelerate="scripts/train_accelerate.py") -> tuple[str, int, int]:
-    """train_ddp.py's training step against train_accelerate.py's, line by line (indentation ignored): '- ' only
-    in train_ddp.py, '+ ' only in train_accelerate.py, '  ' in both. Returns (the text, lines removed, added)."""
+    """train_ddp.py's training step against train_accelerate.py's, line by line: '- ' only in train_ddp.py, '+ '
+    only in train_accelerate.py, '  ' in both under the same blocks, '~ ' the same text under other blocks (so it
+    runs at other times), with train_ddp.py's innermost block named. Returns (the text, lines removed, added)."""
     a, b = _region(ddp, *STEP_DDP), _region(accelerate, *STEP_ACCELERATE)
     matcher = difflib.SequenceMatcher(None, [x.strip() for x in a], [x.strip() for x in b], autojunk=False)
     out, removed, added = [], 0, 0
     for tag, a1, a2, b1, b2 in matcher.get_opcodes():
         if tag == "equal":
-            out += ["  " + x for x in b[b1:b2]]
+            for i, j in zip(range(a1, a2), range(b1, b2)):
+                there, here = _blocks(a, i), _blocks(b, j)
+                moved = there[:-1] != here[:-1]  # each region's own loop aside
+                ddp_block = f"  # train_ddp.py: under `{_header(there[0])}`" if moved and there else ""
+                out.append(("~ " if moved else "  ") + b[j] + ddp_block)
             continue
         out += ["- " + x for x in a[a1:a2]] + ["+ " + x for x in b[b1:b2]]
         removed, added = removed + a2 - a1, added + b2 - b1
@@ -101,12 +125,9 @@ def step_summary(text: str, removed: int, added: int, run_py="distrinews_lib/acc
             moved += len(statement)
             calls += [n for n in names if n not in calls and "." in n]
         statement, depth = [], 0
-    run_lines = sum(x.startswith("+ ") and any(c.startswith("run.") for c in _calls(x)) for x in text.splitlines())
     return (
-        f"one optimizer step: {removed} lines of train_ddp.py became {added} of train_accelerate.py.\n"
-        f"{moved} of the {removed} moved into the course's accelerate_run.Run, not into Accelerate: "
-        f"{', '.join(calls)}\n(Run.train_batches and Run.record make these calls, {run_lines} lines here). "
-        f"The other {removed - moved} became the {added - run_lines} lines around Accelerate's calls."
+        f"one optimizer step: {removed} lines of train_ddp.py became {added} of train_accelerate.py; {moved} of the "
+        f"{removed} ({', '.join(calls)}) went into the course's Run, not into Accelerate."
     )
 
 
@@ -378,9 +399,9 @@ class TrainingPair:
         ends = [s for s, _ in ddp["val/accuracy"]]  # the optimizer step each epoch ended at
         plt = _pyplot()
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
-        ax1.plot(*zip(*ddp["train/loss_step"]), lw=1, label="train_ddp.py: every step")
-        ax1.plot(ends, acc["train/loss"], "s", ms=7, mfc="none", label="Accelerate's tracker: epoch mean")
-        ax1.set(xlabel="optimizer step", ylabel="training loss (rank 0)", title="from the TensorBoard event files")
+        ax1.plot(*zip(*ddp["train/loss_step"]), lw=1, label="train_ddp.py: every step, rank 0")
+        ax1.plot(ends, acc["train/loss"], "s", ms=7, mfc="none", label="Accelerate's tracker: epoch mean, all ranks")
+        ax1.set(xlabel="optimizer step", ylabel="training loss", title="from the TensorBoard event files")
         ax2.plot(ends, [100 * v for _, v in ddp["val/accuracy"]], "o-", label="train_ddp.py")
         ax2.plot(ends, [100 * v for v in acc["val/accuracy"]], "s", ms=9, mfc="none", label="Accelerate")
         ax2.set(xlabel="optimizer step", ylabel="validation accuracy (%)", ylim=(20, 100), title=m["data"]["title"])

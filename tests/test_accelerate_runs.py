@@ -149,7 +149,18 @@ def test_step_diff_sets_the_two_scripts_steps_side_by_side(tmp_path):
     lines = text.splitlines()
     assert any(x.startswith("- ") and "no_sync" in x for x in lines)  # train_ddp.py's by hand...
     assert any(x.startswith("+ ") and "accelerator.backward(loss)" in x for x in lines)  # ...Accelerate's call
-    assert any(x.startswith("  ") and "scheduler.step()" in x for x in lines)  # a line both have
+    assert "~         scheduler.step()  # train_ddp.py: under `if scaler.get_scale() >= scale:`" in lines
+    assert any(x.startswith("~ ") and "zero_grad" in x for x in lines)  # once a step there, every micro-batch here
+    source = open("scripts/train_accelerate.py").read()  # a script that zeroes once a step, as train_ddp.py does
+    once = tmp_path / "once.py"
+    once.write_text(
+        source.replace("\n                optimizer.zero_grad(set_to_none=True)", "").replace(
+            "            run.record(", "            optimizer.zero_grad(set_to_none=True)\n            run.record("
+        )
+    )
+    moved_back = A.step_diff(accelerate=once)[0].splitlines()
+    assert "      optimizer.zero_grad(set_to_none=True)" in moved_back  # the same line under the same blocks
+    assert any(x.startswith("~ ") and "scheduler.step()" in x for x in moved_back)
     assert removed == sum(x.startswith("- ") for x in lines) and added == sum(x.startswith("+ ") for x in lines)
     edited = tmp_path / "train_accelerate.py"  # a script whose loop was renamed: the markers are not found
     edited.write_text("for batch in loader:\n    pass\n")
@@ -161,16 +172,16 @@ def test_step_summary_credits_run_not_accelerate_with_the_lines_that_moved_into_
     text, removed, added = A.step_diff()
     said = A.step_summary(text, removed, added)
     assert f"{removed} lines of train_ddp.py became {added}" in said
-    assert f"7 of the {removed} moved into the course's accelerate_run.Run" in said  # the accumulate loop, 4 calls
+    assert f"7 of the {removed} (" in said and "went into the course's Run" in said  # the accumulate loop, 4 calls
     for call in ("epochs.accumulate", "epochs.to_device", "meter.add", "meter.step", "snap.step"):
         assert call in said
-    assert "no_sync" not in said.split("(")[1]  # what Accelerate replaced is not credited to Run
+    assert "no_sync" not in said  # what Accelerate replaced is not credited to Run
     source = open("distrinews_lib/accelerate_run.py").read()
     assert "self.snap.step(" in source
     mutant = tmp_path / "accelerate_run.py"  # a Run whose record() no longer makes the snapshot call
     mutant.write_text(source.replace("self.snap.step(", "print("))
     fewer = A.step_summary(text, removed, added, run_py=mutant)
-    assert "6 of the" in fewer and "snap.step" not in fewer and f"The other {removed - 6} became" in fewer
+    assert f"6 of the {removed} (" in fewer and "snap.step" not in fewer
 
 
 def test_the_short_last_group_is_run_both_ways_and_a_wrong_figure_fails():
