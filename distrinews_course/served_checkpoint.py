@@ -56,7 +56,10 @@ def saved_names(checkpoint) -> str:
         if backend
         else "a one-process run saved it: there was no DDP wrapper to strip"
     )
-    return f"{len(names)} weight names, the first `{first}` where DDP's state_dict says `{MODULE_PREFIX}{first}`: {how}"
+    return (
+        f"{len(names)} weight names, the first `{first}`, which a DDP wrapper's state_dict would call "
+        f"`{MODULE_PREFIX}{first}`: {how}"
+    )
 
 
 def checkpoint_claims(checkpoint, outputs="outputs") -> list[tuple[bool, str]]:

@@ -408,8 +408,8 @@ def test_the_saved_names_line_shows_the_prefix_ddp_would_add(tmp_path):
     ckpt, _ = _saved_run(tmp_path, names=("distilbert.embeddings.weight", "classifier.bias"))
     line = saved_names(ckpt)
     assert line.startswith(
-        "2 weight names, the first `distilbert.embeddings.weight` where DDP's state_dict "
-        "says `module.distilbert.embeddings.weight`: its DDP run handed"
+        "2 weight names, the first `distilbert.embeddings.weight`, which a DDP wrapper's state_dict would call "
+        "`module.distilbert.embeddings.weight`: its DDP run handed"
     ), line
     one, _ = _saved_run(tmp_path / "one", backend=None)
     assert "no DDP wrapper to strip" in saved_names(one)
