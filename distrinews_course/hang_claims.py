@@ -141,8 +141,8 @@ def straggler_named(last: float, broken_ms: float, fixed_ms: float, read_ms: flo
             last >= 0.8 and broken_ms > 0.5 * read_ms,
         ),
         Claim(
-            f"reading ahead hides its slow reads: rank 1's median lateness is now {fixed_ms:.0f} ms, under a quarter "
-            f"of the {broken_ms:.0f} ms",
+            f"reading ahead hides its slow reads: rank 1's median lateness is now {round(fixed_ms)} ms, under a "
+            f"quarter of the {broken_ms:.0f} ms",
             fixed_ms < broken_ms / 4,
         ),
     ]

@@ -40,10 +40,13 @@ def test_the_chapter_reads_the_median_pair_and_says_the_range(tmp_path):
     cost = doctor_cost(tmp_path)
     assert cost.overhead == pytest.approx(0.01) and cost.pairs == 3
     assert "+1.0%" in cost.text and "-2.0% to +3.0%" in cost.text and "median of 3 pairs" in cost.text
-    assert "recorded at commit abc1234" in cost.text  # another commit's figure says so where it is printed
+    assert "within the noise" in cost.text and "not this run" in cost.text
+    assert "recorded at commit abc1234" in cost.provenance  # another commit's figure says so in the fold
     dirty = dict(_record([1.01]), git_dirty=True, load_average_at_start=[2.92, 2.37, 2.24])
     (tmp_path / "hang_doctor_cost_cpu2-test.json").write_text(json.dumps(dirty))
-    assert "abc1234 with uncommitted changes, load average 2.92 at its start" in doctor_cost(tmp_path).text
+    assert "abc1234 with uncommitted changes, load average 2.92 at its start" in doctor_cost(tmp_path).provenance
+    (tmp_path / "hang_doctor_cost_cpu2-test.json").write_text(json.dumps(_record([1.05, 1.04, 1.06])))
+    assert "within the noise" not in doctor_cost(tmp_path).text  # every pair slower: a cost, said as one
 
 
 def test_without_a_record_the_chapter_says_which_script_makes_it(tmp_path):
