@@ -352,3 +352,17 @@ def test_the_race_log_holds_back_the_bytes_per_link():
         "step with no communication: 64 ms; every link dialed to 160 Mbit/s (held to 100-160: 6x the step asks 180)"
     )
     assert two.without_link_bytes(capped) == "step with no communication: 64 ms; every link dialed to 160 Mbit/s"
+
+
+def test_the_measured_saving_names_its_statistic_beside_the_medians_difference(rec):
+    """The sweep's saving is the median of each round's saving; the step table invites the difference of the median
+    steps, which differs: the line names its statistic and prints the other at the first rate, from the table's ms."""
+    pts = claims.sweep_points(rec)
+    first = next(iter(pts))
+    at = pts[first]
+    at["ddp"]["rounds"] = [0.75, 0.80, 0.70]  # median 0.75
+    at["hierarchical"]["rounds"] = [0.58, 0.60, 0.59]  # per round 170, 200, 110: median 170; medians 0.75 - 0.59
+    at["ddp"]["measured"], at["hierarchical"]["measured"] = 0.75, 0.59
+    line = claims.crossover_line(rec, "hierarchical over DDP", "ddp", "hierarchical")
+    assert line.startswith("measured, the median of each round's saving: hierarchical over DDP saved +170 ms")
+    assert f"+170 ms at {first} Mbit/s (its median steps differ by +160)" in line

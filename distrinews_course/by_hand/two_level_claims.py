@@ -206,11 +206,18 @@ def measured_savings(rec: dict, slow: str, fast: str) -> dict:
 def crossover_line(rec: dict, label: str, slow: str, fast: str) -> str:
     """What the box measured about where `fast` stops paying over `slow`, from the signs measured_savings gives: the
     last rate where it clearly saved and the first where it clearly cost, or the rate where it is even within the
-    rounds' spread. A sign within the spread is never stated as a gain or a loss."""
+    rounds' spread. A sign within the spread is never stated as a gain or a loss. The statistic is named beside the
+    other one a reader computes from the step table (the difference of the median steps), which differs."""
     ms = measured_savings(rec, slow, fast)
     if not ms:
         return f"measured: {label}: no sweep in this record"
-    points = ", ".join(f"{1000 * s:+.0f} ms at {m} Mbit/s" for m, (s, _, _) in ms.items())
+    first = next(iter(ms))
+    at = sweep_points(rec)[first]
+    medians = round(1000 * at[slow]["measured"]) - round(1000 * at[fast]["measured"])
+    points = ", ".join(
+        f"{1000 * s:+.0f} ms at {m} Mbit/s" + (f" (its median steps differ by {medians:+d})" if m == first else "")
+        for m, (s, _, _) in ms.items()
+    )
     pays = [m for m, (_, _, sign) in ms.items() if sign > 0]
     costs = [m for m, (_, _, sign) in ms.items() if sign < 0 and (not pays or m > max(pays))]
     even = [m for m, (_, _, sign) in ms.items() if sign == 0 and (not pays or m > max(pays))]
@@ -224,7 +231,7 @@ def crossover_line(rec: dict, label: str, slow: str, fast: str) -> str:
         )
     else:
         verdict = f"it paid at every rate measured, up to {max(pays)} Mbit/s"
-    return f"measured: {label} saved {points} a step: {verdict}"
+    return f"measured, the median of each round's saving: {label} saved {points} a step: {verdict}"
 
 
 def sweep(rec: dict, quiet_cores: float) -> list[Claim]:
