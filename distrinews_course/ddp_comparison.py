@@ -246,32 +246,56 @@ def speed_note(rows, d: dict, env, load: OtherPrograms) -> str:
         text += f", while other programs kept the machine quiet{busy}"
     else:
         text += f", on a machine where other programs were busy meanwhile{busy}, so take the figure with salt"
+    text += "." + epoch_by_epoch(rows)
     split = step_split(rows, d)
     text += (
-        f". Per optimizer step each process computed {per} examples and all-reduced {grad_mib:.1f} MiB of gradients "
+        f" Per optimizer step each process computed {per} examples and all-reduced {grad_mib:.1f} MiB of gradients "
         + ("over TCP" if not env.n_gpus else "between GPUs")
         + f". A DDP step took {split['step_ms']:.1f} ms, of which {per} examples at one process's rate take "
         f"{split['compute_ms']:.1f} ms"
     )
     if split["other_ms"] > 0:
         text += (
-            f": the other {split['other_ms']:.1f} ms ({100 * split['other_share']:.0f}%) did not shrink with the "
-            "examples: the all-reduce (sized by the model, not the batch), DDP's own work and "
-            f"{env.nproc} processes sharing one machine, together (one process's rate already includes its optimizer "
-            "steps). NOTE: this run does not time these apart; chapter 05 times the all-reduce and sweeps the "
-            "per-process batch."
+            f": the other {split['other_ms']:.1f} ms ({100 * split['other_share']:.0f}%) is not timed apart here; "
+            "candidates: the all-reduce (sized by the model, not the batch), DDP's own work, "
+            f"{env.nproc} processes sharing one machine"
+            + (
+                f", and the smaller batch per process (a whole optimizer step, with its fixed costs, per {per} "
+                f"examples where one process took one per {rows[0]['global_batch']})"
+                if per < rows[0]["global_batch"]
+                else ""
+            )
+            + ". NOTE: chapter 05 times the all-reduce and sweeps the per-process batch."
         )
     else:
         text += ": what DDP adds per step (the all-reduce, its own work) added nothing visible to it."
     return text + published
 
 
+def epoch_by_epoch(rows) -> str:
+    """The speedup epoch against epoch, and whether each run's first epoch was slower than its later ones (the warm-up
+    the steady metric leaves out), in the run's own figures; empty for a one-epoch run."""
+    single, ddp = rows
+    n = min(len(single["per_epoch"]), len(ddp["per_epoch"]))
+    if n < 2:
+        return ""
+    ratios = ", ".join(f"{b / a:.2f}x" for a, b in zip(single["per_epoch"][:n], ddp["per_epoch"][:n]))
+
+    def first(r):
+        later = sum(r["per_epoch"][1:]) / (len(r["per_epoch"]) - 1)
+        was = "slower" if r["per_epoch"][0] < later else "not slower"
+        return f"{was} ({r['per_epoch'][0]:.0f} against {later:.0f} samples/s later) for {r['name']}"
+
+    warm = "epoch 1, left out in case of a warm-up"
+    return f" Epoch by epoch the ratio was {ratios}; {warm}, ran {first(single)}, {first(ddp)}."
+
+
 def step_split(rows, d: dict) -> dict:
     """A DDP step's time, in the run's own figures: `step_ms` (the steady epoch's time over its optimizer steps, from
     DDP's samples/s), `compute_ms` (one process's examples of that step at the baseline's samples/s: what the step
     would take if splitting the examples were all DDP did) and `other_ms`, the rest, which did not shrink with the
-    examples (the all-reduce, DDP's own work and the processes' sharing of the cores, not told apart; the baseline's
-    rate already includes its optimizer steps), with its share of the step."""
+    examples (the all-reduce, DDP's own work, the processes' sharing of the cores and the fixed costs of a step taken
+    per fewer examples, not told apart), with its share of the step."""
     single, ddp = rows
     last = d["epochs"][-1]
     step_s = last["train_samples"] / ddp["sps"] / last["optimizer_steps"]

@@ -23,7 +23,7 @@ from distrinews_lib.training.tracking import RunTracker
 @main_guard
 def main():
     cfg = config.setup("Train the AG News classifier with DDP (launch with torchrun).", ddp=True)  # and set --threads
-    rank, local_rank, world_size, init_method = D.torchrun_env()  # who am I? (plain `python`: a world of one)
+    rank, local_rank, world_size, init_method = D.torchrun_env()  # who am I? (read from what torchrun sets)
     backend, why = D.choose_backend(cfg.backend)
     device = D.device_for(backend, local_rank)  # nccl: this rank's own GPU, cuda:LOCAL_RANK
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
