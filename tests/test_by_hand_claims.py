@@ -96,6 +96,15 @@ def test_the_collective_counts_hold_and_a_rung_that_sends_more_or_another_kind_f
         assert not by_text(loopback_race.collectives_claims(t, 72), "bucketed called").holds, (bucketed, ddp)
 
 
+def test_the_prediction_table_grades_the_rungs_asked_about_only():
+    measured = kinds()["collectives_per_step"]
+    part1 = loopback_race.prediction_table({"naive": 72, "flat": 2, "bucketed": None}, measured).splitlines()
+    assert [line.split()[0] for line in part1[1:]] == ["naive", "flat", "bucketed"]  # zero1 waits for part 2
+    assert part1[1].endswith("72  right") and part1[2].endswith("1  wrong") and part1[3].endswith("4")
+    assert loopback_race.prediction_table({"zero1": 2}, measured).endswith("2  right")
+    assert loopback_race.prediction_table({"zero1": 1}, measured).endswith("2  wrong")
+
+
 @pytest.fixture
 def one_rank(tmp_path):
     import torch.distributed as dist
@@ -188,8 +197,8 @@ def test_the_dialed_table_names_its_backward_cost_the_median_of_each_rounds_diff
     d["timing"]["backward_s"]["flat"] = [0.10, 0.20, 0.11, 0.19, 0.15]
     d["timing"]["backward_s"]["bucketed"] = [0.11, 0.21, 0.12, 0.20, 0.30]  # +10 ms in 4 rounds, +150 in one
     text = dialed.table(dialed.outcome(d, plan(), 0.3), plan(), {})
-    assert "sending made backward +10 ms: the median of each round's bucketed backward less flat's" in text
-    assert "the columns' medians differ by +50 ms" in text  # 200 - 150: not the statistic printed
+    assert "sending made backward +10 ms (bucketed's less flat's, the median of the rounds)" in text
+    assert "+50 ms" not in text  # 200 - 150, the columns' medians: not the statistic printed
 
 
 def test_a_busy_dialed_run_shows_its_speed_claims_unchecked_but_still_checks_the_bits():

@@ -56,7 +56,7 @@ def test_sizes_are_compared_within_a_round():
 def test_a_bucket_per_gradient_far_ahead_fails_the_second_claim():
     claims, _, _ = report.sweep_claims(sweep({**QUIET, "0.0001": (0.7 * 406.0, 71)}), 0.5)
     assert [h for h, _ in claims] == [True, False]
-    assert "over 0.5 MiB's 7 beyond the rounds' noise (15%): 0.70x their step" in claims[1][1]
+    assert "over 0.5 MiB's 7 (within 15%): 0.70x their step" in claims[1][1]
 
 
 def test_the_margin_is_the_rounds_spread_where_wider_and_none_when_they_moved_too_far():

@@ -40,13 +40,13 @@ def embedding_lines(e: dict) -> str:
 
 def embedding_claims(e: dict) -> list:
     """Why nothing overlaps on the tiny model. The embedding's share and place (embedding_lines) are constants of the
-    tiny model and autograd's order for it, so they are printed, not checked: no rung or race could change them. At
-    most 2 DDP buckets: the embedding alone outgrows the 1 MiB cap, so it and everything ready before it (0.5 MiB
-    here) close at most one more bucket; 3 or more would mean bytes to overlap after all."""
+    tiny model and autograd's order for it, so they are printed, not checked: no rung or race could change them. One
+    DDP bucket is what "nothing to overlap" means: with 2 or more, the bytes ready before the embedding would leave
+    under backward, so the sentence is checked at exactly 1."""
+    n = len(e["ddp_buckets_mib"])
     return [
         Claim(
-            f"torch's DDP itself makes {len(e['ddp_buckets_mib'])} bucket(s) of the tiny model: nothing to overlap",
-            0 < len(e["ddp_buckets_mib"]) <= 2,
+            f"torch's DDP itself makes {n} bucket{'' if n == 1 else 's'} of the tiny model: nothing to overlap", n == 1
         ),
     ]
 

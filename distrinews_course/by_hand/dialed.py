@@ -189,12 +189,10 @@ def table(o: dict, p: Plan, loopback_ratio: dict) -> str:
             f"{n:>10} {(loopback_ratio.get(n) or 1.0):>15.2f}x {1000 * s:>16.0f} {ratio:>6.2f}x {pred:>12} {back:>11}"
         )
     rounds = ", ".join(f"{r:.2f}" for r in o["rounds_flat_over_bucketed"])
-    columns = 1000 * (o["backward_s"]["bucketed"] - o["backward_s"]["flat"])
     lines.append(
         f"\nflat/bucketed, round by round: {rounds}; bucketing saved {1000 * o['saved_s']:.0f} ms of the "
-        f"{1000 * p.could_save:.0f} ms the model allows;\nsending made backward {1000 * o['send_cpu_s']:+.0f} ms: "
-        f"the median of each round's bucketed backward less flat's (the columns' medians differ by {columns:+.0f} ms, "
-        "since the rounds' backwards vary)"
+        f"{1000 * p.could_save:.0f} ms the model allows;\nsending made backward {1000 * o['send_cpu_s']:+.0f} ms "
+        "(bucketed's less flat's, the median of the rounds)"
     )
     return "\n".join(lines)
 

@@ -178,7 +178,7 @@ def sweep_claims(sweep: dict, chosen_mb: float, bound: float = 0.15) -> tuple[li
         (
             gain >= 1 - m,
             f"about a bucket per gradient ({finest} MiB: {count[finest]} buckets) gains nothing over {chosen} MiB's "
-            f"{count[chosen]} beyond the rounds' noise ({100 * m:.0f}%): {gain:.2f}x their step in the median round",
+            f"{count[chosen]} (within {100 * m:.0f}%): {gain:.2f}x their step in the median round",
         ),
     ]
     return claims, margin, spread
