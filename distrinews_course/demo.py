@@ -320,13 +320,14 @@ def show_fix(script, context: int = 1, echo: bool = True, exercise: str = "") ->
     '-') or FIX (shown with '+'), each with `context` lines before it, numbered as in the file; a line whose comment
     says BOTH MODES is shown unmarked (it runs either way: the fix is around it). Read from the file itself, so what
     the notebook shows is what runs. With `exercise` (e.g. "exercise 1"), the fix is that exercise's answer: only the
-    BUG and FIX lines are shown, no context, and of a FIX line only its comment, which names the API."""
+    BUG, BOTH MODES and FIX lines are shown, no other context, and of a FIX line only its comment, which names the
+    API: the code around the fix stays on the page, the fix itself is the learner's."""
     lines = Path(script).read_text().splitlines()
     marked = [i for i, line in enumerate(lines) if FIX_MARK.search(line) and not line.lstrip().startswith(('"', "'"))]
     if exercise:
-        marked, context = [i for i in marked if FIX_MARK.search(lines[i])[1] != "BOTH MODES"], 0
+        context = 0
         for i in marked:
-            if FIX_MARK.search(lines[i])[1] != "BUG":
+            if FIX_MARK.search(lines[i])[1] not in ("BUG", "BOTH MODES"):
                 code = lines[i]
                 lines[i] = code[: len(code) - len(code.lstrip())] + f"... ({exercise})  " + code[code.index("#") :]
     keep = sorted({j for i in marked for j in range(max(0, i - context), i + 1)})

@@ -79,11 +79,25 @@ def _each_rank_saw(res, world: int) -> Claim:
     )
 
 
-def _hang_ended(res, hang_timeout_s: float, limit_s: float, world: int) -> list:
+def default_timeout_min(backend: str) -> float:
+    """torch's default process-group timeout for `backend`, in minutes: nccl's own (10) on nccl, else 30
+    (torch.distributed.constants; a torch built without NCCL has no nccl default, and 10 is the documented one)."""
+    from torch.distributed import constants
+
+    default = constants.default_pg_nccl_timeout if backend == "nccl" else constants.default_pg_timeout
+    return default.total_seconds() / 60 if default is not None else 10.0
+
+
+def _hang_ended(res, hang_timeout_s: float, limit_s: float, world: int, backend: str | None = None) -> list:
     """The claims of a run that hangs on purpose: it failed by itself; each of its `world` ranks ended of a
     collective's timeout or of its peer leaving after one (rank_outcomes); after at least the timeout. 0.8 x the
     timeout: gloo's clock and the script's start apart by scheduling, and a shorter wait would mean another error; the
-    launcher's limit bounds the rest (the default timeout is 30 minutes)."""
+    launcher's limit bounds the rest, set against `backend`'s default timeout (None: the one demo.start chose, by the
+    library's rule for `world` ranks on this machine)."""
+    if backend is None:
+        from distrinews_lib.distributed import choose_backend
+
+        backend = choose_backend("auto", local_world_size=world)[0]
     w = waited(res)
     return [
         _failed_by_itself(res, limit_s, ""),
@@ -91,7 +105,8 @@ def _hang_ended(res, hang_timeout_s: float, limit_s: float, world: int) -> list:
         Claim(
             f"broken: the ranks that reported gave up after {_span(w)} s: no sooner than 0.8 x the "
             f"{hang_timeout_s:g} s timeout ({0.8 * hang_timeout_s:.1f} s: the script's clock and gloo's start apart) "
-            f"and within the launcher's {limit_s:.0f} s limit, nowhere near the default 30 minutes",
+            f"and within the launcher's {limit_s:.0f} s limit, nowhere near {backend}'s default "
+            f"{default_timeout_min(backend):g} minutes",
             bool(w) and min(w) >= 0.8 * hang_timeout_s and max(w) < limit_s,
         ),
     ]

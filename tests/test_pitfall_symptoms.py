@@ -177,6 +177,14 @@ def test_each_ranks_error_is_named_a_timeout_or_a_lost_peer_from_its_own_line():
     assert not failures._each_rank_saw(failed("09_one_rank_collective.py"), 3).holds  # rank 2 never reported
 
 
+def test_a_hang_names_its_backends_default_timeout():
+    res = failed("07_uneven_inputs.py")
+    for backend, minutes in (("nccl", 10), ("gloo", 30)):
+        text = " ".join(c.text for c in failures._hang_ended(res, HANG, LIMIT, 2, backend))
+        assert f"nowhere near {backend}'s default {minutes} minutes" in text
+    assert failures.default_timeout_min("nccl") == 10 and failures.default_timeout_min("gloo") == 30
+
+
 def test_a_hang_row_says_the_timeout_and_the_time_from_the_start_apart():
     row = failures.hang_ended_row([5.8, 5.7], 3)
     assert row.startswith("error at the 3 s timeout") and "(the ranks waited 5.8 s)" in row

@@ -94,7 +94,7 @@ for mode in (["broken", "fixed"] if args.mode == "both" else [args.mode]):
             for m in model.modules():
                 if isinstance(m, torch.nn.BatchNorm1d):
                     m.__class__ = GlooSyncBatchNorm  # THE FIX's CPU stand-in: DDP refuses SyncBatchNorm on CPU
-    ddp = DDP(model, device_ids=ctx.device_ids)  # BOTH MODES: broken where the BatchNorm layers were not converted
+    ddp = DDP(model, device_ids=ctx.device_ids)  # BUG in broken mode: its BatchNorm layers were not converted
     stats = gather(train(ddp, shard=True))
     between = max(max_diff(s["running_mean"], stats[0]["running_mean"]) for s in stats)
     to_global = max(max_diff(s["running_mean"], reference["running_mean"]) for s in stats)
