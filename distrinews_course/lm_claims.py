@@ -1,19 +1,10 @@
 """What chapter 11 claims about its language model, decided from the run's own figures.
 
-    objective, ddp = script_lines()                 # train_ddp.py's lines where the objective enters, and its DDP lines
-    print(script_listing(objective, ddp))
-    settle(objective_enters_twice(objective))
-    guess = blind_guess(model, val_loader, V)       # the untrained model's loss: real next tokens, random ones
-    print(validation_split(n_blocks, nproc))        # the sampler's padded duplicates, if any
-    one_process = one_process_validation(model, val_loader, task)  # every block's loss sum and tokens, one process
-    settle(ddp_evaluation_exact(one_process, m["epochs"][-1], nproc))  # DDP's validation = one process's, same model
-    settle(guess.claims(initial.loss))
+    settle(objective_enters_twice(script_lines()[0]))   # the lines where the objective enters train_ddp.py
+    settle(blind_guess(model, val_loader, V).claims(initial.loss))  # the untrained loss: real next tokens, random
+    settle(ddp_evaluation_exact(one_process_validation(model, val_loader, task), m["epochs"][-1], nproc))
     settle(perplexity_fell(output, ppl, nproc))     # DDP's promise, and perplexity falling every epoch
-    pairs = text_perplexities(untrained, trained, vocab, texts, block_size)
-    settle(real_text_likelier(pairs))
-    first, again = first_masks(blocks, vocab, seed)  # the masked LM's first batch per (epoch, rank), and a resumed one
-    settle(masking_claims(first, again, mask_share(blocks, vocab, seed), masks_alike(blocks, vocab, seed)))
-    settle(split_claim(mask_split(blocks, vocab, seed)))  # 80% [MASK], 10% random, 10% kept
+    settle(masking_claims(*first_masks(...), mask_share(...), masks_alike(...), same_blocks_by_epoch(...)))
 
 Each claim's margin is in the docstring of the function that decides it.
 """
@@ -371,6 +362,18 @@ def first_masks(blocks: list, vocab, seed: int, world: int = 2, epochs=(1, 2), b
         return first, batch(resumed, epochs[0], 0)
 
 
+def same_blocks_by_epoch(blocks: list, vocab, seed: int, epochs=(1, 2), size: int = 4) -> list:
+    """The labels the training's collator (collator_for(sampler)) gives the same `size` blocks after
+    sampler.set_epoch(e), for each of `epochs`: alike when the collator never reads the sampler's epoch."""
+    from distrinews_lib.lm import data as lm
+    from distrinews_lib.lm.task import MLM
+
+    dataset = lm.BlockDataset(blocks, MLM, vocab, seed=seed)
+    sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=2, rank=0, shuffle=True, seed=seed)
+    collate, items = dataset.collator_for(sampler), [dataset[i] for i in range(size)]
+    return [(sampler.set_epoch(e), collate(items)["labels"])[1] for e in epochs]
+
+
 def masks_alike(blocks: list, vocab, seed: int, mask=None) -> tuple[int, int, int]:
     """(how many blocks mask alike in epochs 1 and 2, how many mask alike when the same tokens sit at another index,
     how many blocks): each block against itself, so a collator that leaves the epoch or the index out of its seed
@@ -448,7 +451,7 @@ def split_claim(split: dict, expected=(0.8, 0.1, 0.1)) -> Claim:
     )
 
 
-def masking_claims(first: dict, again: dict, share: tuple[float, int], alike: tuple, rate: float = 0.15) -> list:
+def masking_claims(first: dict, again: dict, share: tuple[float, int], alike: tuple, by_epoch: list, rate=0.15) -> list:
     """Masking depends only on (seed, epoch, block): a rebuild at the same epoch masks the same; the same block masks
     anew each epoch, and the same tokens at another index mask otherwise (masks_alike's counts: at most 1 block in
     16 alike, where a collator blind to the epoch or the index has all of them alike). The share of predicted tokens
@@ -478,8 +481,9 @@ def masking_claims(first: dict, again: dict, share: tuple[float, int], alike: tu
             abs(got - rate) < 4 * se,
         ),
         Claim(  # the training's own collator and sampler: masks_alike above calls mask_block directly
-            "the training's collator masks each rank's and each epoch's first batch otherwise",
-            lm.all_masks_differ([b["labels"] for b in first.values()]),
+            f"the training's collator reads the sampler's epoch: the same {len(by_epoch[0])} blocks mask otherwise "
+            "after set_epoch(1) and set_epoch(2); and each rank's first batch masks otherwise",
+            lm.all_masks_differ(by_epoch) and lm.all_masks_differ([b["labels"] for b in first.values()]),
         ),
     ]
 

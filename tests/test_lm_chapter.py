@@ -198,7 +198,8 @@ def test_masking_claims_hold_for_the_collator_and_fail_for_a_wrong_one(vocab):
     first, again = claims.first_masks(blocks[:64], voc, seed=42)
     share = claims.mask_share(blocks[:64], voc, seed=42)
     alike = claims.masks_alike(blocks[:64], voc, seed=42)
-    assert all(c.holds for c in claims.masking_claims(first, again, share, alike)), (share, alike)
+    by_epoch = claims.same_blocks_by_epoch(blocks[:64], voc, seed=42)
+    assert all(c.holds for c in claims.masking_claims(first, again, share, alike, by_epoch)), (share, alike)
     special = [voc.cls_token_id, voc.sep_token_id, voc.pad_token_id]
     for choose in (no_epoch, no_index):  # exercise 2's mutants, as the collator's mask_block: every block alike
 
@@ -207,17 +208,36 @@ def test_masking_claims_hold_for_the_collator_and_fail_for_a_wrong_one(vocab):
             return ids, torch.where(chosen, ids, torch.full_like(ids, lm.IGNORE))
 
         wrong = claims.masks_alike(blocks[:64], voc, seed=42, mask=blind)
-        assert not claims.masking_claims(first, again, share, wrong)[1].holds, (choose.__name__, wrong)
+        assert not claims.masking_claims(first, again, share, wrong, by_epoch)[1].holds, (choose.__name__, wrong)
     _, again_other_epoch = claims.first_masks(blocks[:64], voc, seed=42, epochs=(2, 3))
-    assert not claims.masking_claims(first, again_other_epoch, share, alike)[0].holds
-    assert not claims.masking_claims(first, again, (0.25, share[1]), alike)[2].holds
+    assert not claims.masking_claims(first, again_other_epoch, share, alike, by_epoch)[0].holds
+    assert not claims.masking_claims(first, again, (0.25, share[1]), alike, by_epoch)[2].holds
     alike_batches = {k: {**b, "labels": first[min(first)]["labels"]} for k, b in first.items()}
-    assert not claims.masking_claims(alike_batches, again, share, alike)[3].holds  # one mask for every rank and epoch
+    assert not claims.masking_claims(alike_batches, again, share, alike, by_epoch)[
+        3
+    ].holds  # one mask for every rank and epoch
     for rate in (0.13, 0.17):  # a collator 2 points off the 15% fails: the margin is counted over 40 epochs
         wrong = claims.mask_share(blocks[:64], voc, seed=42, mask=functools.partial(lm.mask_block, probability=rate))
-        assert not claims.masking_claims(first, again, wrong, alike)[2].holds, (rate, wrong)
+        assert not claims.masking_claims(first, again, wrong, alike, by_epoch)[2].holds, (rate, wrong)
     shown = claims.shown_block(first[1, 0], voc)
     assert shown.count("<") == int((first[1, 0]["labels"][0] != lm.IGNORE).sum())
+
+
+def test_a_collator_blind_to_the_samplers_epoch_fails_the_collator_check(vocab, monkeypatch):
+    """The first batches of two epochs hold other blocks, so they mask otherwise even when the collator never reads
+    the sampler's epoch; the same blocks across set_epoch(1) and set_epoch(2) catch that wiring."""
+    voc, blocks = vocab
+    first, again = claims.first_masks(blocks[:64], voc, seed=42)
+    share, alike = claims.mask_share(blocks[:64], voc, seed=42), claims.masks_alike(blocks[:64], voc, seed=42)
+    right = claims.same_blocks_by_epoch(blocks[:64], voc, seed=42)
+    assert claims.masking_claims(first, again, share, alike, right)[3].holds
+    monkeypatch.setattr(
+        lm.BlockDataset, "collator_for", lambda self, sampler=None, **_: lm.LMCollator(self.task, self.vocab, self.seed)
+    )  # the sampler dropped: every epoch masks as epoch 0
+    blind = claims.same_blocks_by_epoch(blocks[:64], voc, seed=42)
+    assert not claims.masking_claims(first, again, share, alike, blind)[3].holds
+    blind_first, _ = claims.first_masks(blocks[:64], voc, seed=42)
+    assert lm.all_masks_differ([b["labels"] for b in blind_first.values()])  # why first batches alone cannot tell
 
 
 def test_a_collator_that_draws_from_the_global_generator_fails_the_resumed_check(vocab):
@@ -232,8 +252,9 @@ def test_a_collator_that_draws_from_the_global_generator_fails_the_resumed_check
 
     voc, blocks = vocab
     share, alike = claims.mask_share(blocks[:64], voc, seed=42), claims.masks_alike(blocks[:64], voc, seed=42)
+    by_epoch = claims.same_blocks_by_epoch(blocks[:64], voc, seed=42)
     first, again = claims.first_masks(blocks[:64], voc, seed=42, task=GlobalMasking())
-    assert not claims.masking_claims(first, again, share, alike)[0].holds
+    assert not claims.masking_claims(first, again, share, alike, by_epoch)[0].holds
     before = torch.random.get_rng_state()
     claims.first_masks(blocks[:64], voc, seed=42)
     assert torch.equal(before, torch.random.get_rng_state())  # the notebook's generator is left alone
