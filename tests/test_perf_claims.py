@@ -70,7 +70,7 @@ def test_a_held_out_message_the_fit_misses_fails(rec):
     (fit, *_) = cost_of(R).claims()
     assert fit.checked and not fit.holds, fit
     # the prediction is the same whatever the held-out message measured: it did not enter the fit
-    says = lambda claim: claim.text.split("the fit says ")[1].split(")")[0]  # noqa: E731
+    says = lambda claim: claim.text.split("the fit without it says ")[1].split(")")[0]  # noqa: E731
     assert says(fit) == says(cost_of(fresh(rec)["R"]).claims()[0])
 
 

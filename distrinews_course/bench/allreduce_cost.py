@@ -105,7 +105,7 @@ class AllreduceCost:
         text = (
             f"the fit of the other {len(self.rows2) - 1} sizes predicts the "
             f"{human(held['bytes'])} message's time ({1000 * held['seconds']:.1f} ms, median of {len(held['times'])}; "
-            f"the fit says {1000 * model:.1f} ms)" + (f" within {100 * within:.0f}%" if within else "")
+            f"the fit without it says {1000 * model:.1f} ms)" + (f" within {100 * within:.0f}%" if within else "")
         )
         q = quiet.all_quiet([{"others_cores": self.others}], self.gpus)
         why = None if q else quiet.busy_reason([{"others_cores": self.others}])

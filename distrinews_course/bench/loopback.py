@@ -155,7 +155,8 @@ class Model:
             f"(the nocomm run), used at every batch\nthe all-reduce of {self.grad_bytes / 2**20:.1f} MiB of gradients "
             f"in {self.buckets} bucket(s), each batch's taken from training at the others: "
             + ", ".join(f"{1000 * self.comm_for(b):.1f} ms for {b}" for b in batches)
-            + f"\n  (training's own: {own} ms; the alpha-beta fit says {1000 * self.comm_s:.1f} ms)"
+            + f"\n  (training's own, the median over the rounds: {own} ms; the alpha-beta fit says "
+            f"{1000 * self.comm_s:.1f} ms)"
         )
 
     @classmethod

@@ -87,17 +87,29 @@ def blind_points(sweep) -> tuple[list, list, list]:
 def loopback_conclusions(sweep) -> dict:
     """Section 3's checks, each able to catch a model missing DDP's terms: the model against the measured speedup at
     each batch where a DDP-free model falls outside the margin, and DDP's step at the smallest batch from nocomm's step
-    plus section 1's fitted all-reduce (ddp_terms.terms_claim: an all-reduce timed apart from training). The points a
-    DDP-free model passes too are not here: loopback_facts prints them as facts."""
+    plus section 1's fitted all-reduce (ddp_terms.terms_claim: an all-reduce timed apart from training). Each checked
+    line says which wrong models it fails and which it cannot tell (ddp_terms.verdicts). The points a DDP-free model
+    passes too are not here: loopback_facts prints them, not checked."""
     claims, blind, _ = blind_points(sweep)
+    told = [
+        Claim(
+            f"{c.text}; {ddp_terms.verdicts(ddp_terms.point_wrong_models(sweep, p), point_margin(p) or BOUND)}",
+            c.holds,
+            c.unchecked,
+        )
+        if c.checked
+        else c
+        for p, c, b in zip(sweep.pts, claims, blind)
+        if not b
+    ]
     return {
-        "whether the model predicts DDP's speedup at a batch size": [c for c, b in zip(claims, blind) if not b],
+        "whether the model predicts DDP's speedup at a batch size": told,
         "whether DDP's own work and the fitted all-reduce make DDP's step": [ddp_terms.terms_claim(sweep)],
     }
 
 
 def loopback_facts(sweep) -> str:
-    """The speedup points whose check a model where DDP is free passes too, printed as facts (ddp_terms.blind_facts)."""
+    """The speedup points whose check a model where DDP is free passes too, not checked (ddp_terms.blind_facts)."""
     _, blind, _ = blind_points(sweep)
     return ddp_terms.blind_facts(sweep, ddp_free_ratio, blind)
 
@@ -108,8 +120,8 @@ def loopback_fold(sweep) -> str:
     told = blind_points(sweep)[2]
     who = f"the speedup at {' and '.join(told)} per process, and " if told else ""
     return (
-        f"checks that fail a model with DDP free: {who}DDP's step at {sweep.batches[0]} per process rebuilt from "
-        "nocomm's step + section 1's fitted all-reduce"
+        f"checks of the model: {who}DDP's step at {sweep.batches[0]} per process rebuilt from nocomm's step + "
+        "section 1's fitted all-reduce; each line names the wrong models it fails and those it cannot tell"
     )
 
 
@@ -163,20 +175,36 @@ def gap_short_table(sweep) -> str:
     return "\n".join(lines)
 
 
+def comm_fact(sweep) -> str:
+    """What section 2's parts table shows, as a fact from its DDP rows (the round of the median speedup): the
+    all-reduce's transfer and waiting on each rank against the DDP step, and their largest share of it."""
+    ddp = [ms for label, ms in sweep.parts_rows() if label.startswith("DDP")]
+    both = lambda key: " and ".join(f"{ms[key]:.1f}" for ms in ddp)  # noqa: E731
+    share = max((ms["transfer"] + ms["waiting"]) / ms["step"] for ms in ddp)
+    ranks = " (rank 0, rank 1)" if len(ddp) == 2 else ""
+    compute = min((ms["forward"] + ms["backward"]) / ms["step"] for ms in ddp)
+    rest = f", and forward and backward at least {100 * compute:.0f}%" if compute > 0.5 else ""
+    return (
+        f"In the table (the round of the median speedup), DDP's all-reduce took {both('transfer')} ms of transfer "
+        f"and {both('waiting')} ms of waiting{ranks}: at most {100 * share:.0f}% of a rank's step "
+        f"({ddp[0]['step']:.1f} ms on rank 0){rest}."
+    )
+
+
 def gap_sentence(sweep) -> str:
-    """One generated sentence under section 2's table: which parts this run can rank, or that it can rank none, and
-    why (gap_claim's reason where it could not decide)."""
+    """Section 2's generated lines under its table: what the parts table shows (comm_fact), then which parts of the
+    gap this run can rank, or that it ranks none (why it could not decide is in gap_fold)."""
     claim, ranked = sweep.gap_claim(), rankable_parts(sweep)
     if not claim.checked:
-        return f"At {sweep.large} per process this run cannot rank the gap's parts: {claim.unchecked}."
+        return f"{comm_fact(sweep)} The gap's parts are folded below, unranked: this run cannot rank them (why, there)."
     if not ranked:
         return (
-            f"At {sweep.large} per process every part of the gap is within the {_within(sweep)}: this run cannot "
-            "rank them, so the table shows their sum (the parts are folded below)."
+            f"{comm_fact(sweep)} Every part of the gap is within the {_within(sweep)}: this run cannot rank them, "
+            "so the table shows their sum (the parts are folded below)."
         )
     named = ", ".join(f"{GAP_SHORT[k][0]} ({1000 * v:+.1f} ms a step)" for k, v in ranked.items())
     return (
-        f"At {sweep.large} per process only {named} {'is' if len(ranked) == 1 else 'are'} larger than the "
+        f"{comm_fact(sweep)} Of the gap, only {named} {'is' if len(ranked) == 1 else 'are'} larger than the "
         f"{_within(sweep)}; the other parts are within it, and this run cannot rank them (folded below)."
     )
 
@@ -184,8 +212,11 @@ def gap_sentence(sweep) -> str:
 def gap_fold(sweep) -> str:
     """Every part, folded: GAP_SHORT's five, then the nine, and the rest's line (the learner opens it on purpose)."""
     short = "\n".join(f"  {GAP_SHORT[k][0]:<48} {1000 * v:>+7.1f}" for k, v in gap_short(sweep).items())
+    claim = sweep.gap_claim()
+    why = "" if claim.checked else f"not ranked: {claim.unchecked}\n"
     return (
         "<details><summary>The gap's parts, unranked, and how far their runs moved</summary>\n\n```\n"
+        f"{why}each part from the round of the median speedup (section 3's * round)\n"
         f"the parts, in five:\n{short}\nand in nine:\n{sweep.gap_table()}\n{sweep.gap_rest_line()}\n```\n</details>"
     )
 
@@ -271,7 +302,7 @@ def story(sweep, emb_share: float) -> str:
         f"all-reduce moves the same {sweep.model.grad_bytes / 2**20:.1f} MiB of gradients at every batch "
         f"({100 * emb_share:.0f}% of them the input embeddings); training's took "
         + ", ".join(f"{1000 * v:.1f} ms at {b}" for b, v in sorted(sweep.model.transfer_s.items()))
-        + ".",
+        + " (the median over the rounds; section 2 shows one round).",
     ]
     small, small_claim = sweep.pts[0], claims[0]
     r = small["rounds"][small["kept"]]
