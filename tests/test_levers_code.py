@@ -1,10 +1,12 @@
 """Chapter 05 shows levers.with_levers as the levers' code a learner copies: it must run, and sync once per step."""
 
+import gc
 from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from distrinews_course.bench import levers
 
@@ -41,4 +43,10 @@ def test_the_levers_code_trains_and_all_reduces_once_per_optimizer_step(tmp_path
             assert len(steps) == 2 and not torch.equal(ddp.module.lin.weight, before)
         assert len(calls) == 2  # fp16's hook ran once per optimizer step: no_sync skipped the other 6 micro-batches
     finally:
+        # Drop every DDP (its Reducer) while the group still lives. A Reducer freed after destroy_process_group
+        # holds the last reference to the group, whose destructor then joins gloo's threads with the GIL held; a
+        # thread still letting go of a Python comm hook's finished work needs that GIL: a deadlock (it hung CI).
+        model = ddp = None
+        gc.collect()
+        assert not [o for o in gc.get_objects() if isinstance(o, DDP)], "a DDP outlived its test"
         dist.destroy_process_group()
