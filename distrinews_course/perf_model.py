@@ -46,19 +46,7 @@ def ring_schedule(n: int) -> list[list[tuple[int, int, int, str]]]:
 
 def _timed(op, reps: int) -> tuple[list[float], float | None]:
     """Seconds of each of `reps` calls of `op` (the slowest rank's, each time) and the bytes this rank wrote a call."""
-    op()  # connect and warm up
-    times, written = [], []
-    for _ in range(reps):
-        dist.barrier()
-        w0, t0 = bytes_written(), time.perf_counter()
-        op()
-        t1, w1 = time.perf_counter(), bytes_written()
-        times.append(t1 - t0)
-        if w0 is not None and w1 is not None:
-            written.append(w1 - w0)
-    slowest = torch.tensor(times, dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a collective is over when its last rank is done
-    return slowest.tolist(), (statistics.median(written) if written else None)
+    return _timed_interleaved({0: op}, {0: reps})[0]
 
 
 def interleaved_order(reps: dict) -> list:
